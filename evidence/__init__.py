@@ -1,0 +1,93 @@
+"""evidence: an audit-grade evidence store for web crawl pipelines.
+
+The public face. Everything a user may import is listed in ``__all__`` here;
+``tests/test_exported_members.py`` fails on an accidental export.
+"""
+
+from ._artifacts import ArtifactRef, ArtifactStore, validate_namespace
+from ._errors import (
+    ArtifactCorruptError,
+    ArtifactError,
+    ArtifactMissingError,
+    CommitError,
+    CorruptStoreError,
+    EvidenceError,
+    MessageError,
+    MigrationError,
+    NamespaceError,
+    PayloadTooLargeError,
+    SQLiteVersionError,
+    StoreError,
+    URLError,
+    WriterClosedError,
+    WriterError,
+)
+from ._log import check_log
+from ._messages import (
+    Discovery,
+    FetchAttempt,
+    Message,
+    ObservedRef,
+    RuleEvaluated,
+    RunEnded,
+    RunStarted,
+    SessionEnded,
+    SessionStarted,
+    canonical_encode,
+    decode_message,
+    new_id,
+    payload_hash,
+    utc_now,
+)
+from ._status import StoreStatus, status
+from ._store import Store
+from ._urls import NORMALIZER_VERSION, normalize_url, resolve_reference
+from ._writer import Ack, Writer, WriterLimits, WriterStatistics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NORMALIZER_VERSION",
+    "Ack",
+    "ArtifactCorruptError",
+    "ArtifactError",
+    "ArtifactMissingError",
+    "ArtifactRef",
+    "ArtifactStore",
+    "CommitError",
+    "CorruptStoreError",
+    "Discovery",
+    "EvidenceError",
+    "FetchAttempt",
+    "Message",
+    "MessageError",
+    "MigrationError",
+    "NamespaceError",
+    "ObservedRef",
+    "PayloadTooLargeError",
+    "RuleEvaluated",
+    "RunEnded",
+    "RunStarted",
+    "SQLiteVersionError",
+    "SessionEnded",
+    "SessionStarted",
+    "Store",
+    "StoreError",
+    "StoreStatus",
+    "URLError",
+    "Writer",
+    "WriterClosedError",
+    "WriterError",
+    "WriterLimits",
+    "WriterStatistics",
+    "canonical_encode",
+    "check_log",
+    "decode_message",
+    "new_id",
+    "normalize_url",
+    "payload_hash",
+    "resolve_reference",
+    "status",
+    "utc_now",
+    "validate_namespace",
+]

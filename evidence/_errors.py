@@ -1,0 +1,116 @@
+"""The error tree. Every error the package raises on purpose is an ``EvidenceError``.
+
+    EvidenceError
+    ├── StoreError                  opening, configuring or migrating a store
+    │   ├── SQLiteVersionError      the linked SQLite has the WAL-reset bug
+    │   ├── MigrationError          an applied migration was edited, or the store is newer
+    │   └── CorruptStoreError       the database or its directory is not a usable store
+    ├── ArtifactError               the content-addressed payload store
+    │   ├── NamespaceError          a namespace that is not [a-z0-9_-]{1,32}
+    │   ├── PayloadTooLargeError    a payload over the configured size limit
+    │   ├── ArtifactMissingError    a referenced payload is not on disk
+    │   └── ArtifactCorruptError    a payload whose bytes no longer match its digest
+    ├── MessageError                a message that cannot be decoded or is not valid
+    ├── URLError                    a URL the normalizer cannot turn into a fetch key
+    └── WriterError                 the serialized writer
+        ├── WriterClosedError       submit after close, or the writer failed
+        └── CommitError             a batch did not commit; its messages were not acked
+
+Each error carries what it concerns (a path, a message id, a digest, an SQLite code) as
+attributes, and a ``hint``: one sentence saying what to try. ``str(error)`` is the message;
+``error.hint`` is printed by the CLI as ``Try: <hint>``.
+
+Lower-layer errors (apsw, OSError) are translated at one boundary each, by small context
+managers (``_store.map_sqlite_errors``, ``_artifacts`` file operations).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactCorruptError",
+    "ArtifactError",
+    "ArtifactMissingError",
+    "CommitError",
+    "CorruptStoreError",
+    "EvidenceError",
+    "MessageError",
+    "MigrationError",
+    "NamespaceError",
+    "PayloadTooLargeError",
+    "SQLiteVersionError",
+    "StoreError",
+    "URLError",
+    "WriterClosedError",
+    "WriterError",
+]
+
+
+class EvidenceError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: object) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+        # What the error concerns (path, message_id, digest, sqlite_code, ...), as attributes.
+        self.context = context
+        for key, value in context.items():
+            setattr(self, key, value)
+
+
+class StoreError(EvidenceError):
+    """Opening, configuring or migrating a store failed."""
+
+
+class SQLiteVersionError(StoreError):
+    """The linked SQLite library is older than the WAL-reset fix."""
+
+
+class MigrationError(StoreError):
+    """A schema migration cannot be applied, or was edited after it was applied."""
+
+
+class CorruptStoreError(StoreError):
+    """The store's directory or database is damaged or not a store at all."""
+
+
+class ArtifactError(EvidenceError):
+    """The content-addressed artifact store refused or failed an operation."""
+
+
+class NamespaceError(ArtifactError):
+    """An artifact namespace is not a valid name."""
+
+
+class PayloadTooLargeError(ArtifactError):
+    """A payload exceeds the configured size limit."""
+
+
+class ArtifactMissingError(ArtifactError):
+    """A referenced artifact is not present in the artifact store."""
+
+
+class ArtifactCorruptError(ArtifactError):
+    """A stored artifact's bytes do not hash to its digest."""
+
+
+class MessageError(EvidenceError):
+    """A message could not be decoded, or is not valid for the store."""
+
+
+class URLError(EvidenceError):
+    """A URL cannot be normalized into a fetch key."""
+
+
+class WriterError(EvidenceError):
+    """The serialized writer could not accept or commit a message."""
+
+
+class WriterClosedError(WriterError):
+    """The writer is closed, or stopped after a failure it could not recover from."""
+
+
+class CommitError(WriterError):
+    """A batch did not commit. None of its messages were acknowledged; redeliver them."""

@@ -1,0 +1,97 @@
+"""What a store holds right now, read in one short read-only snapshot.
+
+``status(store)`` never blocks the writer: it uses its own ``query_only`` connection and
+one read transaction that ends before it returns.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ._merkle import root as merkle_root
+from ._store import Store, map_sqlite_errors
+from ._urls import NORMALIZER_VERSION
+
+__all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status"]
+
+# The tables whose rows status counts, in a fixed order.
+COUNTED_TABLES = (
+    "crawl_session", "crawl_run", "url_identity", "fetch_attempt", "artifact",
+    "discovery_edge", "rule_evaluation", "url_current", "ingest_ledger", "quarantine",
+    "commit_log",
+)
+
+
+class SessionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    mode: str
+    started_at: str
+    ended_at: str | None
+    outcome: str | None
+    runs: int
+
+
+class RunStatus(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    session_id: str
+    started_at: str
+    ended_at: str | None
+    outcome: str | None
+    attempts: int
+
+
+class StoreStatus(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    store_id: str
+    schema_version: int
+    normalizer_version: int
+    sync: str
+    sessions: list[SessionStatus]
+    runs: list[RunStatus]  # the most recent runs, newest first
+    rows: dict[str, int]
+    artifact_bytes: int
+    conflicts: int  # quarantined because their id was recorded with other content
+    quarantined: int  # conflicts and rejections
+    tree_size: int
+    root: str
+    last_commit_at: str | None
+    wal_bytes: int
+
+
+def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
+    """Counts, sessions, recent runs, the log head and the WAL size of ``store``."""
+    with store.reader() as conn, map_sqlite_errors(store.db_path):
+        conn.execute("BEGIN")
+        try:
+            rows = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+                    for t in COUNTED_TABLES}
+            sessions = [SessionStatus(session_id=s, mode=m, started_at=a, ended_at=e,
+                                      outcome=o, runs=n) for s, m, a, e, o, n in conn.execute(
+                "SELECT s.session_id, s.mode, s.started_at, s.ended_at, s.outcome, "
+                "(SELECT count(*) FROM crawl_run r WHERE r.session_id = s.session_id) "
+                "FROM crawl_session s ORDER BY s.started_at DESC, s.session_id LIMIT 20")]
+            runs = [RunStatus(run_id=r, session_id=s, started_at=a, ended_at=e, outcome=o,
+                              attempts=n) for r, s, a, e, o, n in conn.execute(
+                "SELECT r.run_id, r.session_id, r.started_at, r.ended_at, r.outcome, "
+                "(SELECT count(*) FROM fetch_attempt f WHERE f.run_id = r.run_id) "
+                "FROM crawl_run r ORDER BY r.started_at DESC, r.run_id LIMIT ?",
+                (recent_runs,))]
+            artifact_bytes = conn.execute(
+                "SELECT coalesce(sum(size), 0) FROM artifact").fetchall()[0][0]
+            conflicts = conn.execute(
+                "SELECT count(*) FROM quarantine WHERE reason_code = 'conflict'"
+            ).fetchall()[0][0]
+            head = conn.execute("SELECT tree_size, root, committed_at FROM commit_log "
+                                "ORDER BY batch_seq DESC LIMIT 1").fetchall()
+            meta = dict(conn.execute("SELECT key, value FROM store_meta"))
+        finally:
+            conn.execute("COMMIT")
+    tree_size, root, last = head[0] if head else (0, None, None)
+    return StoreStatus(
+        path=str(store.path), store_id=meta.get("store_id", ""),
+        schema_version=store.schema_version, normalizer_version=NORMALIZER_VERSION,
+        sync=store.sync, sessions=sessions, runs=runs, rows=rows,
+        artifact_bytes=artifact_bytes, conflicts=conflicts,
+        quarantined=rows["quarantine"], tree_size=tree_size,
+        root=(root if root is not None else merkle_root([])).hex(), last_commit_at=last,
+        wal_bytes=store.wal_size())
