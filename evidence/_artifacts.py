@@ -99,22 +99,39 @@ def _validate_digest(digest: str) -> str:
     )
 
 
+# ArtifactRef's own validation errors are also ValueErrors, which msgspec turns into a
+# ValidationError while decoding: a bad ref inside a message is then a MessageError like any
+# other field defect, while constructing one directly still raises the documented error.
+class _RefNamespaceError(NamespaceError, ValueError):
+    pass
+
+
+class _RefFieldError(ArtifactError, ValueError):
+    pass
+
+
 class ArtifactRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A reference to one stored payload: what messages and rows carry instead of the bytes.
 
-    The Meta constraints reject bad values on decode (and document them in JSON schema);
-    ``__post_init__`` is the authority, on construction and on decode alike.
+    The Meta constraints document the fields in JSON schema and reject most bad values on
+    decode; ``__post_init__`` is the authority (the schema's ``$`` admits a trailing newline).
     """
 
     namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern="^[a-z0-9_-]+$")]
-    digest: Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-9a-f]+$")]
+    digest: Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")]
     size: Annotated[int, msgspec.Meta(ge=0)]
 
     def __post_init__(self) -> None:
-        validate_namespace(self.namespace)
-        _validate_digest(self.digest)
+        try:
+            validate_namespace(self.namespace)
+        except NamespaceError as exc:
+            raise _RefNamespaceError(str(exc), hint=exc.hint, **exc.context) from None
+        try:
+            _validate_digest(self.digest)
+        except ArtifactError as exc:
+            raise _RefFieldError(str(exc), hint=exc.hint, **exc.context) from None
         if type(self.size) is not int or self.size < 0:
-            raise ArtifactError(f"invalid artifact size {_short(self.size)}", size=self.size)
+            raise _RefFieldError(f"invalid artifact size {_short(self.size)}", size=self.size)
 
 
 class FileOps:
@@ -365,6 +382,7 @@ class ArtifactStore:
                 # that wrote it may not have made its entry durable yet.
                 with contextlib.suppress(OSError):
                     self._ops.unlink(tmp)
+                writable = bool(existing.st_mode & 0o222)
             else:
                 # Absent, or wrong size (damaged): our fsynced copy atomically takes its place.
                 with _os_errors(
@@ -373,9 +391,10 @@ class ArtifactStore:
                     enoent_hint="a stale-temp sweep in another process removed it; retry",
                 ):
                     self._ops.rename(tmp, dest)
+                writable = False  # made read-only before its fsync
             with _os_errors("fsync directory", dest.parent):
                 self._ops.fsync_dir(dest.parent)
-            if existing is not None and stat.S_IMODE(existing.st_mode) & 0o222:
+            if writable:
                 with _os_errors("make read-only", dest):
                     self._ops.chmod_readonly(dest)
             return ref

@@ -52,7 +52,7 @@ def check_sqlite_version(version: str | None = None) -> tuple[int, int, int]:
     """Refuse an SQLite library with the WAL-reset bug. ``version`` defaults to the linked one."""
     text = version if version is not None else apsw.sqlite_lib_version()
     parts = tuple(int(p) for p in text.split(".")[:3])
-    parts = (parts + (0, 0, 0))[:3]
+    parts = (*parts, 0, 0, 0)[:3]
     floor = _BACKPORTS.get(parts[:2], _MIN_VERSION)
     if parts < floor:
         raise SQLiteVersionError(
@@ -124,10 +124,10 @@ def connection_temp_memory(conn: apsw.Connection) -> None:
 
 
 def _connect_writer(db_path: Path, sync: Sync, busy_timeout_ms: int, *,
-                    create: bool = False) -> apsw.Connection:
+                    create: bool = False, vfs: str | None = None) -> apsw.Connection:
     """A read-write connection with the whole policy applied, in the order that matters."""
     flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
-    conn = apsw.Connection(str(db_path), flags=flags)
+    conn = apsw.Connection(str(db_path), flags=flags, vfs=vfs)
     try:
         connection_busy_timeout(conn, busy_timeout_ms)  # before WAL: the switch takes locks
         connection_wal(conn, sync)
@@ -219,7 +219,8 @@ class Store:
     """
 
     def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactStore,
-                 *, sync: Sync, busy_timeout_ms: int, schema_version: int) -> None:
+                 *, sync: Sync, busy_timeout_ms: int, schema_version: int,
+                 vfs: str | None = None) -> None:
         self.path = path
         self.db_path = path / DB_NAME
         self.connection = connection
@@ -227,16 +228,18 @@ class Store:
         self.sync = sync
         self.busy_timeout_ms = busy_timeout_ms
         self.schema_version = schema_version
+        self.vfs = vfs
 
     @classmethod
     def open(cls, path: os.PathLike[str] | str, *, create: bool = False, sync: Sync = "full",
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
-             max_payload: int | None = None,
+             max_payload: int | None = None, vfs: str | None = None,
              sqlite_version: str | None = None) -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
         ``sync="normal"`` survives a process crash but may lose the last commits on power
-        loss. ``sqlite_version`` overrides the version checked (for tests of the gate).
+        loss. ``vfs`` names a registered SQLite VFS (the fault-injection tests use one).
+        ``sqlite_version`` overrides the version checked (for tests of the gate).
         """
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
@@ -253,7 +256,7 @@ class Store:
         elif not (root / ARTIFACTS_DIR).is_dir():
             raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
         with map_sqlite_errors(db_path):
-            conn = _connect_writer(db_path, sync, busy_timeout_ms, create=create)
+            conn = _connect_writer(db_path, sync, busy_timeout_ms, create=create, vfs=vfs)
             try:
                 version = apply_migrations(conn, load_migrations())
                 _ensure_store_id(conn)
@@ -263,7 +266,7 @@ class Store:
         kwargs = {} if max_payload is None else {"max_payload": max_payload}
         artifacts = ArtifactStore(root / ARTIFACTS_DIR, **kwargs)
         return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
-                   schema_version=version)
+                   schema_version=version, vfs=vfs)
 
     @classmethod
     def create(cls, path: os.PathLike[str] | str, **options: object) -> Store:
@@ -309,7 +312,8 @@ class Store:
         with contextlib.suppress(apsw.Error):
             self.connection.close()
         with map_sqlite_errors(self.db_path):
-            self.connection = _connect_writer(self.db_path, self.sync, self.busy_timeout_ms)
+            self.connection = _connect_writer(self.db_path, self.sync, self.busy_timeout_ms,
+                                              vfs=self.vfs)
 
     def wal_size(self) -> int:
         """Bytes in the WAL file now (0 when absent)."""

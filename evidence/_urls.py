@@ -30,8 +30,8 @@ Decisions (these are the rules of version 1):
   UTS #46 and IDNA2008. Non-dotted-decimal IPv4 forms (``0x7f.1``) are not reinterpreted.
 - IPv6 literals are written in RFC 5952 form (lowercase, zeros compressed); zone
   identifiers are refused.
-- Backslashes are not treated as slashes (RFC 3986, not WHATWG): in the path they are
-  encoded as ``%5C``, in the authority they are an error.
+- ``normalize_url`` follows RFC 3986, not WHATWG, on backslashes: ``%5C`` in the path,
+  an error in the authority. ``resolve_reference`` (raw hrefs) reads them as browsers do.
 - Empty query parameters (``a&&b``) are dropped; the sort is by name, then ``=``, then value.
 """
 
@@ -60,6 +60,7 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _ASCII_LABEL_RE = re.compile(r"[a-z0-9_-]+")
 _C0_OR_SPACE = "".join(chr(i) for i in range(0x21))
 _DROP_TAB_NEWLINE = str.maketrans("", "", "\t\n\r")
+_AUTHORITY_RE = re.compile(r"//([^/?]*)(.*)")  # RFC 3986 3.2: '#' is already cut off.
 _EXTRA_SLASHES_RE = re.compile(r"^((?:https?:)?//)/+", re.IGNORECASE)
 
 
@@ -192,6 +193,26 @@ def _normalize_query(query: str) -> str:
     return "&".join(params)
 
 
+def _split_authority(authority: str, url: str) -> tuple[str, str, str]:
+    """Split ``[userinfo@]host[:port]`` (RFC 3986 3.2); normalize the userinfo."""
+    if any(char.isspace() for char in authority):
+        raise _fail("URL has whitespace in its host part", url, "Check the host name.")
+    if "\\" in authority:  # WHATWG reads it as '/', RFC 3986 as data: refuse the ambiguity.
+        raise _fail("URL has '\\' in its host part", url, "Write '/' to end the host.")
+    userinfo, _, host_port = authority.rpartition("@")  # '@' is not allowed in userinfo.
+    user, _, password = _normalize_userinfo(userinfo).partition(":")
+    userinfo = f"{user}:{password}" if password else user
+    if not host_port.startswith("["):
+        host_text, colon, port_text = host_port.rpartition(":")
+        return (userinfo, host_text, port_text) if colon else (userinfo, host_port, "")
+    if "]" not in host_port:
+        raise _fail("unclosed '[' in host", url, "Write IPv6 literals as [address].")
+    host_text, bracket, port_text = host_port.partition("]")
+    if port_text and not port_text.startswith(":"):
+        raise _fail("junk after IPv6 literal", url, "Write [address]:port.")
+    return userinfo, host_text + bracket, port_text[1:]
+
+
 def _normalize(url: str) -> _Parts:
     if not isinstance(url, str):
         raise _fail(f"URL must be str, not {type(url).__name__}", url, "Decode it first.")
@@ -218,32 +239,11 @@ def _normalize(url: str) -> _Parts:
         raise _fail(
             f"unsupported scheme {scheme[:20]!r}", url, "Only http and https URLs have fetch keys."
         )
-    rest = without_fragment[scheme_match.end() :]
-    if not rest.startswith("//"):
+    split = _AUTHORITY_RE.match(without_fragment, scheme_match.end())
+    if split is None:
         raise _fail("URL has no host", url, "Use an absolute URL: scheme://host/path.")
-    authority_end = re.search(r"[/?]|$", rest[2:]).start() + 2
-    authority, rest = rest[2:authority_end], rest[authority_end:]
-    if any(char.isspace() for char in authority):
-        raise _fail("URL has whitespace in its host part", url, "Check the host name.")
-    if "\\" in authority:  # WHATWG reads it as '/', RFC 3986 as data: refuse the ambiguity.
-        raise _fail("URL has '\\' in its host part", url, "Write '/' to end the host.")
-    userinfo, _, host_port = authority.rpartition("@")  # '@' is not allowed in userinfo.
-    user, _, password = _normalize_userinfo(userinfo).partition(":")
-    userinfo = f"{user}:{password}" if password else user
-    if host_port.startswith("["):
-        if "]" not in host_port:
-            raise _fail("unclosed '[' in host", url, "Write IPv6 literals as [address].")
-        bracket = host_port.index("]") + 1
-        host_text, port_text = host_port[:bracket], host_port[bracket:]
-        if port_text and not port_text.startswith(":"):
-            raise _fail("junk after IPv6 literal", url, "Write [address]:port.")
-        port_text = port_text[1:]
-    else:
-        host_text, colon, port_text = host_port.rpartition(":")
-        if not colon:
-            host_text, port_text = host_port, ""
-    if not host_text:
-        raise _fail("URL has no host", url, "Use an absolute URL: scheme://host/path.")
+    authority, rest = split.groups()
+    userinfo, host_text, port_text = _split_authority(authority, url)
     port = _normalize_port(port_text, scheme, url)
     host = _normalize_host(host_text, url)
     path, _, query = rest.partition("?")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import string
+from random import Random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -114,7 +116,7 @@ EXAMPLES = [
     ("http://:@h/", "http://h/"),
     ("http://:pw@h/", "http://:pw@h/"),
     ("http://a@b@h/", "http://a%40b@h/"),
-    ("http://u ü@h/".replace(" ", ""), "http://u%C3%BC@h/"),
+    ("http://uü@h/", "http://u%C3%BC@h/"),
 ]
 
 
@@ -158,7 +160,7 @@ BAD = [
     ("http://h:-1/", "port"),
     ("http://h:8a/", "port"),
     ("http://h:１２/", "port"),
-    ("http://h:" + "0" * 5000 + "1/", "port"),
+    ("http://h:" + "9" * 5000 + "/", "port"),
     ("http://example.com/" + "a" * 100_000, "limit"),
     ("http://h/" + "ü" * 2000, "limit"),  # fits as input, too long once encoded
     ("http://h/a\x00b", "control"),
@@ -179,7 +181,7 @@ BAD = [
     ("http://a%2Fb/", "characters"),
     ("http://" + "a" * 64 + ".example/", "63"),
     ("http://" + "abc." * 70 + "example/", "253"),
-    ("http://::1/", "brackets"),
+    ("http://::1/", "host contains ':'"),
     ("http://[::1/", "unclosed"),
     ("http://[::1]x/", "IPv6"),
     ("http://[1.2.3.4]/", "IPv6"),
@@ -192,7 +194,7 @@ BAD = [
 
 @pytest.mark.parametrize(("url", "words"), BAD)
 def test_errors(url: str, words: str) -> None:
-    with pytest.raises(URLError, match=None) as info:
+    with pytest.raises(URLError) as info:
         normalize_url(url)  # type: ignore[arg-type]
     error = info.value
     assert isinstance(error, EvidenceError)
@@ -278,9 +280,7 @@ reg_names = st.builds(
     st.lists(st.one_of(ascii_labels, unicode_labels), min_size=1, max_size=4),
     st.sampled_from(["", "."]),
 )
-ipv6_hosts = st.ip_addresses(v=6).map(
-    lambda address: f"[{address}]".upper() if address.version == 6 else str(address)
-)
+ipv6_hosts = st.ip_addresses(v=6).map(lambda address: f"[{address}]".upper())
 hosts = st.one_of(reg_names, st.ip_addresses(v=4).map(str), ipv6_hosts)
 ports = st.one_of(
     st.just(""),
@@ -292,9 +292,12 @@ userinfos = st.one_of(
     st.text(string.ascii_letters + ":%20ü!$", max_size=8).map(lambda text: text + "@"),
 )
 # Pieces of paths and queries: dots, escapes valid and not, reserved, unicode, spaces.
-PIECES = [".", "..", "%2e", "%2E%2e", "%41", "%7e", "%2f", "%3D", "%26", "%zz", "%", "%4"]
+PIECES = [".", "..", "%2e", "%2E%2e", "%41", "%7e", "%2f", "%3D", "%26", "%zz", "%", "%4", "%%61b"]
 PIECES += ["a", "Z", "~", "-", "+", " ", "ü", "日本", "=", ":", "@", "!", "'", "[", "|", "\\"]
-pieces = st.one_of(st.sampled_from(PIECES), st.text(st.characters(codec="utf-8"), max_size=3))
+pieces = st.one_of(
+    st.sampled_from(PIECES),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cc"]), max_size=3),
+)
 segments = st.lists(pieces, max_size=4).map("".join)
 paths = st.lists(segments, max_size=5).map(lambda segs: "".join("/" + seg for seg in segs))
 params = st.builds(
@@ -318,20 +321,19 @@ urls = st.builds(
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _is_acceptable(url: str) -> bool:
-    """What the strategy cannot rule out by construction: controls and outer whitespace."""
-    return url == url.strip() and not _urls._CONTROL_RE.search(url)
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @FAST
 @given(urls)
 def test_normalize_is_idempotent(url: str) -> None:
-    try:
-        key = normalize_url(url)
-    except URLError:
-        # Only inputs the generator cannot keep clean may be refused.
-        assert not _is_acceptable(url) or "'\\'" in url or "\\" in url.split("/")[2]
+    # The strategy builds valid URLs except for what random text may add: control
+    # characters anywhere, or whitespace at the very end. Exactly those are refused.
+    if _CONTROLS.search(url) or url != url.strip():
+        with pytest.raises(URLError):
+            normalize_url(url)
         return
+    key = normalize_url(url)
     assert normalize_url(key) == key
     assert key.isascii()
     assert "#" not in key
@@ -352,7 +354,7 @@ def test_arbitrary_text_raises_only_url_error(text: str) -> None:
         assert normalize_url(key) == key
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.text(), st.text())
 def test_resolve_reference_raises_only_url_error(base: str, href: str) -> None:
     for candidate_base in (base, "http://h/a/b"):
@@ -363,9 +365,19 @@ def test_resolve_reference_raises_only_url_error(base: str, href: str) -> None:
         assert resolved.lower().startswith(("http://", "https://"))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(params.filter(bool), min_size=1, max_size=6), st.randoms())
-def test_query_order_does_not_matter(items: list[str], random) -> None:  # noqa: ANN001
+# Without random text: a '#' would cut the query short, a trailing space is refused.
+clean_segments = st.lists(st.sampled_from([p for p in PIECES if p != " "]), max_size=4).map("".join)
+clean_params = st.builds(
+    lambda key, eq, value: key + eq + value,
+    clean_segments,
+    st.sampled_from(["", "="]),
+    clean_segments,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(clean_params, min_size=1, max_size=6), st.randoms())
+def test_query_order_does_not_matter(items: list[str], random: Random) -> None:
     shuffled = list(items)
     random.shuffle(shuffled)
     assert normalize_url("http://h/?" + "&".join(items)) == normalize_url(
@@ -373,9 +385,9 @@ def test_query_order_does_not_matter(items: list[str], random) -> None:  # noqa:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.text(string.ascii_letters + string.digits + "-._~", min_size=1), st.data())
-def test_escaping_unreserved_characters_does_not_matter(text: str, data) -> None:  # noqa: ANN001
+def test_escaping_unreserved_characters_does_not_matter(text: str, data: st.DataObject) -> None:
     escaped = "".join(
         data.draw(st.sampled_from([char, f"%{ord(char):02x}", f"%{ord(char):02X}"]))
         for char in text

@@ -1,0 +1,352 @@
+"""The serialized writer: batches, dedup, quarantine, projection, log, failures."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import anyio
+import apsw
+import msgspec
+import pytest
+
+from evidence import (
+    ArtifactRef,
+    CommitError,
+    MessageError,
+    Store,
+    Writer,
+    WriterClosedError,
+    WriterLimits,
+    check_log,
+)
+from evidence._writer import WriterHooks
+
+from .conftest import Factory, asubmit
+from .faultvfs import FaultVFS
+
+pytestmark = pytest.mark.anyio
+
+
+def count(store: Store, table: str, where: str = "1", args: tuple = ()) -> int:
+    return store.connection.execute(
+        f"SELECT count(*) FROM {table} WHERE {where}", args).fetchall()[0][0]
+
+
+def projection(store: Store) -> dict[tuple[str, str], int]:
+    return {(r, k): s for r, k, s in store.connection.execute(
+        "SELECT c.run_id, u.fetch_key, c.sequence FROM url_current c "
+        "JOIN url_identity u USING (url_id)")}
+
+
+async def test_submit_resolves_after_commit_with_log_position(store: Store,
+                                                              make: Factory) -> None:
+    async with Writer(store) as w:
+        acks = [await w.submit(make.session()), await w.submit(make.run())]
+    assert [(a.status, a.log_index) for a in acks] == [("committed", 0), ("committed", 1)]
+    assert count(store, "commit_log") == 2 and count(store, "ingest_ledger") == 2
+
+
+async def test_poison_message_fails_alone_in_a_batch_of_500(store: Store,
+                                                            make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    body = make.body()
+    messages = [make.attempt(f"http://example.com/p{i}", body=body) for i in range(500)]
+    missing = ArtifactRef(namespace="body", digest="ab" * 32, size=10)
+    messages[250] = make.attempt("http://example.com/poison", body=missing)
+    acks: dict[str, object] = {}
+    limits = WriterLimits(max_batch_messages=500, max_batch_delay=5.0)
+    async with Writer(store, limits=limits) as w, anyio.create_task_group() as tg:
+        async def one(m):
+            acks[m.message_id] = await w.submit(m)
+        for m in messages:
+            tg.start_soon(one, m)
+    statuses = [acks[m.message_id].status for m in messages]
+    assert statuses.count("committed") == 499
+    poison = acks[messages[250].message_id]
+    assert poison.status == "rejected" and "is not in the store" in poison.reason
+    assert {acks[m.message_id].batch_seq for m in messages if m is not messages[250]} == {3}
+    assert count(store, "fetch_attempt") == 499
+    assert count(store, "quarantine", "reason_code = 'rejected'") == 1
+
+
+async def test_missing_artifact_is_refused_and_nothing_of_it_is_written(
+        store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    before = {t: count(store, t) for t in ("fetch_attempt", "url_identity", "artifact",
+                                           "ingest_ledger", "url_current")}
+    missing = ArtifactRef(namespace="body", digest="cd" * 32, size=5)
+    [ack] = await asubmit(store, [make.attempt("http://example.com/new", body=missing)])
+    assert ack.status == "rejected" and "cd" * 32 in ack.reason
+    after = {t: count(store, t) for t in before}
+    assert after == before, "no evidence row, url, artifact, ledger or projection row"
+    payload = store.connection.execute("SELECT payload FROM quarantine").fetchall()[0][0]
+    assert msgspec.msgpack.decode(payload)["url"] == "http://example.com/new"
+
+
+async def test_same_id_different_payload_is_quarantined_and_original_untouched(
+        store: Store, make: Factory) -> None:
+    original = make.attempt(body=make.body())
+    await asubmit(store, [make.session(), make.run(), original])
+    ledger_before = store.connection.execute("SELECT * FROM ingest_ledger").fetchall()
+    forged = msgspec.structs.replace(original, http_status=404)
+    async with Writer(store) as w:
+        ack = await w.submit(forged)
+        assert w.statistics().conflicts == 1
+    assert ack.status == "conflict" and "already recorded with payload hash" in ack.reason
+    assert store.connection.execute("SELECT * FROM ingest_ledger").fetchall() == ledger_before
+    assert store.connection.execute("SELECT http_status FROM fetch_attempt").fetchall() == [
+        (200,)]
+    rows = store.connection.execute(
+        "SELECT message_id, reason_code, payload FROM quarantine").fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(original.message_id, "conflict")]
+    assert msgspec.msgpack.decode(rows[0][2])["http_status"] == 404, "kept whole"
+
+
+async def test_redelivery_is_a_duplicate_with_the_original_position(
+        store: Store, make: Factory) -> None:
+    attempt = make.attempt()
+    first = (await asubmit(store, [make.session(), make.run(), attempt]))[2]
+    again = await asubmit(store, [attempt, attempt])
+    assert [a.status for a in again] == ["duplicate", "duplicate"]
+    assert {a.log_index for a in again} == {first.log_index}
+    assert count(store, "ingest_ledger") == 3 and count(store, "commit_log") == 3
+
+
+async def test_late_attempt_is_kept_but_never_moves_projection_backward(
+        store: Store, make: Factory) -> None:
+    url = "http://example.com/page"
+    await asubmit(store, [make.session(), make.run(), make.attempt(url, sequence=5)])
+    acks = await asubmit(store, [make.attempt(url, sequence=3), make.attempt(url, sequence=4)])
+    assert [a.status for a in acks] == ["committed", "committed"]
+    assert projection(store) == {("r1", url): 5}
+    assert count(store, "fetch_attempt") == 3
+    await asubmit(store, [make.attempt(url, sequence=9)])
+    assert projection(store) == {("r1", url): 9}
+
+
+async def test_same_run_url_and_sequence_under_another_attempt_is_rejected(
+        store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run(), make.attempt(sequence=1)])
+    [ack] = await asubmit(store, [make.attempt(sequence=1)])
+    assert ack.status == "rejected" and "UNIQUE" in ack.reason
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"run_id": "nope"}, "run nope is not recorded"),
+    ({"outcome": "response", "http_status": None}, "needs an http_status"),
+    ({"outcome": "refused_by_robots", "http_status": 200}, "never requested"),
+    ({"url": "ftp://example.com/"}, "attempt"),
+])
+async def test_invalid_attempts_are_rejected_with_a_reason(
+        store: Store, make: Factory, change: dict, reason: str) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    [ack] = await asubmit(store, [msgspec.structs.replace(make.attempt(), **change)])
+    assert ack.status == "rejected" and reason in ack.reason
+    assert count(store, "fetch_attempt") == 0
+
+
+async def test_malformed_bytes_raise_and_write_nothing(store: Store) -> None:
+    async with Writer(store) as w:
+        with pytest.raises(MessageError):
+            await w.submit_bytes(b"\x93\x01\x02")
+        with pytest.raises(MessageError, match="at `\\$.sequence`"):
+            await w.submit_bytes(b'{"kind": "fetch_attempt", "sequence": "x"}', format="json")
+    assert count(store, "ingest_ledger") + count(store, "quarantine") == 0
+
+
+def _mth(leaves: list[bytes]) -> bytes:
+    """RFC 9162 Merkle tree hash, written out independently of evidence._merkle."""
+    if not leaves:
+        return hashlib.sha256(b"").digest()
+    if len(leaves) == 1:
+        return leaves[0]
+    k = 1
+    while k * 2 < len(leaves):
+        k *= 2
+    return hashlib.sha256(b"\x01" + _mth(leaves[:k]) + _mth(leaves[k:])).digest()
+
+
+async def test_commit_log_roots_match_an_independent_recomputation(
+        store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    body = make.body()
+    for batch in range(5):
+        limits = WriterLimits(max_batch_delay=0.5, max_batch_messages=7)
+        async with Writer(store, limits=limits) as w, anyio.create_task_group() as tg:
+            for i in range(batch * 3 + 1):
+                tg.start_soon(w.submit, make.attempt(f"http://e.com/{batch}/{i}", body=body))
+    leaves = [hashlib.sha256(b"\x00" + p).digest() for (p,) in store.connection.execute(
+        "SELECT payload FROM ingest_ledger ORDER BY log_index")]
+    rows = store.connection.execute(
+        "SELECT tree_size, root FROM commit_log ORDER BY batch_seq").fetchall()
+    assert len(rows) > 5
+    for size, root in rows:
+        assert root == _mth(leaves[:size])
+    size, root, findings = check_log(store.connection)
+    assert (size, root, findings) == (len(leaves), _mth(leaves), [])
+
+
+async def test_full_queue_makes_submit_wait(store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    gate = threading.Event()
+    hooks = WriterHooks(before_commit=lambda seq: gate.wait(10))
+    limits = WriterLimits(queue_size=2, max_batch_messages=1)
+    acked = 0
+    async with Writer(store, limits=limits, hooks=hooks) as w:
+        async def one(i: int) -> None:
+            nonlocal acked
+            await w.submit(make.attempt(f"http://e.com/{i}"))
+            acked += 1
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.3)
+            stats = w.statistics()
+            assert acked == 0, "nothing is acked before its commit"
+            assert stats.queue_depth == 2, "the queue holds its bound and no more"
+            assert stats.oldest_pending_age >= 0.2
+            gate.set()
+    assert acked == 8 and count(store, "fetch_attempt") == 8
+
+
+async def test_close_drains_the_queue_and_later_submits_are_refused(
+        store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    acks = []
+    async with Writer(store) as w:
+        for i in range(50):
+            acks.append(await w.submit(make.attempt(f"http://e.com/{i}")))
+    assert len(acks) == 50 and count(store, "fetch_attempt") == 50
+    with pytest.raises(WriterClosedError):
+        await w.submit(make.attempt("http://e.com/late"))
+
+
+async def test_busy_database_gets_bounded_retries_then_a_clear_error(
+        tmp_path: Path, make: Factory) -> None:
+    with Store.create(tmp_path / "busy", busy_timeout_ms=20) as store:
+        await asubmit(store, [make.session()])
+        blocker = apsw.Connection(str(store.db_path))
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            async with Writer(store, limits=WriterLimits(busy_retries=2)) as w:
+                with pytest.raises(CommitError, match="stayed locked through 3 attempts"):
+                    await w.submit(make.run())
+                assert w.statistics().busy_retries == 3
+                blocker.execute("ROLLBACK")
+                assert (await w.submit(make.run("r2"))).status == "committed"
+        finally:
+            blocker.close()
+
+
+@pytest.fixture
+def fault_vfs():
+    vfs = FaultVFS()
+    yield vfs
+    vfs.unregister()
+
+
+async def test_commit_with_failed_sync_is_acked_from_what_is_on_disk(
+        tmp_path: Path, make: Factory, fault_vfs: FaultVFS) -> None:
+    # Rule 11: an error at COMMIT means "outcome unknown". The writer reopens and acks from
+    # what the database holds then; whichever way SQLite resolved the failed sync, the ack
+    # and the disk must agree, and redelivery must converge to exactly one copy.
+    with Store.create(tmp_path / "s", vfs=fault_vfs.name) as store:
+        await asubmit(store, [make.session(), make.run()])
+        fault_vfs.arm("sync", "-wal")
+        attempt = make.attempt()
+        async with Writer(store) as w:
+            try:
+                status = (await w.submit(attempt)).status
+            except CommitError:
+                status = "not committed"
+            assert fault_vfs.fired == [("sync", "-wal")]
+            on_disk = count(store, "fetch_attempt", "attempt_id = ?", (attempt.attempt_id,))
+            assert (status, on_disk) in {("committed", 1), ("not committed", 0)}
+            again = await w.submit(attempt)
+            assert again.status == ("duplicate" if on_disk else "committed")
+        assert count(store, "fetch_attempt") == 1
+        assert check_log(store.connection)[2] == []
+
+
+async def test_commit_that_did_not_reach_disk_is_not_acked_and_can_be_redelivered(
+        tmp_path: Path, make: Factory, fault_vfs: FaultVFS) -> None:
+    with Store.create(tmp_path / "s", vfs=fault_vfs.name) as store:
+        await asubmit(store, [make.session(), make.run()])
+        fault_vfs.arm("write", "-wal")
+        attempt = make.attempt()
+        async with Writer(store) as w:
+            with pytest.raises(CommitError, match="did not commit|nothing of it was written"):
+                await w.submit(attempt)
+            assert count(store, "fetch_attempt") == 0
+            assert (await w.submit(attempt)).status == "committed"
+            assert w.statistics().commit_errors == 1
+        assert check_log(store.connection)[2] == []
+
+
+CHILD = r"""
+import os, signal, sys
+import anyio
+sys.path.insert(0, sys.argv[2])
+from conftest import Factory
+from evidence import Store, Writer
+from evidence._writer import WriterHooks
+
+def die(seq):
+    print("committed", seq, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+async def main():
+    store = Store.open(sys.argv[1])
+    make = Factory(store)
+    make.now = make.now.replace(microsecond=0, second=0, minute=0, hour=0)
+    async with Writer(store, hooks=WriterHooks(after_commit=die)) as w:
+        await w.submit(make.attempt("http://e.com/late", sequence=int(sys.argv[3]),
+                                    message_id="crash-1", attempt_id="crash-a1"))
+        print("acked", flush=True)  # never reached: killed between COMMIT and ack
+
+anyio.run(main)
+"""
+
+
+async def test_crash_between_commit_and_ack_redelivers_as_duplicate(
+        store: Store, make: Factory) -> None:
+    url = "http://e.com/late"
+    await asubmit(store, [make.session(), make.run(), make.attempt(url, sequence=7)])
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(store.path), str(Path(__file__).parent), "3"],
+        capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert "committed" in child.stdout and "acked" not in child.stdout.replace(
+        "committed", "")
+    before = projection(store)
+    assert before == {("r1", url): 7}
+    with Store.open(store.path) as again:
+        make_again = Factory(again)
+        make_again.now = make.now.replace(microsecond=0, second=0, minute=0, hour=0)
+        redelivered = make_again.attempt(url, sequence=3, message_id="crash-1",
+                                         attempt_id="crash-a1")
+        [ack] = await asubmit(again, [redelivered])
+        assert ack.status == "duplicate"
+        assert projection(again) == before
+        assert count(again, "fetch_attempt") == 2
+
+
+async def test_statistics_report_batches_and_latency(store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    async with Writer(store, limits=WriterLimits(max_batch_delay=0.5,
+                                                 max_batch_messages=10)) as w:
+        async with anyio.create_task_group() as tg:
+            for i in range(30):
+                tg.start_soon(w.submit, make.attempt(f"http://e.com/{i}"))
+        stats = w.statistics()
+    assert stats.committed == 30 and stats.batches == 3
+    assert stats.batch_sizes["10"] == 3
+    assert 0 < stats.commit_latency_p50 <= stats.commit_latency_max
+    assert stats.tree_size == 32 and stats.queue_depth == 0
+    assert os.path.getsize(store.db_path) > 0
