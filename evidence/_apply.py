@@ -20,6 +20,8 @@ from ._errors import ArtifactError, URLError
 from ._messages import (
     Discovery,
     FetchAttempt,
+    FrontierUpdate,
+    HostUpdate,
     Message,
     RuleEvaluated,
     RunEnded,
@@ -240,6 +242,67 @@ def _rule_evaluated(ctx: _Context, m: RuleEvaluated) -> None:
                    f"recorded as {verdict!r}; this message says {m.verdict!r}", conflict=True)
 
 
+def _frontier(ctx: _Context, m: FrontierUpdate) -> None:
+    what = f"frontier update {m.message_id}"
+    row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
+    if row is None or row[0] != m.session_id:
+        raise Rejected(f"{what}: run {m.run_id} is not a recorded run of session {m.session_id}")
+    conn, index = ctx.conn, ctx.log_index
+    for q in m.queued:
+        url_id = ctx.url_id(q.url, f"{what} queued URL")
+        state = "queued" if q.skip is None else "skipped"
+        # A URL already in the frontier keeps its state, except one skipped only for its
+        # depth, which is queued again when found at a depth that is allowed.
+        conn.execute(
+            "INSERT INTO frontier (session_id, url_id, url, state, depth, via, "
+            "source_attempt_id, reason, updated_log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (session_id, url_id) DO UPDATE SET state = 'queued', "
+            "depth = excluded.depth, reason = '', updated_log_index = excluded.updated_log_index "
+            "WHERE frontier.state = 'skipped' AND frontier.reason LIKE 'depth%' "
+            "AND excluded.state = 'queued' AND excluded.depth < frontier.depth",
+            (m.session_id, url_id, q.url, state, q.depth, q.via, q.source_attempt_id,
+             q.skip or "", index))
+    now = format_time(m.at)
+    for url in m.claimed:
+        conn.execute(
+            "UPDATE frontier SET state = 'in_flight', attempts = attempts + 1, "
+            "claimed_run_id = ?, claimed_at = ?, updated_log_index = ? "
+            "WHERE session_id = ? AND url_id = ? AND state = 'queued'",
+            (m.run_id, now, index, m.session_id, ctx.url_id(url, f"{what} claim")))
+        if conn.changes() == 0:
+            raise Rejected(f"{what}: {url} is not queued in session {m.session_id}",
+                           conflict=True)
+    for s in m.settled:
+        conn.execute(
+            "UPDATE frontier SET state = ?, reason = ?, not_before = ?, updated_log_index = ? "
+            "WHERE session_id = ? AND url_id = ?",
+            (s.state, s.reason, None if s.not_before is None else format_time(s.not_before),
+             index, m.session_id, ctx.url_id(s.url, f"{what} settlement")))
+        if conn.changes() == 0:
+            raise Rejected(f"{what}: {s.url} is not in the frontier of session {m.session_id}")
+
+
+def _host(ctx: _Context, m: HostUpdate) -> None:
+    what = f"host update {m.message_id}"
+    ctx.open_run(m.run_id, what)
+    if m.robots_attempt_id is not None:
+        ctx.attempt_seq(m.robots_attempt_id, m.run_id, what)
+    ctx.conn.execute(
+        "INSERT INTO host_state (host, robots_attempt_id, robots_expires_at, crawl_delay, "
+        "backoff_until, reason, updated_log_index) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (host) DO UPDATE SET "
+        "robots_attempt_id = coalesce(excluded.robots_attempt_id, robots_attempt_id), "
+        "robots_expires_at = coalesce(excluded.robots_expires_at, robots_expires_at), "
+        "crawl_delay = CASE WHEN excluded.robots_attempt_id IS NULL THEN crawl_delay "
+        "ELSE excluded.crawl_delay END, "
+        "backoff_until = excluded.backoff_until, reason = excluded.reason, "
+        "updated_log_index = excluded.updated_log_index",
+        (m.host, m.robots_attempt_id,
+         None if m.robots_expires_at is None else format_time(m.robots_expires_at),
+         m.crawl_delay, None if m.backoff_until is None else format_time(m.backoff_until),
+         m.reason, ctx.log_index))
+
+
 _HANDLERS = {
     SessionStarted: _session_started,
     SessionEnded: _session_ended,
@@ -248,4 +311,6 @@ _HANDLERS = {
     FetchAttempt: _fetch_attempt,
     Discovery: _discovery,
     RuleEvaluated: _rule_evaluated,
+    FrontierUpdate: _frontier,
+    HostUpdate: _host,
 }

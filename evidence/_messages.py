@@ -35,13 +35,17 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "Discovery",
     "FetchAttempt",
+    "FrontierUpdate",
+    "HostUpdate",
     "Message",
     "ObservedRef",
+    "QueuedUrl",
     "RuleEvaluated",
     "RunEnded",
     "RunStarted",
     "SessionEnded",
     "SessionStarted",
+    "SettledUrl",
     "canonical_encode",
     "decode_message",
     "format_time",
@@ -180,8 +184,57 @@ class RuleEvaluated(msgspec.Struct, tag="rule_evaluated", **_STRUCT):
     details: dict[str, object] = {}
 
 
+class QueuedUrl(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """A URL entering a session's frontier (a URL already there keeps its state)."""
+
+    url: Url  # absolute; requested as given, keyed by its normalized form
+    depth: NonNegative
+    via: Literal["seed", "link", "redirect", "sitemap", "embed"] = "link"
+    source_attempt_id: Id | None = None
+    skip: Text | None = None  # enters as skipped, with this reason (scope, depth, ...)
+
+
+class SettledUrl(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """A frontier URL moving to a new state, with the reason a person would ask for."""
+
+    url: Url
+    state: Literal["queued", "done", "failed", "skipped"]
+    reason: Text = ""
+    not_before: UtcTime | None = None  # for 'queued': not to be claimed before this
+
+
+class FrontierUpdate(msgspec.Struct, tag="frontier", **_STRUCT):
+    """Frontier transitions of one session: URLs queued, claimed for fetching, settled.
+
+    Applied in that order. Claims must find their URL queued, settlements must find it
+    present; otherwise the whole message is rejected.
+    """
+
+    message_id: Id
+    session_id: Id
+    run_id: Id
+    at: UtcTime  # when the crawler decided these transitions
+    queued: list[QueuedUrl] = []
+    claimed: list[Url] = []
+    settled: list[SettledUrl] = []
+
+
+class HostUpdate(msgspec.Struct, tag="host", **_STRUCT):
+    """What the crawler knows of a host: its robots.txt and any backoff it asked for."""
+
+    message_id: Id
+    run_id: Id
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    robots_attempt_id: Id | None = None  # the fetch of robots.txt now in force
+    robots_expires_at: UtcTime | None = None
+    crawl_delay: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    backoff_until: UtcTime | None = None
+    reason: Text = ""
+
+
 Message = (
-    SessionStarted | SessionEnded | RunStarted | RunEnded | FetchAttempt | Discovery | RuleEvaluated
+    SessionStarted | SessionEnded | RunStarted | RunEnded | FetchAttempt | Discovery
+    | RuleEvaluated | FrontierUpdate | HostUpdate
 )
 
 _msgpack_encoder = msgspec.msgpack.Encoder(order="deterministic")
