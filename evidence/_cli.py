@@ -7,12 +7,18 @@ Every subcommand has ``--help``; those a script would read have ``--json``. Erro
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import anyio
 import msgspec
 
+from ._crawl import CrawlOptions, CrawlProgress, CrawlResult, Crawler
 from ._errors import EvidenceError
+from ._frontier import CrawlConfig, last_session
+from ._runlock import crawl_lock, stop
 from ._status import StoreStatus, status
 from ._store import Store
 
@@ -35,6 +41,119 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crawl(args: argparse.Namespace) -> int:
+    result = run_crawl(args)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+    else:
+        c = result.counts
+        print(f"run {result.run_id} {result.outcome}: {result.reason}\n"
+              f"session {result.session_id} "
+              f"{'completed' if result.session_completed else 'open'}: "
+              f"{c.done} done, {c.queued} queued, {c.failed} failed, {c.skipped} skipped; "
+              f"{result.documents} pages requested by this run")
+    return 1 if result.outcome == "failed" else 0
+
+
+def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
+    """Build the configuration from the arguments and run one crawl, handling signals."""
+    stderr = stderr or sys.stderr
+    path = Path(args.store)
+    with Store.create(path, sync=args.sync) as store, crawl_lock(path):
+        config = _crawl_config(args, store)
+        if args.clean and not args.yes and not _confirm(
+                f"Abandon the open session of {path} and start a new one? [y/N] "):
+            raise EvidenceError("not confirmed", hint="add --yes to skip the question")
+        options = CrawlOptions(
+            workers=args.workers, per_host=args.per_host, delay=args.delay,
+            timeout=args.timeout, max_documents=args.max_documents, clean=args.clean,
+            progress=_progress_printer(stderr), progress_interval=1.0)
+        crawler = Crawler(store, config, options)
+
+        async def main() -> CrawlResult:
+            async with anyio.create_task_group() as tg:
+                async def signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                        async for _ in received:
+                            print("\nstopping: in-flight fetches finish, state is committed",
+                                  file=stderr)
+                            crawler.request_stop()
+                tg.start_soon(signals)
+                result = await crawler.run()
+                tg.cancel_scope.cancel()
+                return result
+
+        return anyio.run(main)
+
+
+_CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
+                 "obey_robots", "user_agent", "max_body_bytes")
+
+
+def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
+    """The arguments given, over the open session's recorded configuration when resuming."""
+    given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
+    if args.urls:
+        return CrawlConfig(seeds=list(args.urls), **given)
+    with store.reader() as conn:
+        last = last_session(conn)
+    if last is None or last.outcome is not None or args.clean:
+        raise EvidenceError("no URL given and no open session to resume",
+                            hint="give the seed URLs: evidence crawl URL --store STORE")
+    return msgspec.convert({**last.config, **given}, CrawlConfig)
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return False
+    return input(question).strip().lower() in ("y", "yes")
+
+
+def _progress_printer(stream) -> Callable[[CrawlProgress], None]:
+    tty = stream.isatty()
+    last = [0.0]
+
+    def show(p: CrawlProgress) -> None:
+        c = p.counts
+        line = (f"{p.run_id[-8:]} done {c.done} queued {c.queued} in flight {p.in_flight} "
+                f"failed {c.failed} skipped {c.skipped} {p.pages_per_second:.1f} pages/s")
+        if tty:
+            stream.write("\r\x1b[K" + line)
+            stream.flush()
+        elif p.elapsed - last[0] >= 10:
+            last[0] = p.elapsed
+            stream.write(f"session {p.session_id} run {p.run_id}: {line}\n")
+            stream.flush()
+
+    return show
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    pid = stop(Path(args.store))
+    if pid is None:
+        print(f"no crawl is running on {args.store}")
+        return 1
+    print(f"asked the crawl (pid {pid}) to stop; it finishes in-flight fetches first")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .testing.site import SiteConfig, TestSite
+
+    with TestSite(SiteConfig(pages=args.pages)) as site:
+        print(f"serving a {args.pages}-page demo site at {site.url} (127.0.0.1 only)",
+              file=sys.stderr)
+        crawl_args = build_parser().parse_args(["crawl", site.url, "--store", args.store,
+                                                "--clean", "--yes"])
+        result = run_crawl(crawl_args)
+    c = result.counts
+    print(f"\ncrawled {c.done} pages into {args.store} ({c.skipped} skipped by robots.txt "
+          f"or scope, {c.failed} failed); session {result.session_id} "
+          f"{'completed' if result.session_completed else result.outcome}.\n"
+          f"Next: evidence status {args.store}")
+    return 0 if result.session_completed else 1
+
+
 def _format_status(s: StoreStatus) -> str:
     lines = [
         f"store      {s.path}",
@@ -48,10 +167,18 @@ def _format_status(s: StoreStatus) -> str:
         f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
         f"wal        {_bytes(s.wal_bytes)}",
     ]
+    if s.hosts_in_backoff:
+        lines.append("backoff    " + "; ".join(s.hosts_in_backoff))
     if s.sessions:
         lines.append("sessions")
-        lines += [f"  {x.session_id}  {x.mode:<11} {x.outcome or 'open':<9} runs {x.runs}  "
-                  f"started {x.started_at}" for x in s.sessions]
+        for x in s.sessions:
+            f = x.frontier
+            lines.append(f"  {x.session_id}  {x.mode:<11} {x.outcome or 'open':<9} runs "
+                         f"{x.runs}  started {x.started_at}")
+            lines.append(f"    frontier: {f.done} done, {f.queued} queued, {f.in_flight} in "
+                         f"flight, {f.failed} failed, {f.skipped} skipped" + (
+                             f"; oldest in flight since {f.oldest_in_flight_at}"
+                             if f.oldest_in_flight_at else ""))
     if s.runs:
         lines.append("runs")
         lines += [f"  {r.run_id}  {r.outcome or 'running':<9} attempts {r.attempts}  "
@@ -82,6 +209,63 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full (default): every commit survives power loss; normal: survives "
                    "a process crash, may lose the last commits on power loss")
     p.set_defaults(func=_cmd_init)
+
+    p = sub.add_parser(
+        "crawl", help="crawl a site into a store (or resume the open session)",
+        description="Crawl from the seed URLs into STORE, recording every attempt, payload "
+        "and link as evidence. Without URLs, resume the open session with its recorded "
+        "configuration. A run ends when the frontier is exhausted, at --max-documents, or "
+        "on SIGTERM/Ctrl-C/'evidence stop' (in-flight fetches finish; the session stays "
+        "open). Exit status 0 when the run completed, stopped or reached its cap.")
+    p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
+    p.add_argument("--store", required=True, help="the store directory (created if absent)")
+    p.add_argument("--workers", type=int, default=8, help="concurrent fetches (default 8)")
+    p.add_argument("--per-host", type=int, default=4,
+                   help="concurrent fetches per host (default 4)")
+    p.add_argument("--delay", type=float, default=0.0,
+                   help="seconds between request starts per host (robots Crawl-delay wins)")
+    p.add_argument("--timeout", type=float, default=30.0, help="request timeout, seconds")
+    p.add_argument("--max-documents", type=int,
+                   help="pages this run requests; the next run continues the session")
+    p.add_argument("--scope", choices=("host", "domain", "prefix"),
+                   help="what the crawl may leave the seeds for (default host)")
+    p.add_argument("--include", action="append", metavar="REGEX",
+                   help="only URLs matching one of these (repeatable)")
+    p.add_argument("--exclude", action="append", metavar="REGEX",
+                   help="never URLs matching one of these (repeatable)")
+    p.add_argument("--max-depth", type=int, help="links from a seed (default unlimited)")
+    p.add_argument("--max-attempts", type=int,
+                   help="claims of one URL before it is failed (default 3)")
+    p.add_argument("--sitemap", action="store_true", default=None,
+                   help="also seed from each seed host's /sitemap.xml")
+    p.add_argument("--ignore-robots", dest="obey_robots", action="store_false", default=None,
+                   help="do not obey robots.txt (recorded in the session configuration)")
+    p.add_argument("--user-agent", help="the User-Agent header")
+    p.add_argument("--max-body-bytes", type=int,
+                   help="bodies are cut at this size and recorded as truncated (10 MiB)")
+    p.add_argument("--clean", action="store_true",
+                   help="abandon the open session (its evidence stays) and start a new one")
+    p.add_argument("--yes", action="store_true", help="do not ask to confirm --clean")
+    p.add_argument("--sync", choices=("full", "normal"), default="full",
+                   help="durability of commits (see 'evidence init --help')")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_crawl)
+
+    p = sub.add_parser("stop", help="ask the crawl running on a store to stop gracefully",
+                       description="Send SIGTERM to the crawl holding STORE's crawl lock: "
+                       "in-flight fetches finish, state is committed, the session stays "
+                       "open. Exit status 1 when no crawl is running.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.set_defaults(func=_cmd_stop)
+
+    p = sub.add_parser("demo", help="crawl a small site served on 127.0.0.1 into a store",
+                       description="Serve a generated demo site on 127.0.0.1 (random port) "
+                       "and crawl it into STORE with a new session. No other address is "
+                       "contacted.")
+    p.add_argument("store", metavar="STORE", nargs="?", default="demo.evidence",
+                   help="the store directory (default ./demo.evidence)")
+    p.add_argument("--pages", type=int, default=60, help="pages in the demo site")
+    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("status", help="show what a store holds",
                        description="Show sessions, runs, row counts, the Merkle log head, "

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import msgspec
 
+from ._frontier import FrontierCounts, counts
 from ._merkle import root as merkle_root
+from ._messages import now_text
 from ._store import Store, map_sqlite_errors
 from ._urls import NORMALIZER_VERSION
 
@@ -18,7 +20,7 @@ __all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status"]
 COUNTED_TABLES = (
     "crawl_session", "crawl_run", "url_identity", "fetch_attempt", "artifact",
     "discovery_edge", "rule_evaluation", "url_current", "ingest_ledger", "quarantine",
-    "commit_log",
+    "commit_log", "frontier", "host_state",
 )
 
 
@@ -29,6 +31,7 @@ class SessionStatus(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: str | None
     outcome: str | None
     runs: int
+    frontier: FrontierCounts
 
 
 class RunStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +59,7 @@ class StoreStatus(msgspec.Struct, frozen=True, kw_only=True):
     root: str
     last_commit_at: str | None
     wal_bytes: int
+    hosts_in_backoff: list[str]
 
 
 def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
@@ -66,7 +70,8 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
             rows = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
                     for t in COUNTED_TABLES}
             sessions = [SessionStatus(session_id=s, mode=m, started_at=a, ended_at=e,
-                                      outcome=o, runs=n) for s, m, a, e, o, n in conn.execute(
+                                      outcome=o, runs=n, frontier=counts(conn, s))
+                        for s, m, a, e, o, n in conn.execute(
                 "SELECT s.session_id, s.mode, s.started_at, s.ended_at, s.outcome, "
                 "(SELECT count(*) FROM crawl_run r WHERE r.session_id = s.session_id) "
                 "FROM crawl_session s ORDER BY s.started_at DESC, s.session_id LIMIT 20")]
@@ -84,6 +89,9 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
             head = conn.execute("SELECT tree_size, root, committed_at FROM commit_log "
                                 "ORDER BY batch_seq DESC LIMIT 1").fetchall()
             meta = dict(conn.execute("SELECT key, value FROM store_meta"))
+            backoff = [f"{h} until {u} ({r})" for h, u, r in conn.execute(
+                "SELECT host, backoff_until, reason FROM host_state "
+                "WHERE backoff_until > ? ORDER BY host", (now_text(),))]
         finally:
             conn.execute("COMMIT")
     tree_size, root, last = head[0] if head else (0, None, None)
@@ -94,4 +102,4 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
         artifact_bytes=artifact_bytes, conflicts=conflicts,
         quarantined=rows["quarantine"], tree_size=tree_size,
         root=(root if root is not None else merkle_root([])).hex(), last_commit_at=last,
-        wal_bytes=store.wal_size())
+        wal_bytes=store.wal_size(), hosts_in_backoff=backoff)

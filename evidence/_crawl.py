@@ -1,0 +1,589 @@
+"""The crawler: sessions and runs, a scheduler, workers, and exact resume after a crash.
+
+    result = await Crawler(store, config, options).run()
+
+One run of a session. The scheduler reads queued URLs from the durable frontier (short
+read-only queries), picks what per-host politeness allows, *claims* them through the writer
+(durable before any request), and hands them to ``options.workers`` worker tasks sharing
+one ``httpx.AsyncClient``. A worker checks robots.txt, fetches, stores the payloads, and
+submits the page's attempt, links and settlement as one writer group, so a page is never
+done without its links. Because a claim is durable before the fetch, a crash leaves the
+URL in flight; the next run requeues it, or fails it once it has been claimed
+``max_attempts`` times (a page that kills the crawler cannot loop across restarts).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+import httpx
+import msgspec
+
+from . import _frontier as frontier
+from ._errors import EvidenceError, URLError
+from ._fetch import FetchResult, fetch, parse_retry_after
+from ._frontier import CrawlConfig, FrontierCounts, Scope
+from ._messages import (
+    Discovery,
+    FetchAttempt,
+    FrontierUpdate,
+    HostUpdate,
+    Message,
+    ObservedRef,
+    QueuedUrl,
+    RunEnded,
+    RunStarted,
+    SessionEnded,
+    SessionStarted,
+    SettledUrl,
+    new_id,
+    utc_now,
+)
+from ._robots import ROBOTS_TTL, Robots
+from ._store import Store
+from ._urls import normalize_url, resolve_reference, url_host
+from ._writer import Writer, WriterLimits
+
+__all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
+
+log = logging.getLogger("evidence.crawl")
+
+Outcome = Literal["completed", "stopped", "capped", "failed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrawlOptions:
+    """How one run goes about it. Unlike ``CrawlConfig`` these may change between runs."""
+
+    workers: int = 8
+    per_host: int = 4  # requests in flight per host
+    delay: float = 0.0  # seconds between request starts per host (robots Crawl-delay wins)
+    timeout: float = 30.0
+    max_documents: int | None = None  # pages requested by this run; the session goes on
+    writer_limits: WriterLimits | None = None
+    clean: bool = False  # abandon an open session and start a new one
+    progress: Callable[[CrawlProgress], None] | None = None
+    progress_interval: float = 1.0
+
+
+class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    run_id: str
+    counts: FrontierCounts
+    requested: int  # requests made by this run, robots.txt included
+    in_flight: int
+    pages_per_second: float
+    elapsed: float
+
+
+class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    run_id: str
+    outcome: Outcome
+    reason: str
+    resumed: bool
+    session_completed: bool
+    documents: int  # pages requested by this run (robots.txt not counted)
+    counts: FrontierCounts
+
+
+@dataclass
+class _Job:
+    url: str
+    depth: int
+    attempts: int  # claims before this one
+    via: str
+    not_before: float = 0.0  # monotonic
+
+
+@dataclass
+class _Host:
+    jobs: collections.deque[_Job] = field(default_factory=collections.deque)
+    active: int = 0
+    next_start: float = 0.0  # monotonic: politeness delay and backoff
+
+
+class Crawler:
+    """One run of the crawl configured by ``config`` over ``store``."""
+
+    def __init__(self, store: Store, config: CrawlConfig,
+                 options: CrawlOptions | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.options = options or CrawlOptions()
+        self.scope = Scope(config)
+        self._stop = anyio.Event()
+        self._wake = anyio.Event()
+        self._hosts: dict[str, _Host] = {}
+        self._pending = 0
+        self._in_flight = 0
+        self._cursor = 0
+        self._db_exhausted = False
+        self._documents = 0
+        self._requested = 0
+        self._robots: dict[str, Robots] = {}
+        self._robots_locks: dict[str, anyio.Lock] = collections.defaultdict(anyio.Lock)
+        self._robots_sequence: collections.Counter[str] = collections.Counter()
+        self._host_records: dict[str, tuple] = {}
+        self.session_id = ""
+        self.run_id = new_id("run-")
+
+    def request_stop(self) -> None:
+        """End the run gracefully: no new claims; in-flight fetches finish and commit."""
+        self._stop.set()
+        self._wake.set()
+
+    # --- the run -----------------------------------------------------------------------
+
+    async def run(self) -> CrawlResult:
+        limits = self.options.writer_limits or WriterLimits(max_batch_delay=0.002)
+        transport = httpx.AsyncHTTPTransport(retries=0)
+        client = httpx.AsyncClient(
+            transport=transport, timeout=self.options.timeout,
+            limits=httpx.Limits(max_connections=self.options.workers * 2,
+                                max_keepalive_connections=self.options.workers * 2))
+        async with Writer(self.store, limits=limits) as writer, client:
+            self._writer, self._client = writer, client
+            with self.store.reader() as reader:
+                self._reader = reader
+                resumed = await self._begin()
+                started = time.monotonic()
+                outcome: Outcome = "failed"
+                reason = ""
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._report_progress, started)
+                        send, receive = anyio.create_memory_object_stream[_Job](0)
+                        async with receive:
+                            for _ in range(self.options.workers):
+                                tg.start_soon(self._worker, receive.clone())
+                        outcome, reason = await self._schedule(send)
+                        self._stop.set()
+                except Exception as exc:
+                    outcome, reason = "failed", f"{type(exc).__name__}: {exc}"
+                    log.exception("run %s failed", self.run_id)
+                    await self._end(outcome, reason, complete=False)
+                    raise
+                counts = frontier.counts(reader, self.session_id)
+                complete = outcome == "completed" or (
+                    outcome == "capped" and counts.queued + counts.in_flight == 0)
+                if complete:
+                    outcome, reason = "completed", "the frontier is exhausted"
+                await self._end(outcome, reason, complete=complete)
+                counts = frontier.counts(reader, self.session_id)
+        return CrawlResult(session_id=self.session_id, run_id=self.run_id, outcome=outcome,
+                           reason=reason, resumed=resumed, session_completed=complete,
+                           documents=self._documents, counts=counts)
+
+    async def _begin(self) -> bool:
+        """Start or resume the session, start the run, requeue what a crash left in flight."""
+        now = utc_now()
+        last = frontier.last_session(self._reader)
+        messages: list[Message] = []
+        if last is not None and last.outcome is None and self.options.clean:
+            messages += self._close_runs(last.open_runs, "abandoned by --clean", now)
+            messages.append(SessionEnded(message_id=new_id("m-"), session_id=last.session_id,
+                                         ended_at=now, outcome="abandoned"))
+            last = None
+        resumed = last is not None and last.outcome is None
+        run = lambda session_id: RunStarted(  # noqa: E731
+            message_id=new_id("m-"), run_id=self.run_id, session_id=session_id,
+            started_at=now, program="evidence crawl", host=socket.gethostname(),
+            pid=os.getpid())
+        if resumed:
+            assert last is not None
+            differ = self.config.differences(last.config)
+            if differ:
+                raise EvidenceError(
+                    f"session {last.session_id} is open with a different configuration; "
+                    f"these keys differ: {', '.join(differ)}",
+                    hint="start with the same configuration to resume it, or add --clean "
+                    "to abandon it and start a new session", keys=differ)
+            self.session_id = last.session_id
+            messages += self._close_runs(last.open_runs, f"no end recorded (killed or "
+                                         f"crashed); found by run {self.run_id}", now)
+            messages.append(run(self.session_id))
+            settled = []
+            for url, attempts in frontier.in_flight(self._reader, self.session_id):
+                if attempts >= self.config.max_attempts:
+                    settled.append(SettledUrl(url=url, state="failed", reason=(
+                        f"attempts exhausted: claimed {attempts} times without a result "
+                        "(the crawler stopped or crashed while fetching it)")))
+                else:
+                    settled.append(SettledUrl(url=url, state="queued", reason=(
+                        f"requeued: in flight when an earlier run ended "
+                        f"(attempt {attempts} of {self.config.max_attempts})")))
+            if settled:
+                messages.append(self._update(settled=settled))
+        else:
+            self.session_id = new_id("session-")
+            messages.append(SessionStarted(
+                message_id=new_id("m-"), session_id=self.session_id, started_at=now,
+                mode="full", config=self.config.as_record()))
+            messages.append(run(self.session_id))
+            seeds = [QueuedUrl(url=s, depth=0, via="seed", skip=self._skip(s, 0))
+                     for s in self.config.seeds]
+            if self.config.sitemap:
+                sitemaps = dict.fromkeys(resolve_reference(s, "/sitemap.xml")
+                                         for s in self.config.seeds)
+                seeds += [QueuedUrl(url=u, depth=0, via="sitemap") for u in sitemaps]
+            messages.append(self._update(queued=seeds))
+        await self._commit(messages)
+        now_mono, now_utc = time.monotonic(), utc_now()
+        for host, record in frontier.host_states(self._reader).items():
+            self._host_records[host] = record
+            backoff = _parse_time(record[3])
+            if backoff is not None and backoff > now_utc:
+                self._host(host).next_start = now_mono + (backoff - now_utc).total_seconds()
+        log.info("session %s run %s %s", self.session_id, self.run_id,
+                 "resumed" if resumed else "started")
+        return resumed
+
+    def _close_runs(self, run_ids: list[str], reason: str, now: dt.datetime) -> list[Message]:
+        return [RunEnded(message_id=new_id("m-"), run_id=r, ended_at=now, outcome="failed",
+                         reason=reason) for r in run_ids]
+
+    async def _end(self, outcome: Outcome, reason: str, *, complete: bool) -> None:
+        now = utc_now()
+        messages: list[Message] = [RunEnded(message_id=new_id("m-"), run_id=self.run_id,
+                                            ended_at=now, outcome=outcome, reason=reason)]
+        if complete:
+            messages.append(SessionEnded(message_id=new_id("m-"), session_id=self.session_id,
+                                         ended_at=now, outcome="completed"))
+        with anyio.CancelScope(shield=True):
+            await self._commit(messages)
+        log.info("run %s ended: %s (%s)", self.run_id, outcome, reason)
+
+    async def _commit(self, messages: list[Message]) -> None:
+        acks = await self._writer.submit_group(messages)
+        bad = [a for a in acks if a.status not in ("committed", "duplicate")]
+        if bad:
+            raise EvidenceError(f"the store refused crawl state: {bad[0].reason}",
+                                message_id=bad[0].message_id)
+
+    def _update(self, **changes: list) -> FrontierUpdate:
+        return FrontierUpdate(message_id=new_id("m-"), session_id=self.session_id,
+                              run_id=self.run_id, at=utc_now(), **changes)
+
+    def _skip(self, url: str, depth: int) -> str | None:
+        try:
+            return self.scope.reason_to_skip(url, depth)
+        except URLError as exc:
+            return f"invalid URL: {exc}"
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def _host(self, host: str) -> _Host:
+        if host not in self._hosts:
+            self._hosts[host] = _Host()
+        return self._hosts[host]
+
+    def _add(self, job: _Job) -> None:
+        self._host(url_host(job.url)).jobs.append(job)
+        self._pending += 1
+
+    def _refill(self) -> None:
+        low = self.options.workers * 8
+        if self._pending >= low or self._db_exhausted:
+            return
+        rows = frontier.queued_after(self._reader, self.session_id, self._cursor, 1000)
+        for row in rows:
+            self._cursor = row.frontier_id
+            not_before = _parse_time(row.not_before)
+            wait = 0.0 if not_before is None else (not_before - utc_now()).total_seconds()
+            self._add(_Job(row.url, row.depth, row.attempts, row.via,
+                           time.monotonic() + max(0.0, wait)))
+        self._db_exhausted = len(rows) < 1000
+
+    def _pick(self, free: int) -> tuple[list[_Job], float]:
+        """Jobs politeness allows now, and the monotonic time the next one could start."""
+        now = time.monotonic()
+        picked: list[_Job] = []
+        wakeup = now + 1.0
+        for name, host in self._hosts.items():
+            while host.jobs and len(picked) < free and host.active < self.options.per_host:
+                if host.next_start > now:
+                    wakeup = min(wakeup, host.next_start)
+                    break
+                job = host.jobs[0]
+                if job.not_before > now:
+                    host.jobs.rotate(-1)  # look past a retry that is not due yet
+                    wakeup = min(wakeup, job.not_before)
+                    if all(j.not_before > now for j in host.jobs):
+                        break
+                    continue
+                host.jobs.popleft()
+                self._pending -= 1
+                host.active += 1
+                host.next_start = now + self._delay(name)
+                picked.append(job)
+        return picked, wakeup
+
+    def _delay(self, host: str) -> float:
+        robots = self._robots.get(host)
+        crawl_delay = robots.crawl_delay(self.config.user_agent) if robots else None
+        return max(self.options.delay, crawl_delay or 0.0)
+
+    async def _schedule(self, send: anyio.abc.ObjectSendStream[_Job]) -> tuple[Outcome, str]:
+        cap = self.options.max_documents
+        async with send:
+            while True:
+                if self._stop.is_set():
+                    return "stopped", "stop requested"
+                if cap is not None and self._documents >= cap:
+                    return "capped", f"reached --max-documents {cap}"
+                self._refill()
+                free = self.options.workers - self._in_flight
+                if cap is not None:
+                    free = min(free, cap - self._documents)
+                jobs, wakeup = self._pick(free) if free > 0 else ([], time.monotonic() + 1)
+                if jobs:
+                    await self._commit([self._update(claimed=[j.url for j in jobs])])
+                    self._documents += len(jobs)
+                    self._in_flight += len(jobs)
+                    for job in jobs:
+                        await send.send(job)
+                    continue
+                if self._in_flight == 0 and self._pending == 0:
+                    if self._db_exhausted and self._cursor > 0:
+                        self._cursor, self._db_exhausted = 0, False  # one full re-read
+                        continue
+                    if self._db_exhausted:
+                        return "completed", "the frontier is exhausted"
+                with anyio.move_on_after(max(0.0, wakeup - time.monotonic())):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+
+    # --- workers -----------------------------------------------------------------------
+
+    async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
+        async with jobs:
+            async for job in jobs:
+                try:
+                    await self._process(job)
+                finally:
+                    self._in_flight -= 1
+                    self._host(url_host(job.url)).active -= 1
+                    self._wake.set()
+
+    async def _process(self, job: _Job) -> None:
+        host = url_host(job.url)
+        if self.config.obey_robots:
+            robots = await self._robots_for(job.url, host)
+            if robots is None:  # robots.txt unavailable: the host is in backoff
+                await self._retry(job, [], "robots.txt unavailable", backoff=60.0)
+                return
+            if not robots.allowed(job.url, self.config.user_agent):
+                reason = robots.refusal(self.config.user_agent)
+                attempt = FetchAttempt(
+                    message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
+                    url=job.url, sequence=job.attempts + 1, started_at=utc_now(),
+                    elapsed_ms=0.0, outcome="refused_by_robots", error=reason)
+                self._documents -= 1  # never requested
+                await self._commit([attempt, self._update(
+                    settled=[SettledUrl(url=job.url, state="skipped", reason=reason)])])
+                return
+        result = await self._fetch(job.url, job.attempts + 1)
+        await self._settle(job, result)
+
+    async def _fetch(self, url: str, sequence: int) -> FetchResult:
+        self._requested += 1
+        return await fetch(self._client, self.store.artifacts, url=url, run_id=self.run_id,
+                           sequence=sequence, user_agent=self.config.user_agent,
+                           max_body_bytes=self.config.max_body_bytes)
+
+    async def _settle(self, job: _Job, result: FetchResult) -> None:
+        attempt, status = result.attempt, result.status
+        messages: list[Message] = [attempt]
+        if status in (429, 503) or status is None or status >= 500:
+            retry_after = None
+            if status in (429, 503) and result.headers is not None:
+                retry_after = parse_retry_after(result.headers.get("retry-after"), utc_now())
+            what = f"HTTP {status}" if status is not None else attempt.outcome
+            await self._retry(job, messages, what, backoff=retry_after)
+            return
+        queued: list[QueuedUrl] = []
+        refs: list[ObservedRef] = []
+        truncated = False
+        source = attempt.body
+        if 300 <= status < 400 and result.headers.get("location"):
+            location = result.headers["location"]
+            source = attempt.response_headers
+            try:
+                target = resolve_reference(job.url, location)
+                refs.append(ObservedRef(observed=location, url=target, position=0,
+                                        tag="http", attr="location", edge_kind="redirect"))
+                queued.append(QueuedUrl(url=target, depth=job.depth, via="redirect",
+                                        source_attempt_id=attempt.attempt_id,
+                                        skip=self._skip(target, job.depth)))
+            except URLError as exc:
+                log.info("redirect from %s to an unusable location: %s", job.url, exc)
+        elif 200 <= status < 300 and result.body:
+            refs, truncated = self._links(job, result)
+            seen: set[str] = set()
+            for ref in refs:
+                try:
+                    key = normalize_url(ref.url)
+                except URLError:
+                    continue
+                if key in seen:
+                    continue
+                seen.add(key)
+                via = "embed" if ref.edge_kind == "embed" else (
+                    "sitemap" if ref.edge_kind == "sitemap" else "link")
+                depth = job.depth if via == "sitemap" else job.depth + 1
+                queued.append(QueuedUrl(url=ref.url, depth=depth, via=via,
+                                        source_attempt_id=attempt.attempt_id,
+                                        skip=self._skip(ref.url, depth)))
+        if refs and source is not None:
+            messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
+                                      source_attempt_id=attempt.attempt_id,
+                                      source_artifact=source, refs=refs, truncated=truncated))
+        messages.append(self._update(queued=queued, settled=[SettledUrl(
+            url=job.url, state="done", reason=f"HTTP {status}")]))
+        await self._commit(messages)
+        if any(q.skip is None for q in queued):
+            self._db_exhausted = False
+
+    def _links(self, job: _Job, result: FetchResult) -> tuple[list[ObservedRef], bool]:
+        content_type = (result.attempt.content_type or "").lower()
+        if job.via == "sitemap":
+            locs = _SITEMAP_LOC.findall(result.body[:8 * 1024 * 1024])
+            refs = []
+            for i, loc in enumerate(locs[:50_000]):
+                observed = loc.decode("utf-8", "replace").strip()
+                try:
+                    url = resolve_reference(job.url, observed)
+                except URLError:
+                    continue
+                refs.append(ObservedRef(observed=observed, url=url, position=i, tag="loc",
+                                        attr="text", edge_kind="sitemap"))
+            return refs, len(locs) > 50_000
+        if "html" not in content_type:
+            return [], False
+        from ._links import extract_links  # imported late: HTML parsing is only for pages
+
+        extraction = extract_links(result.body, job.url)
+        return extraction.refs, extraction.truncated
+
+    async def _retry(self, job: _Job, messages: list[Message], what: str, *,
+                     backoff: float | None) -> None:
+        """A transient failure: requeue with a delay, or fail once attempts are used up."""
+        attempts = job.attempts + 1
+        host = url_host(job.url)
+        now = utc_now()
+        if backoff is not None:
+            until = now + dt.timedelta(seconds=backoff)
+            messages = [*messages, HostUpdate(
+                message_id=new_id("m-"), run_id=self.run_id, host=host, backoff_until=until,
+                reason=f"{what}: back off {backoff:g} s")]
+            self._host(host).next_start = max(self._host(host).next_start,
+                                              time.monotonic() + backoff)
+        if attempts >= self.config.max_attempts:
+            settled = SettledUrl(url=job.url, state="failed",
+                                 reason=f"{what} on attempt {attempts} of "
+                                 f"{self.config.max_attempts}: attempts exhausted")
+            await self._commit([*messages, self._update(settled=[settled])])
+            return
+        wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
+        settled = SettledUrl(url=job.url, state="queued", reason=f"{what}: retry "
+                             f"{attempts + 1} of {self.config.max_attempts}",
+                             not_before=now + dt.timedelta(seconds=wait))
+        await self._commit([*messages, self._update(settled=[settled])])
+        self._add(dataclasses.replace(job, attempts=attempts,
+                                      not_before=time.monotonic() + wait))
+
+    # --- robots.txt ----------------------------------------------------------------------
+
+    async def _robots_for(self, url: str, host: str) -> Robots | None:
+        async with self._robots_locks[host]:
+            now = utc_now()
+            cached = self._robots.get(host)
+            if cached is not None and cached.expires_at > now:
+                return cached
+            robots = self._stored_robots(host, now) or await self._fetch_robots(url, host)
+            if robots is not None:
+                self._robots[host] = robots
+            return robots
+
+    def _stored_robots(self, host: str, now: dt.datetime) -> Robots | None:
+        """robots.txt recorded by an earlier run and not yet expired: no new request."""
+        record = self._host_records.get(host)
+        if record is None or record[0] is None:
+            return None
+        expires = _parse_time(record[1])
+        if expires is None or expires <= now:
+            return None
+        body = frontier.attempt_body(self._reader, record[0])
+        if body is None:
+            return Robots.allow_all(attempt_id=record[0], expires_at=expires, status=None)
+        from ._artifacts import ArtifactRef
+
+        data = self.store.artifacts.read(ArtifactRef(namespace=body[0], digest=body[1],
+                                                     size=body[2]))
+        return Robots.parse(data, attempt_id=record[0], expires_at=expires, status=200)
+
+    async def _fetch_robots(self, url: str, host: str) -> Robots | None:
+        target = resolve_reference(url, "/robots.txt")
+        for _hop in range(6):  # RFC 9309 2.3.1.2: follow at least five redirects
+            self._robots_sequence[target] += 1
+            result = await self._fetch(target, self._robots_sequence[target])
+            status = result.status
+            expires = utc_now() + ROBOTS_TTL
+            location = result.headers.get("location") if result.headers is not None else None
+            if status is not None and 300 <= status < 400 and location:
+                await self._commit([result.attempt])
+                target = resolve_reference(target, location)
+                continue
+            if status is None or status >= 500:
+                await self._commit([result.attempt])
+                return None
+            if 200 <= status < 300:
+                robots = Robots.parse(result.body, attempt_id=result.attempt.attempt_id,
+                                      expires_at=expires, status=status)
+            else:
+                robots = Robots.allow_all(attempt_id=result.attempt.attempt_id,
+                                          expires_at=expires, status=status)
+            await self._commit([result.attempt, HostUpdate(
+                message_id=new_id("m-"), run_id=self.run_id, host=host,
+                robots_attempt_id=result.attempt.attempt_id, robots_expires_at=expires,
+                crawl_delay=robots.crawl_delay(self.config.user_agent),
+                reason=f"robots.txt HTTP {status}")])
+            return robots
+        return None
+
+    # --- progress --------------------------------------------------------------------
+
+    async def _report_progress(self, started: float) -> None:
+        if self.options.progress is None:
+            return
+        while not self._stop.is_set():
+            with anyio.move_on_after(self.options.progress_interval):
+                await self._stop.wait()
+            elapsed = time.monotonic() - started
+            self.options.progress(CrawlProgress(
+                session_id=self.session_id, run_id=self.run_id,
+                counts=frontier.counts(self._reader, self.session_id),
+                requested=self._requested, in_flight=self._in_flight,
+                pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
+                elapsed=elapsed))
+
+
+_SITEMAP_LOC = re.compile(rb"<loc>\s*([^<]{1,8192}?)\s*</loc>", re.IGNORECASE)
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if text is None:
+        return None
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)

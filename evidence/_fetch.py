@@ -1,0 +1,148 @@
+"""One HTTP request, its payloads stored durably, described as a ``FetchAttempt``.
+
+Order matters (DESIGN.md data flow): the request headers, response headers and body are
+put in the artifact store (fsync'd) *before* the attempt message that references them
+exists. Stored bytes are what crossed the wire: the request head as sent, the response
+head as received (status line and raw header lines), and the body undecoded (a gzip body
+is stored gzipped; parsing decodes a bounded copy). A body over the cap is cut at the cap
+and recorded as truncated, never silently.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import time
+import zlib
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from ._artifacts import ArtifactRef, ArtifactStore
+from ._messages import FetchAttempt, new_id, utc_now
+
+__all__ = ["FetchResult", "fetch", "parse_retry_after"]
+
+HEADERS_NS = "headers"
+BODY_NS = "body"
+_DECODE_LIMIT = 8 * 1024 * 1024  # decompressed bytes handed to the link extractor
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    attempt: FetchAttempt
+    status: int | None
+    headers: httpx.Headers | None
+    body: bytes  # the stored body, decoded for parsing (bounded), or b""
+    elapsed: float
+
+
+def _request_head(request: httpx.Request) -> bytes:
+    target = request.url.raw_path.decode("ascii", "replace")
+    lines = [f"{request.method} {target} HTTP/1.1".encode()]
+    lines += [name + b": " + value for name, value in request.headers.raw]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _response_head(response: httpx.Response) -> bytes:
+    reason = response.reason_phrase or ""
+    lines = [f"{response.http_version} {response.status_code} {reason}".encode()]
+    lines += [name + b": " + value for name, value in response.headers.raw]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _decoded(body: bytes, encoding: str) -> bytes:
+    """A bounded decoded copy for parsing; the stored body stays as received."""
+    encoding = encoding.strip().lower()
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        wbits = 16 + zlib.MAX_WBITS if "gzip" in encoding else zlib.MAX_WBITS
+        try:
+            return zlib.decompressobj(wbits).decompress(body, _DECODE_LIMIT)
+        except zlib.error:
+            return b""
+    return body
+
+
+async def _put(artifacts: ArtifactStore, namespace: str, data: bytes) -> ArtifactRef:
+    # The put fsyncs: keep it off the event loop.
+    return await anyio.to_thread.run_sync(artifacts.put, namespace, data)
+
+
+async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
+                run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
+                extra_headers: dict[str, str] | None = None) -> FetchResult:
+    """Request ``url`` once (no redirects followed), store what was exchanged, describe it."""
+    started_at = utc_now()
+    t0 = time.monotonic()
+    headers = {"User-Agent": user_agent, "Accept-Encoding": "gzip, deflate",
+               **(extra_headers or {})}
+    common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
+              "url": url, "sequence": sequence, "started_at": started_at}
+    request = client.build_request("GET", url, headers=headers)
+    request_ref = await _put(artifacts, HEADERS_NS, _request_head(request))
+    try:
+        response = await client.send(request, stream=True, follow_redirects=False)
+    except httpx.TimeoutException as exc:
+        return _failed(common, "timeout", f"{type(exc).__name__}: {exc}", request_ref, t0)
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
+        return _failed(common, "network_error", f"{type(exc).__name__}: {exc}",
+                       request_ref, t0)
+    chunks: list[bytes] = []
+    size = 0
+    truncated = False
+    outcome = "response"
+    error = None
+    try:
+        async for chunk in response.aiter_raw():
+            if size + len(chunk) > max_body_bytes:
+                chunks.append(chunk[: max_body_bytes - size])
+                size = max_body_bytes
+                truncated = True
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except httpx.TimeoutException as exc:
+        outcome, error = "timeout", f"body read: {type(exc).__name__}: {exc}"
+    except httpx.TransportError as exc:
+        outcome, error = "network_error", f"body read: {type(exc).__name__}: {exc}"
+    finally:
+        await response.aclose()
+    if truncated:
+        outcome, error = "too_large", f"body cut at the cap of {max_body_bytes} bytes"
+    body = b"".join(chunks)
+    response_ref = await _put(artifacts, HEADERS_NS, _response_head(response))
+    body_ref = await _put(artifacts, BODY_NS, body)
+    elapsed = time.monotonic() - t0
+    attempt = FetchAttempt(
+        **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
+        http_status=response.status_code, request_headers=request_ref,
+        response_headers=response_ref, body=body_ref,
+        body_truncated=truncated or outcome != "response",
+        content_type=response.headers.get("content-type"), error=error)
+    decoded = _decoded(body, response.headers.get("content-encoding", ""))
+    return FetchResult(attempt, response.status_code, response.headers, decoded, elapsed)
+
+
+def _failed(common: dict, outcome: str, error: str, request_ref: ArtifactRef,
+            t0: float) -> FetchResult:
+    elapsed = time.monotonic() - t0
+    attempt = FetchAttempt(**common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
+                           request_headers=request_ref, error=error[:2000])
+    return FetchResult(attempt, None, None, b"", elapsed)
+
+
+def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - now).total_seconds())

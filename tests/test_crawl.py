@@ -1,0 +1,281 @@
+"""The crawler against a real site on 127.0.0.1; the server's request log is the truth."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+
+from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, Store, check_log
+from evidence.testing.site import SiteConfig, TestSite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def crawl(store_path: Path, config: CrawlConfig, **options: object):
+    with Store.create(store_path) as store:
+        crawler = Crawler(store, config, CrawlOptions(**options))
+        return anyio.run(crawler.run)
+
+
+def path_of(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def frontier_states(store_path: Path) -> dict[str, tuple[str, str]]:
+    with Store.open(store_path) as store:
+        return {path_of(u): (s, r) for u, s, r in store.connection.execute(
+            "SELECT f.url, f.state, f.reason FROM frontier f JOIN crawl_session s "
+            "USING (session_id) ORDER BY s.started_at DESC")}
+
+
+def done_pages(store_path: Path) -> Counter[str]:
+    """Pages with a 200 response recorded, counted per path (must be exactly 1 each)."""
+    with Store.open(store_path) as store:
+        return Counter(path_of(u) for (u,) in store.connection.execute(
+            "SELECT url FROM fetch_attempt WHERE http_status = 200 "
+            "AND url NOT LIKE '%/robots.txt'"))
+
+
+def assert_links_recorded(store_path: Path, site: TestSite) -> None:
+    """Every page recorded with a 200 has exactly the site's links as discovery edges."""
+    with Store.open(store_path) as store:
+        rows = store.connection.execute(
+            "SELECT f.url, u.fetch_key FROM fetch_attempt f "
+            "JOIN discovery_edge e ON e.source_attempt_seq = f.attempt_seq "
+            "JOIN url_identity u ON u.url_id = e.target_url_id "
+            "WHERE f.http_status = 200 AND f.url NOT LIKE '%/robots.txt'").fetchall()
+        pages = [u for (u,) in store.connection.execute(
+            "SELECT url FROM fetch_attempt WHERE http_status = 200 "
+            "AND url NOT LIKE '%/robots.txt'")]
+    edges: dict[str, set[str]] = {}
+    for url, key in rows:
+        edges.setdefault(path_of(url), set()).add(path_of(key))
+    for url in pages:
+        expected = set(site.links(path_of(url)))
+        assert edges.get(path_of(url), set()) == expected, url
+
+
+def test_crawl_records_every_reachable_page_exactly_once(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=40)) as site:
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4)
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+        disallowed = site.disallowed_paths()
+    assert result.outcome == "completed" and result.session_completed
+    assert set(done_pages(tmp_path / "s")) == reachable
+    assert all(n == 1 for n in done_pages(tmp_path / "s").values())
+    assert all(counts[p] == 1 for p in reachable), "no page requested twice"
+    assert counts["/robots.txt"] == 1
+    assert disallowed and all(counts[p] == 0 for p in disallowed)
+    states = frontier_states(tmp_path / "s")
+    for p in disallowed:
+        assert states[p][0] == "skipped" and states[p][1].startswith("robots:")
+    assert_links_recorded(tmp_path / "s", site)
+    with Store.open(tmp_path / "s") as store:
+        assert check_log(store.connection)[2] == []
+        refused = store.connection.execute(
+            "SELECT count(*) FROM fetch_attempt WHERE outcome = 'refused_by_robots'"
+        ).fetchall()[0][0]
+    assert refused == len(disallowed)
+
+
+def test_redirect_chain_is_recorded_hop_by_hop_and_target_fetched_once(
+        tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=10)) as site:
+        crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=2)
+        counts = site.request_counts()
+    assert counts["/old"] == 1 and counts["/moved"] == 1 and counts["/p/1"] == 1
+    with Store.open(tmp_path / "s") as store:
+        hops = store.connection.execute(
+            "SELECT f.url, f.http_status, e.observed_ref, e.edge_kind FROM fetch_attempt f "
+            "JOIN discovery_edge e ON e.source_attempt_seq = f.attempt_seq "
+            "WHERE e.edge_kind = 'redirect' ORDER BY f.attempt_seq").fetchall()
+    assert [(path_of(u), s, ref) for u, s, ref, _k in hops] == [
+        ("/old", 301, "/moved"), ("/moved", 301, "/p/1")]
+
+
+def test_404_is_recorded_and_transient_500_is_retried_within_policy(tmp_path: Path) -> None:
+    config = SiteConfig(pages=8, flaky={"/p/3": 2, "/p/4": 5})
+    with TestSite(config) as site:
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url], max_attempts=3),
+                       workers=2)
+        counts = site.request_counts()
+    assert result.session_completed
+    assert counts["/p/3"] == 3, "two 500s, then the 200"
+    assert counts["/p/4"] == 3, "three attempts, then failed"
+    states = frontier_states(tmp_path / "s")
+    assert states["/p/3"][0] == "done"
+    assert states["/p/4"] == ("failed", "HTTP 500 on attempt 3 of 3: attempts exhausted")
+    assert states["/missing/a"] == ("done", "HTTP 404")
+    with Store.open(tmp_path / "s") as store:
+        statuses = [s for (s,) in store.connection.execute(
+            "SELECT http_status FROM fetch_attempt WHERE url LIKE '%/p/3' "
+            "ORDER BY sequence")]
+    assert statuses == [500, 500, 200]
+
+
+def test_max_documents_chunks_the_session_over_several_runs(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=25)) as site:
+        config = CrawlConfig(seeds=[site.url])
+        results = []
+        for _ in range(20):
+            results.append(crawl(tmp_path / "s", config, workers=3, max_documents=7))
+            if results[-1].session_completed:
+                break
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+    assert [r.outcome for r in results[:-1]] == ["capped"] * (len(results) - 1)
+    assert results[-1].outcome == "completed" and len(results) >= 4
+    assert len({r.session_id for r in results}) == 1, "one session across the runs"
+    assert all(r.documents <= 7 for r in results)
+    assert all(counts[p] == 1 for p in reachable)
+    assert set(done_pages(tmp_path / "s")) == reachable
+
+
+def test_restart_with_a_different_configuration_is_refused(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=20)) as site:
+        crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), max_documents=3)
+        with pytest.raises(EvidenceError, match="these keys differ: max_depth, scope"):
+            crawl(tmp_path / "s", CrawlConfig(seeds=[site.url], max_depth=1,
+                                              scope="domain"))
+        # --clean abandons the open session and starts a new full one.
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url], max_depth=1),
+                       clean=True)
+    assert result.session_completed and not result.resumed
+    with Store.open(tmp_path / "s") as store:
+        outcomes = store.connection.execute(
+            "SELECT outcome FROM crawl_session ORDER BY started_at").fetchall()
+    assert outcomes == [("abandoned",), ("completed",)]
+
+
+def test_host_in_429_backoff_stays_in_backoff_across_a_restart(tmp_path: Path) -> None:
+    config = SiteConfig(pages=12, rate_limited={"/p/2": (1, 3.0)})
+    with TestSite(config) as site:
+        crawl_config = CrawlConfig(seeds=[site.url])
+
+        async def first_run() -> None:
+            with Store.create(tmp_path / "s") as store:
+                crawler = Crawler(store, crawl_config, CrawlOptions(workers=1, per_host=1))
+                async with anyio.create_task_group() as tg:
+                    async def stop_after_429() -> None:
+                        while not any(r.status == 429 for r in site.requests):
+                            await anyio.sleep(0.02)
+                        crawler.request_stop()
+                    tg.start_soon(stop_after_429)
+                    assert (await crawler.run()).outcome == "stopped"
+        anyio.run(first_run)
+        limited = next(r for r in site.requests if r.status == 429)
+        site.clear_requests()
+        result = crawl(tmp_path / "s", crawl_config, workers=2)
+        after = site.requests
+    assert result.session_completed
+    assert after, "the second run fetched the rest"
+    assert min(r.time for r in after) >= limited.time + 3.0 - 0.05, \
+        "no request reached the host before its Retry-After ran out"
+    with Store.open(tmp_path / "s") as store:
+        reasons = [r for (r,) in store.connection.execute("SELECT reason FROM host_state")]
+    assert any("HTTP 429" in r for r in reasons)
+
+
+def test_robots_txt_is_reused_from_the_store_until_it_expires(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=15)) as site:
+        config = CrawlConfig(seeds=[site.url])
+        crawl(tmp_path / "s", config, max_documents=4)
+        crawl(tmp_path / "s", config)
+        assert site.request_counts()["/robots.txt"] == 1
+
+
+def _crawl_process(url: str, store: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "evidence", "crawl", url, "--store", str(store),
+         "--workers", "4", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_records_each_page_once(
+        tmp_path: Path) -> None:
+    rng = random.Random(20261202)
+    slow = {f"/p/{i}": 0.02 for i in range(0, 120, 3)}
+    with TestSite(SiteConfig(pages=120, slow=slow)) as site:
+        kills = 0
+        for _ in range(12):
+            proc = _crawl_process(site.url, tmp_path / "s")
+            try:
+                proc.wait(timeout=rng.uniform(0.4, 1.2))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+            assert proc.returncode == 0, proc.stderr.read()
+            break
+        else:
+            proc = _crawl_process(site.url, tmp_path / "s")
+            assert proc.wait(timeout=120) == 0, proc.stderr.read()
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+        disallowed = site.disallowed_paths()
+    assert kills >= 2, "the loop must actually kill the crawler mid-crawl"
+    done = done_pages(tmp_path / "s")
+    assert set(done) == reachable
+    assert all(n == 1 for n in done.values()), "each page is done exactly once"
+    assert_links_recorded(tmp_path / "s", site)
+    twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
+    assert twice <= 4 * kills, "re-requests never exceed the workers in flight per kill"
+    assert all(counts[p] == 0 for p in disallowed)
+    with Store.open(tmp_path / "s") as store:
+        assert check_log(store.connection)[2] == []
+        killed_runs = store.connection.execute(
+            "SELECT count(*) FROM crawl_run WHERE reason LIKE 'no end recorded%'"
+        ).fetchall()[0][0]
+    assert killed_runs == kills
+
+
+@pytest.mark.slow
+def test_a_url_that_kills_the_crawler_every_time_ends_failed(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=10, kill_paths={"/p/5"}, hold_seconds=30)) as site:
+        for claim in range(1, 4):
+            proc = _crawl_process(site.url, tmp_path / "s")
+            deadline = time.monotonic() + 30
+            while site.request_counts()["/p/5"] < claim:
+                assert time.monotonic() < deadline, "the crawler never reached /p/5"
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        site.kill_paths.clear()
+        proc = _crawl_process(site.url, tmp_path / "s")
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert site.request_counts()["/p/5"] == 3, "never requested a fourth time"
+    state, reason = frontier_states(tmp_path / "s")["/p/5"]
+    assert state == "failed" and reason.startswith("attempts exhausted: claimed 3 times")
+
+
+def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
+    slow = {f"/p/{i}": 0.2 for i in range(30)}
+    with TestSite(SiteConfig(pages=30, slow=slow)) as site:
+        proc = _crawl_process(site.url, tmp_path / "s", "--json")
+        site.wait_for_request("/p/0", timeout=30)
+        while not (tmp_path / "s" / "crawl.lock").exists():
+            time.sleep(0.01)
+        stopper = subprocess.run([sys.executable, "-m", "evidence", "stop",
+                                  str(tmp_path / "s")], capture_output=True, text=True,
+                                 timeout=30)
+        out, err = proc.communicate(timeout=60)
+    assert stopper.returncode == 0, stopper.stderr
+    assert proc.returncode == 0, err
+    assert '"outcome":"stopped"' in out
+    states = frontier_states(tmp_path / "s")
+    assert not any(s == "in_flight" for s, _r in states.values()), \
+        "in-flight fetches finished and were committed"
