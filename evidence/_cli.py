@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from ._crawl import CrawlOptions, CrawlProgress, CrawlResult, Crawler
+from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
 from ._errors import EvidenceError
 from ._frontier import CrawlConfig, last_session
 from ._runlock import crawl_lock, stop

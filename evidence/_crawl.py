@@ -34,6 +34,7 @@ from . import _frontier as frontier
 from ._errors import EvidenceError, URLError
 from ._fetch import FetchResult, fetch, parse_retry_after
 from ._frontier import CrawlConfig, FrontierCounts, Scope
+from ._links import extract_links
 from ._messages import (
     Discovery,
     FetchAttempt,
@@ -472,8 +473,6 @@ class Crawler:
             return refs, len(locs) > 50_000
         if "html" not in content_type:
             return [], False
-        from ._links import extract_links  # imported late: HTML parsing is only for pages
-
         extraction = extract_links(result.body, job.url)
         return extraction.refs, extraction.truncated
 

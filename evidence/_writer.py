@@ -136,12 +136,20 @@ class Writer:
         self._task_group.start_soon(self._run)
         return self
 
-    async def __aexit__(self, *exc_info: object) -> bool | None:
-        """Graceful close: stop accepting, drain and commit what is queued, then return."""
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: object) -> bool | None:
+        """Graceful close: stop accepting, drain and commit what is queued, then return.
+
+        An ordinary exception from the ``async with`` body propagates as itself (after the
+        drain), not wrapped in an exception group; cancellation is left to the task group.
+        """
         self._closed = True
         self._send.close()
         assert self._task_group is not None
-        return await self._task_group.__aexit__(*exc_info)  # type: ignore[arg-type]
+        if isinstance(exc, Exception):
+            await self._task_group.__aexit__(None, None, None)
+            return None
+        return await self._task_group.__aexit__(exc_type, exc, tb)  # type: ignore[arg-type]
 
     # --- submitting --------------------------------------------------------------------
 

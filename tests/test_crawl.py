@@ -196,10 +196,17 @@ def test_robots_txt_is_reused_from_the_store_until_it_expires(tmp_path: Path) ->
 
 
 def _crawl_process(url: str, store: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    log = open(store.parent / "crawl-stderr.log", "a")  # noqa: SIM115 (the child owns it)
+    proc = subprocess.Popen(
         [sys.executable, "-m", "evidence", "crawl", url, "--store", str(store),
          "--workers", "4", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=log, text=True)
+    log.close()
+    return proc
+
+
+def _stderr(store: Path) -> str:
+    return (store.parent / "crawl-stderr.log").read_text()
 
 
 @pytest.mark.slow
@@ -209,24 +216,25 @@ def test_sigkill_at_random_moments_then_resume_records_each_page_once(
     slow = {f"/p/{i}": 0.02 for i in range(0, 120, 3)}
     with TestSite(SiteConfig(pages=120, slow=slow)) as site:
         kills = 0
-        for _ in range(12):
+        while True:
+            seen = len(site.requests)
             proc = _crawl_process(site.url, tmp_path / "s")
-            try:
-                proc.wait(timeout=rng.uniform(0.4, 1.2))
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                continue
-            assert proc.returncode == 0, proc.stderr.read()
-            break
-        else:
-            proc = _crawl_process(site.url, tmp_path / "s")
-            assert proc.wait(timeout=120) == 0, proc.stderr.read()
+            while len(site.requests) == seen and proc.poll() is None:
+                time.sleep(0.005)  # kill only once this run is fetching
+            if kills < 8:
+                time.sleep(rng.uniform(0.02, 0.3))
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.communicate()
+                    kills += 1
+                    continue
+            proc.communicate(timeout=120)
+            assert proc.returncode == 0, _stderr(tmp_path / "s")
+            break  # a run that was not killed completes the session (checked below)
         counts = site.request_counts()
         reachable = site.reachable_pages()
         disallowed = site.disallowed_paths()
-    assert kills >= 2, "the loop must actually kill the crawler mid-crawl"
+    assert kills == 8, "the loop must actually kill the crawler mid-crawl"
     done = done_pages(tmp_path / "s")
     assert set(done) == reachable
     assert all(n == 1 for n in done.values()), "each page is done exactly once"
@@ -239,7 +247,10 @@ def test_sigkill_at_random_moments_then_resume_records_each_page_once(
         killed_runs = store.connection.execute(
             "SELECT count(*) FROM crawl_run WHERE reason LIKE 'no end recorded%'"
         ).fetchall()[0][0]
-    assert killed_runs == kills
+        sessions = store.connection.execute(
+            "SELECT count(*), min(outcome) FROM crawl_session").fetchall()[0]
+    assert killed_runs == kills, "every killed run is recorded as such by the next start"
+    assert sessions == (1, "completed")
 
 
 @pytest.mark.slow
@@ -250,13 +261,14 @@ def test_a_url_that_kills_the_crawler_every_time_ends_failed(tmp_path: Path) -> 
             deadline = time.monotonic() + 30
             while site.request_counts()["/p/5"] < claim:
                 assert time.monotonic() < deadline, "the crawler never reached /p/5"
-                assert proc.poll() is None, proc.stderr.read()
+                assert proc.poll() is None, _stderr(tmp_path / "s")
                 time.sleep(0.02)
             proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            proc.communicate()
         site.kill_paths.clear()
         proc = _crawl_process(site.url, tmp_path / "s")
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0, _stderr(tmp_path / "s")
         assert site.request_counts()["/p/5"] == 3, "never requested a fourth time"
     state, reason = frontier_states(tmp_path / "s")["/p/5"]
     assert state == "failed" and reason.startswith("attempts exhausted: claimed 3 times")
@@ -272,9 +284,9 @@ def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
         stopper = subprocess.run([sys.executable, "-m", "evidence", "stop",
                                   str(tmp_path / "s")], capture_output=True, text=True,
                                  timeout=30)
-        out, err = proc.communicate(timeout=60)
+        out, _err = proc.communicate(timeout=60)
     assert stopper.returncode == 0, stopper.stderr
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0, _stderr(tmp_path / "s")
     assert '"outcome":"stopped"' in out
     states = frontier_states(tmp_path / "s")
     assert not any(s == "in_flight" for s, _r in states.values()), \
