@@ -167,6 +167,19 @@ def _format_status(s: StoreStatus) -> str:
         f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
         f"wal        {_bytes(s.wal_bytes)}",
     ]
+    if s.crawl_pid:
+        live = s.live or {}
+        writer = live.get("writer") or {}
+        lines.append(f"crawling   pid {s.crawl_pid}, run {live.get('run_id', '?')}: "
+                     f"{live.get('requested', 0)} requests, {live.get('in_flight', 0)} in "
+                     f"flight, {float(live.get('pages_per_second', 0.0)):.1f} pages/s")
+        if writer:
+            lines.append(f"writer     queue {writer['queue_depth']}, oldest pending "
+                         f"{writer['oldest_pending_age']:.3f} s, {writer['batches']} batches, "
+                         f"commit p50 {writer['commit_latency_p50'] * 1000:.1f} ms p99 "
+                         f"{writer['commit_latency_p99'] * 1000:.1f} ms, "
+                         f"{writer['duplicates']} duplicates, {writer['busy_retries']} busy "
+                         "retries")
     if s.hosts_in_backoff:
         lines.append("backoff    " + "; ".join(s.hosts_in_backoff))
     if s.sessions:

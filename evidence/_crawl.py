@@ -54,11 +54,13 @@ from ._messages import (
 from ._robots import ROBOTS_TTL, Robots
 from ._store import Store
 from ._urls import normalize_url, resolve_reference, url_host
-from ._writer import Writer, WriterLimits
+from ._writer import Writer, WriterLimits, WriterStatistics
 
 __all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
 
 log = logging.getLogger("evidence.crawl")
+
+LIVE_STATS = "live-stats.json"
 
 Outcome = Literal["completed", "stopped", "capped", "failed"]
 
@@ -86,6 +88,7 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     pages_per_second: float
     elapsed: float
+    writer: WriterStatistics
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -565,18 +568,27 @@ class Crawler:
     # --- progress --------------------------------------------------------------------
 
     async def _report_progress(self, started: float) -> None:
-        if self.options.progress is None:
-            return
+        """Each interval: call the progress callback, and write ``STORE/live-stats.json``.
+
+        The file is how ``evidence status`` (another process) shows a live crawl's writer
+        metrics; it is a convenience, replaced atomically, not evidence.
+        """
+        path = self.store.path / LIVE_STATS
         while not self._stop.is_set():
             with anyio.move_on_after(self.options.progress_interval):
                 await self._stop.wait()
             elapsed = time.monotonic() - started
-            self.options.progress(CrawlProgress(
+            progress = CrawlProgress(
                 session_id=self.session_id, run_id=self.run_id,
                 counts=frontier.counts(self._reader, self.session_id),
                 requested=self._requested, in_flight=self._in_flight,
                 pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
-                elapsed=elapsed))
+                elapsed=elapsed, writer=self._writer.statistics())
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(msgspec.json.encode(progress))
+            os.replace(tmp, path)
+            if self.options.progress is not None:
+                self.options.progress(progress)
 
 
 _SITEMAP_LOC = re.compile(rb"<loc>\s*([^<]{1,8192}?)\s*</loc>", re.IGNORECASE)

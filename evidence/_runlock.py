@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ._errors import EvidenceError
 
-__all__ = ["LOCK_NAME", "crawl_lock", "stop"]
+__all__ = ["LOCK_NAME", "crawl_lock", "running_pid", "stop"]
 
 LOCK_NAME = "crawl.lock"
 
@@ -40,6 +40,24 @@ def crawl_lock(store_path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def running_pid(store_path: Path) -> int | None:
+    """The pid of the crawl holding the store's lock, or None when no crawl runs."""
+    try:
+        fd = os.open(Path(store_path) / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def stop(store_path: Path, *, sig: int = signal.SIGTERM) -> int | None:

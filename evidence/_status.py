@@ -6,15 +6,20 @@ one read transaction that ends before it returns.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 
 from ._frontier import FrontierCounts, counts
 from ._merkle import root as merkle_root
 from ._messages import now_text
+from ._runlock import running_pid
 from ._store import Store, map_sqlite_errors
 from ._urls import NORMALIZER_VERSION
 
 __all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status"]
+
+LIVE_STATS = "live-stats.json"  # written by a running crawl (evidence._crawl)
 
 # The tables whose rows status counts, in a fixed order.
 COUNTED_TABLES = (
@@ -60,6 +65,8 @@ class StoreStatus(msgspec.Struct, frozen=True, kw_only=True):
     last_commit_at: str | None
     wal_bytes: int
     hosts_in_backoff: list[str]
+    crawl_pid: int | None  # the crawl running on this store now, if any
+    live: dict[str, object] | None  # its last progress and writer metrics (live-stats.json)
 
 
 def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
@@ -95,6 +102,7 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
         finally:
             conn.execute("COMMIT")
     tree_size, root, last = head[0] if head else (0, None, None)
+    pid = running_pid(store.path)
     return StoreStatus(
         path=str(store.path), store_id=meta.get("store_id", ""),
         schema_version=store.schema_version, normalizer_version=NORMALIZER_VERSION,
@@ -102,4 +110,12 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
         artifact_bytes=artifact_bytes, conflicts=conflicts,
         quarantined=rows["quarantine"], tree_size=tree_size,
         root=(root if root is not None else merkle_root([])).hex(), last_commit_at=last,
-        wal_bytes=store.wal_size(), hosts_in_backoff=backoff)
+        wal_bytes=store.wal_size(), hosts_in_backoff=backoff, crawl_pid=pid,
+        live=_live(store.path / LIVE_STATS) if pid else None)
+
+
+def _live(path: Path) -> dict[str, object] | None:
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError):
+        return None

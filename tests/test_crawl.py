@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -279,8 +280,11 @@ def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
     with TestSite(SiteConfig(pages=30, slow=slow)) as site:
         proc = _crawl_process(site.url, tmp_path / "s", "--json")
         site.wait_for_request("/p/0", timeout=30)
-        while not (tmp_path / "s" / "crawl.lock").exists():
-            time.sleep(0.01)
+        while not (tmp_path / "s" / "live-stats.json").exists():
+            time.sleep(0.02)
+        shown = subprocess.run([sys.executable, "-m", "evidence", "status",
+                                str(tmp_path / "s"), "--json"], capture_output=True,
+                               text=True, timeout=30)
         stopper = subprocess.run([sys.executable, "-m", "evidence", "stop",
                                   str(tmp_path / "s")], capture_output=True, text=True,
                                  timeout=30)
@@ -288,6 +292,10 @@ def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
     assert stopper.returncode == 0, stopper.stderr
     assert proc.returncode == 0, _stderr(tmp_path / "s")
     assert '"outcome":"stopped"' in out
+    live = json.loads(shown.stdout)
+    assert live["crawl_pid"] == proc.pid
+    assert live["live"]["writer"]["committed"] > 0 and live["live"]["requested"] > 0
+    assert live["sessions"][0]["frontier"]["in_flight"] >= 0
     states = frontier_states(tmp_path / "s")
     assert not any(s == "in_flight" for s, _r in states.values()), \
         "in-flight fetches finished and were committed"
