@@ -5,6 +5,7 @@ The public face. Everything a user may import is listed in ``__all__`` here;
 """
 
 from ._artifacts import ArtifactRef, ArtifactStore, validate_namespace
+from ._crawl import Crawler, CrawlOptions, CrawlResult
 from ._errors import (
     ArtifactCorruptError,
     ArtifactError,
@@ -22,7 +23,6 @@ from ._errors import (
     WriterClosedError,
     WriterError,
 )
-from ._crawl import CrawlOptions, CrawlResult, Crawler
 from ._frontier import CrawlConfig
 from ._log import check_log
 from ._messages import (
