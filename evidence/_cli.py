@@ -7,6 +7,7 @@ Every subcommand has ``--help``; those a script would read have ``--json``. Erro
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -58,12 +59,15 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
 def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     """Build the configuration from the arguments and run one crawl, handling signals."""
     stderr = stderr or sys.stderr
+    logging.basicConfig(stream=stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
     path = Path(args.store)
     with Store.create(path, sync=args.sync) as store, crawl_lock(path):
         config = _crawl_config(args, store)
         if args.clean and not args.yes and not _confirm(
                 f"Abandon the open session of {path} and start a new one? [y/N] "):
-            raise EvidenceError("not confirmed", hint="add --yes to skip the question")
+            raise EvidenceError("not confirmed: --clean abandons the open session",
+                                hint="add --yes to skip the question")
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
             timeout=args.timeout, max_documents=args.max_documents, clean=args.clean,

@@ -299,3 +299,31 @@ def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
     states = frontier_states(tmp_path / "s")
     assert not any(s == "in_flight" for s, _r in states.values()), \
         "in-flight fetches finished and were committed"
+
+
+def test_sitemap_seeding_queues_its_locations(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=12)) as site:
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url], sitemap=True))
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+    assert result.session_completed and counts["/sitemap.xml"] == 1
+    assert all(counts[p] == 1 for p in reachable)
+    with Store.open(tmp_path / "s") as store:
+        locs = {path_of(k) for (k,) in store.connection.execute(
+            "SELECT u.fetch_key FROM discovery_edge e JOIN url_identity u "
+            "ON u.url_id = e.target_url_id WHERE e.edge_kind = 'sitemap'")}
+    assert locs == set(reachable)
+
+
+def test_clean_without_confirmation_changes_nothing(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=8)) as site:
+        crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), max_documents=2)
+        done = subprocess.run(
+            [sys.executable, "-m", "evidence", "crawl", site.url, "--store",
+             str(tmp_path / "s"), "--clean"], capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "not confirmed" in done.stderr
+    assert "--yes" in done.stderr
+    with Store.open(tmp_path / "s") as store:
+        assert store.connection.execute(
+            "SELECT count(*), max(outcome) FROM crawl_session").fetchall() == [(1, None)]
