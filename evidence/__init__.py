@@ -16,7 +16,9 @@ from ._errors import (
     MessageError,
     MigrationError,
     NamespaceError,
+    NotFoundError,
     PayloadTooLargeError,
+    ProofError,
     SQLiteVersionError,
     StoreError,
     URLError,
@@ -45,9 +47,13 @@ from ._messages import (
     payload_hash,
     utc_now,
 )
+from ._proofs import SignedCheckpoint, check_proof, checkpoint, prove_consistency, prove_inclusion
+from ._replay import ReplayedResponse, replay
 from ._status import StoreStatus, status
 from ._store import Store
 from ._urls import NORMALIZER_VERSION, normalize_url, resolve_reference
+from ._verify import Finding, VerifyReport, reclaim_orphans, verify
+from ._warc import export_warc
 from ._writer import Ack, Writer, WriterLimits, WriterStatistics
 
 __version__ = "0.1.0"
@@ -69,15 +75,19 @@ __all__ = [
     "Discovery",
     "EvidenceError",
     "FetchAttempt",
+    "Finding",
     "FrontierUpdate",
     "HostUpdate",
     "Message",
     "MessageError",
     "MigrationError",
     "NamespaceError",
+    "NotFoundError",
     "ObservedRef",
     "PayloadTooLargeError",
+    "ProofError",
     "QueuedUrl",
+    "ReplayedResponse",
     "RuleEvaluated",
     "RunEnded",
     "RunStarted",
@@ -85,10 +95,12 @@ __all__ = [
     "SessionEnded",
     "SessionStarted",
     "SettledUrl",
+    "SignedCheckpoint",
     "Store",
     "StoreError",
     "StoreStatus",
     "URLError",
+    "VerifyReport",
     "Writer",
     "WriterClosedError",
     "WriterError",
@@ -96,12 +108,20 @@ __all__ = [
     "WriterStatistics",
     "canonical_encode",
     "check_log",
+    "check_proof",
+    "checkpoint",
     "decode_message",
+    "export_warc",
     "new_id",
     "normalize_url",
     "payload_hash",
+    "prove_consistency",
+    "prove_inclusion",
+    "reclaim_orphans",
+    "replay",
     "resolve_reference",
     "status",
     "utc_now",
     "validate_namespace",
+    "verify",
 ]

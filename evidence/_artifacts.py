@@ -383,6 +383,10 @@ class ArtifactStore:
                 with contextlib.suppress(OSError):
                     self._ops.unlink(tmp)
                 writable = bool(existing.st_mode & 0o222)
+                # Touch it: orphan reclaim keeps files younger than its grace period, and a
+                # put that is about to be referenced again must count as young.
+                with contextlib.suppress(OSError):
+                    os.utime(dest)
             else:
                 # Absent, or wrong size (damaged): our fsynced copy atomically takes its place.
                 with _os_errors(

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from ._cli_verify import add_commands as add_verify_commands
 from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
 from ._errors import EvidenceError
 from ._frontier import CrawlConfig, last_session
@@ -290,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", metavar="STORE", help="the store directory")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_status)
+
+    add_verify_commands(sub)
     return parser
 
 

@@ -11,6 +11,8 @@
     │   ├── ArtifactMissingError    a referenced payload is not on disk
     │   └── ArtifactCorruptError    a payload whose bytes no longer match its digest
     ├── MessageError                a message that cannot be decoded or is not valid
+    ├── NotFoundError               the store has no record of the attempt, URL or run asked for
+    ├── ProofError                  a key, checkpoint or proof that cannot be read or made
     ├── URLError                    a URL the normalizer cannot turn into a fetch key
     └── WriterError                 the serialized writer
         ├── WriterClosedError       submit after close, or the writer failed
@@ -36,7 +38,9 @@ __all__ = [
     "MessageError",
     "MigrationError",
     "NamespaceError",
+    "NotFoundError",
     "PayloadTooLargeError",
+    "ProofError",
     "SQLiteVersionError",
     "StoreError",
     "URLError",
@@ -98,6 +102,14 @@ class ArtifactCorruptError(ArtifactError):
 
 class MessageError(EvidenceError):
     """A message could not be decoded, or is not valid for the store."""
+
+
+class NotFoundError(EvidenceError):
+    """The store has no record of the attempt, URL or run asked for."""
+
+
+class ProofError(EvidenceError):
+    """A key, checkpoint or proof that cannot be read, or a proof the store cannot make."""
 
 
 class URLError(EvidenceError):

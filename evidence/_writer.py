@@ -57,6 +57,7 @@ class WriterLimits:
     max_batch_delay: float = 0.0  # seconds to linger for more messages; 0: group commit only
     busy_retries: int = 5  # BEGIN IMMEDIATE attempts beyond the first, each after busy_timeout
     verify_artifacts: bool = False  # re-hash referenced artifacts (not just size) on validation
+    checkpoint_wal_bytes: int = 32 * 1024 * 1024  # past this, checkpoint after a commit
 
 
 class Ack(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +84,8 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     conflicts: int
     rejections: int
     commit_errors: int
+    checkpoints: int
+    wal_truncations: int
     tree_size: int
 
 
@@ -328,7 +331,31 @@ class Writer:
         self._head = type(head)(tree, batch_seq, chain)
         if self._hooks.after_commit:
             self._hooks.after_commit(batch_seq)
+        self._checkpoint(conn)
         return acks
+
+    def _checkpoint(self, conn: apsw.Connection) -> None:
+        """Keep the WAL bounded: a passive checkpoint once it is large, then a truncate.
+
+        SQLite's own auto-checkpoint copies frames back but never shrinks the file, and a
+        long reader stops it from restarting the WAL, which then grows. Once a passive
+        checkpoint has copied every frame (no reader holds an old snapshot), a TRUNCATE
+        resets the file to zero; with a zero busy timeout it never waits on a reader.
+        """
+        if self.store.wal_size() <= self.limits.checkpoint_wal_bytes:
+            return
+        try:
+            frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            self._counts["checkpoints"] += 1
+            if frames == copied:
+                conn.set_busy_timeout(0)
+                try:
+                    conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                    self._counts["wal_truncations"] += 1
+                finally:
+                    conn.set_busy_timeout(self.store.busy_timeout_ms)
+        except apsw.BusyError:
+            pass  # a reader is still using the WAL: the next commit tries again
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """Roll back the open transaction; a connection that cannot is replaced."""
@@ -459,5 +486,7 @@ class Writer:
             conflicts=self._counts["conflict"],
             rejections=self._counts["rejected"],
             commit_errors=self._counts["commit_errors"],
+            checkpoints=self._counts["checkpoints"],
+            wal_truncations=self._counts["wal_truncations"],
             tree_size=self._head.tree.size,
         )

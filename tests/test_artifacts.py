@@ -10,6 +10,7 @@ import errno
 import io
 import os
 import stat
+import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -713,3 +714,14 @@ def test_any_sequence_of_puts_leaves_a_consistent_store(
         assert store.read(ref) == data
     assert store.usage() == (len(stored), sum(r.size for r in stored))
     assert temp_files(store) == []
+
+
+def test_putting_existing_content_again_refreshes_its_age(tmp_path: Path) -> None:
+    # Orphan reclaim deletes only files older than its grace period; a payload put again
+    # (about to be referenced by a new message) must not look old.
+    store = ArtifactStore(tmp_path / "a")
+    ref = store.put("body", b"same bytes")
+    path = store.path_for(ref)
+    os.utime(path, (1_000_000, 1_000_000))
+    assert store.put("body", b"same bytes") == ref
+    assert path.stat().st_mtime > time.time() - 60

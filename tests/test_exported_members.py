@@ -16,6 +16,10 @@ EXPECTED = {
     "WriterLimits", "WriterStatistics", "canonical_encode", "check_log", "decode_message",
     "new_id", "normalize_url", "payload_hash", "resolve_reference", "status", "utc_now",
     "validate_namespace",
+    # archives: verify, proofs, replay
+    "NotFoundError", "ProofError", "SignedCheckpoint", "check_proof", "checkpoint",
+    "prove_consistency", "prove_inclusion", "ReplayedResponse", "replay", "Finding",
+    "VerifyReport", "reclaim_orphans", "verify", "export_warc",
 }
 
 

@@ -350,3 +350,27 @@ async def test_statistics_report_batches_and_latency(store: Store, make: Factory
     assert 0 < stats.commit_latency_p50 <= stats.commit_latency_max
     assert stats.tree_size == 32 and stats.queue_depth == 0
     assert os.path.getsize(store.db_path) > 0
+
+
+async def test_wal_grows_under_a_long_reader_and_shrinks_after_it(
+        store: Store, make: Factory) -> None:
+    await asubmit(store, [make.session(), make.run()])
+    body = make.body(b"x" * 2000)
+    limits = WriterLimits(checkpoint_wal_bytes=256 * 1024)
+    reader = apsw.Connection(str(store.db_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM ingest_ledger").fetchall()  # holds a snapshot
+        async with Writer(store, limits=limits) as w:
+            for i in range(300):
+                await w.submit(make.attempt(f"http://e.com/{i}", body=body,
+                                            error="e" * 1500))
+            grown = store.wal_size()
+            assert grown > 4 * limits.checkpoint_wal_bytes, "the reader pins the WAL"
+            reader.execute("COMMIT")
+            await w.submit(make.attempt("http://e.com/after", body=body))
+            stats = w.statistics()
+        assert stats.wal_truncations >= 1
+        assert store.wal_size() < grown / 4, "checkpointed and truncated once it could"
+    finally:
+        reader.close()

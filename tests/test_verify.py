@@ -1,0 +1,358 @@
+"""verify: tampering is found and located; orphans are listed and reclaimed without races."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import apsw
+import pytest
+
+from evidence import ArtifactRef, EvidenceError, Store
+from evidence._cli_verify import add_commands, parse_duration
+from evidence._verify import ReclaimHooks, reclaim_orphans, verify
+
+from .conftest import Factory, submit_all
+
+DAY = 86400
+
+
+def run_cli(*argv: str) -> int:
+    """The evidence CLI with these commands, as ``_cli.main`` runs it (errors exit 2)."""
+    parser = argparse.ArgumentParser(prog="evidence")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([str(a) for a in argv])
+    try:
+        return args.func(args)
+    except EvidenceError as exc:
+        print(f"Error: {exc}")
+        return 2
+
+
+def tamper(store: Store, *statements: str) -> None:
+    for sql in statements:
+        store.connection.execute(sql)
+
+
+def one(store: Store, sql: str) -> tuple:
+    return store.connection.execute(sql).fetchall()[0]
+
+
+def kinds(report) -> set[str]:
+    return {f.kind for f in report.findings}
+
+
+def age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+# --- a clean store -------------------------------------------------------------------
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_store_written_by_the_writer_verifies_clean(populated_store: Store, full: bool) -> None:
+    report = verify(populated_store, full=full)
+    assert report.findings == [] and report.ok
+    assert report.checks["ledger_entries"] == report.tree_size == 6
+    assert report.checks["artifacts_rehashed" if full else "artifacts"] == 1
+    assert report.checks["sqlite_integrity_check" if full else "sqlite_quick_check"] == 1
+    assert report.checks["quarantined"] == 1 and report.checks["projection_rows"] == 1
+
+
+def test_cli_verify_exits_zero_and_says_ok(populated_store: Store, capsys) -> None:
+    assert run_cli("verify", populated_store.path) == 0
+    out = capsys.readouterr().out
+    assert "OK: no errors" in out and "checked  schema objects" in out
+
+
+# --- tampering, found and located ----------------------------------------------------
+
+ROW_EDITS = [
+    # (trigger to drop, the edit, table, field named in the finding)
+    ("fetch_attempt_no_update", "UPDATE fetch_attempt SET http_status = 500",
+     "fetch_attempt", "http_status"),
+    ("fetch_attempt_no_update", "UPDATE fetch_attempt SET started_at = '2001-01-01T00:00:00Z'",
+     "fetch_attempt", "started_at"),
+    ("discovery_edge_no_update", "UPDATE discovery_edge SET edge_kind = 'embed' "
+     "WHERE position = 1", "discovery_edge", "edge_kind"),
+    ("rule_evaluation_no_update", "UPDATE rule_evaluation SET verdict = 'fail'",
+     "rule_evaluation", "verdict"),
+    ("crawl_run_end_once", "UPDATE crawl_run SET outcome = 'failed'", "crawl_run", "outcome"),
+    ("crawl_session_end_once", "UPDATE crawl_session SET config = '{\"scope\":1}'",
+     "crawl_session", "config"),
+    ("url_identity_no_update", "UPDATE url_identity SET fetch_key = 'http://evil.example/' "
+     "WHERE fetch_key = 'http://example.com/'", "fetch_attempt", "fetch_key"),
+    ("artifact_no_update", "UPDATE artifact SET size = 1", "fetch_attempt", "body"),
+]
+
+
+@pytest.mark.parametrize(("trigger", "edit", "table", "field"), ROW_EDITS,
+                         ids=[e[1].split(" SET ")[1][:30] for e in ROW_EDITS])
+def test_a_row_changed_with_triggers_dropped_is_found_and_located(
+        populated_store: Store, trigger: str, edit: str, table: str, field: str) -> None:
+    tamper(populated_store, f"DROP TRIGGER {trigger}", edit)
+    report = verify(populated_store)
+    assert not report.ok
+    [schema] = [f for f in report.findings if f.kind == "schema"]
+    assert f"trigger {trigger} is missing" in schema.message
+    mismatches = [f for f in report.findings if f.kind == "row_mismatch"]
+    assert any(f.location.table == table and f": {field} is " in f.message
+               for f in mismatches), mismatches
+    for finding in mismatches:  # every mismatch names its row and the ledger entry
+        assert finding.location.row_id is not None and finding.location.log_index is not None
+
+
+def test_the_edited_attempt_is_named_by_row_and_log_index(populated_store: Store) -> None:
+    seq, index = one(populated_store, "SELECT attempt_seq, log_index FROM fetch_attempt")
+    tamper(populated_store, "DROP TRIGGER fetch_attempt_no_update",
+           "UPDATE fetch_attempt SET content_type = 'text/evil'")
+    [finding] = [f for f in verify(populated_store).findings if f.kind == "row_mismatch"]
+    assert (finding.location.table, finding.location.row_id, finding.location.log_index) == (
+        "fetch_attempt", seq, index)
+    assert "content_type is 'text/evil', its ledger entry" in finding.message
+
+
+@pytest.mark.parametrize("table", ["rule_evaluation", "discovery_edge"])
+def test_a_deleted_row_is_found_at_its_ledger_entry(populated_store: Store, table: str) -> None:
+    index = one(populated_store, f"SELECT min(log_index) FROM {table}")[0]
+    tamper(populated_store, f"DROP TRIGGER {table}_no_delete",
+           f"DELETE FROM {table} WHERE rowid = (SELECT max(rowid) FROM {table})")
+    report = verify(populated_store)
+    [missing] = [f for f in report.findings if f.kind == "row_missing"]
+    assert (missing.location.table, missing.location.log_index) == (table, index)
+
+
+def test_a_deleted_attempt_is_found_by_ledger_and_foreign_keys(populated_store: Store) -> None:
+    index = one(populated_store, "SELECT log_index FROM fetch_attempt")[0]
+    tamper(populated_store, "PRAGMA foreign_keys = OFF", "DROP TRIGGER fetch_attempt_no_delete",
+           "DELETE FROM fetch_attempt")
+    report = verify(populated_store)
+    assert {"row_missing", "foreign_key", "projection_extra"} <= kinds(report)
+    [missing] = [f for f in report.findings if f.kind == "row_missing"]
+    assert (missing.location.table, missing.location.log_index) == ("fetch_attempt", index)
+    dangling = {f.location.table for f in report.findings if f.kind == "foreign_key"}
+    assert dangling == {"discovery_edge", "rule_evaluation", "url_current"}
+
+
+def test_a_row_inserted_without_a_message_is_unlogged(populated_store: Store) -> None:
+    edge_index = one(populated_store, "SELECT log_index FROM discovery_edge LIMIT 1")[0]
+    tamper(populated_store, "INSERT INTO rule_evaluation (run_id, url_id, rule_id, "
+           "rule_version, input_hash, verdict, evaluated_at, details, log_index) "
+           f"SELECT 'r1', url_id, 'forged', '1', 'x', 'pass', 'now', '{{}}', {edge_index} "
+           "FROM url_identity LIMIT 1")
+    [finding] = verify(populated_store).findings
+    assert finding.kind == "row_unlogged" and finding.location.table == "rule_evaluation"
+    assert f"claims log index {edge_index}, which is a discovery entry" in finding.message
+
+
+@pytest.mark.parametrize(("edit", "kind"), [
+    ("UPDATE commit_log SET committed_at = '2001-01-01T00:00:00.000000Z' WHERE batch_seq = 2",
+     "log_chain"),
+    ("UPDATE commit_log SET root = zeroblob(32) WHERE batch_seq = 2", "log_root"),
+    ("UPDATE commit_log SET tree_size = 9 WHERE batch_seq = 2", "log_root"),
+])
+def test_an_edited_commit_log_row_is_found_at_its_batch(populated_store: Store, edit: str,
+                                                        kind: str) -> None:
+    tamper(populated_store, "DROP TRIGGER commit_log_no_update", edit)
+    report = verify(populated_store)
+    located = [f for f in report.findings if f.kind == kind]
+    assert located and located[0].location.batch_seq == 2, report.findings
+
+
+def test_an_edited_ledger_payload_breaks_its_leaf(populated_store: Store) -> None:
+    tamper(populated_store, "DROP TRIGGER ingest_ledger_no_update",
+           "UPDATE ingest_ledger SET payload = CAST(payload || x'00' AS BLOB) WHERE log_index = 3")
+    report = verify(populated_store)
+    leaf = [f for f in report.findings if f.kind == "log_leaf"]
+    assert [f.location.log_index for f in leaf] == [3]
+    assert any(f.kind == "ledger_entry" and f.location.log_index == 3 for f in report.findings)
+
+
+def test_a_projection_moved_forward_is_found(populated_store: Store) -> None:
+    # url_current's own trigger allows moving forward: only the rebuild can tell.
+    tamper(populated_store, "UPDATE url_current SET sequence = 7")
+    [finding] = verify(populated_store).findings
+    assert finding.kind == "projection_stale" and finding.location.table == "url_current"
+    assert "says sequence 7" in finding.message and "the attempts say sequence 0" in finding.message
+
+
+def test_a_deleted_projection_row_is_found(populated_store: Store) -> None:
+    tamper(populated_store, "DROP TRIGGER url_current_no_delete", "DELETE FROM url_current")
+    assert {f.kind for f in verify(populated_store).findings} == {"projection_missing",
+                                                                 "schema"}
+
+
+def test_a_dropped_table_is_reported_not_raised(populated_store: Store) -> None:
+    tamper(populated_store, "DROP TABLE quarantine")
+    report = verify(populated_store)
+    assert "table quarantine is missing (the migrations create it)" in {
+        f.message for f in report.findings if f.kind == "schema"}
+    aborted = sorted(f.message.split(" could not")[0] for f in report.findings
+                     if f.kind == "check_aborted")
+    assert aborted == ["the orphan files check", "the quarantined check"]
+    assert report.checks["ledger_entries"] == 6  # the other checks still ran
+
+
+def test_a_flipped_byte_in_an_artifact_is_found_by_full_only(populated_store: Store) -> None:
+    namespace, digest, size = one(populated_store, "SELECT namespace, digest, size FROM artifact")
+    path = populated_store.artifacts.path_for(ArtifactRef(namespace, digest, size))
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0x01
+    path.write_bytes(bytes(data))
+    quick = verify(populated_store)
+    assert quick.ok and kinds(quick) == {"artifact_writable"}  # a notice, not a detection
+    full = verify(populated_store, full=True)
+    [corrupt] = full.errors
+    assert corrupt.kind == "artifact_corrupt"
+    assert (corrupt.location.path, corrupt.location.digest) == (str(path), digest)
+    assert f"expected blake3 {digest}" in corrupt.message
+
+
+def test_a_missing_artifact_file_is_found_by_quick(populated_store: Store) -> None:
+    namespace, digest, size = one(populated_store, "SELECT namespace, digest, size FROM artifact")
+    path = populated_store.artifacts.path_for(ArtifactRef(namespace, digest, size))
+    path.unlink()
+    [missing] = verify(populated_store).findings
+    assert missing.kind == "artifact_missing" and missing.location.path == str(path)
+
+
+def test_cli_verify_names_each_finding_and_exits_one(populated_store: Store, capsys) -> None:
+    tamper(populated_store, "DROP TRIGGER rule_evaluation_no_update",
+           "UPDATE rule_evaluation SET verdict = 'fail'",
+           "DROP TRIGGER commit_log_no_update",
+           "UPDATE commit_log SET committed_at = 'x' WHERE batch_seq = 3")
+    assert run_cli("verify", populated_store.path) == 1
+    out = capsys.readouterr().out
+    assert "error  row_mismatch  [rule_evaluation row 1, log index 4]" in out
+    assert "verdict is 'fail', its ledger entry (log index 4) says 'pass'" in out
+    assert "error  log_chain  [commit_log, batch 3]" in out
+    assert "FAILED: 4 error(s)" in out  # two dropped triggers, the row, the chain
+    assert run_cli("verify", populated_store.path, "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False
+    assert {f["kind"] for f in data["findings"]} == {"schema", "row_mismatch", "log_chain"}
+
+
+def test_findings_beyond_the_limit_are_counted_not_listed(store: Store, make: Factory) -> None:
+    attempts = [make.attempt(f"http://example.com/{i}", body=make.body()) for i in range(5)]
+    submit_all(store, [make.session(), make.run(), *attempts])
+    tamper(store, "DROP TRIGGER fetch_attempt_no_update", "UPDATE fetch_attempt SET error = 'x'")
+    report = verify(store, max_findings_per_kind=2)
+    assert len([f for f in report.findings if f.kind == "row_mismatch"]) == 2
+    assert report.omitted == {"row_mismatch": 3}
+
+
+# --- orphans -------------------------------------------------------------------------
+
+def test_orphans_are_listed_as_notices_not_errors(populated_store: Store, capsys) -> None:
+    ref = populated_store.artifacts.put("body", b"fetched, then the crawler crashed")
+    report = verify(populated_store)
+    assert report.ok
+    [orphan] = report.notices
+    assert orphan.kind == "orphan" and orphan.location.digest == ref.digest
+    assert orphan.location.path == str(populated_store.artifacts.path_for(ref))
+    assert run_cli("verify", populated_store.path) == 0
+    assert run_cli("verify", populated_store.path, "--strict") == 1
+    assert "notice orphan" in capsys.readouterr().out
+
+
+def test_artifacts_of_quarantined_messages_are_not_orphans(store: Store, make: Factory) -> None:
+    body = make.body(b"refused: its run was never started")
+    acks = submit_all(store, [make.session(), make.attempt(run_id="nope", body=body)])
+    assert acks[1].status == "rejected"
+    report = verify(store)
+    assert report.findings == []
+    assert reclaim_orphans(store, 0).removed == []
+    assert store.artifacts.exists(body)
+
+
+def test_reclaim_deletes_only_orphans_older_than_the_grace(populated_store: Store) -> None:
+    artifacts = populated_store.artifacts
+    old = artifacts.put("body", b"orphaned two days ago")
+    young = artifacts.put("body", b"orphaned just now")
+    referenced = ArtifactRef(*one(populated_store, "SELECT namespace, digest, size FROM artifact"))
+    age(artifacts.path_for(old), 2 * DAY)
+    age(artifacts.path_for(referenced), 30 * DAY)
+    report = reclaim_orphans(populated_store, DAY)
+    assert report.removed == [str(artifacts.path_for(old))]
+    assert report.bytes_freed == old.size and report.kept_young == 1
+    assert not artifacts.exists(old) and artifacts.exists(young)
+    assert artifacts.exists(referenced)
+    assert verify(populated_store, full=True).findings[0].location.digest == young.digest
+
+
+def test_a_file_referenced_before_its_deletion_is_kept(store: Store, make: Factory) -> None:
+    submit_all(store, [make.session(), make.run()])
+    body = make.body(b"orphaned, then re-fetched with the same bytes")
+    age(store.artifacts.path_for(body), 2 * DAY)  # put() of equal bytes keeps the old file
+
+    def commit_a_reference(ref: ArtifactRef) -> None:
+        submit_all(store, [make.attempt(body=ref)])  # the crawler's message commits now
+
+    report = reclaim_orphans(store, DAY, hooks=ReclaimHooks(before_lock=commit_a_reference))
+    assert report.removed == [] and report.kept_referenced == 1
+    assert store.artifacts.exists(body)
+    assert verify(store, full=True).findings == []
+
+
+def test_reclaim_holds_the_write_lock_while_it_deletes(populated_store: Store) -> None:
+    orphan = populated_store.artifacts.put("body", b"old orphan")
+    age(populated_store.artifacts.path_for(orphan), 2 * DAY)
+    blocked = []
+
+    def try_to_commit(ref: ArtifactRef) -> None:
+        other = apsw.Connection(str(populated_store.db_path))
+        try:
+            other.execute("BEGIN IMMEDIATE")
+        except apsw.BusyError:
+            blocked.append(ref)
+        finally:
+            other.close()
+
+    report = reclaim_orphans(populated_store, DAY, hooks=ReclaimHooks(while_locked=try_to_commit))
+    assert blocked == [orphan] and len(report.removed) == 1
+
+
+def test_a_message_whose_artifact_was_reclaimed_is_refused_whole(store: Store,
+                                                                 make: Factory) -> None:
+    # The other order of the race: the unlink wins, and the writer's check refuses the message.
+    submit_all(store, [make.session(), make.run()])
+    body = make.body(b"old orphan about to be re-referenced")
+    age(store.artifacts.path_for(body), 2 * DAY)
+    assert len(reclaim_orphans(store, DAY).removed) == 1
+    [ack] = submit_all(store, [make.attempt(body=body)])
+    assert ack.status == "rejected" and "not in the store" in ack.reason
+    assert verify(store).findings == []  # no row names a missing file
+
+
+def test_cli_reclaims_only_a_store_without_errors(populated_store: Store, capsys) -> None:
+    orphan = populated_store.artifacts.put("body", b"old orphan")
+    path = populated_store.artifacts.path_for(orphan)
+    age(path, 2 * DAY)
+    tamper(populated_store, "DROP TRIGGER rule_evaluation_no_update",
+           "UPDATE rule_evaluation SET verdict = 'fail'")
+    assert run_cli("verify", populated_store.path, "--reclaim-orphans", "--grace", "1d") == 1
+    assert path.exists() and "not reclaiming" in capsys.readouterr().err
+    tamper(populated_store, "UPDATE rule_evaluation SET verdict = 'pass'",
+           "CREATE TRIGGER rule_evaluation_no_update BEFORE UPDATE ON rule_evaluation\n"
+           "BEGIN SELECT RAISE(ABORT, 'rule_evaluation is append-only'); END")
+    assert run_cli("verify", populated_store.path, "--reclaim-orphans", "--grace", "1d",
+                   "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["reclaimed"]["removed"] == [str(path)]
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800),
+                                               ("24h", DAY), ("1.5d", 1.5 * DAY)])
+def test_grace_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_a_bad_grace_is_refused() -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration("a day")
