@@ -26,6 +26,7 @@ from ._messages import (
     RuleEvaluated,
     RunEnded,
     RunStarted,
+    SessionDocuments,
     SessionEnded,
     SessionStarted,
     format_time,
@@ -303,6 +304,23 @@ def _host(ctx: _Context, m: HostUpdate) -> None:
          m.reason, ctx.log_index))
 
 
+def _session_documents(ctx: _Context, m: SessionDocuments) -> None:
+    what = f"session documents {m.message_id}"
+    row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
+    if row is None or row[0] != m.session_id:
+        raise Rejected(f"{what}: run {m.run_id} is not a recorded run of session {m.session_id}")
+    rows = []
+    for d in m.documents:  # an attempt_id must exist: the foreign key checks it
+        rows.append((m.session_id, ctx.url_id(d.url, what), d.url, d.change, d.http_status,
+                     d.body_digest, d.attempt_id,
+                     None if d.fetched_at is None else format_time(d.fetched_at),
+                     ctx.log_index))
+    ctx.conn.executemany(
+        "INSERT INTO session_document (session_id, url_id, url, change, http_status, "
+        "body_digest, attempt_id, fetched_at, log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (session_id, url_id) DO NOTHING", rows)
+
+
 _HANDLERS = {
     SessionStarted: _session_started,
     SessionEnded: _session_ended,
@@ -313,4 +331,5 @@ _HANDLERS = {
     RuleEvaluated: _rule_evaluated,
     FrontierUpdate: _frontier,
     HostUpdate: _host,
+    SessionDocuments: _session_documents,
 }

@@ -20,6 +20,7 @@ from ._cli_verify import add_commands as add_verify_commands
 from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
 from ._errors import EvidenceError
 from ._frontier import CrawlConfig, last_session
+from ._incremental import diff_sessions, parse_frequency
 from ._runlock import crawl_lock, stop
 from ._status import StoreStatus, status
 from ._store import Store
@@ -72,6 +73,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
             timeout=args.timeout, max_documents=args.max_documents, clean=args.clean,
+            full=args.full,
             progress=_progress_printer(stderr), progress_interval=1.0)
         crawler = Crawler(store, config, options)
 
@@ -92,12 +94,14 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
-                 "obey_robots", "user_agent", "max_body_bytes")
+                 "obey_robots", "user_agent", "max_body_bytes", "recrawl")
 
 
 def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
     """The arguments given, over the open session's recorded configuration when resuming."""
     given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
+    if "recrawl" in given:
+        given["recrawl"] = dict(given["recrawl"])
     if args.urls:
         return CrawlConfig(seeds=list(args.urls), **given)
     with store.reader() as conn:
@@ -106,6 +110,33 @@ def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
         raise EvidenceError("no URL given and no open session to resume",
                             hint="give the seed URLs: evidence crawl URL --store STORE")
     return msgspec.convert({**last.config, **given}, CrawlConfig)
+
+
+def _recrawl_rule(text: str) -> tuple[str, str]:
+    key, sep, value = text.rpartition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected REGEX=FREQUENCY, got {text!r}")
+    parse_frequency(value)
+    return key, value
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    if len(args.session) != 2:
+        raise EvidenceError("diff takes exactly two --session options",
+                            hint="evidence diff STORE --session A --session B")
+    with Store.open(args.store) as store, store.reader() as conn:
+        report = diff_sessions(conn, *args.session)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+        return 0
+    print(f"{report.session_a} -> {report.session_b}")
+    for change in ("added", "changed", "unchanged", "orphaned"):
+        urls = getattr(report, change)
+        print(f"{change} {len(urls)}")
+        if change != "unchanged":
+            for url in urls:
+                print(f"  {url}")
+    return 0
 
 
 def _confirm(question: str) -> bool:
@@ -261,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-agent", help="the User-Agent header")
     p.add_argument("--max-body-bytes", type=int,
                    help="bodies are cut at this size and recorded as truncated (10 MiB)")
+    p.add_argument("--recrawl", action="append", type=_recrawl_rule, metavar="REGEX=FREQ",
+                   help="incremental sessions: do not refetch documents whose fetch key "
+                   "matches REGEX (or type:MEDIA/TYPE) more often than FREQ (daily, weekly, "
+                   "12h, 3d...); sitemap lastmod/changefreq come first (repeatable)")
+    p.add_argument("--full", action="store_true",
+                   help="a new session crawls in full even when a completed one exists "
+                   "(default: incremental against the last completed session)")
     p.add_argument("--clean", action="store_true",
                    help="abandon the open session (its evidence stays) and start a new one")
     p.add_argument("--yes", action="store_true", help="do not ask to confirm --clean")
@@ -268,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="durability of commits (see 'evidence init --help')")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_crawl)
+
+    p = sub.add_parser("diff", help="compare two completed sessions document by document",
+                       description="Added, changed, unchanged and orphaned documents between "
+                       "two completed sessions, from their records (a document is a URL "
+                       "whose last attempt in the session got an HTTP answer; changed: "
+                       "another status or body checksum).")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("--session", action="append", required=True, metavar="ID",
+                   help="give twice: the older session A, then B")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_cmd_diff)
 
     p = sub.add_parser("stop", help="ask the crawl running on a store to stop gracefully",
                        description="Send SIGTERM to the crawl holding STORE's crawl lock: "

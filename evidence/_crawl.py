@@ -34,6 +34,7 @@ from . import _frontier as frontier
 from ._errors import EvidenceError, URLError
 from ._fetch import FetchResult, fetch, parse_retry_after
 from ._frontier import CrawlConfig, FrontierCounts, Scope
+from ._incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
 from ._links import extract_links
 from ._messages import (
     Discovery,
@@ -45,6 +46,7 @@ from ._messages import (
     QueuedUrl,
     RunEnded,
     RunStarted,
+    SessionDocuments,
     SessionEnded,
     SessionStarted,
     SettledUrl,
@@ -76,6 +78,7 @@ class CrawlOptions:
     max_documents: int | None = None  # pages requested by this run; the session goes on
     writer_limits: WriterLimits | None = None
     clean: bool = False  # abandon an open session and start a new one
+    full: bool = False  # a new session is a full crawl even when a completed one exists
     progress: Callable[[CrawlProgress], None] | None = None
     progress_interval: float = 1.0
 
@@ -142,6 +145,13 @@ class Crawler:
         self._host_records: dict[str, tuple] = {}
         self.session_id = ""
         self.run_id = new_id("run-")
+        self._baseline: Baseline | None = None
+        # The configured sitemaps (and those their indexes list): never skipped as not due.
+        self._sitemap_keys: set[str] = set()
+        if config.sitemap:
+            self._sitemap_keys = {normalize_url(resolve_reference(s, "/sitemap.xml"))
+                                  for s in config.seeds}
+        self._due_rules = [DueRule.parse(k, v) for k, v in config.recrawl.items()]
 
     def request_stop(self) -> None:
         """End the run gracefully: no new claims; in-flight fetches finish and commit."""
@@ -215,6 +225,7 @@ class Crawler:
                     hint="start with the same configuration to resume it, or add --clean "
                     "to abandon it and start a new session", keys=differ)
             self.session_id = last.session_id
+            baseline_id = last.baseline_session_id  # a resumed run keeps its session's mode
             messages += self._close_runs(last.open_runs, f"no end recorded (killed or "
                                          f"crashed); found by run {self.run_id}", now)
             messages.append(run(self.session_id))
@@ -232,26 +243,34 @@ class Crawler:
                 messages.append(self._update(settled=settled))
         else:
             self.session_id = new_id("session-")
+            baseline_id = None
+            if not (self.options.clean or self.options.full):
+                baseline_id = frontier.last_completed_session(self._reader)
             messages.append(SessionStarted(
                 message_id=new_id("m-"), session_id=self.session_id, started_at=now,
-                mode="full", config=self.config.as_record()))
+                mode="full" if baseline_id is None else "incremental",
+                config=self.config.as_record(), baseline_session_id=baseline_id))
             messages.append(run(self.session_id))
             seeds = [QueuedUrl(url=s, depth=0, via="seed", skip=self._skip(s, 0))
                      for s in self.config.seeds]
-            if self.config.sitemap:
+            if self.config.sitemap:  # first, so their recrawl hints are known early
                 sitemaps = dict.fromkeys(resolve_reference(s, "/sitemap.xml")
                                          for s in self.config.seeds)
-                seeds += [QueuedUrl(url=u, depth=0, via="sitemap") for u in sitemaps]
+                seeds = [QueuedUrl(url=u, depth=0, via="sitemap") for u in sitemaps] + seeds
             messages.append(self._update(queued=seeds))
         await self._commit(messages)
+        if baseline_id is not None:
+            self._baseline = Baseline(self._reader, self.store.artifacts, baseline_id,
+                                      self._due_rules)
         now_mono, now_utc = time.monotonic(), utc_now()
         for host, record in frontier.host_states(self._reader).items():
             self._host_records[host] = record
             backoff = _parse_time(record[3])
             if backoff is not None and backoff > now_utc:
                 self._host(host).next_start = now_mono + (backoff - now_utc).total_seconds()
-        log.info("session %s run %s %s", self.session_id, self.run_id,
-                 "resumed" if resumed else "started")
+        log.info("session %s run %s %s (%s)", self.session_id, self.run_id,
+                 "resumed" if resumed else "started",
+                 "full" if baseline_id is None else f"incremental against {baseline_id}")
         return resumed
 
     def _close_runs(self, run_ids: list[str], reason: str, now: dt.datetime) -> list[Message]:
@@ -259,6 +278,8 @@ class Crawler:
                          reason=reason) for r in run_ids]
 
     async def _end(self, outcome: Outcome, reason: str, *, complete: bool) -> None:
+        if complete:
+            await self._record_documents()
         now = utc_now()
         messages: list[Message] = [RunEnded(message_id=new_id("m-"), run_id=self.run_id,
                                             ended_at=now, outcome=outcome, reason=reason)]
@@ -268,6 +289,28 @@ class Crawler:
         with anyio.CancelScope(shield=True):
             await self._commit(messages)
         log.info("run %s ended: %s (%s)", self.run_id, outcome, reason)
+
+    async def _record_documents(self) -> None:
+        """The completed session's record of every document, in chunks, before its end.
+
+        Only a session whose frontier is exhausted gets here, so orphans are never inferred
+        from a run that stopped early. Rows are keyed by (session, url): a run that crashed
+        halfway through writing them rewrites the rest and duplicates nothing.
+        """
+        baseline = self._baseline.session_id if self._baseline else None
+        records = session_records(self._reader, self.session_id, baseline)
+        chunk: list = []
+        for record in records:
+            chunk.append(record)
+            if len(chunk) == 2000:
+                await self._commit([self._documents_message(chunk)])
+                chunk = []
+        if chunk:
+            await self._commit([self._documents_message(chunk)])
+
+    def _documents_message(self, chunk: list) -> SessionDocuments:
+        return SessionDocuments(message_id=new_id("m-"), session_id=self.session_id,
+                                run_id=self.run_id, documents=list(chunk))
 
     async def _commit(self, messages: list[Message]) -> None:
         acks = await self._writer.submit_group(messages)
@@ -383,6 +426,17 @@ class Crawler:
 
     async def _process(self, job: _Job) -> None:
         host = url_host(job.url)
+        doc = self._baseline.lookup(job.url) if self._baseline is not None else None
+        if doc is not None and normalize_url(job.url) not in self._sitemap_keys:
+            hint = sitemap_hint(self._reader, self.session_id, job.url)
+            reason = self._baseline.not_due(job.url, doc, hint, utc_now())
+            if reason is not None:
+                await self._unchanged(job, doc, reason, attempt=FetchAttempt(
+                    message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
+                    url=job.url, sequence=job.attempts + 1, started_at=utc_now(),
+                    elapsed_ms=0.0, outcome="skipped", error=reason))
+                self._documents -= 1  # never requested
+                return
         if self.config.obey_robots:
             robots = await self._robots_for(job.url, host)
             if robots is None:  # robots.txt unavailable: the host is in backoff
@@ -398,14 +452,50 @@ class Crawler:
                 await self._commit([attempt, self._update(
                     settled=[SettledUrl(url=job.url, state="skipped", reason=reason)])])
                 return
-        result = await self._fetch(job.url, job.attempts + 1)
+        conditional = {}
+        if doc is not None and doc.http_status == 200:
+            if doc.etag:
+                conditional["If-None-Match"] = doc.etag
+            if doc.last_modified:
+                conditional["If-Modified-Since"] = doc.last_modified
+        result = await self._fetch(job.url, job.attempts + 1, conditional)
+        if result.status == 304 and doc is not None:
+            await self._unchanged(job, doc, "HTTP 304 (unchanged)", attempt=result.attempt)
+            return
         await self._settle(job, result)
 
-    async def _fetch(self, url: str, sequence: int) -> FetchResult:
+    async def _unchanged(self, job: _Job, doc: BaselineDoc, reason: str, *,
+                         attempt: FetchAttempt) -> None:
+        """A baseline document confirmed unchanged (304) or not due: its baseline links
+        still lead on, recorded as this run's edges from the baseline's body."""
+        assert self._baseline is not None
+        refs, queued = [], []
+        links = self._baseline.links_of(doc.attempt_id) if doc.attempt_id else []
+        for observed, key, position, tag, attr, rel, kind in links:
+            refs.append(ObservedRef(observed=observed, url=key, position=position, tag=tag,
+                                    attr=attr, rel=rel, edge_kind=kind))
+            via = kind if kind in ("redirect", "embed", "sitemap") else "link"
+            depth = job.depth if via in ("redirect", "sitemap") else job.depth + 1
+            queued.append(QueuedUrl(url=key, depth=depth, via=via,
+                                    source_attempt_id=attempt.attempt_id,
+                                    skip=self._skip(key, depth)))
+        messages: list[Message] = [attempt]
+        if refs and doc.body is not None:
+            messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
+                                      source_attempt_id=attempt.attempt_id,
+                                      source_artifact=doc.body, refs=refs))
+        messages.append(self._update(queued=_dedup(queued), settled=[
+            SettledUrl(url=job.url, state="done", reason=reason)]))
+        await self._commit(messages)
+        if any(q.skip is None for q in queued):
+            self._db_exhausted = False
+
+    async def _fetch(self, url: str, sequence: int,
+                     headers: dict[str, str] | None = None) -> FetchResult:
         self._requested += 1
         return await fetch(self._client, self.store.artifacts, url=url, run_id=self.run_id,
                            sequence=sequence, user_agent=self.config.user_agent,
-                           max_body_bytes=self.config.max_body_bytes)
+                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers)
 
     async def _settle(self, job: _Job, result: FetchResult) -> None:
         attempt, status = result.attempt, result.status
@@ -435,21 +525,13 @@ class Crawler:
                 log.info("redirect from %s to an unusable location: %s", job.url, exc)
         elif 200 <= status < 300 and result.body:
             refs, truncated = self._links(job, result)
-            seen: set[str] = set()
             for ref in refs:
-                try:
-                    key = normalize_url(ref.url)
-                except URLError:
-                    continue
-                if key in seen:
-                    continue
-                seen.add(key)
-                via = "embed" if ref.edge_kind == "embed" else (
-                    "sitemap" if ref.edge_kind == "sitemap" else "link")
+                via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
                 depth = job.depth if via == "sitemap" else job.depth + 1
                 queued.append(QueuedUrl(url=ref.url, depth=depth, via=via,
                                         source_attempt_id=attempt.attempt_id,
                                         skip=self._skip(ref.url, depth)))
+            queued = _dedup(queued)
         if refs and source is not None:
             messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
                                       source_attempt_id=attempt.attempt_id,
@@ -462,18 +544,11 @@ class Crawler:
 
     def _links(self, job: _Job, result: FetchResult) -> tuple[list[ObservedRef], bool]:
         content_type = (result.attempt.content_type or "").lower()
-        if job.via == "sitemap":
-            locs = _SITEMAP_LOC.findall(result.body[:8 * 1024 * 1024])
-            refs = []
-            for i, loc in enumerate(locs[:50_000]):
-                observed = loc.decode("utf-8", "replace").strip()
-                try:
-                    url = resolve_reference(job.url, observed)
-                except URLError:
-                    continue
-                refs.append(ObservedRef(observed=observed, url=url, position=i, tag="loc",
-                                        attr="text", edge_kind="sitemap"))
-            return refs, len(locs) > 50_000
+        if "xml" in content_type and _SITEMAP_ROOT.search(result.body[:4096]):
+            refs, truncated = _sitemap_refs(job.url, result.body)
+            # Sitemaps listed by a sitemap index are sitemaps too: always fetched.
+            self._sitemap_keys.update(normalize_url(r.url) for r in refs if r.tag == "sitemap")
+            return refs, truncated
         if "html" not in content_type:
             return [], False
         extraction = extract_links(result.body, job.url)
@@ -591,7 +666,49 @@ class Crawler:
                 self.options.progress(progress)
 
 
-_SITEMAP_LOC = re.compile(rb"<loc>\s*([^<]{1,8192}?)\s*</loc>", re.IGNORECASE)
+_SITEMAP_ROOT = re.compile(rb"<(urlset|sitemapindex)[\s>]", re.IGNORECASE)
+_SITEMAP_URL = re.compile(rb"<(url|sitemap)>(.{0,20000}?)</\1>", re.IGNORECASE | re.DOTALL)
+_SITEMAP_FIELD = re.compile(rb"<(loc|lastmod|changefreq)>\s*([^<]{1,8192}?)\s*</\1>",
+                            re.IGNORECASE)
+_SITEMAP_MAX = 50_000  # the sitemaps.org limit of URLs per file
+
+
+def _sitemap_refs(url: str, body: bytes) -> tuple[list[ObservedRef], bool]:
+    """<url> entries of a sitemap (or <sitemap> entries of an index, tag "sitemap"): the
+    location, with lastmod and changefreq kept in ``rel`` (the recrawl eligibility of
+    incremental sessions reads them from there)."""
+    refs: list[ObservedRef] = []
+    entries = _SITEMAP_URL.findall(body[:50 * 1024 * 1024])
+    for position, (kind, entry) in enumerate(entries[:_SITEMAP_MAX]):
+        fields = {k.lower().decode(): v.decode("utf-8", "replace").strip()
+                  for k, v in _SITEMAP_FIELD.findall(entry)}
+        if "loc" not in fields:
+            continue
+        try:
+            target = resolve_reference(url, fields["loc"])
+        except URLError:
+            continue
+        rel = " ".join(f"{k}={fields[k]}" for k in ("lastmod", "changefreq")
+                       if k in fields and " " not in fields[k])
+        refs.append(ObservedRef(observed=fields["loc"], url=target, position=position,
+                                tag=kind.decode().lower(), attr="loc", rel=rel,
+                                edge_kind="sitemap"))
+    return refs, len(entries) > _SITEMAP_MAX
+
+
+def _dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:
+    """One entry per fetch key (the first), so a page linking twice queues once."""
+    seen: set[str] = set()
+    out = []
+    for q in queued:
+        try:
+            key = normalize_url(q.url)
+        except URLError:
+            continue
+        if key not in seen:
+            seen.add(key)
+            out.append(q)
+    return out
 
 
 def _parse_time(text: str | None) -> dt.datetime | None:

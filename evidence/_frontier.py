@@ -40,14 +40,22 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     obey_robots: bool = True
     user_agent: str = "evidence/0.1 (+https://example.invalid/evidence)"
     max_body_bytes: int = 10 * 1024 * 1024
+    # Minimum recrawl intervals in incremental sessions: a regular expression over the
+    # fetch key, or "type:<media type prefix>", to a frequency (daily, weekly, 12h, 3d...).
+    recrawl: dict[str, str] = {}
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)
 
     def differences(self, recorded: dict[str, object]) -> list[str]:
-        """The keys whose value differs from a recorded configuration."""
+        """The keys whose value differs from a recorded configuration.
+
+        A key the record lacks (recorded before the key existed) counts as its default.
+        """
         mine = self.as_record()
-        return sorted(k for k in set(mine) | set(recorded) if mine.get(k) != recorded.get(k))
+        defaults = msgspec.to_builtins(CrawlConfig(seeds=[]))
+        theirs = {**defaults, **recorded}
+        return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
 class Scope:
@@ -100,6 +108,7 @@ class SessionRecord:
     config: dict[str, object]
     outcome: str | None
     open_runs: list[str]  # runs of this session with no recorded end
+    baseline_session_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,15 +132,24 @@ class FrontierCounts(msgspec.Struct, frozen=True, kw_only=True):
 
 def last_session(conn: apsw.Connection) -> SessionRecord | None:
     rows = conn.execute(
-        "SELECT session_id, mode, config, outcome FROM crawl_session "
+        "SELECT session_id, mode, config, outcome, baseline_session_id FROM crawl_session "
         "ORDER BY started_at DESC, session_id DESC LIMIT 1").fetchall()
     if not rows:
         return None
-    session_id, mode, config, outcome = rows[0]
+    session_id, mode, config, outcome, baseline = rows[0]
     open_runs = [r for (r,) in conn.execute(
         "SELECT run_id FROM crawl_run WHERE session_id = ? AND ended_at IS NULL "
         "ORDER BY started_at", (session_id,))]
-    return SessionRecord(session_id, mode, msgspec.json.decode(config), outcome, open_runs)
+    return SessionRecord(session_id, mode, msgspec.json.decode(config), outcome, open_runs,
+                         baseline)
+
+
+def last_completed_session(conn: apsw.Connection) -> str | None:
+    """The newest completed session: the baseline of an incremental session."""
+    rows = conn.execute(
+        "SELECT session_id FROM crawl_session WHERE outcome = 'completed' "
+        "ORDER BY ended_at DESC, session_id DESC LIMIT 1").fetchall()
+    return rows[0][0] if rows else None
 
 
 def queued_after(conn: apsw.Connection, session_id: str, after_id: int,

@@ -34,6 +34,7 @@ from ._errors import MessageError
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "Discovery",
+    "DocumentRecord",
     "FetchAttempt",
     "FrontierUpdate",
     "HostUpdate",
@@ -43,6 +44,7 @@ __all__ = [
     "RuleEvaluated",
     "RunEnded",
     "RunStarted",
+    "SessionDocuments",
     "SessionEnded",
     "SessionStarted",
     "SettledUrl",
@@ -232,9 +234,29 @@ class HostUpdate(msgspec.Struct, tag="host", **_STRUCT):
     reason: Text = ""
 
 
+class DocumentRecord(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """One document of a completed session, classified against the session's baseline."""
+
+    url: Url
+    change: Literal["new", "changed", "unchanged", "orphaned"]
+    http_status: Annotated[int, msgspec.Meta(ge=100, le=999)] | None = None
+    body_digest: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
+    attempt_id: Id | None = None
+    fetched_at: UtcTime | None = None
+
+
+class SessionDocuments(msgspec.Struct, tag="session_documents", **_STRUCT):
+    """Part of a completed session's record of every document (sent in chunks)."""
+
+    message_id: Id
+    session_id: Id
+    run_id: Id
+    documents: list[DocumentRecord]
+
+
 Message = (
     SessionStarted | SessionEnded | RunStarted | RunEnded | FetchAttempt | Discovery
-    | RuleEvaluated | FrontierUpdate | HostUpdate
+    | RuleEvaluated | FrontierUpdate | HostUpdate | SessionDocuments
 )
 
 _msgpack_encoder = msgspec.msgpack.Encoder(order="deterministic")

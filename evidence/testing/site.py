@@ -32,7 +32,8 @@ What it serves (defaults in brackets):
   pads an HTML document to exactly that many bytes.
 
 Every 200 document carries ``Content-Type``, ``Content-Length``, a strong ``ETag``
-(a hash of the body) and ``Last-Modified``; ``If-None-Match`` (which takes precedence)
+(a hash of the body) and ``Last-Modified`` (except the ``unvalidated`` paths, which get
+neither and never answer 304); ``If-None-Match`` (which takes precedence)
 and ``If-Modified-Since`` produce 304. Connections are HTTP/1.1 keep-alive; GET and
 HEAD are served, other methods get 405. Paths are matched exactly as sent: the query
 string is ignored and nothing is percent-decoded.
@@ -136,6 +137,7 @@ class SiteConfig:
     slow: Mapping[str, float] = field(default_factory=dict)
     large: Mapping[str, int] = field(default_factory=dict)
     kill_paths: frozenset[str] = frozenset()
+    unvalidated: frozenset[str] = frozenset()  # served without ETag and Last-Modified
     hold_seconds: float = 30.0
     version: int = 1
 
@@ -160,6 +162,7 @@ class SiteConfig:
         put("slow", MappingProxyType({_path(k): _seconds(v) for k, v in self.slow.items()}))
         put("large", MappingProxyType({_path(k): _count(v) for k, v in self.large.items()}))
         put("kill_paths", frozenset(_path(p) for p in self.kill_paths))
+        put("unvalidated", frozenset(_path(p) for p in self.unvalidated))
         put("private_links", tuple(_path(p) for p in self.private_links))
         put("not_found", tuple(_path(p) for p in self.not_found))
         for target in self.redirects.values():
@@ -683,6 +686,8 @@ class TestSite:
         res = snapshot.resources.get(path)
         if res is None:
             return 404, [], _page("Not found", path)
+        if path in cfg.unvalidated:  # no validators: a crawler must compare checksums
+            return 200, [("Content-Type", res.content_type)], res.body
         validators = [("ETag", res.etag), ("Last-Modified", res.http_date)]
         inm = headers.get("if-none-match")
         ims = headers.get("if-modified-since")
