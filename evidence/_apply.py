@@ -10,6 +10,7 @@ back the savepoint and quarantines the message whole. Only the writer calls this
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import apsw
@@ -36,7 +37,7 @@ from ._urls import NORMALIZER_VERSION, normalize_url
 if TYPE_CHECKING:
     from ._store import Store
 
-__all__ = ["Rejected", "apply"]
+__all__ = ["Interner", "Rejected", "apply", "fetch_keys"]
 
 _json = msgspec.json.Encoder(order="deterministic")
 
@@ -53,20 +54,89 @@ class Rejected(Exception):
         self.duplicate = duplicate
 
 
-def apply(conn: apsw.Connection, store: Store, message: Message, log_index: int, *,
-          verify_artifacts: bool = False) -> None:
-    """Append the evidence rows of one message (its ledger row is already inserted)."""
-    _HANDLERS[type(message)](_Context(conn, store, log_index, verify_artifacts), message)
+def apply(conn: apsw.Connection, store: Store, message: Message, log_index: int,
+          interner: Interner, keys: dict[str, str], *, verify_artifacts: bool = False) -> None:
+    """Append the evidence rows of one message (its ledger row is already inserted).
+
+    ``keys`` maps the message's URLs to fetch keys computed ahead, off the writer's thread
+    (``fetch_keys``); a URL missing from it is normalized here.
+    """
+    ctx = _Context(conn, store, log_index, interner, keys, verify_artifacts)
+    _HANDLERS[type(message)](ctx, message)
+
+
+def fetch_keys(message: Message) -> dict[str, str]:
+    """The fetch keys of every URL in a message; URLs that do not normalize are left out
+    (applying the message then rejects it with the normalizer's reason)."""
+    urls: list[str] = []
+    if isinstance(message, Discovery):
+        urls = [ref.url for ref in message.refs]
+    elif isinstance(message, FrontierUpdate):
+        urls = [q.url for q in message.queued] + list(message.claimed) + [
+            s.url for s in message.settled]
+    elif isinstance(message, SessionDocuments):
+        urls = [d.url for d in message.documents]
+    elif isinstance(message, FetchAttempt | RuleEvaluated):
+        urls = [message.url]
+    keys = {}
+    for url in urls:
+        with contextlib.suppress(URLError):
+            keys[url] = normalize_url(url)
+    return keys
+
+
+class Interner:
+    """Caches of row ids (urls, artifacts, runs, attempts) that survive only what commits.
+
+    Entries a message adds are tentative until its savepoint is released, and a batch's
+    until its COMMIT succeeds; a rollback at either level forgets them, so a cached id
+    always names a committed row. Bounded: cleared when it grows past ``limit`` entries.
+    """
+
+    KINDS = ("url", "artifact", "run", "attempt")
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self.limit = limit
+        self._committed: dict[str, dict] = {k: {} for k in self.KINDS}
+        self._batch: dict[str, dict] = {k: {} for k in self.KINDS}
+        self._message: dict[str, dict] = {k: {} for k in self.KINDS}
+
+    def get(self, kind: str, key: object) -> object | None:
+        for layer in (self._committed, self._batch, self._message):
+            value = layer[kind].get(key)
+            if value is not None:
+                return value
+        return None
+
+    def put(self, kind: str, key: object, value: object) -> None:
+        self._message[kind][key] = value
+
+    def message_done(self, keep: bool) -> None:
+        if keep:
+            for kind, entries in self._message.items():
+                self._batch[kind].update(entries)
+        self._message = {k: {} for k in self.KINDS}
+
+    def batch_done(self, committed: bool) -> None:
+        if committed:
+            if sum(map(len, self._committed.values())) > self.limit:
+                self._committed = {k: {} for k in self.KINDS}
+            for kind, entries in self._batch.items():
+                self._committed[kind].update(entries)
+        self._batch = {k: {} for k in self.KINDS}
+        self._message = {k: {} for k in self.KINDS}
 
 
 class _Context:
-    __slots__ = ("conn", "log_index", "store", "verify_artifacts")
+    __slots__ = ("conn", "interner", "keys", "log_index", "store", "verify_artifacts")
 
     def __init__(self, conn: apsw.Connection, store: Store, log_index: int,
-                 verify_artifacts: bool) -> None:
+                 interner: Interner, keys: dict[str, str], verify_artifacts: bool) -> None:
         self.conn = conn
         self.store = store
         self.log_index = log_index
+        self.interner = interner
+        self.keys = keys
         self.verify_artifacts = verify_artifacts
 
     def one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
@@ -76,45 +146,59 @@ class _Context:
 
     def url_id(self, url: str, what: str) -> int:
         """Intern a URL's fetch key under the current normalizer version."""
-        try:
-            key = normalize_url(url)
-        except URLError as exc:
-            raise Rejected(f"{what}: {exc}") from exc
+        key = self.keys.get(url)
+        if key is None:
+            try:
+                key = normalize_url(url)
+            except URLError as exc:
+                raise Rejected(f"{what}: {exc}") from exc
+        cached = self.interner.get("url", key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         row = self.one("SELECT url_id FROM url_identity WHERE normalizer_version = ? AND "
                        "fetch_key = ?", (NORMALIZER_VERSION, key))
-        if row is not None:
-            return row[0]  # type: ignore[return-value]
-        return self.conn.execute(
+        url_id = row[0] if row is not None else self.conn.execute(
             "INSERT INTO url_identity (normalizer_version, fetch_key) VALUES (?, ?) "
             "RETURNING url_id", (NORMALIZER_VERSION, key)).fetchall()[0][0]
+        self.interner.put("url", key, url_id)
+        return url_id  # type: ignore[return-value]
 
     def artifact_id(self, ref: ArtifactRef, what: str) -> int:
-        """Intern an artifact row, after checking its payload is durably on disk."""
-        try:
-            if self.verify_artifacts:
-                self.store.artifacts.verify(ref)
-            else:
-                self.store.artifacts.check(ref)
-        except ArtifactError as exc:
-            raise Rejected(f"{what}: {exc}") from exc
-        row = self.one("SELECT artifact_id, size FROM artifact WHERE namespace = ? AND "
-                       "digest = ?", (ref.namespace, ref.digest))
-        if row is not None:
-            if row[1] != ref.size:
-                raise Rejected(f"{what}: artifact {ref.digest} is recorded with size "
-                               f"{row[1]}, the message says {ref.size}", conflict=True)
-            return row[0]  # type: ignore[return-value]
-        return self.conn.execute(
+        """Intern an artifact row, after checking its payload is durably on disk.
+
+        An artifact that already has a row is referenced by committed evidence, so its file
+        is there (reclaim never deletes a referenced file): only a new one is stat'ed.
+        """
+        key = (ref.namespace, ref.digest)
+        row = self.interner.get("artifact", key) or self.one(
+            "SELECT artifact_id, size FROM artifact WHERE namespace = ? AND digest = ?", key)
+        if row is not None and row[1] != ref.size:
+            raise Rejected(f"{what}: artifact {ref.digest} is recorded with size "
+                           f"{row[1]}, the message says {ref.size}", conflict=True)
+        if row is None or self.verify_artifacts:
+            try:
+                if self.verify_artifacts:
+                    self.store.artifacts.verify(ref)
+                else:
+                    self.store.artifacts.check(ref)
+            except ArtifactError as exc:
+                raise Rejected(f"{what}: {exc}") from exc
+        artifact_id = row[0] if row is not None else self.conn.execute(
             "INSERT INTO artifact (namespace, digest, size) VALUES (?, ?, ?) "
             "RETURNING artifact_id", (ref.namespace, ref.digest, ref.size)).fetchall()[0][0]
+        self.interner.put("artifact", key, (artifact_id, ref.size))
+        return artifact_id  # type: ignore[return-value]
 
     def open_run(self, run_id: str, what: str) -> None:
+        if self.interner.get("run", run_id):
+            return
         if self.one("SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)) is None:
             raise Rejected(f"{what}: run {run_id} is not recorded (send run_started first)")
+        self.interner.put("run", run_id, True)
 
     def attempt_seq(self, attempt_id: str, run_id: str, what: str) -> int:
-        row = self.one("SELECT attempt_seq, run_id FROM fetch_attempt WHERE attempt_id = ?",
-                       (attempt_id,))
+        row = self.interner.get("attempt", attempt_id) or self.one(
+            "SELECT attempt_seq, run_id FROM fetch_attempt WHERE attempt_id = ?", (attempt_id,))
         if row is None:
             raise Rejected(f"{what}: attempt {attempt_id} is not recorded")
         if row[1] != run_id:
@@ -194,6 +278,7 @@ def _fetch_attempt(ctx: _Context, m: FetchAttempt) -> None:
          int(m.body_truncated), m.content_type, m.error, ctx.log_index)).fetchall()
     if not row:
         raise Rejected(f"{what} is already recorded by another message", conflict=True)
+    ctx.interner.put("attempt", m.attempt_id, (row[0][0], m.run_id))
     # Rule 5: a late or redelivered attempt never moves the projection backward.
     ctx.conn.execute(
         "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq) VALUES (?, ?, ?, ?) "

@@ -298,7 +298,8 @@ def utc_now() -> _dt.datetime:
 
 def format_time(moment: _dt.datetime) -> str:
     """The one text form of a time in the store: UTC, microseconds, 'Z' (sorts as it reads)."""
-    return moment.astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    text = moment.astimezone(_dt.UTC).isoformat(timespec="microseconds")
+    return text[:-6] + "Z"  # "+00:00" -> "Z"; isoformat is ~4x faster than strftime
 
 
 def now_text() -> str:

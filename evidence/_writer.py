@@ -98,6 +98,7 @@ class _Pending:
     encoded: bytes
     payload_hash: str
     submitted_at: float
+    keys: dict[str, str]  # fetch keys of its URLs, computed at submit, off the commit thread
     done: anyio.Event = field(default_factory=anyio.Event)
     ack: Ack | None = None
     error: BaseException | None = None
@@ -128,6 +129,7 @@ class Writer:
         self._latencies: collections.deque[float] = collections.deque(maxlen=2048)
         self._counts = collections.Counter[str]()
         self._histogram = dict.fromkeys(_BUCKETS, 0)
+        self._interner = _apply.Interner()
         with map_sqlite_errors(store.db_path):
             self._head = load_head(store.connection)
 
@@ -199,7 +201,8 @@ class Writer:
                 f"message {message.message_id} encodes to {len(encoded)} bytes, over the "
                 f"limit of {MAX_MESSAGE_BYTES}", message_id=message.message_id,
                 hint="store large payloads in the artifact store and reference them")
-        return _Pending(message, encoded, payload_hash(encoded), now)
+        return _Pending(message, encoded, payload_hash(encoded), now,
+                        _apply.fetch_keys(message))
 
     async def submit_bytes(self, data: bytes, *,
                            format: Literal["msgpack", "json"] = "msgpack") -> Ack:
@@ -283,6 +286,14 @@ class Writer:
     # --- one batch, in a worker thread -------------------------------------------------
 
     def _commit_batch(self, batch: list[_Pending]) -> list[Ack]:
+        committed = False
+        try:
+            acks, committed = self._write_batch(batch)
+            return acks
+        finally:
+            self._interner.batch_done(committed)  # cached ids survive only a clean COMMIT
+
+    def _write_batch(self, batch: list[_Pending]) -> tuple[list[Ack], bool]:
         store = self.store
         conn = store.connection
         head = self._head
@@ -303,7 +314,7 @@ class Writer:
                 acks.append(ack)
             if not wrote:  # only duplicates: nothing to commit, no outcome to doubt
                 self._rollback(conn)
-                return acks
+                return acks, False
             root = tree.root()
             chain = entry_hash(head.entry_hash, batch_seq, first_index, tree.size, root,
                                received_at)
@@ -327,12 +338,12 @@ class Writer:
         try:
             conn.execute("COMMIT")
         except apsw.Error as exc:
-            return self._recover(batch_seq, acks, exc)
+            return self._recover(batch_seq, acks, exc), False
         self._head = type(head)(tree, batch_seq, chain)
         if self._hooks.after_commit:
             self._hooks.after_commit(batch_seq)
         self._checkpoint(conn)
-        return acks
+        return acks, True
 
     def _checkpoint(self, conn: apsw.Connection) -> None:
         """Keep the WAL bounded: a passive checkpoint once it is large, then a truncate.
@@ -400,47 +411,61 @@ class Writer:
         """Dedup, validate and append one message; returns (ack, new leaf, wrote anything)."""
         message = pending.message
         mid = message.message_id
-        known = conn.execute("SELECT payload_hash, log_index FROM ingest_ledger "
-                             "WHERE message_id = ?", (mid,)).fetchall()
-        if known:
-            stored_hash, stored_index = known[0]
-            if stored_hash == pending.payload_hash:
-                return Ack(message_id=mid, status="duplicate", log_index=stored_index), None, False
-            reason = (f"message_id {mid} is already recorded with payload hash "
-                      f"{stored_hash}; this delivery hashes to {pending.payload_hash}")
-            self._quarantine(conn, pending, "conflict", reason, received_at)
-            return Ack(message_id=mid, status="conflict", reason=reason), None, True
         conn.execute("SAVEPOINT message")
         try:
             leaf = leaf_hash(pending.encoded)
-            conn.execute(
+            inserted = conn.execute(
                 "INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, "
-                "leaf_hash, payload, batch_seq, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "leaf_hash, payload, batch_seq, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (message_id) DO NOTHING RETURNING 1",
                 (log_index, mid, type(message).__struct_config__.tag, pending.payload_hash,
-                 leaf, pending.encoded, batch_seq, received_at))
-            _apply.apply(conn, self.store, message, log_index,
-                         verify_artifacts=self.limits.verify_artifacts)
+                 leaf, pending.encoded, batch_seq, received_at)).fetchall()
+            if inserted:
+                _apply.apply(conn, self.store, message, log_index, self._interner,
+                             pending.keys, verify_artifacts=self.limits.verify_artifacts)
         except _apply.Rejected as exc:
-            conn.execute("ROLLBACK TO message")
-            conn.execute("RELEASE message")
+            self._undo_message(conn)
             if exc.duplicate:
                 return Ack(message_id=mid, status="duplicate", reason=str(exc)), None, False
             status: Literal["conflict", "rejected"] = "conflict" if exc.conflict else "rejected"
             self._quarantine(conn, pending, status, str(exc), received_at)
             return Ack(message_id=mid, status=status, reason=str(exc)), None, True
         except apsw.ConstraintError as exc:
-            conn.execute("ROLLBACK TO message")
-            conn.execute("RELEASE message")
+            self._undo_message(conn)
             reason = f"violates a store constraint: {exc}"
             self._quarantine(conn, pending, "rejected", reason, received_at)
             return Ack(message_id=mid, status="rejected", reason=reason), None, True
         except BaseException:
-            conn.execute("ROLLBACK TO message")
-            conn.execute("RELEASE message")
+            self._undo_message(conn)
             raise
+        if not inserted:  # a redelivery: the ledger decides duplicate or conflict
+            self._undo_message(conn)
+            return self._redelivered(conn, pending, received_at)
         conn.execute("RELEASE message")
+        self._interner.message_done(keep=True)
         ack = Ack(message_id=mid, status="committed", log_index=log_index, batch_seq=batch_seq)
         return ack, leaf, True
+
+    def _redelivered(self, conn: apsw.Connection, pending: _Pending,
+                     received_at: str) -> tuple[Ack, bytes | None, bool]:
+        """A message id the ledger already has: same payload hash is a duplicate (acked with
+        the original position); another hash is a conflict, quarantined whole (rule 4)."""
+        mid = pending.message.message_id
+        stored_hash, stored_index = conn.execute(
+            "SELECT payload_hash, log_index FROM ingest_ledger WHERE message_id = ?",
+            (mid,)).fetchall()[0]
+        if stored_hash == pending.payload_hash:
+            return Ack(message_id=mid, status="duplicate", log_index=stored_index), None, False
+        reason = (f"message_id {mid} is already recorded with payload hash "
+                  f"{stored_hash}; this delivery hashes to {pending.payload_hash}")
+        self._quarantine(conn, pending, "conflict", reason, received_at)
+        return Ack(message_id=mid, status="conflict", reason=reason), None, True
+
+    def _undo_message(self, conn: apsw.Connection) -> None:
+        """Roll back one message's savepoint: its rows, and the ids it cached, are gone."""
+        conn.execute("ROLLBACK TO message")
+        conn.execute("RELEASE message")
+        self._interner.message_done(keep=False)
 
     @staticmethod
     def _quarantine(conn: apsw.Connection, pending: _Pending, code: str, reason: str,
