@@ -213,13 +213,15 @@ class Writer:
 
     async def _run(self) -> None:
         async with self._receive:
+            batch: list[_Pending] = []
             while True:
-                try:
-                    first = await self._receive.receive()
-                except anyio.EndOfStream:
-                    return
-                batch = await self._collect(first)
-                await self._commit(batch)
+                if not batch:
+                    try:
+                        first = await self._receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                    batch = await self._collect(first)
+                batch = await self._commit(batch)
 
     async def _collect(self, first: list[_Pending]) -> list[_Pending]:
         """Take what is queued, up to the bounds; linger up to max_batch_delay for more.
@@ -247,8 +249,28 @@ class Writer:
             size += sum(len(p.encoded) for p in group)
         return batch
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+    def _collect_nowait(self) -> list[_Pending]:
+        """What is queued right now, up to the bounds, without yielding to other tasks."""
+        batch: list[_Pending] = []
+        size = 0
+        while len(batch) < self.limits.max_batch_messages and size < self.limits.max_batch_bytes:
+            try:
+                group = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+            batch.extend(group)
+            size += sum(len(p.encoded) for p in group)
+        return batch
+
+    async def _commit(self, batch: list[_Pending]) -> list[_Pending]:
+        """Commit one batch; return the next one, already taken from the queue.
+
+        The next batch is taken *before* this one's acks resolve, so the commit thread starts
+        on it while the event loop wakes this batch's producers (a pipeline: without it the
+        commit thread sat idle about a third of the time).
+        """
         started = time.monotonic()
+        following: list[_Pending] = []
         try:
             acks = await anyio.to_thread.run_sync(self._commit_batch, batch)
         except CommitError as exc:
@@ -266,11 +288,13 @@ class Writer:
             self._record(len(batch), time.monotonic() - started, acks)
             for pending, ack in zip(batch, acks, strict=True):
                 pending.ack = ack
+            following = self._collect_nowait()
         finally:
             for pending in batch:
                 pending.done.set()
             while self._unacked and self._unacked[0].done.is_set():
                 self._unacked.popleft()
+        return following
 
     def _fail_queued(self, error: BaseException) -> None:
         self._send.close()
