@@ -19,6 +19,7 @@ from ._errors import (
     NotFoundError,
     PayloadTooLargeError,
     ProofError,
+    RulesError,
     SQLiteVersionError,
     StoreError,
     URLError,
@@ -49,6 +50,8 @@ from ._messages import (
 )
 from ._proofs import SignedCheckpoint, check_proof, checkpoint, prove_consistency, prove_inclusion
 from ._replay import ReplayedResponse, replay
+from ._report import RunReport, report
+from ._rules import EvaluationSummary, Rule, RuleSet, evaluate_page, evaluate_stored, load_rules
 from ._status import StoreStatus, status
 from ._store import Store
 from ._urls import NORMALIZER_VERSION, normalize_url, resolve_reference
@@ -73,6 +76,7 @@ __all__ = [
     "CrawlResult",
     "Crawler",
     "Discovery",
+    "EvaluationSummary",
     "EvidenceError",
     "FetchAttempt",
     "Finding",
@@ -88,8 +92,12 @@ __all__ = [
     "ProofError",
     "QueuedUrl",
     "ReplayedResponse",
+    "Rule",
     "RuleEvaluated",
+    "RuleSet",
+    "RulesError",
     "RunEnded",
+    "RunReport",
     "RunStarted",
     "SQLiteVersionError",
     "SessionEnded",
@@ -111,7 +119,10 @@ __all__ = [
     "check_proof",
     "checkpoint",
     "decode_message",
+    "evaluate_page",
+    "evaluate_stored",
     "export_warc",
+    "load_rules",
     "new_id",
     "normalize_url",
     "payload_hash",
@@ -119,6 +130,7 @@ __all__ = [
     "prove_inclusion",
     "reclaim_orphans",
     "replay",
+    "report",
     "resolve_reference",
     "status",
     "utc_now",

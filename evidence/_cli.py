@@ -16,11 +16,13 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from ._cli_rules import add_commands as add_rules_commands
 from ._cli_verify import add_commands as add_verify_commands
 from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
 from ._errors import EvidenceError
 from ._frontier import CrawlConfig, last_session
 from ._incremental import diff_sessions, parse_frequency
+from ._rules import load_rules
 from ._runlock import crawl_lock, stop
 from ._status import StoreStatus, status
 from ._store import Store
@@ -94,7 +96,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
-                 "obey_robots", "user_agent", "max_body_bytes", "recrawl")
+                 "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules")
 
 
 def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
@@ -102,6 +104,8 @@ def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
     given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
     if "recrawl" in given:
         given["recrawl"] = dict(given["recrawl"])
+    if "rules" in given:  # the full definitions are recorded with the session
+        given["rules"] = load_rules(given["rules"]).as_record()
     if args.urls:
         return CrawlConfig(seeds=list(args.urls), **given)
     with store.reader() as conn:
@@ -296,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="incremental sessions: do not refetch documents whose fetch key "
                    "matches REGEX (or type:MEDIA/TYPE) more often than FREQ (daily, weekly, "
                    "12h, 3d...); sitemap lastmod/changefreq come first (repeatable)")
+    p.add_argument("--rules", metavar="FILE",
+                   help="judge every page by these compliance rules (TOML, see docs/rules.md);"
+                   " the definitions are recorded with the session")
     p.add_argument("--full", action="store_true",
                    help="a new session crawls in full even when a completed one exists "
                    "(default: incremental against the last completed session)")
@@ -342,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
 
     add_verify_commands(sub)
+    add_rules_commands(sub)
     return parser
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import os
 import re
@@ -54,6 +55,7 @@ from ._messages import (
     utc_now,
 )
 from ._robots import ROBOTS_TTL, Robots
+from ._rules import RuleSet, check_rules, evaluate_page
 from ._store import Store
 from ._urls import normalize_url, resolve_reference, url_host
 from ._writer import Writer, WriterLimits, WriterStatistics
@@ -146,6 +148,7 @@ class Crawler:
         self.session_id = ""
         self.run_id = new_id("run-")
         self._baseline: Baseline | None = None
+        self._rules = RuleSet.from_record(config.rules) if config.rules else None
         # The configured sitemaps (and those their indexes list): never skipped as not due.
         self._sitemap_keys: set[str] = set()
         if config.sitemap:
@@ -259,6 +262,8 @@ class Crawler:
                 seeds = [QueuedUrl(url=u, depth=0, via="sitemap") for u in sitemaps] + seeds
             messages.append(self._update(queued=seeds))
         await self._commit(messages)
+        if self._rules is not None:
+            check_rules(self._reader, self._rules.rules)
         if baseline_id is not None:
             self._baseline = Baseline(self._reader, self.store.artifacts, baseline_id,
                                       self._due_rules)
@@ -500,6 +505,13 @@ class Crawler:
     async def _settle(self, job: _Job, result: FetchResult) -> None:
         attempt, status = result.attempt, result.status
         messages: list[Message] = [attempt]
+        if self._rules is not None and attempt.response_headers is not None:
+            messages += await anyio.to_thread.run_sync(functools.partial(
+                evaluate_page, self._rules.rules, url=attempt.url,
+                attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
+                body_bytes=result.raw_body if attempt.body else None,
+                headers_ref=attempt.response_headers, body_ref=attempt.body,
+                elapsed_ms=attempt.elapsed_ms, body_truncated=attempt.body_truncated))
         if status in (429, 503) or status is None or status >= 500:
             retry_after = None
             if status in (429, 503) and result.headers is not None:

@@ -13,6 +13,7 @@
     ├── MessageError                a message that cannot be decoded or is not valid
     ├── NotFoundError               the store has no record of the attempt, URL or run asked for
     ├── ProofError                  a key, checkpoint or proof that cannot be read or made
+    ├── RulesError                  a rules file or rule definition that cannot be used
     ├── URLError                    a URL the normalizer cannot turn into a fetch key
     └── WriterError                 the serialized writer
         ├── WriterClosedError       submit after close, or the writer failed
@@ -41,6 +42,7 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "ProofError",
+    "RulesError",
     "SQLiteVersionError",
     "StoreError",
     "URLError",
@@ -110,6 +112,18 @@ class NotFoundError(EvidenceError):
 
 class ProofError(EvidenceError):
     """A key, checkpoint or proof that cannot be read, or a proof the store cannot make."""
+
+
+class RulesError(EvidenceError):
+    """A rules file or rule definition that cannot be used; ``rule`` and ``field`` say where.
+
+    Also raised when a rule id and version were recorded with a different definition, and
+    when bytes handed to ``evaluate_page`` do not match their refs.
+    """
+
+    path: str | None = None
+    rule: str | None = None
+    field: str | None = None
 
 
 class URLError(EvidenceError):

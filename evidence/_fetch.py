@@ -36,6 +36,8 @@ class FetchResult:
     headers: httpx.Headers | None
     body: bytes  # the stored body, decoded for parsing (bounded), or b""
     elapsed: float
+    head: bytes = b""  # the stored response head, as recorded
+    raw_body: bytes = b""  # the stored body, as received
 
 
 def _request_head(request: httpx.Request) -> bytes:
@@ -111,7 +113,8 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     if truncated:
         outcome, error = "too_large", f"body cut at the cap of {max_body_bytes} bytes"
     body = b"".join(chunks)
-    response_ref = await _put(artifacts, HEADERS_NS, _response_head(response))
+    head = _response_head(response)
+    response_ref = await _put(artifacts, HEADERS_NS, head)
     body_ref = await _put(artifacts, BODY_NS, body)
     elapsed = time.monotonic() - t0
     attempt = FetchAttempt(
@@ -121,7 +124,8 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
         body_truncated=truncated or outcome != "response",
         content_type=response.headers.get("content-type"), error=error)
     decoded = _decoded(body, response.headers.get("content-encoding", ""))
-    return FetchResult(attempt, response.status_code, response.headers, decoded, elapsed)
+    return FetchResult(attempt, response.status_code, response.headers, decoded, elapsed,
+                       head, body)
 
 
 def _failed(common: dict, outcome: str, error: str, request_ref: ArtifactRef,

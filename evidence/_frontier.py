@@ -43,6 +43,8 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # Minimum recrawl intervals in incremental sessions: a regular expression over the
     # fetch key, or "type:<media type prefix>", to a frequency (daily, weekly, 12h, 3d...).
     recrawl: dict[str, str] = {}
+    # Compliance rules judged on every page: full definitions (RuleSet.as_record()).
+    rules: list[dict[str, object]] = []
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)

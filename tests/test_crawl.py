@@ -327,3 +327,39 @@ def test_clean_without_confirmation_changes_nothing(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s") as store:
         assert store.connection.execute(
             "SELECT count(*), max(outcome) FROM crawl_session").fetchall() == [(1, None)]
+
+
+def test_crawl_with_rules_judges_every_page_in_its_own_transaction(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        '[[rule]]\nid = "has-heading"\nversion = 1\ntype = "selector"\n'
+        'selector = "h1"\nexpect = "match"\n\n'
+        '[[rule]]\nid = "etag"\nversion = 1\ntype = "header"\nname = "ETag"\n')
+    with TestSite(SiteConfig(pages=10)) as site:
+        done = subprocess.run(
+            [sys.executable, "-m", "evidence", "crawl", site.url, "--store",
+             str(tmp_path / "s"), "--rules", str(rules), "--json"],
+            capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    with Store.open(tmp_path / "s") as store:
+        judged = store.connection.execute(
+            "SELECT f.attempt_id, count(r.evaluation_id), group_concat(r.rule_id) "
+            "FROM fetch_attempt f LEFT JOIN rule_evaluation r ON r.attempt_seq = f.attempt_seq "
+            "WHERE f.http_status = 200 AND f.url NOT LIKE '%robots.txt' "
+            "GROUP BY f.attempt_seq").fetchall()
+        batches = store.connection.execute(
+            "SELECT count(*) FROM fetch_attempt f JOIN rule_evaluation r "
+            "ON r.attempt_seq = f.attempt_seq JOIN ingest_ledger a ON a.log_index = f.log_index "
+            "JOIN ingest_ledger b ON b.log_index = r.log_index WHERE a.batch_seq != b.batch_seq"
+        ).fetchall()[0][0]
+        recorded = json.loads(store.connection.execute(
+            "SELECT config FROM crawl_session").fetchall()[0][0])["rules"]
+    assert judged and all(n == 2 for _a, n, _r in judged), "two rules on every page"
+    assert batches == 0, "verdicts commit with their page"
+    assert {r["id"] for r in recorded} == {"has-heading", "etag"}
+    report = subprocess.run([sys.executable, "-m", "evidence", "report", str(tmp_path / "s"),
+                             "--run", run_id, "--format", "json"],
+                            capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert "has-heading" in report.stdout

@@ -24,11 +24,20 @@ def render() -> str:
     parts = ["# Command reference\n",
              "Generated from `--help` by `tools/gen_cli_docs.py`; do not edit by hand.\n",
              "```\n" + parser.format_help() + "```\n"]
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for name, command in sub.choices.items():
-        parts.append(f"## evidence {name}\n")
-        parts.append("```\n" + command.format_help() + "```\n")
+    _commands(parser, "evidence", parts, level=2)
     return "\n".join(parts)
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str, parts: list[str], *,
+              level: int) -> None:
+    """Every subcommand's help, recursing into nested ones (``evidence rules evaluate``)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, command in action.choices.items():
+            parts.append(f"{'#' * level} {prefix} {name}\n")
+            parts.append("```\n" + command.format_help() + "```\n")
+            _commands(command, f"{prefix} {name}", parts, level=level + 1)
 
 
 def main() -> int:

@@ -1,0 +1,192 @@
+"""The rules report: verdicts per rule version, failures with their evidence, three formats."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from evidence import Store
+from evidence._errors import NotFoundError
+from evidence._report import render_html, render_json, render_text, report
+from evidence._rules import evaluate_page, evaluate_stored, parse_rules
+
+from .conftest import Factory, submit_all
+from .test_rules import BAD, BAD_HEADERS, CASES, GOOD, GOOD_HEADERS, Pages, rules_text, run_cli
+
+HOSTILE = (b'<html><body><h1>x</h1><p>Copyright 2025</p><img src=x onerror="document.title='
+           b"'pwned'\"><script>document.title='pwned'</script></body></html>")
+RULES = {
+    "copyright": CASES["copyright"],
+    "hsts": CASES["hsts"],
+    "no-img": "type = \"regex\"\npattern = '<img[^>]*>'\nexpect = \"no_match\"",
+}
+
+
+@pytest.fixture
+def judged(store: Store, make: Factory) -> dict[str, object]:
+    """Run r1: a good page, a bad page, a hostile page and a page retried after a 500."""
+    pages = Pages(store, make)
+    good = pages.add("http://example.com/good", GOOD, headers=GOOD_HEADERS)
+    bad = pages.add("http://example.com/bad?q=1&r=<2>", BAD, headers=BAD_HEADERS)
+    hostile = pages.add("http://example.com/hostile", HOSTILE, headers=GOOD_HEADERS)
+    superseded = pages.attempt("http://example.com/retried", b"oops", status=500)
+    retried = pages.attempt("http://example.com/retried", GOOD, headers=GOOD_HEADERS,
+                            sequence=1)
+    rules = parse_rules(rules_text(RULES))
+    # The 500 is judged when it happens (as a crawler may do); superseded, it must not count.
+    early = evaluate_page(rules, url=superseded.url, attempt_id=superseded.attempt_id,
+                          run_id="r1", headers_bytes=store.artifacts.read(
+                              superseded.response_headers), body_bytes=b"oops",
+                          headers_ref=superseded.response_headers, body_ref=superseded.body,
+                          elapsed_ms=superseded.elapsed_ms)
+    acks = submit_all(store, [superseded, *early, retried])
+    assert {a.status for a in acks} == {"committed"}
+    evaluate_stored(store, rules)
+    evaluate_stored(store, parse_rules(rules_text({"copyright": CASES["copyright"]},
+                                                  version=2)))
+    return {"good": good, "bad": bad, "hostile": hostile, "retried": retried}
+
+
+def test_report_counts_current_pages_per_rule_version(store: Store, judged: dict) -> None:
+    data = report(store, "r1")
+    assert data.pages == 4 and data.run_id == "r1" and data.session_id == "s1"
+    tallies = {(t.rule_id, t.rule_version): (t.verdicts, t.not_evaluated) for t in data.rules}
+    assert list(tallies) == [("copyright", "1"), ("copyright", "2"), ("hsts", "1"),
+                             ("no-img", "1")]
+    assert tallies[("copyright", "1")] == ({"pass": 3, "fail": 1, "error": 0,
+                                            "not_applicable": 0}, 0)
+    assert tallies[("hsts", "1")][0]["fail"] == 1
+    assert tallies[("no-img", "1")][0]["fail"] == 1
+    assert all(len(t.rule_hashes) == 1 for t in data.rules)
+
+
+def test_each_failure_carries_its_evidence(store: Store, judged: dict) -> None:
+    data = report(store, "r1")
+    found = {(f.rule_id, f.rule_version, f.url): f for f in data.failures}
+    assert set(found) == {("copyright", "1", judged["bad"].url),
+                          ("copyright", "2", judged["bad"].url),
+                          ("hsts", "1", judged["bad"].url),
+                          ("no-img", "1", judged["hostile"].url)}
+    failure = found[("hsts", "1", judged["bad"].url)]
+    attempt = judged["bad"]
+    assert failure.attempt_id == attempt.attempt_id and failure.http_status == 200
+    assert failure.response_headers_digest == attempt.response_headers.digest
+    assert failure.body_digest == attempt.body.digest
+    assert failure.reason == "required header strict-transport-security is absent"
+    [(index, input_hash)] = store.connection.execute(
+        "SELECT log_index, input_hash FROM rule_evaluation WHERE rule_id = 'hsts' "
+        "AND verdict = 'fail'").fetchall()
+    assert (failure.evaluation_log_index, failure.input_hash) == (index, input_hash)
+    assert failure.details["input"]["response_headers"]["digest"] == failure.\
+        response_headers_digest
+
+
+def test_report_is_a_pure_function_of_the_store(store: Store, judged: dict) -> None:
+    first = report(store, "r1")
+    again = report(store, "r1")
+    for render in (render_text, render_json, render_html):
+        assert render(first) == render(again)
+    data = json.loads(render_json(first))
+    assert data["log_size"] == store.connection.execute(
+        "SELECT max(tree_size) FROM commit_log").fetchall()[0][0]
+    limited = report(store, "r1", max_failures=1)
+    assert len(limited.failures) == 1 and limited.failures_omitted == 3
+
+
+def test_text_report_lists_failures_with_hashes(store: Store, judged: dict) -> None:
+    text = render_text(report(store, "r1"))
+    attempt = judged["bad"]
+    assert re.search(r"^copyright v1 +3 +1 +0 +0 +0$", text, re.MULTILINE)
+    assert f"FAIL  hsts v1  {attempt.url}" in text
+    assert f"head    {attempt.response_headers.digest}" in text
+    assert f"body    {attempt.body.digest}" in text
+    assert "failures and errors: 4" in text
+
+
+def test_report_of_an_unknown_run_is_not_found(store: Store, judged: dict) -> None:
+    with pytest.raises(NotFoundError, match="no run 'nope'"):
+        report(store, "nope")
+
+
+def test_html_report_is_self_contained_and_escapes_stored_text(
+        store: Store, judged: dict) -> None:
+    page = render_html(report(store, "r1"))
+    assert "default-src 'none'" in page
+    tags = Tags()
+    tags.feed(page)
+    assert tags.names <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "dl",
+                          "dt", "dd", "code", "span", "table", "thead", "tbody", "tr", "th",
+                          "td", "br", "details", "summary", "pre", "p"}
+    assert not tags.attributes & {"src", "href", "srcset", "action", "style"} and not any(
+        a.startswith("on") for a in tags.attributes)
+    assert "&lt;img src=x onerror=" in page
+    assert "http://example.com/bad?q=1&amp;r=&lt;2&gt;" in page
+
+
+class Tags(HTMLParser):
+    """Every element name and attribute name in a document."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.attributes: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.names.add(tag)
+        self.attributes.update(name for name, _ in attrs)
+
+
+def dump_dom(path: Path, tmp_path: Path) -> str:
+    """The DOM headless Chromium builds from ``path`` (Debian package: chromium)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    done = subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom", path.as_uri()],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_html_report_renders_in_a_headless_browser_and_shows_the_failures(
+        store: Store, judged: dict, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report.html"
+    assert run_cli("report", store.path, "--run", "r1", "--format", "html", "--out", out) == 0
+    assert capsys.readouterr().err == f"wrote {out}\n"
+    dom = dump_dom(out, tmp_path)
+    rows = re.findall(r'<tr class="(fail|error)" data-rule="([^"]+)" data-attempt="([^"]+)">',
+                      dom)
+    expected = {(f.verdict, f.rule_id, f.attempt_id) for f in report(store, "r1").failures}
+    assert len(rows) == 4 and set(rows) == expected
+    assert judged["bad"].response_headers.digest in dom
+    assert "http://example.com/bad?q=1&amp;r=&lt;2&gt;" in dom  # the URL, as text
+    assert '<span id="failure-count">4</span>' in dom
+    assert "<title>Rules report: run r1</title>" in dom, "no stored script ran"
+    assert "<img" not in dom and "<script" not in dom, "stored markup stayed text"
+
+
+def test_cli_report_text_and_json(store: Store, judged: dict, capsys) -> None:
+    assert run_cli("report", store.path, "--run", "r1") == 0
+    assert "failures and errors: 4" in capsys.readouterr().out
+    assert run_cli("report", store.path, "--run", "r1", "--format", "json",
+                   "--max-failures", "2") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["failures"]) == 2 and data["failures_omitted"] == 2
+    assert run_cli("report", store.path, "--run", "nope") == 2
+    assert "Error: no run 'nope' in the store" in capsys.readouterr().out
+
+
+def test_a_run_without_verdicts_reports_that(store: Store, make: Factory) -> None:
+    Pages(store, make).add("http://example.com/", GOOD, headers=GOOD_HEADERS)
+    data = report(store, "r1")
+    assert data.rules == [] and data.failures == [] and data.pages == 1
+    assert "no rule verdicts in this run" in render_text(data)
+    assert "No rule verdicts in this run." in render_html(data)
