@@ -4,6 +4,15 @@ The public face. Everything a user may import is listed in ``__all__`` here;
 ``tests/test_exported_members.py`` fails on an accidental export.
 """
 
+from ._archive import (
+    BackupReport,
+    Comparison,
+    Difference,
+    RestoreReport,
+    backup,
+    compare,
+    restore,
+)
 from ._artifacts import ArtifactRef, ArtifactStore, validate_namespace
 from ._crawl import Crawler, CrawlOptions, CrawlResult
 from ._errors import (
@@ -26,6 +35,7 @@ from ._errors import (
     WriterClosedError,
     WriterError,
 )
+from ._export import Manifest, export
 from ._frontier import CrawlConfig
 from ._log import check_log
 from ._messages import (
@@ -69,12 +79,15 @@ __all__ = [
     "ArtifactMissingError",
     "ArtifactRef",
     "ArtifactStore",
+    "BackupReport",
     "CommitError",
+    "Comparison",
     "CorruptStoreError",
     "CrawlConfig",
     "CrawlOptions",
     "CrawlResult",
     "Crawler",
+    "Difference",
     "Discovery",
     "EvaluationSummary",
     "EvidenceError",
@@ -82,6 +95,7 @@ __all__ = [
     "Finding",
     "FrontierUpdate",
     "HostUpdate",
+    "Manifest",
     "Message",
     "MessageError",
     "MigrationError",
@@ -92,6 +106,7 @@ __all__ = [
     "ProofError",
     "QueuedUrl",
     "ReplayedResponse",
+    "RestoreReport",
     "Rule",
     "RuleEvaluated",
     "RuleSet",
@@ -114,13 +129,16 @@ __all__ = [
     "WriterError",
     "WriterLimits",
     "WriterStatistics",
+    "backup",
     "canonical_encode",
     "check_log",
     "check_proof",
     "checkpoint",
+    "compare",
     "decode_message",
     "evaluate_page",
     "evaluate_stored",
+    "export",
     "export_warc",
     "load_rules",
     "new_id",
@@ -132,6 +150,7 @@ __all__ = [
     "replay",
     "report",
     "resolve_reference",
+    "restore",
     "status",
     "utc_now",
     "validate_namespace",

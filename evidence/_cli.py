@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from ._cli_archive import add_commands as add_archive_commands
 from ._cli_rules import add_commands as add_rules_commands
 from ._cli_verify import add_commands as add_verify_commands
 from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
@@ -348,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_status)
 
+    add_archive_commands(sub)
     add_verify_commands(sub)
     add_rules_commands(sub)
     return parser

@@ -1,7 +1,8 @@
 """CLI commands for verification, proofs and replay: each a few lines over the library.
 
 ``add_commands(subparsers)`` adds ``verify``, ``keygen``, ``checkpoint``, ``prove``,
-``check-proof``, ``replay`` and ``export-warc`` to the ``evidence`` parser. Exit status:
+``check-proof`` and ``replay`` to the ``evidence`` parser (WARC output is
+``export --format warc``, in _cli_archive, which calls ``_cmd_export_warc``). Exit status:
 0 when all is well, 1 when a check fails (a finding, a proof that does not verify), 2 for
 an error (printed by ``_cli.main`` as ``Error:`` / ``Try:``).
 """
@@ -315,12 +316,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="print which attempt and its artifact digests, not the bytes")
     p.set_defaults(func=_cmd_replay)
 
-    p = sub.add_parser(
-        "export-warc", help="write responses as a WARC/1.1 file",
-        description="Write a request and a response record per attempt that got a response, "
-        "built byte for byte from the stored artifacts (.gz: one gzip member per record).")
-    p.add_argument("store", metavar="STORE", help="the store directory")
-    p.add_argument("--out", required=True, metavar="FILE", help="the new WARC file")
-    p.add_argument("--run", metavar="ID", help="only this run's attempts")
-    p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.set_defaults(func=_cmd_export_warc)

@@ -59,6 +59,9 @@ __all__ = [
 
 #: The largest encoded message the writer accepts (bodies live in the artifact store).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: The deepest nesting accepted in ``config`` and ``details`` (free-form JSON-like data).
+#: Explicit, so acceptance never depends on how deep the decoding caller's stack is.
+MAX_NESTING = 32
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=65536)]
@@ -284,11 +287,35 @@ def decode_message(data: bytes, *, format: Literal["msgpack", "json"] = "msgpack
         )
     decoder = _msgpack_decoder if format == "msgpack" else _json_decoder
     try:
-        return decoder.decode(data)
+        message = decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise MessageError(f"invalid message: {exc}", hint="fix the producer") from exc
     except msgspec.DecodeError as exc:
         raise MessageError(f"malformed {format}: {exc}", hint="fix the producer") from exc
+    except RecursionError as exc:
+        raise MessageError(f"invalid message: nested deeper than {MAX_NESTING} levels",
+                           hint="flatten config and details") from exc
+    for name in ("config", "details"):
+        value = getattr(message, name, None)
+        if value and _depth(value) > MAX_NESTING:
+            raise MessageError(f"invalid message: `$.{name}` is nested deeper than "
+                               f"{MAX_NESTING} levels", hint="flatten config and details")
+    return message
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of decoded JSON-like data, without recursion (so without a stack limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_NESTING:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
 
 
 def utc_now() -> _dt.datetime:

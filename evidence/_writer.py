@@ -20,6 +20,7 @@ Invariants (DESIGN.md "Writer rules"):
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +46,8 @@ from ._messages import (
 from ._store import Store, map_sqlite_errors
 
 __all__ = ["Ack", "Writer", "WriterLimits", "WriterStatistics"]
+
+log = logging.getLogger("evidence.writer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,7 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     rejections: int
     commit_errors: int
     checkpoints: int
+    checkpoint_errors: int
     wal_truncations: int
     tree_size: int
 
@@ -195,12 +199,20 @@ class Writer:
 
     @staticmethod
     def _prepare(message: Message, now: float) -> _Pending:
-        encoded = canonical_encode(message)
+        # msgspec validates constraints only when decoding, so a message built in Python is
+        # checked by a round trip through the strict decoder: whatever is committed must be
+        # exactly what decode_message accepts (verify re-decodes every ledger entry).
+        try:
+            encoded = canonical_encode(message)
+        except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
+            raise MessageError(f"message {getattr(message, 'message_id', '?')!r} cannot be "
+                               f"encoded: {exc}", hint="fix the producer") from exc
         if len(encoded) > MAX_MESSAGE_BYTES:
             raise MessageError(
                 f"message {message.message_id} encodes to {len(encoded)} bytes, over the "
                 f"limit of {MAX_MESSAGE_BYTES}", message_id=message.message_id,
                 hint="store large payloads in the artifact store and reference them")
+        decode_message(encoded)  # raises MessageError naming the field
         return _Pending(message, encoded, payload_hash(encoded), now,
                         _apply.fetch_keys(message))
 
@@ -391,6 +403,11 @@ class Writer:
                     conn.set_busy_timeout(self.store.busy_timeout_ms)
         except apsw.BusyError:
             pass  # a reader is still using the WAL: the next commit tries again
+        except apsw.Error as exc:
+            # The batch is committed and must be acked; a checkpoint that fails (an I/O error,
+            # a full disk) leaves the WAL as it was, which is safe. Count it; retry later.
+            self._counts["checkpoint_errors"] += 1
+            log.warning("WAL checkpoint failed after batch commit: %s", exc)
 
     def _rollback(self, conn: apsw.Connection) -> None:
         """Roll back the open transaction; a connection that cannot is replaced."""
@@ -536,6 +553,7 @@ class Writer:
             rejections=self._counts["rejected"],
             commit_errors=self._counts["commit_errors"],
             checkpoints=self._counts["checkpoints"],
+            checkpoint_errors=self._counts["checkpoint_errors"],
             wal_truncations=self._counts["wal_truncations"],
             tree_size=self._head.tree.size,
         )

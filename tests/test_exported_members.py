@@ -20,6 +20,9 @@ EXPECTED = {
     "NotFoundError", "ProofError", "SignedCheckpoint", "check_proof", "checkpoint",
     "prove_consistency", "prove_inclusion", "ReplayedResponse", "replay", "Finding",
     "VerifyReport", "reclaim_orphans", "verify", "export_warc",
+    # archives: export, backup, restore, compare
+    "BackupReport", "Comparison", "Difference", "RestoreReport", "backup", "compare",
+    "restore", "Manifest", "export",
     # compliance rules
     "RunReport", "report", "EvaluationSummary", "Rule", "RuleSet", "evaluate_page",
     "evaluate_stored", "load_rules", "RulesError",

@@ -243,8 +243,10 @@ def test_warc_export_never_overwrites_and_never_archives_damage(store: Store, cr
 
 
 def test_cli_export_warc(store: Store, crawled: dict, tmp_path: Path, capsys) -> None:
-    assert run_cli("export-warc", store.path, "--out", tmp_path / "x.warc", "--json") == 0
+    assert run_cli("export", store.path, "--out", tmp_path / "x.warc", "--format", "warc",
+                   "--json") == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["responses"] == 6 and summary["skipped"] == 1
     assert len(read_warc(tmp_path / "x.warc")) == summary["records"] == 13
-    assert run_cli("export-warc", store.path, "--out", tmp_path / "y.warc", "--run", "r9") == 2
+    assert run_cli("export", store.path, "--out", tmp_path / "y.warc", "--format", "warc",
+                   "--run", "r9") == 2

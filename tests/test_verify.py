@@ -12,7 +12,8 @@ import apsw
 import pytest
 
 from evidence import ArtifactRef, EvidenceError, Store
-from evidence._cli_verify import add_commands, parse_duration
+from evidence._cli import build_parser
+from evidence._cli_verify import parse_duration
 from evidence._verify import ReclaimHooks, reclaim_orphans, verify
 
 from .conftest import Factory, submit_all
@@ -22,9 +23,7 @@ DAY = 86400
 
 def run_cli(*argv: str) -> int:
     """The evidence CLI with these commands, as ``_cli.main`` runs it (errors exit 2)."""
-    parser = argparse.ArgumentParser(prog="evidence")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args([str(a) for a in argv])
+    args = build_parser().parse_args([str(a) for a in argv])
     try:
         return args.func(args)
     except EvidenceError as exc:
