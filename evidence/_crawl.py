@@ -536,7 +536,7 @@ class Crawler:
             except URLError as exc:
                 log.info("redirect from %s to an unusable location: %s", job.url, exc)
         elif 200 <= status < 300 and result.body:
-            refs, truncated = self._links(job, result)
+            refs, truncated = _bounded(*self._links(job, result))
             for ref in refs:
                 via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
                 depth = job.depth if via == "sitemap" else job.depth + 1
@@ -706,6 +706,21 @@ def _sitemap_refs(url: str, body: bytes) -> tuple[list[ObservedRef], bool]:
                                 tag=kind.decode().lower(), attr="loc", rel=rel,
                                 edge_kind="sitemap"))
     return refs, len(entries) > _SITEMAP_MAX
+
+
+# A page's links travel in one Discovery and one FrontierUpdate, each under the writer's
+# 4 MiB message limit: past this many bytes of references the rest are dropped and the
+# discovery is recorded as truncated (never a failed page).
+_MAX_REF_BYTES = 1536 * 1024
+
+
+def _bounded(refs: list[ObservedRef], truncated: bool) -> tuple[list[ObservedRef], bool]:
+    size = 0
+    for i, ref in enumerate(refs):
+        size += len(ref.observed) + len(ref.url) + len(ref.rel) + len(ref.tag) + 64
+        if size > _MAX_REF_BYTES:
+            return refs[:i], True
+    return refs, truncated
 
 
 def _dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:
