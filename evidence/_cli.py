@@ -66,6 +66,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     stderr = stderr or sys.stderr
     logging.basicConfig(stream=stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     path = Path(args.store)
     with Store.create(path, sync=args.sync) as store, crawl_lock(path):
         config = _crawl_config(args, store)

@@ -25,6 +25,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -119,8 +120,10 @@ class _Job:
 @dataclass
 class _Host:
     jobs: collections.deque[_Job] = field(default_factory=collections.deque)
-    active: int = 0
-    next_start: float = 0.0  # monotonic: politeness delay and backoff
+    active: int = 0  # claimed and not finished (fetching, or waiting for a worker)
+    next_start: float = 0.0  # monotonic: when the scheduler may claim for it again
+    next_request: float = 0.0  # monotonic: when a worker may send its next request
+    slots: anyio.Semaphore | None = None  # per-host concurrency, taken by workers
 
 
 class Crawler:
@@ -144,6 +147,8 @@ class Crawler:
         self._robots: dict[str, Robots] = {}
         self._robots_locks: dict[str, anyio.Lock] = collections.defaultdict(anyio.Lock)
         self._robots_sequence: collections.Counter[str] = collections.Counter()
+        self._capped = False
+        self._released: list[_Job] = []  # claimed ahead but not started when the run stopped
         self._host_records: dict[str, tuple] = {}
         self.session_id = ""
         self.run_id = new_id("run-")
@@ -192,6 +197,10 @@ class Crawler:
                     log.exception("run %s failed", self.run_id)
                     await self._end(outcome, reason, complete=False)
                     raise
+                if self._released:
+                    await self._commit([self._update(settled=[SettledUrl(
+                        url=j.url, state="queued", reason="released: claimed, but the run "
+                        "stopped before it was requested") for j in self._released])])
                 counts = frontier.counts(reader, self.session_id)
                 complete = outcome == "completed" or (
                     outcome == "capped" and counts.queued + counts.in_flight == 0)
@@ -272,7 +281,8 @@ class Crawler:
             self._host_records[host] = record
             backoff = _parse_time(record[3])
             if backoff is not None and backoff > now_utc:
-                self._host(host).next_start = now_mono + (backoff - now_utc).total_seconds()
+                until = now_mono + (backoff - now_utc).total_seconds()
+                self._host(host).next_start = self._host(host).next_request = until
         log.info("session %s run %s %s (%s)", self.session_id, self.run_id,
                  "resumed" if resumed else "started",
                  "full" if baseline_id is None else f"incremental against {baseline_id}")
@@ -394,8 +404,11 @@ class Crawler:
                 if self._stop.is_set():
                     return "stopped", "stop requested"
                 if cap is not None and self._documents >= cap:
+                    self._capped = True  # what was claimed is fetched: it counts
                     return "capped", f"reached --max-documents {cap}"
                 self._refill()
+                # No claiming ahead of the workers: a URL claimed but never requested when
+                # the crawler is killed would count as an attempt that crashed it.
                 free = self.options.workers - self._in_flight
                 if cap is not None:
                     free = min(free, cap - self._documents)
@@ -422,12 +435,28 @@ class Crawler:
     async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
         async with jobs:
             async for job in jobs:
+                host = self._host(url_host(job.url))
                 try:
-                    await self._process(job)
+                    if self._stop.is_set() and not self._capped:
+                        self._released.append(job)  # claimed ahead, never started
+                        continue
+                    if host.slots is None:
+                        host.slots = anyio.Semaphore(self.options.per_host)
+                    async with host.slots:
+                        await self._polite(host, url_host(job.url))
+                        await self._process(job)
                 finally:
                     self._in_flight -= 1
-                    self._host(url_host(job.url)).active -= 1
+                    host.active -= 1
                     self._wake.set()
+
+    async def _polite(self, host: _Host, name: str) -> None:
+        """Space request starts on a host by its delay (and any backoff), exactly."""
+        now = time.monotonic()
+        start = max(now, host.next_request)
+        host.next_request = start + self._delay(name)  # reserved before sleeping
+        if start > now:
+            await anyio.sleep(start - now)
 
     async def _process(self, job: _Job) -> None:
         host = url_host(job.url)
@@ -577,8 +606,9 @@ class Crawler:
             messages = [*messages, HostUpdate(
                 message_id=new_id("m-"), run_id=self.run_id, host=host, backoff_until=until,
                 reason=f"{what}: back off {backoff:g} s")]
-            self._host(host).next_start = max(self._host(host).next_start,
-                                              time.monotonic() + backoff)
+            until_mono = time.monotonic() + backoff
+            self._host(host).next_start = max(self._host(host).next_start, until_mono)
+            self._host(host).next_request = max(self._host(host).next_request, until_mono)
         if attempts >= self.config.max_attempts:
             settled = SettledUrl(url=job.url, state="failed",
                                  reason=f"{what} on attempt {attempts} of "
@@ -661,21 +691,25 @@ class Crawler:
         metrics; it is a convenience, replaced atomically, not evidence.
         """
         path = self.store.path / LIVE_STATS
-        while not self._stop.is_set():
-            with anyio.move_on_after(self.options.progress_interval):
-                await self._stop.wait()
-            elapsed = time.monotonic() - started
-            progress = CrawlProgress(
-                session_id=self.session_id, run_id=self.run_id,
-                counts=frontier.counts(self._reader, self.session_id),
-                requested=self._requested, in_flight=self._in_flight,
-                pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
-                elapsed=elapsed, writer=self._writer.statistics())
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(msgspec.json.encode(progress))
-            os.replace(tmp, path)
-            if self.options.progress is not None:
-                self.options.progress(progress)
+        with self.store.reader() as own:  # counting a large frontier takes a while:
+            while not self._stop.is_set():  # its own connection, off the event loop
+                with anyio.move_on_after(self.options.progress_interval):
+                    await self._stop.wait()
+                counts = await anyio.to_thread.run_sync(frontier.counts, own, self.session_id)
+                self._report(started, counts, path)
+
+    def _report(self, started: float, counts: FrontierCounts, path: Path) -> None:
+        elapsed = time.monotonic() - started
+        progress = CrawlProgress(
+            session_id=self.session_id, run_id=self.run_id, counts=counts,
+            requested=self._requested, in_flight=self._in_flight,
+            pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
+            elapsed=elapsed, writer=self._writer.statistics())
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.json.encode(progress))
+        os.replace(tmp, path)
+        if self.options.progress is not None:
+            self.options.progress(progress)
 
 
 _SITEMAP_ROOT = re.compile(rb"<(urlset|sitemapindex)[\s>]", re.IGNORECASE)

@@ -66,9 +66,13 @@ def _decoded(body: bytes, encoding: str) -> bytes:
     return body
 
 
-async def _put(artifacts: ArtifactStore, namespace: str, data: bytes) -> ArtifactRef:
-    # The put fsyncs: keep it off the event loop.
-    return await anyio.to_thread.run_sync(artifacts.put, namespace, data)
+async def _put_all(artifacts: ArtifactStore,
+                   items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
+    """Store several payloads in one trip to a worker thread (each put fsyncs)."""
+    def put_all() -> list[ArtifactRef]:
+        return [artifacts.put(namespace, data) for namespace, data in items]
+
+    return await anyio.to_thread.run_sync(put_all)
 
 
 async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
@@ -82,14 +86,15 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
               "url": url, "sequence": sequence, "started_at": started_at}
     request = client.build_request("GET", url, headers=headers)
-    request_ref = await _put(artifacts, HEADERS_NS, _request_head(request))
+    request_head = _request_head(request)
     try:
         response = await client.send(request, stream=True, follow_redirects=False)
     except httpx.TimeoutException as exc:
-        return _failed(common, "timeout", f"{type(exc).__name__}: {exc}", request_ref, t0)
+        return await _failed(artifacts, common, "timeout", f"{type(exc).__name__}: {exc}",
+                             request_head, t0)
     except (httpx.TransportError, httpx.InvalidURL) as exc:
-        return _failed(common, "network_error", f"{type(exc).__name__}: {exc}",
-                       request_ref, t0)
+        return await _failed(artifacts, common, "network_error",
+                             f"{type(exc).__name__}: {exc}", request_head, t0)
     chunks: list[bytes] = []
     size = 0
     truncated = False
@@ -110,13 +115,14 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
         outcome, error = "network_error", f"body read: {type(exc).__name__}: {exc}"
     finally:
         await response.aclose()
+    elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     if truncated:
         outcome, error = "too_large", f"body cut at the cap of {max_body_bytes} bytes"
     body = b"".join(chunks)
     head = _response_head(response)
-    response_ref = await _put(artifacts, HEADERS_NS, head)
-    body_ref = await _put(artifacts, BODY_NS, body)
-    elapsed = time.monotonic() - t0
+    # Every payload is durable before the attempt that references them exists.
+    request_ref, response_ref, body_ref = await _put_all(
+        artifacts, [(HEADERS_NS, request_head), (HEADERS_NS, head), (BODY_NS, body)])
     attempt = FetchAttempt(
         **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
         http_status=response.status_code, request_headers=request_ref,
@@ -128,9 +134,10 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
                        head, body)
 
 
-def _failed(common: dict, outcome: str, error: str, request_ref: ArtifactRef,
-            t0: float) -> FetchResult:
+async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: str,
+                  request_head: bytes, t0: float) -> FetchResult:
     elapsed = time.monotonic() - t0
+    [request_ref] = await _put_all(artifacts, [(HEADERS_NS, request_head)])  # before use
     attempt = FetchAttempt(**common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
                            request_headers=request_ref, error=error[:2000])
     return FetchResult(attempt, None, None, b"", elapsed)
