@@ -18,6 +18,7 @@ import msgspec
 
 from ._cli_archive import add_commands as add_archive_commands
 from ._cli_rules import add_commands as add_rules_commands
+from ._cli_service import add_commands as add_service_commands
 from ._cli_verify import add_commands as add_verify_commands
 from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
 from ._errors import EvidenceError
@@ -209,8 +210,11 @@ def _format_status(s: StoreStatus) -> str:
         f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
         f"wal        {_bytes(s.wal_bytes)}",
     ]
-    if s.crawl_pid:
-        live = s.live or {}
+    if s.crawl_pid and not s.live:
+        lines.append(f"in use     pid {s.crawl_pid} holds the store (a writer service, or a "
+                     "crawl just starting)")
+    if s.crawl_pid and s.live:
+        live = s.live
         writer = live.get("writer") or {}
         lines.append(f"crawling   pid {s.crawl_pid}, run {live.get('run_id', '?')}: "
                      f"{live.get('requested', 0)} requests, {live.get('in_flight', 0)} in "
@@ -353,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_archive_commands(sub)
     add_verify_commands(sub)
     add_rules_commands(sub)
+    add_service_commands(sub)
     return parser
 
 

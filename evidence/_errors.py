@@ -17,7 +17,8 @@
     ├── URLError                    a URL the normalizer cannot turn into a fetch key
     └── WriterError                 the serialized writer
         ├── WriterClosedError       submit after close, or the writer failed
-        └── CommitError             a batch did not commit; its messages were not acked
+        ├── CommitError             a batch did not commit; its messages were not acked
+        └── ServiceError            the writer service refused the connection or is unreachable
 
 Each error carries what it concerns (a path, a message id, a digest, an SQLite code) as
 attributes, and a ``hint``: one sentence saying what to try. ``str(error)`` is the message;
@@ -44,6 +45,7 @@ __all__ = [
     "ProofError",
     "RulesError",
     "SQLiteVersionError",
+    "ServiceError",
     "StoreError",
     "URLError",
     "WriterClosedError",
@@ -140,3 +142,10 @@ class WriterClosedError(WriterError):
 
 class CommitError(WriterError):
     """A batch did not commit. None of its messages were acknowledged; redeliver them."""
+
+
+class ServiceError(WriterError):
+    """The writer service refused the connection, or could not be reached in time.
+
+    Carries ``code`` (the service's error code, when it sent one) and a ``hint``.
+    """
