@@ -1,0 +1,143 @@
+"""SIGKILL the crawler at random moments, many times, then check what the store says.
+
+    python tools/crashloop.py --kills 200 --pages 2000
+    python tools/crashloop.py --quick            # 10 kills on a small site, ~20 s
+
+A real ``evidence crawl`` process crawls a site served on 127.0.0.1 (evidence.testing.site);
+each round waits until the crawler is fetching, sleeps a random time, and kills it with
+SIGKILL; the next round resumes the same session. After ``--kills`` kills a last round runs
+to completion. Then the invariants of issue 3 are checked against the server's own request
+log: every reachable page is done exactly once in the evidence, every done page's links
+are in the store, pages requested twice never exceed the workers per kill, robots-disallowed
+paths are never requested, every killed run is recorded as such, and ``verify`` is clean.
+Exit status 0 when every invariant holds. The suite runs a bounded version of this
+(tests/test_crawl.py::test_sigkill_at_random_moments_then_resume_records_each_page_once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from evidence import Store, verify
+from evidence.testing.site import SiteConfig, TestSite
+
+
+def _path(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def _crawl(url: str, store: Path, workers: int, log: Path) -> subprocess.Popen:
+    with log.open("a") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "evidence", "crawl", url, "--store", str(store),
+             "--workers", str(workers)], stdout=subprocess.DEVNULL, stderr=err)
+
+
+def run(args: argparse.Namespace) -> dict:
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="crashloop-"))
+    store, log = work / "store", work / "crawl.log"
+    slow = {f"/p/{i}": 0.01 for i in range(0, args.pages, 5)}
+    kills = 0
+    started = time.monotonic()
+    with TestSite(SiteConfig(pages=args.pages, slow=slow)) as site:
+        while True:
+            seen = len(site.requests)
+            proc = _crawl(site.url, store, args.workers, log)
+            while len(site.requests) == seen and proc.poll() is None:
+                time.sleep(0.005)
+            if kills < args.kills:
+                time.sleep(rng.uniform(0.01, args.max_wait))
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                    kills += 1
+                    if sys.stderr.isatty():
+                        print(f"\r{kills}/{args.kills} kills", end="", file=sys.stderr)
+                    continue
+            if proc.wait(timeout=600) != 0:
+                raise SystemExit(f"the final crawl failed; see {log}")
+            break
+        counts = site.request_counts()
+        reachable, disallowed = site.reachable_pages(), site.disallowed_paths()
+        links = {p: set(site.links(p)) for p in reachable}
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    problems: list[str] = []
+    with Store.open(store) as s:
+        conn = s.connection
+        done = Counter(_path(u) for (u,) in conn.execute(
+            "SELECT url FROM fetch_attempt WHERE http_status = 200 "
+            "AND url NOT LIKE '%/robots.txt'"))
+        edges: dict[str, set[str]] = {}
+        for url, key in conn.execute(
+                "SELECT f.url, u.fetch_key FROM fetch_attempt f JOIN discovery_edge e "
+                "ON e.source_attempt_seq = f.attempt_seq JOIN url_identity u "
+                "ON u.url_id = e.target_url_id WHERE f.http_status = 200"):
+            edges.setdefault(_path(url), set()).add(_path(key))
+        killed_runs = conn.execute("SELECT count(*) FROM crawl_run WHERE reason LIKE "
+                                   "'no end recorded%'").fetchall()[0][0]
+        report = verify(s)
+    if set(done) != reachable:
+        missing, extra = sorted(reachable - set(done))[:5], sorted(set(done) - reachable)[:5]
+        problems.append(f"pages done differ from reachable: missing {missing}, extra {extra}")
+    twice_done = [p for p, n in done.items() if n > 1]
+    if twice_done:
+        problems.append(f"pages done more than once: {twice_done[:5]}")
+    missing_links = [p for p in reachable if edges.get(p, set()) != links[p]]
+    if missing_links:
+        problems.append(f"pages whose links are not all recorded: {missing_links[:5]}")
+    twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
+    if twice > args.workers * kills:
+        problems.append(f"{twice} re-requests exceed {args.workers} workers x {kills} kills")
+    if any(counts[p] for p in disallowed):
+        problems.append("a robots-disallowed path was requested")
+    if killed_runs != kills:
+        problems.append(f"{killed_runs} runs recorded as killed, {kills} kills made")
+    if not report.ok:
+        problems.append(f"verify found {len(report.findings)} problems")
+    return {"kills": kills, "pages": len(reachable), "requests": sum(counts.values()),
+            "re_requests": twice, "seconds": round(time.monotonic() - started, 1),
+            "verify_ok": report.ok, "problems": problems, "work_dir": str(work)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Only 127.0.0.1 is contacted.")
+    parser.add_argument("--kills", type=int, default=100, help="SIGKILLs (default 100)")
+    parser.add_argument("--pages", type=int, default=1000, help="site pages (default 1000)")
+    parser.add_argument("--workers", type=int, default=4, help="crawler workers (default 4)")
+    parser.add_argument("--max-wait", type=float, default=0.4,
+                        help="longest random wait before a kill, seconds (default 0.4)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    parser.add_argument("--quick", action="store_true", help="10 kills, 120 pages")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args()
+    if args.quick:
+        args.kills, args.pages = 10, 120
+    result = run(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['kills']} kills, {result['pages']} pages, {result['requests']} "
+              f"requests ({result['re_requests']} re-requests) in {result['seconds']} s; "
+              f"verify {'ok' if result['verify_ok'] else 'FAILED'}")
+        for problem in result["problems"]:
+            print(f"PROBLEM: {problem}")
+        print("all invariants hold" if not result["problems"] else "INVARIANTS VIOLATED")
+    return 0 if not result["problems"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
