@@ -219,7 +219,9 @@ def test_sigkill_at_random_moments_then_resume_records_each_page_once(
         kills = 0
         while True:
             seen = len(site.requests)
-            proc = _crawl_process(site.url, tmp_path / "s")
+            # With max-attempts 3, a page caught in flight by three random kills would be
+            # failed like one that kills the crawler (tested on its own below).
+            proc = _crawl_process(site.url, tmp_path / "s", "--max-attempts", "100")
             while len(site.requests) == seen and proc.poll() is None:
                 time.sleep(0.005)  # kill only once this run is fetching
             if kills < 8:
@@ -237,13 +239,7 @@ def test_sigkill_at_random_moments_then_resume_records_each_page_once(
         disallowed = site.disallowed_paths()
     assert kills == 8, "the loop must actually kill the crawler mid-crawl"
     done = done_pages(tmp_path / "s")
-    # A page in flight at three of the kills cannot be told from one that kills the
-    # crawler: it ends failed (attempts exhausted), after three requests each cut by a kill.
-    states = frontier_states(tmp_path / "s")
-    for page in reachable - set(done):
-        assert states[page][1].startswith("attempts exhausted"), page
-        assert counts[page] >= 3, page
-    assert len(done) >= len(reachable) - 2 and set(done) <= reachable
+    assert set(done) == reachable
     assert all(n == 1 for n in done.values()), "each page is done exactly once"
     assert_links_recorded(tmp_path / "s", site)
     twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
