@@ -565,7 +565,10 @@ class Crawler:
             except URLError as exc:
                 log.info("redirect from %s to an unusable location: %s", job.url, exc)
         elif 200 <= status < 300 and result.body:
-            refs, truncated = _bounded(*self._links(job, result))
+            # Parsing is CPU work (pure Python): off the event loop, so a page that is slow
+            # to tokenize never stalls the other workers or the writer's acks.
+            refs, truncated = _bounded(*await anyio.to_thread.run_sync(self._links, job,
+                                                                        result))
             for ref in refs:
                 via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
                 depth = job.depth if via == "sitemap" else job.depth + 1

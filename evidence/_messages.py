@@ -297,25 +297,32 @@ def decode_message(data: bytes, *, format: Literal["msgpack", "json"] = "msgpack
                            hint="flatten config and details") from exc
     for name in ("config", "details"):
         value = getattr(message, name, None)
-        if value and _depth(value) > MAX_NESTING:
-            raise MessageError(f"invalid message: `$.{name}` is nested deeper than "
-                               f"{MAX_NESTING} levels", hint="flatten config and details")
+        problem = _free_form_problem(value) if value else None
+        if problem:
+            raise MessageError(f"invalid message: `$.{name}` {problem}",
+                               hint="config and details hold JSON-like data")
     return message
 
 
-def _depth(value: object) -> int:
-    """Nesting depth of decoded JSON-like data, without recursion (so without a stack limit)."""
-    deepest, stack = 0, [(value, 1)]
+def _free_form_problem(value: object) -> str | None:
+    """Why free-form data (config, details) cannot be stored canonically, or None.
+
+    Iterative, so its answer never depends on the caller's stack depth: nesting past
+    MAX_NESTING is refused, and so are map keys that are not strings (msgpack allows them,
+    the canonical JSON and sorted encodings do not).
+    """
+    stack = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        deepest = max(deepest, level)
         if level > MAX_NESTING:
-            break
+            return f"is nested deeper than {MAX_NESTING} levels"
         if isinstance(item, dict):
+            if any(not isinstance(k, str) for k in item):
+                return "has a map key that is not a string"
             stack.extend((v, level + 1) for v in item.values())
         elif isinstance(item, list):
             stack.extend((v, level + 1) for v in item)
-    return deepest
+    return None
 
 
 def utc_now() -> _dt.datetime:
