@@ -251,8 +251,15 @@ class Store:
                 f"{root}: no evidence store here ({DB_NAME} not found)",
                 hint=f"create one with 'evidence init {root}'", path=str(root),
             )
+        new_dirs: list[Path] = []
         if create:
+            missing = root
+            while not missing.exists():
+                new_dirs.append(missing)
+                missing = missing.parent
             root.mkdir(parents=True, exist_ok=True)
+            for directory in reversed(new_dirs):  # each new entry durable in its parent
+                _fsync_dir(directory.parent)
         elif not (root / ARTIFACTS_DIR).is_dir():
             raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
         with map_sqlite_errors(db_path):
@@ -265,6 +272,8 @@ class Store:
                 raise
         kwargs = {} if max_payload is None else {"max_payload": max_payload}
         artifacts = ArtifactStore(root / ARTIFACTS_DIR, **kwargs)
+        if create:
+            _fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
         return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
                    schema_version=version, vfs=vfs)
 
@@ -330,6 +339,15 @@ class Store:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries durable (a new store must survive a power cut)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _ensure_store_id(conn: apsw.Connection) -> None:

@@ -1,0 +1,867 @@
+"""Fault injection for the write path: a simulated disk, an SQLite VFS and artifact FileOps.
+
+The model, first (SQLite's own crash tests, ``src/test6.c``, work the same way):
+
+    A file's bytes live in two places: the OS cache (what reads see: the real file here)
+    and the durable medium (what survives power loss: kept in memory by ``SimulatedDisk``).
+    A write reaches only the cache. ``fsync`` moves the file's pending writes to the medium.
+    A directory entry (a create, delete or rename) is durable only once that directory is
+    fsynced. At power loss the medium is all there is, plus whatever the hardware happened
+    to write back of the pending writes: nothing (``drop``), each whole write or not, in
+    any order (``reorder``), or each 512-byte sector old, new or garbage (``torn``).
+
+``SimulatedDisk`` keeps that model for every file under one root. Two seams report into
+it, so the database and the artifacts share one disk and one operation counter:
+
+- ``CrashVFS``, an apsw VFS whose files inherit ``apsw.VFSFile`` (the default VFS does the
+  real I/O). Like ``os_unix.c``, it fsyncs a journal's or WAL's directory at that file's
+  first sync when it was opened with ``SQLITE_OPEN_CREATE``, and after ``xDelete`` only when
+  SQLite passes ``syncDir`` (which it does for the rollback journal only under
+  ``synchronous=EXTRA``: DESIGN.md writer rule 12). The ``-shm`` file is not modelled:
+  SQLite rebuilds it after a crash.
+- ``CrashFileOps``, an ``evidence._artifacts.FileOps`` for ``ArtifactStore(file_ops=...)``.
+
+A ``Fault`` names the N-th counted operation (read, write, sync, truncate, meta: create,
+rename, delete, mkdir) and what happens there: power loss (that operation and every later
+one fail with EIO, and the disk's contents are frozen as the crash image), or an I/O error
+or disk-full error (once, or from then on). A failed fsync loses its pending writes for
+good while reads still see them (``sync_failure="lose"``, Linux since 4.13) or keeps them
+pending for a later fsync (``"keep"``).
+
+``write_crash_image()`` replaces everything under the root with the frozen image; the
+store is then reopened with the ordinary VFS, as after a reboot. Modelled files are never
+really fsynced (the model, not the kernel, decides what is durable), so loops run at
+memory speed; with the root on tmpfs (/dev/shm) thousands of trials take minutes.
+``run_trial`` does all of this around a fixed writer workload and checks what survived;
+``tools/faultloop.py`` and ``tests/test_faults.py`` drive it for N = 1, 2, ...
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as dt
+import errno
+import itertools
+import os
+import random
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import apsw
+import blake3
+
+from .._artifacts import ArtifactRef, ArtifactStore, FileOps
+from .._errors import EvidenceError, StoreError
+from .._messages import (
+    Discovery,
+    FetchAttempt,
+    Message,
+    ObservedRef,
+    RunEnded,
+    RunStarted,
+    SessionStarted,
+    canonical_encode,
+    payload_hash,
+)
+from .._store import Store
+from .._verify import verify
+from .._writer import Ack, Writer, WriterLimits
+
+__all__ = [
+    "CrashFileOps",
+    "CrashVFS",
+    "Fault",
+    "Group",
+    "SimulatedDisk",
+    "Trial",
+    "Workload",
+    "build_groups",
+    "count_operations",
+    "iter_faults",
+    "open_store",
+    "run_trial",
+]
+
+Operation = Literal["read", "write", "sync", "truncate", "meta"]
+CrashMode = Literal["drop", "torn", "reorder", "keep"]
+SECTOR = 512
+_SHM = "-shm"
+_JOURNALS = apsw.SQLITE_OPEN_MAIN_JOURNAL | apsw.SQLITE_OPEN_WAL | apsw.SQLITE_OPEN_SUPER_JOURNAL
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """What happens at the ``at``-th (1-based) operation whose kind is in ``ops``."""
+
+    action: Literal["power_loss", "io_error", "disk_full"]
+    at: int
+    ops: frozenset[str] = frozenset({"write", "sync"})
+    crash: CrashMode = "drop"  # power loss: what becomes of writes not yet synced
+    persistent: bool = False  # errors: every later counted operation fails too
+    path_suffix: str = ""  # count only operations on paths ending with this
+
+    def __str__(self) -> str:
+        kinds = "|".join(sorted(self.ops))
+        what = f"{self.action}({self.crash})" if self.action == "power_loss" else self.action
+        where = f" on *{self.path_suffix}" if self.path_suffix else ""
+        return f"{what} at {kinds} #{self.at}{where}{' onwards' if self.persistent else ''}"
+
+
+@dataclass(eq=False)
+class _Inode:
+    durable: bytearray  # what the medium holds
+    mode: int  # permission bits now
+    durable_mode: int
+    pending: list[tuple] = field(default_factory=list)  # ("w", offset, bytes) | ("t", size)
+    dirsync: bool = False  # fsync the directory at the first sync (os_unix.c UNIXFILE_DIRSYNC)
+
+
+def _apply(data: bytearray, op: tuple) -> None:
+    if op[0] == "t":
+        size = op[1]
+        if size < len(data):
+            del data[size:]
+        else:
+            data.extend(bytes(size - len(data)))
+        return
+    _, offset, payload = op
+    if offset > len(data):
+        data.extend(bytes(offset - len(data)))
+    data[offset:offset + len(payload)] = payload
+
+
+class SimulatedDisk:
+    """The durable-versus-cached model of every file and directory under ``root``.
+
+    Thread-safe: the writer commits in a worker thread. ``log`` records every counted
+    operation as (number, kind, path relative to root, offset, length, outcome).
+    """
+
+    def __init__(self, root: os.PathLike[str] | str, *, seed: int = 0,
+                 sync_failure: Literal["lose", "keep"] = "lose") -> None:
+        self.root = Path(root).absolute()
+        self.rng = random.Random(seed)
+        self.sync_failure = sync_failure
+        self.fault: Fault | None = None
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.counted = 0  # operations that matched the fault's kinds so far
+        self.log: list[tuple[int, str, str, int, int, str]] = []
+        self.crashed = False
+        self.wal_syncs = 0  # completed syncs of a -wal file: what makes WAL commits durable
+        self.wal_syncs_at_crash = 0
+        self.fired: list[str] = []
+        self.unobserved: list[str] = []  # files that appeared without passing a seam
+        self._lock = threading.RLock()
+        self._inodes: dict[int, _Inode] = {}
+        self._live: dict[Path, int] = {}
+        self._durable: dict[Path, dict[str, int | None]] = {}  # None: a subdirectory
+        self._ids = itertools.count(1)
+        self._image: tuple[list[Path], list[tuple[Path, bytes, int]]] | None = None
+
+    # --- setting up --------------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Take everything under the root as durable (the state a test starts from)."""
+        with self._lock:
+            self._inodes.clear()
+            self._live.clear()
+            self._durable.clear()
+            self.root.mkdir(parents=True, exist_ok=True)
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                here = Path(dirpath)
+                entries: dict[str, int | None] = dict.fromkeys(dirnames)
+                for name in filenames:
+                    if name.endswith(_SHM):
+                        continue
+                    entries[name] = self._adopt(here / name, note=False)
+                self._durable[here] = entries
+            self.crashed = False
+            self._image = None
+
+    def arm(self, fault: Fault | None) -> None:
+        with self._lock:
+            self.fault = fault
+            self.counted = 0
+
+    def _adopt(self, path: Path, *, note: bool = True) -> int:
+        """A file nobody told us about: take its current bytes as durable."""
+        st = path.stat()
+        ino = next(self._ids)
+        self._inodes[ino] = _Inode(bytearray(path.read_bytes()), st.st_mode & 0o777,
+                                   st.st_mode & 0o777)
+        self._live[path] = ino
+        if note:
+            self.unobserved.append(self._rel(path))
+        return ino
+
+    def _rel(self, path: Path | str) -> str:
+        with contextlib.suppress(ValueError):
+            return str(Path(path).relative_to(self.root))
+        return str(path)
+
+    # --- the fault point every seam calls before it acts ---------------------------------
+
+    def check(self, op: Operation, path: Path | str, offset: int = 0, length: int = 0
+              ) -> Literal["ok", "dead", "io", "full"]:
+        """Count one operation; say whether it may proceed, or how it fails."""
+        with self._lock:
+            self.counts[op] += 1
+            outcome: Literal["ok", "dead", "io", "full"] = "ok"
+            fault = self.fault
+            if self.crashed:
+                outcome = "dead"
+            elif fault and op in fault.ops and str(path).endswith(fault.path_suffix):
+                self.counted += 1
+                if self.counted == fault.at or (fault.persistent and self.counted > fault.at):
+                    self.fired.append(f"{fault} ({op} {self._rel(path)})")
+                    if fault.action == "power_loss":
+                        self.power_loss(fault.crash)
+                        outcome = "dead"
+                    else:
+                        outcome = "io" if fault.action == "io_error" else "full"
+            self.log.append((sum(self.counts.values()), op, self._rel(path), offset, length,
+                             outcome))
+            return outcome
+
+    # --- events, reported after the real operation succeeded ------------------------------
+
+    def opened(self, path: Path, *, dirsync: bool = False, created: bool = False) -> int:
+        with self._lock:
+            ino = self._live.get(path)
+            if ino is None:
+                if created:
+                    ino = next(self._ids)
+                    self._inodes[ino] = _Inode(bytearray(), 0o644, 0o644)
+                    self._live[path] = ino
+                else:
+                    ino = self._adopt(path)
+            self._inodes[ino].dirsync |= dirsync
+            return ino
+
+    def created(self, path: Path, mode: int) -> int:
+        with self._lock:
+            ino = next(self._ids)
+            self._inodes[ino] = _Inode(bytearray(), mode, mode)
+            self._live[path] = ino
+            return ino
+
+    def wrote(self, ino: int, offset: int, data: bytes) -> None:
+        with self._lock:
+            self._inodes[ino].pending.append(("w", offset, bytes(data)))
+
+    def truncated(self, ino: int, size: int) -> None:
+        with self._lock:
+            self._inodes[ino].pending.append(("t", size))
+
+    def synced(self, ino: int, path: Path) -> None:
+        with self._lock:
+            inode = self._inodes[ino]
+            for op in inode.pending:
+                _apply(inode.durable, op)
+            inode.pending.clear()
+            inode.durable_mode = inode.mode
+            if path.name.endswith("-wal"):
+                self.wal_syncs += 1
+            if inode.dirsync:
+                inode.dirsync = False
+                self.dir_synced(path.parent)
+
+    def sync_failed(self, ino: int) -> None:
+        """A failed fsync: with "lose", the pending writes never reach the medium."""
+        with self._lock:
+            if self.sync_failure == "lose":
+                self._inodes[ino].pending.clear()
+
+    def chmod(self, path: Path, mode: int) -> None:
+        with self._lock:
+            ino = self._live.get(path)
+            if ino is not None:
+                self._inodes[ino].mode = mode
+
+    def deleted(self, path: Path) -> None:
+        with self._lock:
+            self._live.pop(path, None)
+
+    def renamed(self, src: Path, dst: Path) -> None:
+        with self._lock:
+            ino = self._live.pop(src, None)
+            if ino is not None:
+                self._live[dst] = ino
+
+    def dir_synced(self, directory: Path) -> None:
+        with self._lock:
+            self._durable[Path(directory)] = self._scan(Path(directory))
+
+    def _scan(self, directory: Path) -> dict[str, int | None]:
+        """The directory's entries now, as the medium would record them at an fsync."""
+        entries: dict[str, int | None] = {}
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return entries
+        for name in names:
+            path = directory / name
+            if path.is_dir():
+                entries[name] = None
+            elif not name.endswith(_SHM) and path.is_file():
+                ino = self._live.get(path)
+                entries[name] = ino if ino is not None else self._adopt(path)
+        for gone in [p for p in self._live if p.parent == directory and p.name not in entries]:
+            del self._live[gone]  # removed without passing a seam (e.g. reclaim's unlink)
+        return entries
+
+    # --- power loss ----------------------------------------------------------------------
+
+    def power_loss(self, mode: CrashMode = "drop") -> None:
+        """Cut the power now: freeze the crash image; every later operation fails."""
+        with self._lock:
+            if self.crashed:
+                return
+            self.crashed = True
+            self.wal_syncs_at_crash = self.wal_syncs
+            dirs: list[Path] = []
+            files: list[tuple[Path, bytes, int]] = []
+            contents: dict[int, bytes] = {}
+            stack = [self.root]
+            while stack:
+                directory = stack.pop()
+                for name, ino in sorted(self._crash_listing(directory, mode).items()):
+                    path = directory / name
+                    if ino is None:
+                        dirs.append(path)
+                        stack.append(path)
+                        continue
+                    inode = self._inodes[ino]
+                    if ino not in contents:
+                        contents[ino] = self._crash_content(inode, mode)
+                    files.append((path, contents[ino],
+                                  inode.mode if mode == "keep" else inode.durable_mode))
+            self._image = (dirs, files)
+
+    def _crash_listing(self, directory: Path, mode: CrashMode) -> dict[str, int | None]:
+        """A directory's entries after the crash: the fsynced ones, or (``keep``) the live
+        ones, or (``torn``, ``reorder``) either, as if its metadata was written back or not."""
+        durable = self._durable.get(directory, {})
+        if mode == "keep" or (mode != "drop" and self.rng.random() < 0.5):
+            return self._scan(directory)
+        return durable
+
+    def _crash_content(self, inode: _Inode, mode: CrashMode) -> bytes:
+        data = bytearray(inode.durable)
+        pending = list(inode.pending)
+        if mode == "keep":
+            for op in pending:
+                _apply(data, op)
+        elif mode == "reorder":  # each write whole or not at all, landing in any order
+            self.rng.shuffle(pending)
+            for op in pending:
+                if self.rng.random() < 0.5:
+                    _apply(data, op)
+        elif mode == "torn":  # each sector of each write: new, old, or garbage
+            for op in pending:
+                if op[0] == "t":
+                    if self.rng.random() < 0.5:
+                        _apply(data, op)
+                    continue
+                _, offset, payload = op
+                start = offset - offset % SECTOR
+                for lo in range(start, offset + len(payload), SECTOR):
+                    a, b = max(lo, offset), min(lo + SECTOR, offset + len(payload))
+                    roll = self.rng.random()
+                    if roll < 1 / 3:
+                        _apply(data, ("w", a, payload[a - offset:b - offset]))
+                    elif roll < 2 / 3:
+                        _apply(data, ("w", a, self.rng.randbytes(b - a)))
+        return bytes(data)
+
+    def write_crash_image(self) -> None:
+        """Replace everything under the root with the frozen image (after every file closed)."""
+        with self._lock:
+            if self._image is None:
+                raise RuntimeError("write_crash_image() before power_loss()")
+            dirs, files = self._image
+            for child in self.root.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+            for directory in dirs:
+                directory.mkdir(parents=True, exist_ok=True)
+            for path, data, mode in files:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                path.chmod(mode)
+            self.capture()
+
+
+# --- the SQLite seam --------------------------------------------------------------------
+
+class CrashVFS(apsw.VFS):
+    """An apsw VFS over the default one that reports to a ``SimulatedDisk`` and injects faults.
+
+    Without a disk it only does targeted faults: ``arm("sync", "-wal")`` fails the next sync
+    of a file whose name ends with ``-wal`` once (the API of the old ``tests/faultvfs.py``).
+    """
+
+    def __init__(self, name: str = "crashvfs", *, disk: SimulatedDisk | None = None) -> None:
+        self.name = name
+        self.disk = disk
+        self.armed: dict[tuple[str, str], int] = {}
+        self.fired: list[tuple[str, str]] = []
+        super().__init__(name, "")
+
+    def arm(self, operation: str, suffix: str, after: int = 0) -> None:
+        """Fail the ``after``-th next ``operation`` on a file whose name ends with ``suffix``."""
+        self.armed[(operation, suffix)] = after
+
+    def fail(self, op: Operation, path: str, offset: int = 0, length: int = 0) -> None:
+        """Raise the error the fault plan (or an armed fault) puts at this operation."""
+        for (armed_op, suffix), countdown in list(self.armed.items()):
+            if armed_op == op and path.endswith(suffix):
+                if countdown == 0:
+                    del self.armed[(armed_op, suffix)]
+                    self.fired.append((armed_op, suffix))
+                    raise apsw.IOError(f"injected {op} failure")
+                self.armed[(armed_op, suffix)] = countdown - 1
+        if self.disk is None:
+            return
+        outcome = self.disk.check(op, path, offset, length)
+        if outcome == "dead":
+            raise apsw.IOError(f"simulated power loss: {op} on {path}")
+        if outcome == "io":
+            raise apsw.IOError(f"injected I/O error: {op} on {path}")
+        if outcome == "full":
+            raise apsw.FullError(f"injected disk full: {op} on {path}")
+
+    def xOpen(self, name, flags):  # apsw's names
+        if self.disk is not None and self.disk.crashed:
+            raise apsw.CantOpenError("simulated power loss: the disk is gone")
+        return CrashFile(self, name, flags)
+
+    def xDelete(self, filename: str, syncdir: bool) -> None:
+        self.fail("meta", filename)
+        super().xDelete(filename, syncdir)
+        if self.disk is not None:
+            path = Path(filename)
+            self.disk.deleted(path)
+            if syncdir:
+                self.disk.dir_synced(path.parent)
+
+
+class CrashFile(apsw.VFSFile):
+    def __init__(self, vfs: CrashVFS, name, flags) -> None:
+        self.vfs = vfs
+        self.filename = name if isinstance(name, str) or name is None else name.filename()
+        existed = self.filename is not None and os.path.exists(self.filename)
+        super().__init__("", name, flags)
+        self.ino: int | None = None
+        if vfs.disk is not None and self.filename and not self.filename.endswith(_SHM):
+            create = bool(flags[0] & apsw.SQLITE_OPEN_CREATE)
+            self.ino = vfs.disk.opened(Path(self.filename), created=not existed,
+                                       dirsync=create and bool(flags[0] & _JOURNALS))
+
+    def xRead(self, amount: int, offset: int) -> bytes:
+        self.vfs.fail("read", self.filename or "", offset, amount)
+        return super().xRead(amount, offset)
+
+    def xWrite(self, data: bytes, offset: int) -> None:
+        self.vfs.fail("write", self.filename or "", offset, len(data))
+        super().xWrite(data, offset)
+        if self.ino is not None:
+            self.vfs.disk.wrote(self.ino, offset, data)  # type: ignore[union-attr]
+
+    def xTruncate(self, newsize: int) -> None:
+        self.vfs.fail("truncate", self.filename or "", newsize)
+        super().xTruncate(newsize)
+        if self.ino is not None:
+            self.vfs.disk.truncated(self.ino, newsize)  # type: ignore[union-attr]
+
+    def xSync(self, flags: int) -> None:
+        try:
+            self.vfs.fail("sync", self.filename or "")
+        except apsw.Error:
+            if self.ino is not None:
+                self.vfs.disk.sync_failed(self.ino)  # type: ignore[union-attr]
+            raise
+        if self.ino is None:  # modelled files are made durable by the model, not by fsync
+            super().xSync(flags)
+        else:
+            self.vfs.disk.synced(self.ino, Path(self.filename))  # type: ignore[union-attr,arg-type]
+
+
+# --- the artifact-store seam --------------------------------------------------------------
+
+class CrashFileOps(FileOps):
+    """``FileOps`` that report to a ``SimulatedDisk``: ``ArtifactStore(root, file_ops=...)``."""
+
+    def __init__(self, disk: SimulatedDisk) -> None:
+        self.disk = disk
+        self._fds: dict[int, list] = {}  # fd -> [inode, offset, path]
+
+    def _fail(self, op: Operation, path: Path | str, offset: int = 0, length: int = 0) -> None:
+        outcome = self.disk.check(op, path, offset, length)
+        if outcome == "dead":
+            raise OSError(errno.EIO, f"simulated power loss: {op}", str(path))
+        if outcome == "io":
+            raise OSError(errno.EIO, f"injected I/O error: {op}", str(path))
+        if outcome == "full":
+            raise OSError(errno.ENOSPC, f"injected disk full: {op}", str(path))
+
+    def open_temp(self, directory: Path) -> tuple[int, Path]:
+        self._fail("meta", directory)
+        fd, path = super().open_temp(directory)
+        self._fds[fd] = [self.disk.created(path, 0o600), 0, path]
+        return fd, path
+
+    def write(self, fd: int, data: bytes | memoryview) -> None:
+        ino, offset, path = self._fds[fd]
+        self._fail("write", path, offset, len(data))
+        super().write(fd, data)
+        self.disk.wrote(ino, offset, bytes(data))
+        self._fds[fd][1] = offset + len(data)
+
+    def fsync(self, fd: int) -> None:
+        ino, _, path = self._fds[fd]
+        try:
+            self._fail("sync", path)
+        except OSError:
+            self.disk.sync_failed(ino)
+            raise
+        self.disk.synced(ino, path)  # the model decides what is durable: no real fsync
+
+    def close(self, fd: int) -> None:
+        self._fds.pop(fd, None)
+        super().close(fd)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        self._fail("meta", dst)
+        super().rename(src, dst)
+        self.disk.renamed(src, dst)
+
+    def fsync_dir(self, path: Path) -> None:
+        self._fail("sync", path)
+        self.disk.dir_synced(path)
+
+    def makedirs(self, path: Path) -> list[Path]:
+        if not os.path.isdir(path):
+            self._fail("meta", path)
+        return super().makedirs(path)
+
+    def chmod_readonly(self, path: Path) -> None:
+        super().chmod_readonly(path)
+        self.disk.chmod(path, 0o444)
+
+    def unlink(self, path: Path) -> None:
+        self._fail("meta", path)
+        super().unlink(path)
+        self.disk.deleted(path)
+
+
+# --- the fault loop: a fixed workload, a fault, a crash, and what must hold after it ----
+
+FIXED_TIME = dt.datetime(2025, 3, 3, 12, 0, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """The fixed workload: a session and run, then batches of pages (attempt + links).
+
+    Every page's body is put in the artifact store (through the seam) before its batch is
+    submitted as one group. One group redelivers an earlier message (a duplicate) and one
+    sends a changed copy of an earlier message (a conflict, quarantined).
+    """
+
+    batches: int = 6
+    pages_per_batch: int = 3
+    links_per_page: int = 3
+    body_bytes: int = 2_000
+    sync: Literal["full", "normal"] = "full"
+    checkpoint_wal_bytes: int = 48 * 1024  # small, so checkpoints run inside the workload
+
+    def limits(self) -> WriterLimits:
+        return WriterLimits(checkpoint_wal_bytes=self.checkpoint_wal_bytes)
+
+
+@dataclass(frozen=True)
+class Group:
+    messages: list[Message]
+    bodies: list[bytes]  # put before the group is submitted
+
+
+def build_groups(workload: Workload, *, prefix: str = "w") -> list[Group]:
+    """The workload's groups, identical on every call (fixed ids, times and bodies)."""
+    ids = (f"{prefix}{i:05d}" for i in itertools.count())
+    groups = [Group([SessionStarted(message_id=next(ids), session_id="s1",
+                                    started_at=FIXED_TIME),
+                     RunStarted(message_id=next(ids), run_id="r1", session_id="s1",
+                                started_at=FIXED_TIME)], [])]
+    first_attempt: FetchAttempt | None = None
+    for b in range(workload.batches):
+        messages: list[Message] = []
+        bodies = []
+        for p in range(workload.pages_per_batch):
+            page = f"{prefix}-{b}-{p}"
+            body = (f"<html><title>{page}</title>".encode()
+                    + bytes(range(256)) * (workload.body_bytes // 256))
+            ref = ArtifactRef("body", blake3.blake3(body).hexdigest(), len(body))
+            attempt = FetchAttempt(
+                message_id=next(ids), attempt_id=f"a-{page}", run_id="r1",
+                url=f"http://example.com/{page}", sequence=0, started_at=FIXED_TIME,
+                elapsed_ms=1.5, outcome="response", http_status=200, body=ref)
+            refs = [ObservedRef(observed=f"/{page}/{i}", url=f"http://example.com/{page}/{i}",
+                                position=i) for i in range(workload.links_per_page)]
+            messages += [attempt, Discovery(message_id=next(ids), run_id="r1",
+                                            source_attempt_id=attempt.attempt_id,
+                                            source_artifact=ref, refs=refs)]
+            bodies.append(body)
+            first_attempt = first_attempt or attempt
+        if b == 2 and first_attempt is not None:
+            messages.append(first_attempt)  # redelivered inside a later batch: a duplicate
+        groups.append(Group(messages, bodies))
+        if b == 3 and first_attempt is not None:
+            changed = FetchAttempt(**{**_fields(first_attempt), "elapsed_ms": 99.0})
+            groups.append(Group([changed], []))  # same id, other content: a conflict
+    groups.append(Group([RunEnded(message_id=next(ids), run_id="r1", ended_at=FIXED_TIME,
+                                  outcome="completed")], []))
+    return groups
+
+
+def _fields(message: Message) -> dict[str, object]:
+    return {name: getattr(message, name) for name in message.__struct_fields__}
+
+
+@dataclass
+class Trial:
+    """One run of the workload under one fault, and what the checks found afterwards."""
+
+    fault: Fault | None
+    seed: int
+    sync: str
+    acked: dict[tuple[str, str], str] = field(default_factory=dict)  # (id, hash) -> status
+    ack_order: list[tuple[str, str]] = field(default_factory=list)
+    puts: list[ArtifactRef] = field(default_factory=list)  # puts that returned
+    fired: list[str] = field(default_factory=list)
+    errors_seen: list[str] = field(default_factory=list)  # what the workload was told
+    restarts: int = 0
+    wal_syncs_at_ack: dict[tuple[str, str], int] = field(default_factory=dict)
+    wal_syncs_at_crash: int = 0
+    lost: list[tuple[str, str]] = field(default_factory=list)  # acked, missing after the crash
+    problems: list[str] = field(default_factory=list)  # guarantees that did not hold
+    orphans: int = 0
+    operations: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def run_trial(root: os.PathLike[str] | str, fault: Fault | None, *,
+              workload: Workload | None = None, seed: int = 0,
+              sync_failure: Literal["lose", "keep"] = "lose",
+              final_crash: CrashMode = "drop") -> Trial:
+    """Create a store under ``root``, run the workload under ``fault``, crash, check.
+
+    If the fault did not cut the power, the power is cut (``final_crash``) at the first
+    ack after an error fault fired (was that ack durable?), or else once the workload has
+    closed the store.
+    """
+    workload = workload or Workload()
+    root = Path(root)
+    store_path = root / "store"
+    with Store.create(store_path):
+        pass
+    disk = SimulatedDisk(root, seed=seed, sync_failure=sync_failure)
+    disk.capture()
+    disk.arm(fault)
+    trial = Trial(fault=fault, seed=seed, sync=workload.sync)
+    groups = build_groups(workload)
+    vfs = CrashVFS(f"crash-{id(disk):x}", disk=disk)
+    try:
+        anyio.run(_drive, store_path, vfs, disk, workload, groups, trial, final_crash)
+        disk.power_loss(final_crash)
+    finally:
+        vfs.unregister()
+    trial.fired = list(disk.fired)
+    trial.operations = sum(disk.counts.values())
+    trial.wal_syncs_at_crash = disk.wal_syncs_at_crash
+    disk.write_crash_image()
+    _check(store_path, workload, groups, trial)
+    return trial
+
+
+def count_operations(root: os.PathLike[str] | str, workload: Workload | None = None
+                     ) -> collections.Counter[str]:
+    """Run the workload without a fault; how many operations of each kind it makes."""
+    workload = workload or Workload()
+    root = Path(root)
+    with Store.create(root / "store"):
+        pass
+    disk = SimulatedDisk(root)
+    disk.capture()
+    vfs = CrashVFS(f"count-{id(disk):x}", disk=disk)
+    trial = Trial(fault=None, seed=0, sync=workload.sync)
+    try:
+        anyio.run(_drive, root / "store", vfs, disk, workload, build_groups(workload), trial)
+    finally:
+        vfs.unregister()
+    if trial.errors_seen:
+        raise RuntimeError(f"the workload failed without a fault: {trial.errors_seen}")
+    return collections.Counter(disk.counts)
+
+
+def open_store(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, sync: str = "full"
+               ) -> Store:
+    """Open a store whose database and artifacts both live on the simulated disk."""
+    store = Store.open(store_path, vfs=vfs.name, sync=sync)  # type: ignore[arg-type]
+    try:
+        # Store.open has no file_ops option yet; the seam is ArtifactStore's own.
+        store.artifacts = ArtifactStore(store.artifacts.root, file_ops=CrashFileOps(disk))
+    except BaseException:
+        _close(store)
+        raise
+    return store
+
+
+def _close(store: Store | None) -> None:
+    if store is not None:
+        with contextlib.suppress(apsw.Error):
+            store.connection.close()
+
+
+async def _drive(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, workload: Workload,
+                 groups: list[Group], trial: Trial,
+                 crash_after_error: CrashMode | None = None) -> None:
+    """Submit the groups in order; after an error, redeliver (restarting if need be)."""
+    k, failures = 0, 0
+    while k < len(groups) and not disk.crashed and failures <= 8:
+        store = None
+        try:
+            store = open_store(store_path, vfs, disk, workload.sync)
+            async with Writer(store, limits=workload.limits()) as writer:
+                while k < len(groups) and not disk.crashed and failures <= 8:
+                    group = groups[k]
+                    try:
+                        for body in group.bodies:
+                            trial.puts.append(store.artifacts.put("body", body))
+                        acks = await writer.submit_group(group.messages)
+                    except EvidenceError as exc:
+                        trial.errors_seen.append(f"{type(exc).__name__}: {exc}")
+                        failures += 1
+                        if type(exc).__name__ == "WriterClosedError":
+                            break  # restart the writer on a reopened store
+                        continue  # redeliver the same group
+                    _record(trial, group, acks, disk)
+                    k += 1
+                    if disk.fired and trial.errors_seen and crash_after_error:
+                        disk.power_loss(crash_after_error)
+        except Exception as exc:  # the writer failed (an ExceptionGroup) or the open did
+            trial.errors_seen.append(_describe(exc))
+            failures += 1
+        finally:
+            _close(store)
+        trial.restarts += 1
+    trial.restarts -= 1
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _record(trial: Trial, group: Group, acks: list[Ack], disk: SimulatedDisk) -> None:
+    for message, ack in zip(group.messages, acks, strict=True):
+        key = (message.message_id, payload_hash(canonical_encode(message)))
+        if key not in trial.acked:
+            trial.acked[key] = ack.status
+            trial.ack_order.append(key)
+            trial.wal_syncs_at_ack[key] = disk.wal_syncs
+
+
+def _check(store_path: Path, workload: Workload, groups: list[Group], trial: Trial) -> None:
+    """Reopen as after a reboot and check every guarantee; record what does not hold."""
+    problems = trial.problems
+    try:
+        store = Store.open(store_path, sync=workload.sync)
+    except StoreError as exc:
+        problems.append(f"the store does not reopen: {exc}")
+        return
+    with store:
+        conn = store.connection
+        integrity = conn.execute("PRAGMA integrity_check").fetchall()
+        if integrity != [("ok",)]:
+            problems.append(f"integrity_check: {integrity[:3]}")
+        ledger = dict(conn.execute("SELECT message_id, payload_hash FROM ingest_ledger"))
+        quarantined = {(m, h) for m, h in conn.execute(
+            "SELECT message_id, payload_hash FROM quarantine")}
+        for key in trial.ack_order:
+            mid, digest = key
+            present = (key in quarantined if trial.acked[key] == "conflict"
+                       else ledger.get(mid) == digest)
+            if not present:
+                trial.lost.append(key)
+        # sync=normal may lose what was acked after the last WAL sync, nothing older.
+        unsynced = [key for key in trial.ack_order
+                    if trial.wal_syncs_at_ack[key] == trial.wal_syncs_at_crash]
+        if trial.lost and workload.sync == "full":
+            problems.append(f"{len(trial.lost)} acked messages lost: {trial.lost[:5]}")
+        elif set(trial.lost) - set(unsynced):
+            problems.append(f"acked messages lost though a WAL sync followed their ack: "
+                            f"{sorted(set(trial.lost) - set(unsynced))[:5]}")
+        for ref in trial.puts:  # a put that returned is durable, referenced or not
+            try:
+                store.artifacts.verify(ref)
+            except EvidenceError as exc:
+                problems.append(f"artifact whose put returned is damaged: {exc}")
+        seen: set[str] = set()
+        for number, group in enumerate(groups):
+            own = [m.message_id for m in group.messages if m.message_id not in seen]
+            seen.update(own)
+            present = sum(1 for mid in own if mid in ledger)
+            if present not in (0, len(own)):
+                problems.append(f"group {number} is half-present ({present} of {len(own)})")
+        report = verify(store, full=True)
+        problems += [f"verify: {f.kind}: {f.message}" for f in report.errors]
+        trial.orphans = report.checks.get("orphans", 0)
+        try:
+            anyio.run(_resume, store, workload, groups, trial)
+        except Exception as exc:
+            problems.append(f"the writer does not resume: {type(exc).__name__}: {exc}")
+            return
+        report = verify(store, full=True)
+        problems += [f"verify after resuming: {f.kind}: {f.message}" for f in report.errors]
+
+
+async def _resume(store: Store, workload: Workload, groups: list[Group], trial: Trial) -> None:
+    """Redeliver every group, then one new page: everything converges, nothing is refused."""
+    extra = build_groups(Workload(batches=1, pages_per_batch=1), prefix="x")[1]
+    first: dict[str, str] = {}  # message id -> the payload hash of its first delivery
+    async with Writer(store, limits=workload.limits()) as writer:
+        for group in [*groups, extra]:
+            for body in group.bodies:
+                store.artifacts.put("body", body)
+            acks = await writer.submit_group(group.messages)
+            for message, ack in zip(group.messages, acks, strict=True):
+                digest = payload_hash(canonical_encode(message))
+                original = first.setdefault(message.message_id, digest)
+                allowed = {"conflict"} if original != digest else {"committed", "duplicate"}
+                if ack.status not in allowed:
+                    trial.problems.append(f"redelivery of {message.message_id}: {ack.status} "
+                                          f"({ack.reason})")
+
+
+def iter_faults(counts: collections.Counter[str], *, action: str = "power_loss",
+                ops: frozenset[str] = frozenset({"write", "sync"}),
+                crash: CrashMode = "drop", stride: int = 1, start: int = 1,
+                persistent: bool = False) -> Iterator[Fault]:
+    """One fault for each matching operation of a fault-free run: N = start, start+stride..."""
+    total = sum(counts[op] for op in ops)
+    for n in range(start, total + 1, stride):
+        yield Fault(action=action, at=n, ops=ops, crash=crash,  # type: ignore[arg-type]
+                    persistent=persistent)
