@@ -1,8 +1,7 @@
 """CLI command for the writer service: ``evidence serve``, a few lines over ``Service``.
 
-``add_commands(subparsers)`` adds ``serve`` to the ``evidence`` parser. ``main`` runs the
-command on its own (``python -m evidence._cli_service serve ...``), with ``_cli.main``'s
-error conventions: ``Error:`` / ``Try:`` on stderr and exit status 2.
+``add_commands(subparsers)`` adds ``serve`` to the ``evidence`` parser; ``_cli.main`` runs
+it (``Error:`` / ``Try:`` on stderr and exit status 2).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -25,7 +23,7 @@ from ._store import Store
 from ._wire import ServiceError, ServiceStatistics, read_token
 from ._writer import WriterLimits
 
-__all__ = ["add_commands", "main"]
+__all__ = ["add_commands"]
 
 log = logging.getLogger("evidence.service")
 
@@ -138,23 +136,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--json", action="store_true",
                    help="print a JSON line when ready (with the ports) and one when stopped")
     p.set_defaults(func=_cmd_serve)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="evidence")
-    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
-    args = parser.parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except EvidenceError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"Try: {exc.hint}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

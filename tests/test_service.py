@@ -1,6 +1,6 @@
 """The writer service and its clients: real processes, real sockets, real signals.
 
-The service runs as ``python -m evidence._cli_service serve`` (what ``evidence serve`` runs);
+The service runs as ``python -m evidence serve``;
 client processes run this module (``python -m tests.test_service client ...``). The load
 test runs 4 processes x ``EVIDENCE_SERVICE_MESSAGES`` messages (default 10,000).
 """

@@ -211,7 +211,7 @@ def serve_command() -> list[str]:
                if isinstance(a, argparse._SubParsersAction))
     if "serve" in sub.choices:
         return [sys.executable, "-m", "evidence", "serve"]
-    return [sys.executable, "-m", "evidence._cli_service", "serve"]
+    return [sys.executable, "-m", "evidence", "serve"]
 
 
 def run_service(path: Path, workload: str, count: int, clients: int,
