@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from pathlib import Path
 
@@ -111,3 +112,16 @@ def populated_store(store: Store, make: Factory) -> Store:
     acks = submit_all(store, messages)
     assert [a.status for a in acks] == ["committed"] * 6 + ["conflict"]
     return store
+
+
+def reference_mth(leaves: list[bytes]) -> bytes:
+    """RFC 9162 2.1.1 Merkle tree hash, transcribed independently of evidence._merkle."""
+    if not leaves:
+        return hashlib.sha256(b"").digest()
+    if len(leaves) == 1:
+        return leaves[0]
+    k = 1
+    while k * 2 < len(leaves):
+        k *= 2
+    return hashlib.sha256(b"\x01" + reference_mth(leaves[:k])
+                          + reference_mth(leaves[k:])).digest()

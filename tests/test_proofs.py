@@ -29,7 +29,7 @@ from evidence._proofs import (
     prove_inclusion,
 )
 
-from .conftest import Factory, submit_all
+from .conftest import Factory, reference_mth, submit_all
 from .test_verify import run_cli
 
 # The signed-note reference example from golang.org/x/mod/sumdb/note (note_test.go). Ed25519
@@ -80,16 +80,7 @@ def test_a_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
 
 # --- checkpoints ---------------------------------------------------------------------
 
-def mth(leaves: list[bytes]) -> bytes:
-    """RFC 9162 2.1.1, transcribed independently of evidence._merkle."""
-    if not leaves:
-        return hashlib.sha256(b"").digest()
-    if len(leaves) == 1:
-        return leaves[0]
-    k = 1
-    while k * 2 < len(leaves):
-        k *= 2
-    return hashlib.sha256(b"\x01" + mth(leaves[:k]) + mth(leaves[k:])).digest()
+mth = reference_mth
 
 
 def ledger_root(store: Store, size: int | None = None) -> bytes:

@@ -27,7 +27,7 @@ from evidence import (
 )
 from evidence._writer import WriterHooks
 
-from .conftest import Factory, asubmit
+from .conftest import Factory, asubmit, reference_mth
 from .faultvfs import FaultVFS
 
 pytestmark = pytest.mark.anyio
@@ -160,16 +160,7 @@ async def test_malformed_bytes_raise_and_write_nothing(store: Store) -> None:
     assert count(store, "ingest_ledger") + count(store, "quarantine") == 0
 
 
-def _mth(leaves: list[bytes]) -> bytes:
-    """RFC 9162 Merkle tree hash, written out independently of evidence._merkle."""
-    if not leaves:
-        return hashlib.sha256(b"").digest()
-    if len(leaves) == 1:
-        return leaves[0]
-    k = 1
-    while k * 2 < len(leaves):
-        k *= 2
-    return hashlib.sha256(b"\x01" + _mth(leaves[:k]) + _mth(leaves[k:])).digest()
+_mth = reference_mth
 
 
 async def test_commit_log_roots_match_an_independent_recomputation(
