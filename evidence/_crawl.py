@@ -53,6 +53,7 @@ from ._messages import (
     SessionStarted,
     SettledUrl,
     new_id,
+    parse_time_text,
     utc_now,
 )
 from ._robots import ROBOTS_TTL, Robots
@@ -279,7 +280,7 @@ class Crawler:
         now_mono, now_utc = time.monotonic(), utc_now()
         for host, record in frontier.host_states(self._reader).items():
             self._host_records[host] = record
-            backoff = _parse_time(record[3])
+            backoff = parse_time_text(record[3])
             if backoff is not None and backoff > now_utc:
                 until = now_mono + (backoff - now_utc).total_seconds()
                 self._host(host).next_start = self._host(host).next_request = until
@@ -362,7 +363,7 @@ class Crawler:
         rows = frontier.queued_after(self._reader, self.session_id, self._cursor, 1000)
         for row in rows:
             self._cursor = row.frontier_id
-            not_before = _parse_time(row.not_before)
+            not_before = parse_time_text(row.not_before)
             wait = 0.0 if not_before is None else (not_before - utc_now()).total_seconds()
             self._add(_Job(row.url, row.depth, row.attempts, row.via,
                            time.monotonic() + max(0.0, wait)))
@@ -644,7 +645,7 @@ class Crawler:
         record = self._host_records.get(host)
         if record is None or record[0] is None:
             return None
-        expires = _parse_time(record[1])
+        expires = parse_time_text(record[1])
         if expires is None or expires <= now:
             return None
         body = frontier.attempt_body(self._reader, record[0])
@@ -774,8 +775,3 @@ def _dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:
             out.append(q)
     return out
 
-
-def _parse_time(text: str | None) -> dt.datetime | None:
-    if text is None:
-        return None
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)

@@ -27,7 +27,7 @@ import msgspec
 
 from ._artifacts import ArtifactRef, ArtifactStore
 from ._errors import EvidenceError
-from ._messages import DocumentRecord
+from ._messages import DocumentRecord, parse_time_text
 from ._urls import NORMALIZER_VERSION, normalize_url
 
 __all__ = ["Baseline", "DueRule", "SessionDiff", "diff_sessions", "parse_frequency",
@@ -123,8 +123,8 @@ class Baseline:
             head = self.artifacts.read(ArtifactRef(namespace=hns, digest=hdigest, size=hsize))
             etag, last_modified = _validators(head)
         body = None if bns is None else ArtifactRef(namespace=bns, digest=bd, size=bs)
-        return BaselineDoc(status, digest, attempt_id, _time(fetched), etag, last_modified,
-                           ctype, body)
+        return BaselineDoc(status, digest, attempt_id, parse_time_text(fetched), etag,
+                           last_modified, ctype, body)
 
     def links_of(self, attempt_id: str) -> list[tuple[str, str, int, str, str, str, str]]:
         """The references recorded from an attempt: what an unchanged page still links to."""
@@ -207,7 +207,7 @@ def session_records(conn: apsw.Connection, session_id: str,
             yield DocumentRecord(
                 url=url, change="unchanged", http_status=b_status, body_digest=b_digest,
                 attempt_id=b_attempt if not_due else attempt_id,
-                fetched_at=_time(b_fetched) if not_due else _time(started))
+                fetched_at=parse_time_text(b_fetched) if not_due else parse_time_text(started))
             continue
         if status is None:
             continue  # no answer from the server: not a document of this session
@@ -217,7 +217,7 @@ def session_records(conn: apsw.Connection, session_id: str,
         else:
             change = "unchanged" if (before[0], before[1]) == (status, digest) else "changed"
         yield DocumentRecord(url=url, change=change, http_status=status, body_digest=digest,
-                             attempt_id=attempt_id, fetched_at=_time(started))
+                             attempt_id=attempt_id, fetched_at=parse_time_text(started))
     for url_id, (_status, digest, _attempt, _fetched) in baseline.items():
         if url_id in reached:
             continue
@@ -277,11 +277,6 @@ def _validators(head: bytes) -> tuple[str | None, str | None]:
             last_modified = value.strip().decode("latin-1")
     return etag, last_modified
 
-
-def _time(text: str | None) -> dt.datetime | None:
-    if text is None:
-        return None
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
 
 
 def _sitemap_time(text: str) -> dt.datetime | None:

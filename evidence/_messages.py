@@ -336,6 +336,13 @@ def format_time(moment: _dt.datetime) -> str:
     return text[:-6] + "Z"  # "+00:00" -> "Z"; isoformat is ~4x faster than strftime
 
 
+def parse_time_text(text: str | None) -> _dt.datetime | None:
+    """The inverse of ``format_time``: a store timestamp back to an aware UTC datetime."""
+    if text is None:
+        return None
+    return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.UTC)
+
+
 def now_text() -> str:
     return format_time(utc_now())
 
