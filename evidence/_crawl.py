@@ -436,7 +436,8 @@ class Crawler:
     async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
         async with jobs:
             async for job in jobs:
-                host = self._host(url_host(job.url))
+                name = url_host(job.url)
+                host = self._host(name)
                 try:
                     if self._stop.is_set() and not self._capped:
                         self._released.append(job)  # claimed ahead, never started
@@ -444,7 +445,7 @@ class Crawler:
                     if host.slots is None:
                         host.slots = anyio.Semaphore(self.options.per_host)
                     async with host.slots:
-                        await self._polite(host, url_host(job.url))
+                        await self._polite(host, name)
                         await self._process(job)
                 finally:
                     self._in_flight -= 1
