@@ -78,7 +78,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
             timeout=args.timeout, max_documents=args.max_documents, clean=args.clean,
-            full=args.full,
+            full=args.full, processes=args.processes,
             progress=_progress_printer(stderr), progress_interval=1.0)
         crawler = Crawler(store, config, options)
 
@@ -100,6 +100,13 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
                  "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
@@ -284,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=float, default=0.0,
                    help="seconds between request starts per host (robots Crawl-delay wins)")
     p.add_argument("--timeout", type=float, default=30.0, help="request timeout, seconds")
+    p.add_argument("--processes", type=_non_negative, default=0, metavar="N",
+                   help="fetch and parse in N worker processes; this one keeps the frontier "
+                   "and runs the writer as a service for them (default 0: all in this one)")
     p.add_argument("--max-documents", type=int,
                    help="pages this run requests; the next run continues the session")
     p.add_argument("--scope", choices=("host", "domain", "prefix"),

@@ -15,15 +15,15 @@ URL in flight; the next run requeues it, or fails it once it has been claimed
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
-import functools
 import logging
 import os
-import re
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -33,11 +33,10 @@ import httpx
 import msgspec
 
 from . import _frontier as frontier
-from ._errors import EvidenceError, URLError
-from ._fetch import FetchResult, fetch, parse_retry_after
-from ._frontier import CrawlConfig, FrontierCounts, Scope
+from ._errors import EvidenceError
+from ._fetch import FetchResult
+from ._frontier import CrawlConfig, FrontierCounts
 from ._incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
-from ._links import extract_links
 from ._messages import (
     Discovery,
     FetchAttempt,
@@ -56,10 +55,13 @@ from ._messages import (
     parse_time_text,
     utc_now,
 )
+from ._pages import PageEffects, PageOrder, PageWorker, dedup
 from ._robots import ROBOTS_TTL, Robots
-from ._rules import RuleSet, check_rules, evaluate_page
+from ._rules import check_rules
+from ._service import Service
 from ._store import Store
 from ._urls import normalize_url, resolve_reference, url_host
+from ._workers import Setup, WorkerLost, WorkerPool
 from ._writer import Writer, WriterLimits, WriterStatistics
 
 __all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
@@ -85,6 +87,9 @@ class CrawlOptions:
     full: bool = False  # a new session is a full crawl even when a completed one exists
     progress: Callable[[CrawlProgress], None] | None = None
     progress_interval: float = 1.0
+    # Worker processes that fetch and parse (the writer runs as a service in this one);
+    # 0: everything in this process. Concurrency stays ``workers`` in all.
+    processes: int = 0
 
 
 class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,6 +101,7 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     pages_per_second: float
     elapsed: float
     writer: WriterStatistics
+    worker_pids: list[int] = []  # the worker processes, with --processes
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,7 +141,6 @@ class Crawler:
         self.store = store
         self.config = config
         self.options = options or CrawlOptions()
-        self.scope = Scope(config)
         self._stop = anyio.Event()
         self._wake = anyio.Event()
         self._hosts: dict[str, _Host] = {}
@@ -151,10 +156,11 @@ class Crawler:
         self._capped = False
         self._released: list[_Job] = []  # claimed ahead but not started when the run stopped
         self._host_records: dict[str, tuple] = {}
+        self._pool: WorkerPool | None = None  # with options.processes, while the run goes
+        self._service: Service
         self.session_id = ""
         self.run_id = new_id("run-")
         self._baseline: Baseline | None = None
-        self._rules = RuleSet.from_record(config.rules) if config.rules else None
         # The configured sitemaps (and those their indexes list): never skipped as not due.
         self._sitemap_keys: set[str] = set()
         if config.sitemap:
@@ -170,48 +176,79 @@ class Crawler:
     # --- the run -----------------------------------------------------------------------
 
     async def run(self) -> CrawlResult:
-        limits = self.options.writer_limits or WriterLimits(max_batch_delay=0.002)
-        transport = httpx.AsyncHTTPTransport(retries=0)
-        client = httpx.AsyncClient(
-            transport=transport, timeout=self.options.timeout,
-            limits=httpx.Limits(max_connections=self.options.workers * 2,
-                                max_keepalive_connections=self.options.workers * 2))
-        async with Writer(self.store, limits=limits) as writer, client:
-            self._writer, self._client = writer, client
-            with self.store.reader() as reader:
-                self._reader = reader
-                resumed = await self._begin()
-                started = time.monotonic()
-                outcome: Outcome = "failed"
-                reason = ""
-                try:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._report_progress, started)
-                        send, receive = anyio.create_memory_object_stream[_Job](0)
-                        async with receive:
-                            for _ in range(self.options.workers):
-                                tg.start_soon(self._worker, receive.clone())
-                        outcome, reason = await self._schedule(send)
-                        self._stop.set()
-                except Exception as exc:
-                    outcome, reason = "failed", f"{type(exc).__name__}: {exc}"
-                    log.exception("run %s failed", self.run_id)
-                    await self._end(outcome, reason, complete=False)
-                    raise
-                if self._released:
-                    await self._commit([self._update(settled=[SettledUrl(
-                        url=j.url, state="queued", reason="released: claimed, but the run "
-                        "stopped before it was requested") for j in self._released])])
-                counts = frontier.counts(reader, self.session_id)
-                complete = outcome == "completed" or (
-                    outcome == "capped" and counts.queued + counts.in_flight == 0)
-                if complete:
-                    outcome, reason = "completed", "the frontier is exhausted"
-                await self._end(outcome, reason, complete=complete)
-                counts = frontier.counts(reader, self.session_id)
+        async with contextlib.AsyncExitStack() as stack:
+            await self._open(stack)
+            self._reader = reader = stack.enter_context(self.store.reader())
+            resumed = await self._begin()
+            started = time.monotonic()
+            outcome: Outcome = "failed"
+            reason = ""
+            try:
+                async with self._worker_processes(), anyio.create_task_group() as tg:
+                    tg.start_soon(self._report_progress, started)
+                    send, receive = anyio.create_memory_object_stream[_Job](0)
+                    async with receive:
+                        for _ in range(self.options.workers):
+                            tg.start_soon(self._worker, receive.clone())
+                    outcome, reason = await self._schedule(send)
+                    self._stop.set()
+            except Exception as exc:
+                outcome, reason = "failed", f"{type(exc).__name__}: {exc}"
+                log.exception("run %s failed", self.run_id)
+                await self._end(outcome, reason, complete=False)
+                raise
+            if self._released:
+                await self._commit([self._update(settled=[SettledUrl(
+                    url=j.url, state="queued", reason="released: claimed, but the run "
+                    "stopped before it was requested") for j in self._released])])
+            counts = frontier.counts(reader, self.session_id)
+            complete = outcome == "completed" or (
+                outcome == "capped" and counts.queued + counts.in_flight == 0)
+            if complete:
+                outcome, reason = "completed", "the frontier is exhausted"
+            await self._end(outcome, reason, complete=complete)
+            counts = frontier.counts(reader, self.session_id)
         return CrawlResult(session_id=self.session_id, run_id=self.run_id, outcome=outcome,
                            reason=reason, resumed=resumed, session_completed=complete,
                            documents=self._documents, counts=counts)
+
+    async def _open(self, stack: contextlib.AsyncExitStack) -> None:
+        """The HTTP client, and the writer: in process, or as a service for worker
+        processes (on a Unix socket in a private temporary directory)."""
+        limits = self.options.writer_limits or WriterLimits(max_batch_delay=0.002)
+        connections = self.options.workers * 2
+        client = await stack.enter_async_context(httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(retries=0), timeout=self.options.timeout,
+            limits=httpx.Limits(max_connections=connections,
+                                max_keepalive_connections=connections)))
+        if self.options.processes > 0:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="evidence-"))
+            self._service = await stack.enter_async_context(Service(
+                self.store, socket_path=Path(directory) / "writer.sock",
+                writer_limits=limits))
+            self._writer = self._service.writer
+        else:
+            self._writer = await stack.enter_async_context(Writer(self.store, limits=limits))
+        self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
+                                 artifacts=self.store.artifacts, client=client,
+                                 submit=self._writer.submit_group)
+
+    @contextlib.asynccontextmanager
+    async def _worker_processes(self) -> AsyncIterator[None]:
+        if self.options.processes <= 0:
+            yield
+            return
+        assert self._service.socket_path is not None
+        setup = Setup(store=str(self.store.path), socket=str(self._service.socket_path),
+                      config=self.config.as_record(), session_id=self.session_id,
+                      run_id=self.run_id, connections=self.options.workers * 2,
+                      timeout=self.options.timeout)
+        async with WorkerPool(self.options.processes, setup) as pool:
+            self._pool = pool
+            try:
+                yield
+            finally:
+                self._pool = None
 
     async def _begin(self) -> bool:
         """Start or resume the session, start the run, requeue what a crash left in flight."""
@@ -237,7 +274,7 @@ class Crawler:
                     f"these keys differ: {', '.join(differ)}",
                     hint="start with the same configuration to resume it, or add --clean "
                     "to abandon it and start a new session", keys=differ)
-            self.session_id = last.session_id
+            self.session_id = self._pages.session_id = last.session_id
             baseline_id = last.baseline_session_id  # a resumed run keeps its session's mode
             messages += self._close_runs(last.open_runs, f"no end recorded (killed or "
                                          f"crashed); found by run {self.run_id}", now)
@@ -255,7 +292,7 @@ class Crawler:
             if settled:
                 messages.append(self._update(settled=settled))
         else:
-            self.session_id = new_id("session-")
+            self.session_id = self._pages.session_id = new_id("session-")
             baseline_id = None
             if not (self.options.clean or self.options.full):
                 baseline_id = frontier.last_completed_session(self._reader)
@@ -272,8 +309,8 @@ class Crawler:
                 seeds = [QueuedUrl(url=u, depth=0, via="sitemap") for u in sitemaps] + seeds
             messages.append(self._update(queued=seeds))
         await self._commit(messages)
-        if self._rules is not None:
-            check_rules(self._reader, self._rules.rules)
+        if self._pages.rules is not None:
+            check_rules(self._reader, self._pages.rules.rules)
         if baseline_id is not None:
             self._baseline = Baseline(self._reader, self.store.artifacts, baseline_id,
                                       self._due_rules)
@@ -329,21 +366,13 @@ class Crawler:
                                 run_id=self.run_id, documents=list(chunk))
 
     async def _commit(self, messages: list[Message]) -> None:
-        acks = await self._writer.submit_group(messages)
-        bad = [a for a in acks if a.status not in ("committed", "duplicate")]
-        if bad:
-            raise EvidenceError(f"the store refused crawl state: {bad[0].reason}",
-                                message_id=bad[0].message_id)
+        await self._pages.commit(messages)
 
     def _update(self, **changes: list) -> FrontierUpdate:
-        return FrontierUpdate(message_id=new_id("m-"), session_id=self.session_id,
-                              run_id=self.run_id, at=utc_now(), **changes)
+        return self._pages.update(**changes)
 
     def _skip(self, url: str, depth: int) -> str | None:
-        try:
-            return self.scope.reason_to_skip(url, depth)
-        except URLError as exc:
-            return f"invalid URL: {exc}"
+        return self._pages.skip(url, depth)
 
     # --- scheduling ----------------------------------------------------------------------
 
@@ -476,7 +505,8 @@ class Crawler:
         if self.config.obey_robots:
             robots = await self._robots_for(job.url, host)
             if robots is None:  # robots.txt unavailable: the host is in backoff
-                await self._retry(job, [], "robots.txt unavailable", backoff=60.0)
+                self._apply(job, await self._pages.retry(
+                    self._order(job), [], "robots.txt unavailable", backoff=60.0))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
                 reason = robots.refusal(self.config.user_agent)
@@ -494,11 +524,52 @@ class Crawler:
                 conditional["If-None-Match"] = doc.etag
             if doc.last_modified:
                 conditional["If-Modified-Since"] = doc.last_modified
-        result = await self._fetch(job.url, job.attempts + 1, conditional)
-        if result.status == 304 and doc is not None:
-            await self._unchanged(job, doc, "HTTP 304 (unchanged)", attempt=result.attempt)
-            return
-        await self._settle(job, result)
+        effects = await self._execute(self._order(job, conditional, baseline=doc is not None))
+        self._apply(job, effects)
+        if effects.unchanged is not None:
+            assert doc is not None
+            await self._unchanged(job, doc, "HTTP 304 (unchanged)", attempt=effects.unchanged)
+
+    def _order(self, job: _Job, headers: dict[str, str] | None = None, *,
+               baseline: bool = False) -> PageOrder:
+        return PageOrder(url=job.url, depth=job.depth, attempts=job.attempts, via=job.via,
+                         headers=headers or {}, baseline=baseline)
+
+    async def _execute(self, order: PageOrder) -> PageEffects:
+        """Request and settle the page: in this process, or in a worker process."""
+        if self._pool is None:
+            return await self._pages.page(order)
+        try:
+            return await self._pool.page(order)
+        except WorkerLost as lost:
+            return await self._lost(order, lost)
+
+    async def _lost(self, order: PageOrder, lost: WorkerLost) -> PageEffects:
+        """Settle a page whose worker process died, from what the store holds of it.
+
+        Once the service has dropped the dead worker's connection, everything it sent has
+        committed: a page it settled stays settled (a retry it queued is claimed again);
+        a page still in flight is requeued, or failed once claimed ``max_attempts`` times.
+        """
+        await self._service.wait_gone(lost.name)
+        state, attempts, not_before = frontier.claim_state(
+            self._reader, self.session_id, order.url)
+        what = f"its worker process ({lost.name}) {lost.how}"
+        if state == "queued":
+            due = parse_time_text(not_before)
+            wait = 0.0 if due is None else (due - utc_now()).total_seconds()
+            return PageEffects(requested=1, retry_in=max(0.0, wait))
+        if state != "in_flight":
+            return PageEffects(requested=1, queued_links=True)
+        if attempts >= self.config.max_attempts:
+            await self._commit([self._update(settled=[SettledUrl(
+                url=order.url, state="failed", reason=f"attempts exhausted: claimed "
+                f"{attempts} times without a result ({what})")])])
+            return PageEffects(requested=1)
+        await self._commit([self._update(settled=[SettledUrl(
+            url=order.url, state="queued", reason=f"requeued: {what} while fetching it "
+            f"(attempt {attempts} of {self.config.max_attempts})")])])
+        return PageEffects(requested=1, retry_in=0.0)
 
     async def _unchanged(self, job: _Job, doc: BaselineDoc, reason: str, *,
                          attempt: FetchAttempt) -> None:
@@ -520,7 +591,7 @@ class Crawler:
             messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
                                       source_attempt_id=attempt.attempt_id,
                                       source_artifact=doc.body, refs=refs))
-        messages.append(self._update(queued=_dedup(queued), settled=[
+        messages.append(self._update(queued=dedup(queued), settled=[
             SettledUrl(url=job.url, state="done", reason=reason)]))
         await self._commit(messages)
         if any(q.skip is None for q in queued):
@@ -529,104 +600,22 @@ class Crawler:
     async def _fetch(self, url: str, sequence: int,
                      headers: dict[str, str] | None = None) -> FetchResult:
         self._requested += 1
-        return await fetch(self._client, self.store.artifacts, url=url, run_id=self.run_id,
-                           sequence=sequence, user_agent=self.config.user_agent,
-                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers)
+        return await self._pages.fetch(url, sequence, headers)
 
-    async def _settle(self, job: _Job, result: FetchResult) -> None:
-        attempt, status = result.attempt, result.status
-        messages: list[Message] = [attempt]
-        if self._rules is not None and attempt.response_headers is not None:
-            messages += await anyio.to_thread.run_sync(functools.partial(
-                evaluate_page, self._rules.rules, url=attempt.url,
-                attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
-                body_bytes=result.raw_body if attempt.body else None,
-                headers_ref=attempt.response_headers, body_ref=attempt.body,
-                elapsed_ms=attempt.elapsed_ms, body_truncated=attempt.body_truncated))
-        if status in (429, 503) or status is None or status >= 500:
-            retry_after = None
-            if status in (429, 503) and result.headers is not None:
-                retry_after = parse_retry_after(result.headers.get("retry-after"), utc_now())
-            what = f"HTTP {status}" if status is not None else attempt.outcome
-            await self._retry(job, messages, what, backoff=retry_after)
-            return
-        queued: list[QueuedUrl] = []
-        refs: list[ObservedRef] = []
-        truncated = False
-        source = attempt.body
-        if 300 <= status < 400 and result.headers.get("location"):
-            location = result.headers["location"]
-            source = attempt.response_headers
-            try:
-                target = resolve_reference(job.url, location)
-                refs.append(ObservedRef(observed=location, url=target, position=0,
-                                        tag="http", attr="location", edge_kind="redirect"))
-                queued.append(QueuedUrl(url=target, depth=job.depth, via="redirect",
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self._skip(target, job.depth)))
-            except URLError as exc:
-                log.info("redirect from %s to an unusable location: %s", job.url, exc)
-        elif 200 <= status < 300 and result.body:
-            # Parsing is CPU work (pure Python): off the event loop, so a page that is slow
-            # to tokenize never stalls the other workers or the writer's acks.
-            refs, truncated = _bounded(*await anyio.to_thread.run_sync(self._links, job,
-                                                                        result))
-            for ref in refs:
-                via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
-                depth = job.depth if via == "sitemap" else job.depth + 1
-                queued.append(QueuedUrl(url=ref.url, depth=depth, via=via,
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self._skip(ref.url, depth)))
-            queued = _dedup(queued)
-        if refs and source is not None:
-            messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
-                                      source_attempt_id=attempt.attempt_id,
-                                      source_artifact=source, refs=refs, truncated=truncated))
-        messages.append(self._update(queued=queued, settled=[SettledUrl(
-            url=job.url, state="done", reason=f"HTTP {status}")]))
-        await self._commit(messages)
-        if any(q.skip is None for q in queued):
+    def _apply(self, job: _Job, effects: PageEffects) -> None:
+        """What a settled page tells the scheduler: a retry, a backoff, new links."""
+        self._requested += effects.requested
+        now = time.monotonic()
+        if effects.backoff is not None:
+            host = self._host(url_host(job.url))
+            host.next_start = max(host.next_start, now + effects.backoff)
+            host.next_request = max(host.next_request, now + effects.backoff)
+        if effects.retry_in is not None:
+            self._add(dataclasses.replace(job, attempts=job.attempts + 1,
+                                          not_before=now + effects.retry_in))
+        if effects.queued_links:
             self._db_exhausted = False
-
-    def _links(self, job: _Job, result: FetchResult) -> tuple[list[ObservedRef], bool]:
-        content_type = (result.attempt.content_type or "").lower()
-        if "xml" in content_type and _SITEMAP_ROOT.search(result.body[:4096]):
-            refs, truncated = _sitemap_refs(job.url, result.body)
-            # Sitemaps listed by a sitemap index are sitemaps too: always fetched.
-            self._sitemap_keys.update(normalize_url(r.url) for r in refs if r.tag == "sitemap")
-            return refs, truncated
-        if "html" not in content_type:
-            return [], False
-        extraction = extract_links(result.body, job.url)
-        return extraction.refs, extraction.truncated
-
-    async def _retry(self, job: _Job, messages: list[Message], what: str, *,
-                     backoff: float | None) -> None:
-        """A transient failure: requeue with a delay, or fail once attempts are used up."""
-        attempts = job.attempts + 1
-        host = url_host(job.url)
-        now = utc_now()
-        if backoff is not None:
-            until = now + dt.timedelta(seconds=backoff)
-            messages = [*messages, HostUpdate(
-                message_id=new_id("m-"), run_id=self.run_id, host=host, backoff_until=until,
-                reason=f"{what}: back off {backoff:g} s")]
-            until_mono = time.monotonic() + backoff
-            self._host(host).next_start = max(self._host(host).next_start, until_mono)
-            self._host(host).next_request = max(self._host(host).next_request, until_mono)
-        if attempts >= self.config.max_attempts:
-            settled = SettledUrl(url=job.url, state="failed",
-                                 reason=f"{what} on attempt {attempts} of "
-                                 f"{self.config.max_attempts}: attempts exhausted")
-            await self._commit([*messages, self._update(settled=[settled])])
-            return
-        wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
-        settled = SettledUrl(url=job.url, state="queued", reason=f"{what}: retry "
-                             f"{attempts + 1} of {self.config.max_attempts}",
-                             not_before=now + dt.timedelta(seconds=wait))
-        await self._commit([*messages, self._update(settled=[settled])])
-        self._add(dataclasses.replace(job, attempts=attempts,
-                                      not_before=time.monotonic() + wait))
+        self._sitemap_keys.update(effects.sitemaps)
 
     # --- robots.txt ----------------------------------------------------------------------
 
@@ -709,70 +698,10 @@ class Crawler:
             session_id=self.session_id, run_id=self.run_id, counts=counts,
             requested=self._requested, in_flight=self._in_flight,
             pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
-            elapsed=elapsed, writer=self._writer.statistics())
+            elapsed=elapsed, writer=self._writer.statistics(),
+            worker_pids=self._pool.pids if self._pool is not None else [])
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.encode(progress))
         os.replace(tmp, path)
         if self.options.progress is not None:
             self.options.progress(progress)
-
-
-_SITEMAP_ROOT = re.compile(rb"<(urlset|sitemapindex)[\s>]", re.IGNORECASE)
-_SITEMAP_URL = re.compile(rb"<(url|sitemap)>(.{0,20000}?)</\1>", re.IGNORECASE | re.DOTALL)
-_SITEMAP_FIELD = re.compile(rb"<(loc|lastmod|changefreq)>\s*([^<]{1,8192}?)\s*</\1>",
-                            re.IGNORECASE)
-_SITEMAP_MAX = 50_000  # the sitemaps.org limit of URLs per file
-
-
-def _sitemap_refs(url: str, body: bytes) -> tuple[list[ObservedRef], bool]:
-    """<url> entries of a sitemap (or <sitemap> entries of an index, tag "sitemap"): the
-    location, with lastmod and changefreq kept in ``rel`` (the recrawl eligibility of
-    incremental sessions reads them from there)."""
-    refs: list[ObservedRef] = []
-    entries = _SITEMAP_URL.findall(body[:50 * 1024 * 1024])
-    for position, (kind, entry) in enumerate(entries[:_SITEMAP_MAX]):
-        fields = {k.lower().decode(): v.decode("utf-8", "replace").strip()
-                  for k, v in _SITEMAP_FIELD.findall(entry)}
-        if "loc" not in fields:
-            continue
-        try:
-            target = resolve_reference(url, fields["loc"])
-        except URLError:
-            continue
-        rel = " ".join(f"{k}={fields[k]}" for k in ("lastmod", "changefreq")
-                       if k in fields and " " not in fields[k])
-        refs.append(ObservedRef(observed=fields["loc"], url=target, position=position,
-                                tag=kind.decode().lower(), attr="loc", rel=rel,
-                                edge_kind="sitemap"))
-    return refs, len(entries) > _SITEMAP_MAX
-
-
-# A page's links travel in one Discovery and one FrontierUpdate, each under the writer's
-# 4 MiB message limit: past this many bytes of references the rest are dropped and the
-# discovery is recorded as truncated (never a failed page).
-_MAX_REF_BYTES = 1536 * 1024
-
-
-def _bounded(refs: list[ObservedRef], truncated: bool) -> tuple[list[ObservedRef], bool]:
-    size = 0
-    for i, ref in enumerate(refs):
-        size += len(ref.observed) + len(ref.url) + len(ref.rel) + len(ref.tag) + 64
-        if size > _MAX_REF_BYTES:
-            return refs[:i], True
-    return refs, truncated
-
-
-def _dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:
-    """One entry per fetch key (the first), so a page linking twice queues once."""
-    seen: set[str] = set()
-    out = []
-    for q in queued:
-        try:
-            key = normalize_url(q.url)
-        except URLError:
-            continue
-        if key not in seen:
-            seen.add(key)
-            out.append(q)
-    return out
-

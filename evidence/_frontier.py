@@ -20,7 +20,7 @@ import apsw
 import msgspec
 
 from ._errors import EvidenceError
-from ._urls import normalize_url, url_host
+from ._urls import NORMALIZER_VERSION, normalize_url, url_host
 
 __all__ = ["CrawlConfig", "FrontierCounts", "QueuedRow", "Scope", "SessionRecord"]
 
@@ -195,3 +195,16 @@ def attempt_body(conn: apsw.Connection, attempt_id: str) -> tuple[str, str, int]
         "JOIN artifact a ON a.artifact_id = f.body_id WHERE f.attempt_id = ?",
         (attempt_id,)).fetchall()
     return rows[0] if rows else None
+
+
+def claim_state(conn: apsw.Connection, session_id: str,
+                url: str) -> tuple[str, int, str | None]:
+    """(state, attempts, not_before) of ``url`` in the session's frontier."""
+    rows = conn.execute(
+        "SELECT f.state, f.attempts, f.not_before FROM frontier f "
+        "JOIN url_identity u ON u.url_id = f.url_id "
+        "WHERE f.session_id = ? AND u.normalizer_version = ? AND u.fetch_key = ?",
+        (session_id, NORMALIZER_VERSION, normalize_url(url))).fetchall()
+    if not rows:
+        raise EvidenceError(f"{url} is not in the frontier of session {session_id}")
+    return rows[0]

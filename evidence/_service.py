@@ -139,6 +139,7 @@ class _Connection:
     def __init__(self, stream: anyio.abc.ByteStream, limits: ServiceLimits, peer: str) -> None:
         self.stream = stream
         self.peer = peer
+        self.client = ""  # the name in its hello
         self.limits = limits
         self.scope = anyio.CancelScope()  # the whole connection (cancelled past drain_timeout)
         self.read_scope = anyio.CancelScope()  # the reader (cancelled on stop, or by the sender)
@@ -346,8 +347,21 @@ class Service:
 
     async def _wait_no_connections(self) -> None:
         while self._connections:
+            await self._connections_change()
+
+    async def wait_gone(self, client: str) -> None:
+        """Until no connection of the client named ``client`` (in its hello) is open.
+
+        A connection closes only after every request it read has committed (or failed), so
+        afterwards the store holds everything that client will ever get written.
+        """
+        while any(conn.client == client for conn in self._connections):
+            await self._connections_change()
+
+    async def _connections_change(self) -> None:
+        if self._connections_changed.is_set():  # shared by every waiter until it fires
             self._connections_changed = anyio.Event()
-            await self._connections_changed.wait()
+        await self._connections_changed.wait()
 
     # --- listening ---------------------------------------------------------------------
 
@@ -462,6 +476,7 @@ class Service:
             raise ProtocolError("unauthorized", "wrong or missing token")
         if self._stopping:
             raise ProtocolError("shutting_down", "the service is stopping", retryable=True)
+        conn.client = hello.client
         conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
         from . import __version__  # here: the package imports this module
 
