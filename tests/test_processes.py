@@ -1,0 +1,167 @@
+"""``evidence crawl --processes N``: worker processes behind the writer service.
+
+Real worker processes, killed with real signals; the test site's request log is the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from evidence import CrawlConfig, Store, check_log, decode_message
+from evidence.testing.site import SiteConfig, TestSite
+
+from .test_crawl import (
+    _crawl_process,
+    _stderr,
+    assert_links_recorded,
+    crawl,
+    done_pages,
+    frontier_states,
+    path_of,
+)
+
+
+def _live(store: Path) -> dict:
+    try:
+        return json.loads((store / "live-stats.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _wait_for(what: str, check, proc, store: Path, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert proc.poll() is None, f"the crawl ended before {what}:\n{_stderr(store)}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _settlements(store: Path, text: str) -> list[str]:
+    """Paths settled by a frontier message of the ledger whose reason contains ``text``
+    (the frontier row itself keeps only its latest reason)."""
+    with Store.open(store) as s:
+        payloads = [p for (p,) in s.connection.execute(
+            "SELECT payload FROM ingest_ledger WHERE kind = 'frontier'")]
+    return [path_of(settled.url) for payload in payloads
+            for settled in decode_message(payload).settled if text in settled.reason]
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie waiting for a reaper (it runs no code either way)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_crawl_in_worker_processes_records_every_page_once(tmp_path: Path) -> None:
+    with TestSite(SiteConfig(pages=80)) as site:
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=6, processes=2)
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+        disallowed = site.disallowed_paths()
+    assert result.outcome == "completed" and result.session_completed
+    done = done_pages(tmp_path / "s")
+    assert set(done) == reachable
+    assert all(n == 1 for n in done.values())
+    assert all(counts[p] == 1 for p in reachable), "no page requested twice"
+    assert all(counts[p] == 0 for p in disallowed)
+    assert counts["/robots.txt"] == 1, "robots.txt is the parent's, fetched once"
+    assert_links_recorded(tmp_path / "s", site)
+    with Store.open(tmp_path / "s") as store:
+        assert check_log(store.connection)[2] == []
+
+
+@pytest.mark.slow
+def test_a_killed_worker_process_loses_only_its_in_flight_pages(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    slow = {f"/p/{i}": 0.05 for i in range(150)}  # every worker always has pages in flight
+    with TestSite(SiteConfig(pages=150, slow=slow)) as site:
+        proc = _crawl_process(site.url, store, "--processes", "2")
+        pids = _wait_for("two worker processes and 30 pages", lambda: (
+            _live(store).get("counts", {}).get("done", 0) >= 30
+            and len(_live(store).get("worker_pids", [])) == 2
+            and _live(store)["worker_pids"]), proc, store)
+        victim = pids[0]
+        os.kill(victim, signal.SIGKILL)
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0, _stderr(store)
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+    log = _stderr(store)
+    assert f"pid {victim} was killed by signal 9" in log
+    assert log.count("worker process 0 started") + log.count("worker process 1 started") == 3
+    done = done_pages(store)
+    assert set(done) == reachable
+    assert all(n == 1 for n in done.values()), "no page recorded twice"
+    assert_links_recorded(store, site)
+    requeued = _settlements(store, f"pid {victim}) was killed")
+    assert requeued, "the dead worker's in-flight pages were requeued"
+    twice = [p for p in reachable if counts[p] > 1]
+    assert set(twice) <= set(requeued), "only the dead worker's pages are requested again"
+    assert len(twice) <= 4, "at most the concurrency (--workers 4) re-requested"
+    with Store.open(store) as s:
+        assert check_log(s.connection)[2] == []
+        assert s.connection.execute(
+            "SELECT outcome FROM crawl_session").fetchall() == [("completed",)]
+
+
+@pytest.mark.slow
+def test_killing_the_crawl_ends_its_workers_and_a_restart_resumes(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    slow = {f"/p/{i}": 0.03 for i in range(0, 120, 2)}
+    with TestSite(SiteConfig(pages=120, slow=slow)) as site:
+        proc = _crawl_process(site.url, store, "--processes", "2")
+        pids = _wait_for("worker processes at work", lambda: (
+            _live(store).get("counts", {}).get("done", 0) >= 20
+            and _live(store).get("worker_pids")), proc, store)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        deadline = time.monotonic() + 10
+        while not all(_dead(pid) for pid in pids):
+            assert time.monotonic() < deadline, "worker processes outlived their crawl"
+            time.sleep(0.02)
+        proc = _crawl_process(site.url, store, "--processes", "2")
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0, _stderr(store)
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+    done = done_pages(store)
+    assert set(done) == reachable
+    assert all(n == 1 for n in done.values())
+    assert sum(n - 1 for p, n in counts.items() if p in reachable) <= 4
+    assert_links_recorded(store, site)
+
+
+@pytest.mark.slow
+def test_a_page_that_kills_its_worker_every_time_ends_failed(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    with TestSite(SiteConfig(pages=10, kill_paths={"/p/5"}, hold_seconds=30)) as site:
+        proc = _crawl_process(site.url, store, "--processes", "2")
+        killed: set[int] = set()
+        for claim in range(1, 4):  # default --max-attempts 3
+            _wait_for(f"request {claim} of /p/5",
+                      lambda c=claim: site.request_counts()["/p/5"] >= c, proc, store)
+            pids = _wait_for("the current worker processes", lambda: (
+                set(_live(store).get("worker_pids", [])) - killed
+                if len(set(_live(store).get("worker_pids", [])) - killed) == 2 else None),
+                proc, store)
+            for pid in pids:  # whichever holds /p/5 dies with it
+                os.kill(pid, signal.SIGKILL)
+            killed |= pids
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0, _stderr(store)
+        assert site.request_counts()["/p/5"] == 3, "never requested a fourth time"
+    state, reason = frontier_states(store)["/p/5"]
+    assert state == "failed"
+    assert reason.startswith("attempts exhausted: claimed 3 times without a result")
+    assert "was killed by signal 9" in reason
