@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
-import httpx
 import msgspec
 
 from . import _frontier as frontier
 from ._errors import EvidenceError
 from ._fetch import FetchResult
 from ._frontier import CrawlConfig, FrontierCounts
+from ._http import crawl_client
 from ._incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
 from ._messages import (
     Discovery,
@@ -217,10 +217,8 @@ class Crawler:
         processes (on a Unix socket in a private temporary directory)."""
         limits = self.options.writer_limits or WriterLimits(max_batch_delay=0.002)
         connections = self.options.workers * 2
-        client = await stack.enter_async_context(httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(retries=0), timeout=self.options.timeout,
-            limits=httpx.Limits(max_connections=connections,
-                                max_keepalive_connections=connections)))
+        client = await stack.enter_async_context(crawl_client(
+            connections=connections, timeout=self.options.timeout))
         if self.options.processes > 0:
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="evidence-"))
             self._service = await stack.enter_async_context(Service(

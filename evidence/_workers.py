@@ -35,12 +35,12 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import httpx
 import msgspec
 
 from ._artifacts import ArtifactStore
 from ._errors import EvidenceError
 from ._frontier import CrawlConfig
+from ._http import crawl_client
 from ._pages import PageEffects, PageOrder, PageWorker
 from ._store import ARTIFACTS_DIR
 from ._wire import HEADER, FrameReader
@@ -334,10 +334,7 @@ async def _child(fd: int) -> None:
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
         artifacts = ArtifactStore(Path(setup.store) / ARTIFACTS_DIR, create=False)
-        http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(retries=0), timeout=setup.timeout,
-            limits=httpx.Limits(max_connections=setup.connections,
-                                max_keepalive_connections=setup.connections))
+        http = crawl_client(connections=setup.connections, timeout=setup.timeout)
         from .client import AsyncClient  # here: the package imports this module
 
         async with AsyncClient(setup.socket, name=setup.name) as service, http:

@@ -5,6 +5,7 @@ Real worker processes, killed with real signals; the test site's request log is 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -53,6 +54,12 @@ def _settlements(store: Path, text: str) -> list[str]:
             "SELECT payload FROM ingest_ledger WHERE kind = 'frontier'")]
     return [path_of(settled.url) for payload in payloads
             for settled in decode_message(payload).settled if text in settled.reason]
+
+
+def _new_workers(store: Path, old: set[int]) -> set[int] | None:
+    """The crawl's two worker processes once neither is one of ``old``."""
+    pids = set(_live(store).get("worker_pids", [])) - old
+    return pids if len(pids) == 2 else None
 
 
 def _dead(pid: int) -> bool:
@@ -151,10 +158,8 @@ def test_a_page_that_kills_its_worker_every_time_ends_failed(tmp_path: Path) -> 
         for claim in range(1, 4):  # default --max-attempts 3
             _wait_for(f"request {claim} of /p/5",
                       lambda c=claim: site.request_counts()["/p/5"] >= c, proc, store)
-            pids = _wait_for("the current worker processes", lambda: (
-                set(_live(store).get("worker_pids", [])) - killed
-                if len(set(_live(store).get("worker_pids", [])) - killed) == 2 else None),
-                proc, store)
+            pids = _wait_for("two new worker processes", functools.partial(
+                _new_workers, store, set(killed)), proc, store)
             for pid in pids:  # whichever holds /p/5 dies with it
                 os.kill(pid, signal.SIGKILL)
             killed |= pids

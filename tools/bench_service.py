@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the writer service (issue 5): messages through ``evidence serve`` from 1, 2 and
-4 client processes, against the in-process ``Writer`` on the same messages in the same run.
+4 client processes, against the in-process ``Writer`` on the same messages in the same run;
+and pages/s of ``evidence crawl --processes 2`` against the single-process crawl.
 
 Workloads (``--workload``, both by default):
 
@@ -25,22 +26,39 @@ Ack latency is per request, from the submit call to its return (for a page: the 
 ``ratio`` is messages/s over the in-process writer's on the same workload. After each run the
 ledger is counted: every message must be there exactly once.
 
+Crawl (``--crawl-pages``, 0 skips it): ``evidence crawl URL --store NEW --workers W
+--per-host W --processes N --json`` for each N of ``--crawl-processes`` (0, the single-process
+crawl, is the baseline and always runs) on one local static site of ``--crawl-pages`` pages,
+generated and served on 127.0.0.1 by ``tools/bench_crawl.py``'s code (nginx when installed,
+else its Python server). Each crawl goes into a fresh store, ``--crawl-reps`` times, the
+order reversed on every other rep (0 2 2 0 ...). A crawl's time is the wall time of the
+subprocess, spawn to exit; its pages are ``counts.done`` of its JSON result, which must equal
+the site's documents, as must the distinct pages the server answered. Reported per N: median
+pages/s and the range over reps, ``ratio`` (median over the N=0 median, same run), pages/s
+over the server's first-to-last request (no start-up or shut-down), and CPU ms per page of
+the crawl's parent process and of its worker processes (read from /proc/PID/stat while the
+exited parent is a zombie: its own time, and its reaped children's).
+
 Examples:
-  python tools/bench_service.py                 # both workloads, 1/2/4 clients, ~2 min
-  python tools/bench_service.py --quick         # smoke test, < 40 s
-  python tools/bench_service.py --sync normal --clients 1,4 --messages 50000
+  python tools/bench_service.py                 # both workloads, 1/2/4 clients, 3000-page
+                                                # crawl x3 at 0 and 2 processes
+  python tools/bench_service.py --quick         # smoke test: 4000 messages, a 300-page crawl
+  python tools/bench_service.py --sync normal --clients 1,4 --messages 50000 --crawl-pages 0
+  python tools/bench_service.py --messages 0 --crawl-processes 0,1,2,4   # the crawl only
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,12 +66,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 
 import anyio
 import apsw
 import blake3
 import msgspec
 
+import evidence
 from evidence import (
     ArtifactRef,
     Discovery,
@@ -73,6 +93,9 @@ HOST = "https://www.example.org"
 RUN_ID = "run-bench"
 STARTED = dt.datetime(2026, 3, 3, 12, 0, tzinfo=dt.UTC)  # fixed: same messages every run
 BATCH_DELAY = 0.002  # the service's default WriterLimits.max_batch_delay; the baseline's too
+# The directory holding the ``evidence`` package this script imported: crawl subprocesses
+# run there with it first on PYTHONPATH, so they run the same code (not another checkout).
+PACKAGE_ROOT = Path(evidence.__file__).resolve().parent.parent
 
 
 # --- the workload -----------------------------------------------------------------------
@@ -298,13 +321,156 @@ def worker_main(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the crawl: --processes N against the single-process crawl ---------------------------
+
+def load_bench_crawl() -> ModuleType:
+    """``tools/bench_crawl.py``, for its site generator and server (tools/ is no package)."""
+    if "bench_crawl" in sys.modules:
+        return sys.modules["bench_crawl"]
+    spec = importlib.util.spec_from_file_location(
+        "bench_crawl", Path(__file__).resolve().with_name("bench_crawl.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_crawl"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class CrawlRun:
+    processes: int
+    rep: int
+    wall_s: float
+    pages: int  # counts.done of the crawl's JSON result
+    pages_per_s: float
+    server_pages_per_s: float  # over the server's first to last request of this crawl
+    parent_cpu_s: float  # the crawl process: scheduler, frontier, writer (and all, at N=0)
+    workers_cpu_s: float  # its reaped children: the N worker processes
+    load_1m: float  # the machine's 1-minute load average as the crawl started
+
+
+def crawl_command(url: str, store: Path, workers: int, processes: int | str) -> list[str]:
+    return [sys.executable, "-m", "evidence", "crawl", url, "--store", str(store),
+            "--workers", str(workers), "--per-host", str(workers),
+            "--processes", str(processes), "--json"]
+
+
+def crawl_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT) + (
+        os.pathsep + path if path else "")}
+
+
+def exited_cpu(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU seconds of an exited, not yet reaped, process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])  # stat fields 14-17
+    tick = os.sysconf("SC_CLK_TCK")
+    return (utime + stime) / tick, (cutime + cstime) / tick
+
+
+def run_crawl(bc: ModuleType, server, documents: int, work: Path, processes: int,
+              rep: int, workers: int) -> CrawlRun:
+    name = f"crawl-p{processes}-{rep}"
+    store = work / name
+    cmd = crawl_command(server.url, store, workers, processes)
+    load = bc.load_average()
+    offset = server.mark()
+    with (work / f"{name}.out").open("w") as out, (work / f"{name}.err").open("w") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=crawl_env(),
+                                cwd=PACKAGE_ROOT)
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        wall = time.perf_counter() - started
+        parent_cpu, workers_cpu = exited_cpu(proc.pid)
+        status = proc.wait()
+    time.sleep(0.05)  # the server's last log lines
+    span, _duplicates, served = bc.window(server.requests_since(offset))
+    try:
+        result = json.loads((work / f"{name}.out").read_text())
+    except ValueError:
+        result = {}
+    pages = result.get("counts", {}).get("done", 0)
+    if status != 0 or result.get("outcome") != "completed" or not pages == served == documents:
+        print((work / f"{name}.err").read_text()[-2000:], file=sys.stderr)
+        raise SystemExit(
+            f"crawl --processes {processes} rep {rep}: exit {status}, outcome "
+            f"{result.get('outcome')!r}, {pages} pages done and {served} served of "
+            f"{documents}; rerun with --workdir DIR to keep the logs")
+    shutil.rmtree(store, ignore_errors=True)
+    return CrawlRun(processes=processes, rep=rep, wall_s=round(wall, 3), pages=pages,
+                    pages_per_s=round(pages / wall, 1),
+                    server_pages_per_s=round(pages / span, 1) if span else 0.0,
+                    parent_cpu_s=round(parent_cpu, 2), workers_cpu_s=round(workers_cpu, 2),
+                    load_1m=round(load, 2))
+
+
+def crawl_summary(runs: list[CrawlRun], processes: list[int]) -> list[dict]:
+    """Per N: medians over the reps, and the ratios to N=0 (of medians, and per rep)."""
+    base = {r.rep: r.pages_per_s for r in runs if r.processes == 0}
+    base_median = statistics.median(base.values())
+    out = []
+    for n in processes:
+        rs = [r for r in runs if r.processes == n]
+        rates = [r.pages_per_s for r in rs]
+        median = statistics.median(rates)
+        out.append({
+            "processes": n, "reps": len(rs), "median_pages_per_s": round(median, 1),
+            "min_pages_per_s": min(rates), "max_pages_per_s": max(rates),
+            "ratio": round(median / base_median, 2),
+            "ratio_per_rep": [round(r.pages_per_s / base[r.rep], 2) for r in rs],
+            "median_server_pages_per_s": round(
+                statistics.median(r.server_pages_per_s for r in rs), 1),
+            "median_wall_s": round(statistics.median(r.wall_s for r in rs), 2),
+            "parent_cpu_ms_per_page": round(statistics.median(
+                1000 * r.parent_cpu_s / r.pages for r in rs), 2),
+            "workers_cpu_ms_per_page": round(statistics.median(
+                1000 * r.workers_cpu_s / r.pages for r in rs), 2)})
+    return out
+
+
+def run_crawls(args: argparse.Namespace) -> dict:
+    """Generate and serve the site, crawl it at each --crawl-processes, alternating."""
+    bc = load_bench_crawl()
+    work = args.workdir / "crawl"
+    work.mkdir()
+    for path in (args.workdir, work):  # nginx workers may run as another user
+        path.chmod(0o755)
+    site = bc.generate_site(work / "site", args.crawl_pages)
+    server = bc.Server(work, work / "site", args.crawl_server)
+    runs: list[CrawlRun] = []
+    try:
+        print(f"crawl: {site['documents']} pages served by {server.name} at {server.url}\n"
+              f"$ PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))} " + shlex.join(crawl_command(
+                  server.url, Path("STORE"), args.crawl_workers, "N")),
+              file=sys.stderr, flush=True)
+        for rep in range(args.crawl_reps):
+            order = args.crawl_processes[::-1 if rep % 2 else 1]
+            for n in order:
+                run = run_crawl(bc, server, site["documents"], work, n, rep,
+                                args.crawl_workers)
+                runs.append(run)
+                print(f"  --processes {n} #{rep}: {run.pages} pages in {run.wall_s:.2f} s = "
+                      f"{run.pages_per_s:.1f} pages/s; CPU s parent {run.parent_cpu_s:.1f}, "
+                      f"workers {run.workers_cpu_s:.1f}; load {run.load_1m:.1f}",
+                      file=sys.stderr, flush=True)
+    finally:
+        server.close()
+    return {"site": site, "server": server.name, "workers": args.crawl_workers,
+            "reps": args.crawl_reps,
+            "command": crawl_command(server.url, Path("STORE"), args.crawl_workers, "N"),
+            "pythonpath": str(PACKAGE_ROOT),
+            "runs": [asdict(r) for r in runs],
+            "summary": crawl_summary(runs, args.crawl_processes)}
+
+
 # --- reporting ----------------------------------------------------------------------------
 
 def environment(args: argparse.Namespace) -> dict[str, object]:
     return {"python": platform.python_version(), "platform": platform.platform(),
             "cpus": os.cpu_count(), "sqlite": apsw.sqlite_lib_version(),
             "apsw": apsw.apsw_version(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "sync": args.sync, "window": args.window,
+            "evidence": str(PACKAGE_ROOT), "sync": args.sync, "window": args.window,
             "artifacts": args.artifacts, "batch_delay": BATCH_DELAY}
 
 
@@ -321,6 +487,24 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def crawl_table(crawl: dict) -> str:
+    head = (f"{'processes':>9} {'pages/s':>8} {'min-max':>13} {'ratio':>6} {'per rep':>16} "
+            f"{'srv pages/s':>11} {'wall s':>7} {'parent CPU':>10} {'workers CPU':>11}")
+    lines = [head, "-" * len(head)]
+    for s in crawl["summary"]:
+        spread = f"{s['min_pages_per_s']:.0f}-{s['max_pages_per_s']:.0f}"
+        ratio, per_rep = "", ""  # the baseline's are 1 by definition
+        if s["processes"] != 0:
+            ratio = f"{s['ratio']:.2f}"
+            per_rep = ",".join(f"{x:.2f}" for x in s["ratio_per_rep"])
+        lines.append(f"{s['processes']:>9} {s['median_pages_per_s']:>8.1f} {spread:>13} "
+                     f"{ratio:>6} {per_rep:>16} "
+                     f"{s['median_server_pages_per_s']:>11.1f} {s['median_wall_s']:>7.2f} "
+                     f"{s['parent_cpu_ms_per_page']:>7.2f} ms "
+                     f"{s['workers_cpu_ms_per_page']:>8.2f} ms")
+    return "\n".join(lines)
+
+
 def csv_list(kind: type) -> object:
     def parse(text: str) -> list:
         try:
@@ -332,26 +516,42 @@ def csv_list(kind: type) -> object:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
+        description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=20_000,
-                        help="messages per configuration (default 20000)")
-    parser.add_argument("--clients", type=csv_list(int), default=[1, 2, 4],
+    parser.add_argument("--messages", metavar="N", type=int, default=20_000,
+                        help="messages per configuration (default 20000; 0: no writer "
+                        "service runs)")
+    parser.add_argument("--clients", metavar="N,N", type=csv_list(int), default=[1, 2, 4],
                         help="client process counts (default 1,2,4)")
-    parser.add_argument("--workload", type=csv_list(str), default=["attempt", "page"],
+    parser.add_argument("--workload", metavar="NAME,NAME", type=csv_list(str),
+                        default=["attempt", "page"],
                         help="attempt and/or page (default both)")
-    parser.add_argument("--window", type=int, default=256,
+    parser.add_argument("--window", metavar="N", type=int, default=256,
                         help="requests in flight per client process, and in-process "
                         "producer tasks (default 256)")
     parser.add_argument("--sync", choices=("full", "normal"), default="full",
                         help="store durability (default full, the product default)")
-    parser.add_argument("--artifacts", type=int, default=200,
+    parser.add_argument("--artifacts", metavar="N", type=int, default=200,
                         help="distinct bodies in the artifact store (default 200)")
+    parser.add_argument("--crawl-pages", type=int, metavar="N",
+                        help="pages in the crawled site (default 3000; 0: no crawl)")
+    parser.add_argument("--crawl-reps", type=int, metavar="N",
+                        help="crawls per --processes value, alternating order (default 3)")
+    parser.add_argument("--crawl-workers", type=int, default=16, metavar="N",
+                        help="the crawl's --workers and --per-host (default 16)")
+    parser.add_argument("--crawl-processes", type=csv_list(int), default=[0, 2],
+                        metavar="N,N", help="the crawl's --processes values (default 0,2; "
+                        "0, the single-process crawl, always runs as the baseline)")
+    parser.add_argument("--crawl-server", choices=("auto", "nginx", "python"), default="auto",
+                        help="the site's server: auto (default) is nginx when installed, "
+                        "else bench_crawl.py's Python server")
     parser.add_argument("--quick", action="store_true",
-                        help="4000 messages, attempt workload only: a smoke test")
-    parser.add_argument("--workdir", type=Path,
+                        help="4000 messages, attempt workload only, a 300-page crawl once: "
+                        "a smoke test")
+    parser.add_argument("--workdir", metavar="DIR", type=Path,
                         help="where stores and service logs go (default: a temp dir, removed)")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/bench_service.json"),
+    parser.add_argument("--out", metavar="FILE", type=Path,
+                        default=Path("bench-out/bench_service.json"),
                         help="JSON results (default bench-out/bench_service.json)")
     parser.add_argument("--worker", metavar="SOCKET", help=argparse.SUPPRESS)
     parser.add_argument("start", nargs="?", type=int, help=argparse.SUPPRESS)
@@ -361,9 +561,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.messages, args.workload = 4000, ["attempt"]
+    for key, quick, full in (("crawl_pages", 300, 3000), ("crawl_reps", 1, 3)):
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
     bad = set(args.workload) - {"attempt", "page"}
     if bad:
         parser.error(f"unknown workload {sorted(bad)}: use attempt and/or page")
+    if any(n < 0 for n in args.crawl_processes):
+        parser.error("--crawl-processes: each value must be 0 or more")
+    if args.crawl_reps < 1 or args.crawl_workers < 1 or args.crawl_pages < 0:
+        parser.error("--crawl-reps and --crawl-workers must be 1 or more, --crawl-pages 0 "
+                     "or more")
+    args.crawl_processes = list(dict.fromkeys([0, *args.crawl_processes]))
     return args
 
 
@@ -372,11 +581,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     keep = args.workdir is not None
-    args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-service-"))
+    args.workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-service-"))).resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
+    crawl: dict | None = None
     try:
-        for workload in args.workload:
+        for workload in args.workload if args.messages > 0 else []:
             per_request = 1 if workload == "attempt" else 2
             count = args.messages // per_request
             store = args.workdir / f"store-{workload}"
@@ -397,21 +607,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in results:
                 if r.workload == workload and r.mode == "service":
                     r.ratio = round(r.messages_per_s / base.messages_per_s, 2)
+        if args.crawl_pages > 0:
+            crawl = run_crawls(args)
     finally:
         if not keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
     env = environment(args)
     rerun = "python tools/bench_service.py " + shlex.join(
         a for a in (argv if argv is not None else sys.argv[1:]))
-    print(f"\nwriter service vs in-process writer (sync={args.sync}, window {args.window}, "
-          f"{env['cpus']} CPUs, load average {env['load_average'][0]}, SQLite "
-          f"{env['sqlite']})\n")
-    print(table(results))
-    print("\nratio: messages/s over the in-process writer's, same workload, same run."
-          f"\nrerun: {rerun.strip()}")
+    if results:
+        print(f"\nwriter service vs in-process writer (sync={args.sync}, window "
+              f"{args.window}, {env['cpus']} CPUs, load average {env['load_average'][0]}, "
+              f"SQLite {env['sqlite']})\n")
+        print(table(results))
+        print("\nratio: messages/s over the in-process writer's, same workload, same run.")
+    if crawl:
+        reps = f"{crawl['reps']} rep{'s' if crawl['reps'] > 1 else ''}"
+        print(f"\ncrawl --processes N vs the single-process crawl (N=0): "
+              f"{crawl['site']['documents']} pages (mean {crawl['site']['mean_page_bytes']} B), "
+              f"--workers {crawl['workers']}, {reps},\n{crawl['server']}, "
+              f"{env['cpus']} CPUs, load average {env['load_average'][0]}\n")
+        print(crawl_table(crawl))
+        print("\npages/s: pages over the crawl process's wall time, median over reps (min-max);"
+              "\nratio: median pages/s over N=0's in this run (per rep: over N=0's same rep);"
+              "\nsrv pages/s: over the server's first to last request; CPU: ms per page, "
+              "median, of the\ncrawl process and of its worker processes.")
+    print(f"rerun: {rerun.strip()}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"environment": env, "results": [asdict(r) for r in results],
-                                    "rerun": rerun.strip()}, indent=2) + "\n")
+                                    "crawl": crawl, "rerun": rerun.strip()}, indent=2) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
