@@ -518,13 +518,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", metavar="N", type=int, default=20_000,
+    parser.add_argument("--messages", metavar="N", type=int,
                         help="messages per configuration (default 20000; 0: no writer "
                         "service runs)")
     parser.add_argument("--clients", metavar="N,N", type=csv_list(int), default=[1, 2, 4],
                         help="client process counts (default 1,2,4)")
     parser.add_argument("--workload", metavar="NAME,NAME", type=csv_list(str),
-                        default=["attempt", "page"],
                         help="attempt and/or page (default both)")
     parser.add_argument("--window", metavar="N", type=int, default=256,
                         help="requests in flight per client process, and in-process "
@@ -546,10 +545,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the site's server: auto (default) is nginx when installed, "
                         "else bench_crawl.py's Python server")
     parser.add_argument("--quick", action="store_true",
-                        help="4000 messages, attempt workload only, a 300-page crawl once: "
-                        "a smoke test")
+                        help="a smoke test: 4000 messages, attempt workload only, a "
+                        "300-page crawl once (options given still apply)")
     parser.add_argument("--workdir", metavar="DIR", type=Path,
-                        help="where stores and service logs go (default: a temp dir, removed)")
+                        help="where stores, logs and the crawled site go (default: a temp "
+                        "dir, removed)")
     parser.add_argument("--out", metavar="FILE", type=Path,
                         default=Path("bench-out/bench_service.json"),
                         help="JSON results (default bench-out/bench_service.json)")
@@ -559,9 +559,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--go", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.messages, args.workload = 4000, ["attempt"]
-    for key, quick, full in (("crawl_pages", 300, 3000), ("crawl_reps", 1, 3)):
+    for key, quick, full in (("messages", 4000, 20_000), ("workload", ["attempt"],
+                              ["attempt", "page"]), ("crawl_pages", 300, 3000),
+                             ("crawl_reps", 1, 3)):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     bad = set(args.workload) - {"attempt", "page"}
