@@ -214,7 +214,9 @@ def _stderr(store: Path) -> str:
 def test_sigkill_at_random_moments_then_resume_records_each_page_once(
         tmp_path: Path) -> None:
     rng = random.Random(20261202)
-    slow = {f"/p/{i}": 0.02 for i in range(0, 120, 3)}
+    # 120 pages of 50 ms each at 4 workers take at least 1.5 s to fetch; a run lives at
+    # most 0.15 s past its first request before it is killed, so 8 kills land mid-crawl.
+    slow = {f"/p/{i}": 0.05 for i in range(120)}
     with TestSite(SiteConfig(pages=120, slow=slow)) as site:
         kills = 0
         while True:
@@ -225,7 +227,7 @@ def test_sigkill_at_random_moments_then_resume_records_each_page_once(
             while len(site.requests) == seen and proc.poll() is None:
                 time.sleep(0.005)  # kill only once this run is fetching
             if kills < 8:
-                time.sleep(rng.uniform(0.02, 0.3))
+                time.sleep(rng.uniform(0.02, 0.15))
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
                     proc.communicate()

@@ -403,10 +403,11 @@ def window(requests: list) -> tuple[float, int, int]:
     return max(stamps) - min(stamps), dups, pages
 
 
-def run_evidence(server: Server, work: Path, n: int, rep: int) -> Run:
+def run_evidence(server: Server, work: Path, n: int, rep: int, processes: int = 0) -> Run:
     store = work / f"evidence-{rep}"
     cmd = [*evidence_command(), "crawl", server.url, "--store", str(store),
-           "--workers", str(n), "--per-host", str(n), "--json"]
+           "--workers", str(n), "--per-host", str(n), "--json",
+           *(["--processes", str(processes)] if processes else [])]
     load = load_average()
     with (work / f"evidence-{rep}.out").open("w") as out, \
             (work / f"evidence-{rep}.err").open("w") as err:
@@ -651,6 +652,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="300 pages, 1 rep, 20,000 resume URLs")
     p.add_argument("--only", action="append", choices=("evidence", "scrapy", "resume"),
                    help="run only these parts (repeatable)")
+    p.add_argument("--processes", type=int, default=0, metavar="N",
+                   help="run evidence with --processes N (worker processes; default 0)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, site)")
     p.add_argument("--scrapy-venv", type=Path, default=Path("/tmp/scrapy-venv"),
@@ -678,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     rerun = shlex.join(["python", "tools/bench_crawl.py", "--pages", str(args.pages),
                         "--concurrency", str(args.concurrency), "--reps", str(args.reps),
                         "--resume-urls", str(args.resume_urls)]
+                       + (["--processes", str(args.processes)] if args.processes else [])
                        + [x for o in (args.only or []) for x in ("--only", o)]
                        + ([] if args.server == "auto" else ["--server", args.server]))
     work = Path(tempfile.mkdtemp(prefix="bench-crawl-"))
@@ -707,7 +711,9 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         print("$ " + shlex.join([*evidence_command(), "crawl", server.url, "--store",
                                  "STORE", "--workers", str(n), "--per-host", str(n),
-                                 "--json"]), flush=True)
+                                 "--json", *(["--processes", str(args.processes)]
+                                             if args.processes else [])]), flush=True)
+        report["evidence_processes"] = args.processes
         if "scrapy" in parts:
             report["scrapy_command"] = scrapy_command(args.scrapy_venv, server.url,
                                                       work / "JOBDIR", work / "STATS", n)
@@ -718,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
             for tool in order:
                 if tool not in parts:
                     continue
-                run = (run_evidence(server, work, n, rep) if tool == "evidence"
+                run = (run_evidence(server, work, n, rep, args.processes) if tool == "evidence"
                        else run_scrapy(server, work, args.scrapy_venv, n, rep))
                 runs.append(run)
                 print(f"  {tool} #{rep}: {run.pages} pages in {run.wall_s:.2f} s = "
