@@ -226,6 +226,9 @@ def _format_status(s: StoreStatus) -> str:
         lines.append(f"crawling   pid {s.crawl_pid}, run {live.get('run_id', '?')}: "
                      f"{live.get('requested', 0)} requests, {live.get('in_flight', 0)} in "
                      f"flight, {float(live.get('pages_per_second', 0.0)):.1f} pages/s")
+        if live.get("worker_pids"):
+            lines.append("workers    worker processes, pids "
+                         + ", ".join(str(pid) for pid in live["worker_pids"]))
         if writer:
             lines.append(f"writer     queue {writer['queue_depth']}, oldest pending "
                          f"{writer['oldest_pending_age']:.3f} s, {writer['batches']} batches, "

@@ -9,6 +9,8 @@ import functools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -170,3 +172,25 @@ def test_a_page_that_kills_its_worker_every_time_ends_failed(tmp_path: Path) -> 
     assert state == "failed"
     assert reason.startswith("attempts exhausted: claimed 3 times without a result")
     assert "was killed by signal 9" in reason
+
+
+def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    slow = {f"/p/{i}": 0.2 for i in range(30)}
+    with TestSite(SiteConfig(pages=30, slow=slow)) as site:
+        proc = _crawl_process(site.url, store, "--processes", "2", "--json")
+        pids = _wait_for("the worker processes", lambda: _live(store).get("worker_pids"),
+                         proc, store)
+        shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
+                               capture_output=True, text=True, timeout=30)
+        stopper = subprocess.run([sys.executable, "-m", "evidence", "stop", str(store)],
+                                 capture_output=True, text=True, timeout=30)
+        out, _err = proc.communicate(timeout=60)
+    assert stopper.returncode == 0, stopper.stderr
+    assert proc.returncode == 0, _stderr(store)
+    assert '"outcome":"stopped"' in out
+    assert "worker processes, pids " + ", ".join(map(str, pids)) in shown.stdout
+    assert all(_dead(pid) for pid in pids), "the workers end with their crawl"
+    states = frontier_states(store)
+    assert not any(s == "in_flight" for s, _r in states.values()), \
+        "the workers finished their pages and the crawl committed them"
