@@ -5,12 +5,14 @@ open, artifacts are on disk, the attempt's fields agree with its outcome), then 
 ``INSERT ... ON CONFLICT(<named target>) DO NOTHING`` (never ``INSERT OR REPLACE``) and
 moves the ``url_current`` projection forward only (``WHERE excluded.sequence >
 url_current.sequence``). A problem with the message raises ``Rejected``; the writer rolls
-back the savepoint and quarantines the message whole. Only the writer calls this module.
+back the savepoint and quarantines the message whole (or, on its optimistic path without a
+savepoint per message, rolls back the whole attempt and applies the batch again one
+savepoint per message). Only the writer calls this module.
 """
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import apsw
@@ -37,9 +39,32 @@ from ._urls import NORMALIZER_VERSION, normalize_url
 if TYPE_CHECKING:
     from ._store import Store
 
-__all__ = ["Interner", "Rejected", "apply", "fetch_keys"]
+__all__ = ["Applier", "Interner", "Rejected", "fetch_keys"]
 
 _json = msgspec.json.Encoder(order="deterministic")
+
+# The hot statements, kept as constants: apsw caches prepared statements by their text.
+# An INSERT ... ON CONFLICT DO NOTHING followed by changes() and last_insert_rowid() (two
+# C calls) replaces RETURNING, which makes SQLite build an ephemeral table per execution.
+_URL_INSERT = ("INSERT INTO url_identity (normalizer_version, fetch_key) VALUES (?, ?) "
+               "ON CONFLICT (normalizer_version, fetch_key) DO NOTHING")
+_URL_SELECT = "SELECT url_id FROM url_identity WHERE normalizer_version = ? AND fetch_key = ?"
+_ATTEMPT_INSERT = (
+    "INSERT INTO fetch_attempt (attempt_id, run_id, url_id, url, sequence, method, "
+    "started_at, elapsed_ms, outcome, http_status, request_headers_id, "
+    "response_headers_id, body_id, body_truncated, content_type, error, log_index) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (attempt_id) DO NOTHING")
+# Rule 5: a late or redelivered attempt never moves the projection backward.
+_CURRENT_UPSERT = (
+    "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
+    "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence")
+_EDGE_INSERT = (
+    "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, position, "
+    "observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING")
 
 
 class Rejected(Exception):
@@ -54,126 +79,166 @@ class Rejected(Exception):
         self.duplicate = duplicate
 
 
-def apply(conn: apsw.Connection, store: Store, message: Message, log_index: int,
-          interner: Interner, keys: dict[str, str], *, verify_artifacts: bool = False) -> None:
-    """Append the evidence rows of one message (its ledger row is already inserted).
-
-    ``keys`` maps the message's URLs to fetch keys computed ahead, off the writer's thread
-    (``fetch_keys``); a URL missing from it is normalized here.
-    """
-    ctx = _Context(conn, store, log_index, interner, keys, verify_artifacts)
-    _HANDLERS[type(message)](ctx, message)
+What = str | tuple[object, ...]
 
 
-def fetch_keys(message: Message) -> dict[str, str]:
+def _text(what: What) -> str:
+    """What a problem concerns, built only when there is a problem: the hot paths pass a
+    tuple of parts (joined by spaces) instead of formatting a string per URL or artifact."""
+    if isinstance(what, str):
+        return what
+    return " ".join(_text(part) if isinstance(part, tuple) else str(part) for part in what)
+
+
+def fetch_keys(message: Message, memo: dict[str, str] | None = None) -> dict[str, str]:
     """The fetch keys of every URL in a message; URLs that do not normalize are left out
-    (applying the message then rejects it with the normalizer's reason)."""
-    urls: list[str] = []
-    if isinstance(message, Discovery):
-        urls = [ref.url for ref in message.refs]
-    elif isinstance(message, FrontierUpdate):
-        urls = [q.url for q in message.queued] + list(message.claimed) + [
-            s.url for s in message.settled]
-    elif isinstance(message, SessionDocuments):
-        urls = [d.url for d in message.documents]
-    elif isinstance(message, FetchAttempt | RuleEvaluated):
-        urls = [message.url]
+    (applying the message then rejects it with the normalizer's reason).
+
+    ``memo`` (URL -> fetch key) is consulted and extended: normalization is a pure function
+    of the URL, and a crawl meets the same links on page after page.
+    """
+    urls_of = _URLS_OF.get(type(message))
+    if urls_of is None:
+        return {}
+    if memo is None:
+        memo = {}
     keys = {}
-    for url in urls:
-        with contextlib.suppress(URLError):
-            keys[url] = normalize_url(url)
+    for url in urls_of(message):
+        key = memo.get(url)
+        if key is None:
+            try:
+                key = memo[url] = normalize_url(url)
+            except URLError:
+                continue
+        keys[url] = key
     return keys
+
+
+_URLS_OF: dict[type, Callable[..., list[str]]] = {
+    FetchAttempt: lambda m: [m.url],
+    RuleEvaluated: lambda m: [m.url],
+    Discovery: lambda m: [ref.url for ref in m.refs],
+    FrontierUpdate: lambda m: [q.url for q in m.queued] + list(m.claimed) + [
+        s.url for s in m.settled],
+    SessionDocuments: lambda m: [d.url for d in m.documents],
+}
 
 
 class Interner:
     """Caches of row ids (urls, artifacts, runs, attempts) that survive only what commits.
 
     Entries a message adds are tentative until its savepoint is released, and a batch's
-    until its COMMIT succeeds; a rollback at either level forgets them, so a cached id
-    always names a committed row. Bounded: cleared when it grows past ``limit`` entries.
+    until its COMMIT succeeds; a rollback at either level forgets them (each level keeps an
+    undo list of the keys it added), so a cached id always names a committed row. Bounded:
+    cleared when it grows past ``limit`` entries.
     """
 
     KINDS = ("url", "artifact", "run", "attempt")
 
     def __init__(self, limit: int = 500_000) -> None:
         self.limit = limit
-        self._committed: dict[str, dict] = {k: {} for k in self.KINDS}
-        self._batch: dict[str, dict] = {k: {} for k in self.KINDS}
-        self._message: dict[str, dict] = {k: {} for k in self.KINDS}
-
-    def get(self, kind: str, key: object) -> object | None:
-        for layer in (self._committed, self._batch, self._message):
-            value = layer[kind].get(key)
-            if value is not None:
-                return value
-        return None
+        self.caches: dict[str, dict] = {k: {} for k in self.KINDS}
+        self._message: list[tuple[dict, object]] = []  # added by the current message
+        self._batch: list[tuple[dict, object]] = []  # added by released messages
 
     def put(self, kind: str, key: object, value: object) -> None:
-        self._message[kind][key] = value
+        cache = self.caches[kind]
+        if key not in cache:  # a key already cached names a row that is already there
+            cache[key] = value
+            self._message.append((cache, key))
 
     def message_done(self, keep: bool) -> None:
         if keep:
-            for kind, entries in self._message.items():
-                self._batch[kind].update(entries)
-        self._message = {k: {} for k in self.KINDS}
+            self._batch.extend(self._message)
+        else:
+            self._forget(self._message)
+        self._message.clear()
 
     def batch_done(self, committed: bool) -> None:
-        if committed:
-            if sum(map(len, self._committed.values())) > self.limit:
-                self._committed = {k: {} for k in self.KINDS}
-            for kind, entries in self._batch.items():
-                self._committed[kind].update(entries)
-        self._batch = {k: {} for k in self.KINDS}
-        self._message = {k: {} for k in self.KINDS}
+        if not committed:
+            self._forget(self._message)
+            self._forget(self._batch)
+        elif sum(map(len, self.caches.values())) > self.limit:
+            for cache in self.caches.values():
+                cache.clear()
+        self._message.clear()
+        self._batch.clear()
+
+    @staticmethod
+    def _forget(added: list[tuple[dict, object]]) -> None:
+        for cache, key in added:
+            cache.pop(key, None)
 
 
-class _Context:
-    __slots__ = ("conn", "interner", "keys", "log_index", "store", "verify_artifacts")
+class Applier:
+    """Applies messages inside one batch transaction (made per batch: the writer's
+    connection can be replaced between batches)."""
 
-    def __init__(self, conn: apsw.Connection, store: Store, log_index: int,
-                 interner: Interner, keys: dict[str, str], verify_artifacts: bool) -> None:
+    __slots__ = ("_artifacts", "_attempts", "_runs", "_urls", "conn", "cursor", "interner",
+                 "keys", "log_index", "store", "verify_artifacts")
+
+    def __init__(self, conn: apsw.Connection, store: Store, interner: Interner, *,
+                 verify_artifacts: bool = False) -> None:
         self.conn = conn
+        # One cursor for the hot INSERTs (each runs to completion in one step): a new cursor
+        # per statement, which is what Connection.execute makes, costs about 0.5 us.
+        self.cursor = conn.cursor()
         self.store = store
-        self.log_index = log_index
         self.interner = interner
-        self.keys = keys
         self.verify_artifacts = verify_artifacts
+        self.log_index = 0
+        self.keys: dict[str, str] = {}
+        self._urls = interner.caches["url"]
+        self._artifacts = interner.caches["artifact"]
+        self._runs = interner.caches["run"]
+        self._attempts = interner.caches["attempt"]
+
+    def apply(self, message: Message, log_index: int, keys: dict[str, str]) -> None:
+        """Append the evidence rows of one message (its ledger row is already inserted).
+
+        ``keys`` maps the message's URLs to fetch keys computed ahead, off the writer's
+        thread (``fetch_keys``); a URL missing from it is normalized here.
+        """
+        self.log_index = log_index
+        self.keys = keys
+        _HANDLERS[type(message)](self, message)
 
     def one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
         for row in self.conn.execute(sql, args):
             return row
         return None
 
-    def url_id(self, url: str, what: str) -> int:
+    def url_id(self, url: str, what: What) -> int:
         """Intern a URL's fetch key under the current normalizer version."""
         key = self.keys.get(url)
         if key is None:
             try:
                 key = normalize_url(url)
             except URLError as exc:
-                raise Rejected(f"{what}: {exc}") from exc
-        cached = self.interner.get("url", key)
-        if cached is not None:
-            return cached  # type: ignore[return-value]
-        row = self.one("SELECT url_id FROM url_identity WHERE normalizer_version = ? AND "
-                       "fetch_key = ?", (NORMALIZER_VERSION, key))
-        url_id = row[0] if row is not None else self.conn.execute(
-            "INSERT INTO url_identity (normalizer_version, fetch_key) VALUES (?, ?) "
-            "RETURNING url_id", (NORMALIZER_VERSION, key)).fetchall()[0][0]
+                raise Rejected(f"{_text(what)}: {exc}") from exc
+        url_id = self._urls.get(key)
+        if url_id is not None:
+            return url_id  # type: ignore[no-any-return]
+        conn = self.conn
+        self.cursor.execute(_URL_INSERT, (NORMALIZER_VERSION, key))
+        if conn.changes():
+            url_id = conn.last_insert_rowid()
+        else:  # known to the store, not (or no longer) to the cache
+            url_id = conn.execute(_URL_SELECT, (NORMALIZER_VERSION, key)).fetchall()[0][0]
         self.interner.put("url", key, url_id)
-        return url_id  # type: ignore[return-value]
+        return url_id  # type: ignore[no-any-return]
 
-    def artifact_id(self, ref: ArtifactRef, what: str) -> int:
+    def artifact_id(self, ref: ArtifactRef, what: What) -> int:
         """Intern an artifact row, after checking its payload is durably on disk.
 
         An artifact that already has a row is referenced by committed evidence, so its file
         is there (reclaim never deletes a referenced file): only a new one is stat'ed.
         """
         key = (ref.namespace, ref.digest)
-        row = self.interner.get("artifact", key) or self.one(
+        row = self._artifacts.get(key) or self.one(
             "SELECT artifact_id, size FROM artifact WHERE namespace = ? AND digest = ?", key)
         if row is not None and row[1] != ref.size:
-            raise Rejected(f"{what}: artifact {ref.digest} is recorded with size "
+            raise Rejected(f"{_text(what)}: artifact {ref.digest} is recorded with size "
                            f"{row[1]}, the message says {ref.size}", conflict=True)
         if row is None or self.verify_artifacts:
             try:
@@ -182,31 +247,38 @@ class _Context:
                 else:
                     self.store.artifacts.check(ref)
             except ArtifactError as exc:
-                raise Rejected(f"{what}: {exc}") from exc
-        artifact_id = row[0] if row is not None else self.conn.execute(
+                raise Rejected(f"{_text(what)}: {exc}") from exc
+        if row is not None:
+            self.interner.put("artifact", key, row)
+            return row[0]  # type: ignore[return-value]
+        artifact_id = self.conn.execute(
             "INSERT INTO artifact (namespace, digest, size) VALUES (?, ?, ?) "
             "RETURNING artifact_id", (ref.namespace, ref.digest, ref.size)).fetchall()[0][0]
         self.interner.put("artifact", key, (artifact_id, ref.size))
-        return artifact_id  # type: ignore[return-value]
+        return artifact_id  # type: ignore[no-any-return]
 
-    def open_run(self, run_id: str, what: str) -> None:
-        if self.interner.get("run", run_id):
+    def open_run(self, run_id: str, what: What) -> None:
+        if run_id in self._runs:
             return
         if self.one("SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)) is None:
-            raise Rejected(f"{what}: run {run_id} is not recorded (send run_started first)")
+            raise Rejected(f"{_text(what)}: run {run_id} is not recorded (send run_started "
+                           "first)")
         self.interner.put("run", run_id, True)
 
-    def attempt_seq(self, attempt_id: str, run_id: str, what: str) -> int:
-        row = self.interner.get("attempt", attempt_id) or self.one(
+    def attempt_seq(self, attempt_id: str, run_id: str, what: What) -> int:
+        row = self._attempts.get(attempt_id) or self.one(
             "SELECT attempt_seq, run_id FROM fetch_attempt WHERE attempt_id = ?", (attempt_id,))
         if row is None:
-            raise Rejected(f"{what}: attempt {attempt_id} is not recorded")
+            raise Rejected(f"{_text(what)}: attempt {attempt_id} is not recorded")
         if row[1] != run_id:
-            raise Rejected(f"{what}: attempt {attempt_id} belongs to run {row[1]}, not {run_id}")
+            raise Rejected(f"{_text(what)}: attempt {attempt_id} belongs to run {row[1]}, "
+                           f"not {run_id}")
         return row[0]  # type: ignore[return-value]
 
 
-def _session_started(ctx: _Context, m: SessionStarted) -> None:
+
+
+def _session_started(ctx: Applier, m: SessionStarted) -> None:
     if m.baseline_session_id is not None and ctx.one(
             "SELECT 1 FROM crawl_session WHERE session_id = ?", (m.baseline_session_id,)) is None:
         raise Rejected(f"baseline session {m.baseline_session_id} is not recorded")
@@ -220,7 +292,7 @@ def _session_started(ctx: _Context, m: SessionStarted) -> None:
                        conflict=True)
 
 
-def _session_ended(ctx: _Context, m: SessionEnded) -> None:
+def _session_ended(ctx: Applier, m: SessionEnded) -> None:
     ctx.conn.execute(
         "UPDATE crawl_session SET ended_at = ?, outcome = ? "
         "WHERE session_id = ? AND ended_at IS NULL",
@@ -229,7 +301,7 @@ def _session_ended(ctx: _Context, m: SessionEnded) -> None:
         raise Rejected(f"session {m.session_id} is not recorded or has already ended")
 
 
-def _run_started(ctx: _Context, m: RunStarted) -> None:
+def _run_started(ctx: Applier, m: RunStarted) -> None:
     row = ctx.one("SELECT ended_at FROM crawl_session WHERE session_id = ?", (m.session_id,))
     if row is None:
         raise Rejected(f"session {m.session_id} is not recorded (send session_started first)")
@@ -243,7 +315,7 @@ def _run_started(ctx: _Context, m: RunStarted) -> None:
         raise Rejected(f"run {m.run_id} was already started by another message", conflict=True)
 
 
-def _run_ended(ctx: _Context, m: RunEnded) -> None:
+def _run_ended(ctx: Applier, m: RunEnded) -> None:
     ctx.conn.execute(
         "UPDATE crawl_run SET ended_at = ?, outcome = ?, reason = ? "
         "WHERE run_id = ? AND ended_at IS NULL",
@@ -252,57 +324,55 @@ def _run_ended(ctx: _Context, m: RunEnded) -> None:
         raise Rejected(f"run {m.run_id} is not recorded or has already ended")
 
 
-def _fetch_attempt(ctx: _Context, m: FetchAttempt) -> None:
-    what = f"attempt {m.attempt_id}"
+def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
+    what = ("attempt", m.attempt_id)
     ctx.open_run(m.run_id, what)
     requested = m.outcome not in ("refused_by_robots", "skipped")
     if m.outcome == "response" and m.http_status is None:
-        raise Rejected(f"{what}: outcome 'response' needs an http_status")
+        raise Rejected(f"{_text(what)}: outcome 'response' needs an http_status")
     if not requested and (m.http_status is not None or m.body is not None):
-        raise Rejected(f"{what}: outcome {m.outcome!r} was never requested, so it has no "
-                       "status or body")
+        raise Rejected(f"{_text(what)}: outcome {m.outcome!r} was never requested, so it has "
+                       "no status or body")
     if m.body_truncated and m.body is None:
-        raise Rejected(f"{what}: body_truncated is set but there is no body")
+        raise Rejected(f"{_text(what)}: body_truncated is set but there is no body")
     url_id = ctx.url_id(m.url, what)
-    refs = [None if ref is None else ctx.artifact_id(ref, f"{what} {name}")
-            for name, ref in (("request_headers", m.request_headers),
-                              ("response_headers", m.response_headers), ("body", m.body))]
-    row = ctx.conn.execute(
-        "INSERT INTO fetch_attempt (attempt_id, run_id, url_id, url, sequence, method, "
-        "started_at, elapsed_ms, outcome, http_status, request_headers_id, "
-        "response_headers_id, body_id, body_truncated, content_type, error, log_index) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (attempt_id) DO NOTHING RETURNING attempt_seq",
-        (m.attempt_id, m.run_id, url_id, m.url, m.sequence, m.method,
-         format_time(m.started_at), m.elapsed_ms, m.outcome, m.http_status, *refs,
-         int(m.body_truncated), m.content_type, m.error, ctx.log_index)).fetchall()
-    if not row:
-        raise Rejected(f"{what} is already recorded by another message", conflict=True)
-    ctx.interner.put("attempt", m.attempt_id, (row[0][0], m.run_id))
-    # Rule 5: a late or redelivered attempt never moves the projection backward.
-    ctx.conn.execute(
-        "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
-        "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence",
-        (m.run_id, url_id, m.sequence, row[0][0]))
+    request_headers, response_headers, body = m.request_headers, m.response_headers, m.body
+    conn, cursor = ctx.conn, ctx.cursor
+    cursor.execute(_ATTEMPT_INSERT, (
+        m.attempt_id, m.run_id, url_id, m.url, m.sequence, m.method,
+        format_time(m.started_at), m.elapsed_ms, m.outcome, m.http_status,
+        None if request_headers is None else ctx.artifact_id(
+            request_headers, (what, "request_headers")),
+        None if response_headers is None else ctx.artifact_id(
+            response_headers, (what, "response_headers")),
+        None if body is None else ctx.artifact_id(body, (what, "body")),
+        int(m.body_truncated), m.content_type, m.error, ctx.log_index))
+    if not conn.changes():
+        raise Rejected(f"{_text(what)} is already recorded by another message", conflict=True)
+    attempt_seq = conn.last_insert_rowid()  # attempt_seq is the rowid
+    ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
+    cursor.execute(_CURRENT_UPSERT, (m.run_id, url_id, m.sequence, attempt_seq))
 
 
-def _discovery(ctx: _Context, m: Discovery) -> None:
-    what = f"discovery {m.message_id}"
-    ctx.open_run(m.run_id, what)
-    source = ctx.attempt_seq(m.source_attempt_id, m.run_id, what)
-    artifact = ctx.artifact_id(m.source_artifact, f"{what} source artifact")
-    rows = [(m.run_id, source, artifact, ref.position, ref.observed,
-             ctx.url_id(ref.url, f"{what} reference at position {ref.position}"),
-             ref.edge_kind, ref.tag, ref.attr, ref.rel, ctx.log_index) for ref in m.refs]
-    ctx.conn.executemany(
-        "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, position, "
-        "observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING", rows)
+def _discovery(ctx: Applier, m: Discovery) -> None:
+    what = ("discovery", m.message_id)
+    run_id, index = m.run_id, ctx.log_index
+    ctx.open_run(run_id, what)
+    source = ctx.attempt_seq(m.source_attempt_id, run_id, what)
+    artifact = ctx.artifact_id(m.source_artifact, (what, "source artifact"))
+    keys, cached = ctx.keys, ctx._urls
+    rows = []
+    for ref in m.refs:  # most links point at URLs already interned: look them up inline
+        key = keys.get(ref.url)
+        target = None if key is None else cached.get(key)
+        if target is None:
+            target = ctx.url_id(ref.url, (what, "reference at position", ref.position))
+        rows.append((run_id, source, artifact, ref.position, ref.observed, target,
+                     ref.edge_kind, ref.tag, ref.attr, ref.rel, index))
+    ctx.cursor.executemany(_EDGE_INSERT, rows)
 
 
-def _rule_evaluated(ctx: _Context, m: RuleEvaluated) -> None:
+def _rule_evaluated(ctx: Applier, m: RuleEvaluated) -> None:
     what = f"rule evaluation {m.message_id}"
     ctx.open_run(m.run_id, what)
     url_id = ctx.url_id(m.url, what)
@@ -328,7 +398,7 @@ def _rule_evaluated(ctx: _Context, m: RuleEvaluated) -> None:
                    f"recorded as {verdict!r}; this message says {m.verdict!r}", conflict=True)
 
 
-def _frontier(ctx: _Context, m: FrontierUpdate) -> None:
+def _frontier(ctx: Applier, m: FrontierUpdate) -> None:
     what = f"frontier update {m.message_id}"
     row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
     if row is None or row[0] != m.session_id:
@@ -368,7 +438,7 @@ def _frontier(ctx: _Context, m: FrontierUpdate) -> None:
             raise Rejected(f"{what}: {s.url} is not in the frontier of session {m.session_id}")
 
 
-def _host(ctx: _Context, m: HostUpdate) -> None:
+def _host(ctx: Applier, m: HostUpdate) -> None:
     what = f"host update {m.message_id}"
     ctx.open_run(m.run_id, what)
     if m.robots_attempt_id is not None:
@@ -389,7 +459,7 @@ def _host(ctx: _Context, m: HostUpdate) -> None:
          m.reason, ctx.log_index))
 
 
-def _session_documents(ctx: _Context, m: SessionDocuments) -> None:
+def _session_documents(ctx: Applier, m: SessionDocuments) -> None:
     what = f"session documents {m.message_id}"
     row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
     if row is None or row[0] != m.session_id:

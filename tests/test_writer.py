@@ -75,6 +75,38 @@ async def test_poison_message_fails_alone_in_a_batch_of_500(store: Store,
     assert count(store, "quarantine", "reason_code = 'rejected'") == 1
 
 
+async def test_poison_late_in_a_batch_leaves_the_rows_a_batch_without_it_would_leave(
+        store: Store, make: Factory) -> None:
+    # A batch is first applied without a savepoint per message; a failure rolls that attempt
+    # back and re-applies the batch a message at a time. Ids interned by the abandoned
+    # attempt (here the poison's first URL, before its bad one) must not survive in the
+    # writer's caches: the row id goes to another URL, and a later batch must not be told
+    # the poison's URL has it.
+    await asubmit(store, [make.session(), make.run()])
+    body = make.body(b"<html>fresh</html>")
+    first = [make.attempt(f"http://example.com/a{i}", body=body) for i in range(10)]
+    poison = make.discovery(first[0], body, ["http://example.com/p1", "mailto:nobody"])
+    after = make.attempt("http://example.com/q", body=body)
+    limits = WriterLimits(max_batch_messages=100)
+    async with Writer(store, limits=limits) as w:
+        acks = await w.submit_group([*first, poison, after])
+        assert [a.status for a in acks] == ["committed"] * 10 + ["rejected", "committed"]
+        later = make.attempt("http://example.com/p1", body=body)
+        links = make.discovery(later, body, ["http://example.com/p1", "http://example.com/a3"])
+        assert {a.status for a in await w.submit_group([later, links])} == {"committed"}
+    assert count(store, "url_identity") == 12
+    assert store.connection.execute("PRAGMA foreign_key_check").fetchall() == []
+    keys = dict(store.connection.execute(
+        "SELECT f.attempt_id, u.fetch_key FROM fetch_attempt f JOIN url_identity u USING "
+        "(url_id)").fetchall())
+    assert keys == {m.attempt_id: m.url for m in [*first, after, later]}
+    targets = store.connection.execute(
+        "SELECT u.fetch_key FROM discovery_edge e JOIN url_identity u "
+        "ON u.url_id = e.target_url_id ORDER BY e.edge_id").fetchall()
+    assert [t for (t,) in targets] == ["http://example.com/p1", "http://example.com/a3"]
+    assert check_log(store.connection)[2] == []
+
+
 async def test_missing_artifact_is_refused_and_nothing_of_it_is_written(
         store: Store, make: Factory) -> None:
     await asubmit(store, [make.session(), make.run()])
