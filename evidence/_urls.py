@@ -37,7 +37,6 @@ Decisions (these are the rules of version 1):
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 from collections.abc import Callable
@@ -301,15 +300,6 @@ def _is_simple_key(url: str) -> bool:
 
 def url_host(url: str) -> str:
     """Return the host of ``url``'s fetch key: IDNA-encoded, IPv6 bracketed, no port."""
-    if not isinstance(url, str):
-        return _checked(url).host  # raises the URLError that names the type
-    return _host_of(url)
-
-
-@functools.lru_cache(maxsize=16384)  # a crawler asks for the host of one URL many times
-def _host_of(url: str) -> str:
-    if _is_simple_key(url):
-        return url[url.index("//") + 2:].partition("/")[0].partition(":")[0]
     return _checked(url).host
 
 

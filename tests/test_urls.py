@@ -426,17 +426,3 @@ def test_fast_path_agrees_with_the_full_normalizer(host: str, scheme: str, port:
         assert full == url
     assert normalize_url(url) == full
 
-
-@FAST
-@given(urls)
-def test_url_host_fast_path_agrees_with_the_full_parse(url: str) -> None:
-    from evidence._urls import _checked
-
-    try:
-        expected = _checked(url).host
-    except URLError:
-        with pytest.raises(URLError):
-            url_host(url)
-        return
-    assert url_host(url) == expected
-    assert url_host(normalize_url(url)) == expected
