@@ -285,8 +285,10 @@ def test_a_url_that_kills_the_crawler_every_time_ends_failed(tmp_path: Path) -> 
 
 
 def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
-    slow = {f"/p/{i}": 0.2 for i in range(30)}
-    with TestSite(SiteConfig(pages=30, slow=slow)) as site:
+    # 40 pages of 0.5 s at 4 workers: 5 s of crawling, so a loaded machine still has the
+    # crawl running when `evidence status` and `evidence stop` (two interpreters) get to it.
+    slow = {f"/p/{i}": 0.5 for i in range(40)}
+    with TestSite(SiteConfig(pages=40, slow=slow)) as site:
         proc = _crawl_process(site.url, tmp_path / "s", "--json")
         site.wait_for_request("/p/0", timeout=30)
         while not (tmp_path / "s" / "live-stats.json").exists():

@@ -176,8 +176,8 @@ def test_a_page_that_kills_its_worker_every_time_ends_failed(tmp_path: Path) -> 
 
 def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) -> None:
     store = tmp_path / "s"
-    slow = {f"/p/{i}": 0.2 for i in range(30)}
-    with TestSite(SiteConfig(pages=30, slow=slow)) as site:
+    slow = {f"/p/{i}": 0.5 for i in range(40)}  # still crawling when stop gets there
+    with TestSite(SiteConfig(pages=40, slow=slow)) as site:
         proc = _crawl_process(site.url, store, "--processes", "2", "--json")
         pids = _wait_for("the worker processes", lambda: _live(store).get("worker_pids"),
                          proc, store)
