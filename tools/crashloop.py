@@ -2,6 +2,7 @@
 
     python tools/crashloop.py --kills 200 --pages 2000
     python tools/crashloop.py --quick            # 10 kills on a small site, ~20 s
+    python tools/crashloop.py --processes 2 --worker-kills 50   # kill worker processes too
 
 A real ``evidence crawl`` process crawls a site served on 127.0.0.1 (evidence.testing.site);
 each round waits until the crawler is fetching, sleeps a random time, and kills it with
@@ -10,14 +11,20 @@ to completion. Then the invariants of issue 3 are checked against the server's o
 log: every reachable page is done exactly once in the evidence, every done page's links
 are in the store, pages requested twice never exceed the workers per kill, robots-disallowed
 paths are never requested, every killed run is recorded as such, and ``verify`` is clean.
-Exit status 0 when every invariant holds. The suite runs a bounded version of this
-(tests/test_crawl.py::test_sigkill_at_random_moments_then_resume_records_each_page_once).
+With ``--processes N`` the crawl runs N worker processes, and ``--worker-kills K`` also
+SIGKILLs a random worker process K times (read from the crawl's live-stats.json) while the
+crawl goes on: each death must cost only that worker's in-flight pages.
+Exit status 0 when every invariant holds. The suite runs bounded versions of this
+(tests/test_crawl.py::test_sigkill_at_random_moments_then_resume_records_each_page_once,
+tests/test_processes.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import random
 import signal
 import subprocess
@@ -37,13 +44,32 @@ def _path(url: str) -> str:
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
-def _crawl(url: str, store: Path, workers: int, max_attempts: int,
-           log: Path) -> subprocess.Popen:
+def _crawl(url: str, store: Path, args: argparse.Namespace, log: Path) -> subprocess.Popen:
     with log.open("a") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "evidence", "crawl", url, "--store", str(store),
-             "--workers", str(workers), "--max-attempts", str(max_attempts)],
+             "--workers", str(args.workers), "--max-attempts", str(args.max_attempts),
+             "--processes", str(args.processes)],
             stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _kill_a_worker(store: Path, proc: subprocess.Popen, rng: random.Random,
+                   killed: set[int]) -> bool:
+    """SIGKILL one live worker process of the running crawl; False if none is known yet."""
+    try:
+        pids = json.loads((store / "live-stats.json").read_text()).get("worker_pids", [])
+    except (OSError, ValueError):
+        return False
+    pids = [p for p in pids if p not in killed]
+    if not pids or proc.poll() is not None:
+        return False
+    pid = rng.choice(pids)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    killed.add(pid)
+    return True
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -52,13 +78,20 @@ def run(args: argparse.Namespace) -> dict:
     store, log = work / "store", work / "crawl.log"
     slow = {f"/p/{i}": 0.01 for i in range(0, args.pages, 5)}
     kills = 0
+    worker_kills: set[int] = set()
     started = time.monotonic()
     with TestSite(SiteConfig(pages=args.pages, slow=slow)) as site:
         while True:
             seen = len(site.requests)
-            proc = _crawl(site.url, store, args.workers, args.max_attempts, log)
+            proc = _crawl(site.url, store, args, log)
             while len(site.requests) == seen and proc.poll() is None:
                 time.sleep(0.005)
+            # Spread the worker kills over the rounds, ahead of each round's crawl kill.
+            target = min(args.worker_kills,
+                         len(worker_kills) + math.ceil(args.worker_kills / (args.kills + 1)))
+            while len(worker_kills) < target and proc.poll() is None:
+                time.sleep(rng.uniform(0.01, args.max_wait))
+                _kill_a_worker(store, proc, rng, worker_kills)
             if kills < args.kills:
                 time.sleep(rng.uniform(0.01, args.max_wait))
                 if proc.poll() is None:
@@ -110,18 +143,24 @@ def run(args: argparse.Namespace) -> dict:
     if missing_links:
         problems.append(f"pages whose links are not all recorded: {missing_links[:5]}")
     twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
-    if twice > args.workers * kills:
-        problems.append(f"{twice} re-requests exceed {args.workers} workers x {kills} kills")
+    deaths = kills + len(worker_kills)
+    if twice > args.workers * deaths:
+        problems.append(f"{twice} re-requests exceed {args.workers} workers x {deaths} "
+                        "kills")
     if any(counts[p] for p in disallowed):
         problems.append("a robots-disallowed path was requested")
     # A kill can land before the new process recorded its run (the server may still be
     # logging the previous process's last request): then there is no run to record.
-    if open_runs or not 0 < killed_runs <= kills:
+    if open_runs or killed_runs > kills or (kills and not killed_runs):
         problems.append(f"{open_runs} runs left open; {killed_runs} recorded as killed, "
                         f"{kills} kills made")
     if not report.ok:
         problems.append(f"verify found {len(report.findings)} problems")
-    return {"kills": kills, "killed_runs": killed_runs, "pages": len(reachable),
+    if len(worker_kills) < args.worker_kills:
+        problems.append(f"only {len(worker_kills)} of {args.worker_kills} worker kills landed "
+                        "before the crawl completed (a larger site, or a shorter --max-wait)")
+    return {"kills": kills, "worker_kills": len(worker_kills), "killed_runs": killed_runs,
+            "pages": len(reachable),
             "failed_after_kills": sorted(exhausted), "requests": sum(counts.values()),
             "re_requests": twice, "seconds": round(time.monotonic() - started, 1),
             "verify_ok": report.ok, "problems": problems, "work_dir": str(work)}
@@ -140,16 +179,24 @@ def main() -> int:
                         help="the crawl's --max-attempts (default 1000: with 3, a page "
                         "claimed at three random kills is failed like a page that kills "
                         "the crawler, and 'every page done once' cannot hold)")
+    parser.add_argument("--processes", type=int, default=0, metavar="N",
+                        help="the crawl's --processes (worker processes; default 0)")
+    parser.add_argument("--worker-kills", type=int, default=0, metavar="K",
+                        help="also SIGKILL a random worker process K times (needs "
+                        "--processes), spread over the rounds")
     parser.add_argument("--quick", action="store_true", help="10 kills, 120 pages")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
     if args.quick:
         args.kills, args.pages = 10, 120
+    if args.worker_kills and not args.processes:
+        parser.error("--worker-kills needs --processes N")
     result = run(args)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{result['kills']} kills, {result['pages']} pages, {result['requests']} "
+        print(f"{result['kills']} kills and {result['worker_kills']} worker kills, "
+              f"{result['pages']} pages, {result['requests']} "
               f"requests ({result['re_requests']} re-requests) in {result['seconds']} s; "
               f"verify {'ok' if result['verify_ok'] else 'FAILED'}")
         for problem in result["problems"]:
