@@ -227,6 +227,7 @@ class Crawler:
             self._writer = self._service.writer
         else:
             self._writer = await stack.enter_async_context(Writer(self.store, limits=limits))
+        # Its session_id is set by _begin, once the store says which session this run is of.
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group)
