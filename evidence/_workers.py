@@ -154,8 +154,6 @@ class WorkerPool:
             raise ValueError("a worker pool needs at least one process")
         self.processes = processes
         self.setup = setup
-        self.started = 0  # children started, replacements included
-        self.lost = 0  # children that died while the run went on
         self._children: dict[int, _Child] = {}
         self._ids = itertools.count(1)
         self._closing = False
@@ -255,7 +253,6 @@ class WorkerPool:
             raise
         finally:
             child_end.close()
-        self.started += 1
         name = f"crawl worker {index} pid {process.pid}"
         stream = await anyio.abc.UNIXSocketStream.from_socket(parent_end)
         child = _Child(index, name, process, stream)
@@ -304,7 +301,6 @@ class WorkerPool:
             waiter.resolve(WorkerLost(child.name, how))
         if self._closing:
             return
-        self.lost += 1
         log.warning("%s %s; its in-flight pages are settled from the store, and a new "
                     "worker process starts", child.name, how)
         await self._start(child.index)
