@@ -802,3 +802,44 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["client"]:
         sys.exit(client_main(sys.argv[2:]))
     sys.exit(f"usage: python -m tests.test_service client ... (got {sys.argv[1:]})")
+
+
+def test_wait_gone_returns_once_what_a_vanished_client_sent_has_committed(
+        store_path: Path, short_dir: Path) -> None:
+    # A crawl whose worker process dies settles that worker's pages from the store, after
+    # Service.wait_gone: so everything the worker had sent must be committed by then.
+    from evidence._service import Service
+    from evidence._writer import WriterLimits
+
+    socket_path = short_dir / "s.sock"
+    message = attempt("victim", 1)
+
+    async def main() -> tuple[bool, bool]:
+        with Store.open(store_path) as store:
+            # The writer lingers 0.5 s for more messages: the commit comes well after the
+            # client is gone.
+            async with Service(store, socket_path=socket_path, writer_limits=WriterLimits(
+                    max_batch_delay=0.5, max_batch_messages=1000)) as service:
+                stream = await anyio.connect_unix(socket_path)
+                await stream.send(encode_frame(Hello(versions=[PROTOCOL_VERSION],
+                                                     client="victim")))
+                await stream.receive()  # the welcome
+                await stream.send(encode_frame(Submit(
+                    id=1, messages=[msgspec.Raw(canonical_encode(message))])))
+                await anyio.sleep(0.05)  # read by the service, not committed yet
+                await stream.aclose()  # the client vanishes without its ack
+
+                def committed() -> bool:
+                    with store.reader() as conn:
+                        return bool(conn.execute(
+                            "SELECT 1 FROM ingest_ledger WHERE message_id = ?",
+                            (message.message_id,)).fetchall())
+
+                before = committed()
+                with anyio.fail_after(10):
+                    await service.wait_gone("victim")
+                return before, committed()
+
+    before, after = anyio.run(main)
+    assert not before, "the linger holds the commit back while the client vanishes"
+    assert after, "wait_gone returned only once the vanished client's request committed"
