@@ -340,7 +340,9 @@ def test_clean_without_confirmation_changes_nothing(tmp_path: Path) -> None:
             "SELECT count(*), max(outcome) FROM crawl_session").fetchall() == [(1, None)]
 
 
-def test_crawl_with_rules_judges_every_page_in_its_own_transaction(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", ["0", "2"])  # 2: the rules run in worker processes
+def test_crawl_with_rules_judges_every_page_in_its_own_transaction(tmp_path: Path,
+                                                                  processes: str) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text(
         '[[rule]]\nid = "has-heading"\nversion = 1\ntype = "selector"\n'
@@ -349,7 +351,7 @@ def test_crawl_with_rules_judges_every_page_in_its_own_transaction(tmp_path: Pat
     with TestSite(SiteConfig(pages=10)) as site:
         done = subprocess.run(
             [sys.executable, "-m", "evidence", "crawl", site.url, "--store",
-             str(tmp_path / "s"), "--rules", str(rules), "--json"],
+             str(tmp_path / "s"), "--rules", str(rules), "--json", "--processes", processes],
             capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     run_id = json.loads(done.stdout)["run_id"]

@@ -39,12 +39,14 @@ def snapshot(site: TestSite, paths: set[str]) -> dict[str, tuple[int, bytes]]:
                 for r in [client.get(site.url_for(p), follow_redirects=False)]}
 
 
-def test_second_session_classifies_every_document_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [0, 2])  # 2: worker processes hand 304s back
+def test_second_session_classifies_every_document_exactly(tmp_path: Path,
+                                                         processes: int) -> None:
     store = tmp_path / "s"
     config = SiteConfig(pages=16, unvalidated={"/p/2", "/p/6", "/p/1"})
     with TestSite(config) as site:
         crawl_config = CrawlConfig(seeds=[site.url])
-        first = crawl(store, crawl_config, workers=3)
+        first = crawl(store, crawl_config, workers=3, processes=processes)
         assert first.session_completed
         docs1 = records(store, first.session_id)
         assert set(docs1) == {"new"}
@@ -52,10 +54,10 @@ def test_second_session_classifies_every_document_exactly(tmp_path: Path) -> Non
         site.set_version(2)
         site.clear_requests()
         # Stopped halfway: the session is open, and no record (so no orphan) is written.
-        partial = crawl(store, crawl_config, workers=2, max_documents=5)
+        partial = crawl(store, crawl_config, workers=2, max_documents=5, processes=processes)
         assert partial.outcome == "capped" and not partial.session_completed
         assert records(store, partial.session_id) == {}
-        second = crawl(store, crawl_config, workers=3)
+        second = crawl(store, crawl_config, workers=3, processes=processes)
         assert second.session_completed and second.session_id == partial.session_id
         log = site.requests
         orphan = site.reachable_pages(1) - site.reachable_pages(2)
