@@ -64,6 +64,17 @@ def _new_workers(store: Path, old: set[int]) -> set[int] | None:
     return pids if len(pids) == 2 else None
 
 
+def _open_files(pid: int) -> list[str]:
+    """What the process has open (targets of /proc/PID/fd)."""
+    out = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            out.append(os.readlink(fd))
+        except OSError:
+            continue
+    return out
+
+
 def _dead(pid: int) -> bool:
     """Gone, or a zombie waiting for a reaper (it runs no code either way)."""
     try:
@@ -181,6 +192,7 @@ def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) 
         proc = _crawl_process(site.url, store, "--processes", "2", "--json")
         pids = _wait_for("the worker processes", lambda: _live(store).get("worker_pids"),
                          proc, store)
+        opened = {pid: _open_files(pid) for pid in pids}
         shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
                                capture_output=True, text=True, timeout=30)
         stopper = subprocess.run([sys.executable, "-m", "evidence", "stop", str(store)],
@@ -190,6 +202,9 @@ def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) 
     assert proc.returncode == 0, _stderr(store)
     assert '"outcome":"stopped"' in out
     assert "worker processes, pids " + ", ".join(map(str, pids)) in shown.stdout
+    for pid, files in opened.items():  # claims and results go through the service
+        assert files, f"could not list worker {pid}'s open files"
+        assert not [f for f in files if "evidence.db" in f], f"worker {pid} opened the database"
     assert all(_dead(pid) for pid in pids), "the workers end with their crawl"
     states = frontier_states(store)
     assert not any(s == "in_flight" for s, _r in states.values()), \
