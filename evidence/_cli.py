@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -20,14 +21,14 @@ from ._cli_archive import add_commands as add_archive_commands
 from ._cli_rules import add_commands as add_rules_commands
 from ._cli_service import add_commands as add_service_commands
 from ._cli_verify import add_commands as add_verify_commands
-from ._crawl import Crawler, CrawlOptions, CrawlProgress, CrawlResult
 from ._errors import EvidenceError
 from ._frontier import CrawlConfig, last_session
-from ._incremental import diff_sessions, parse_frequency
-from ._rules import load_rules
 from ._runlock import crawl_lock, stop
 from ._status import StoreStatus, status
 from ._store import Store
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from ._crawl import CrawlProgress, CrawlResult
 
 __all__ = ["main"]
 
@@ -64,6 +65,8 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
 
 def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     """Build the configuration from the arguments and run one crawl, handling signals."""
+    from ._crawl import Crawler, CrawlOptions
+
     stderr = stderr or sys.stderr
     logging.basicConfig(stream=stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
@@ -115,6 +118,8 @@ def _crawl_config(args: argparse.Namespace, store: Store) -> CrawlConfig:
     if "recrawl" in given:
         given["recrawl"] = dict(given["recrawl"])
     if "rules" in given:  # the full definitions are recorded with the session
+        from ._rules import load_rules
+
         given["rules"] = load_rules(given["rules"]).as_record()
     if args.urls:
         return CrawlConfig(seeds=list(args.urls), **given)
@@ -130,6 +135,8 @@ def _recrawl_rule(text: str) -> tuple[str, str]:
     key, sep, value = text.rpartition("=")
     if not sep or not key or not value:
         raise argparse.ArgumentTypeError(f"expected REGEX=FREQUENCY, got {text!r}")
+    from ._incremental import parse_frequency
+
     parse_frequency(value)
     return key, value
 
@@ -138,6 +145,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if len(args.session) != 2:
         raise EvidenceError("diff takes exactly two --session options",
                             hint="evidence diff STORE --session A --session B")
+    from ._incremental import diff_sessions
+
     with Store.open(args.store) as store, store.reader() as conn:
         report = diff_sessions(conn, *args.session)
     if args.json:

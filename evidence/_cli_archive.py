@@ -13,11 +13,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ._archive import Comparison, backup, compare, restore
-from ._export import Manifest, export
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from ._archive import Comparison
+    from ._export import Manifest
 
 __all__ = ["add_commands"]
 
@@ -54,6 +56,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         from ._cli_verify import _cmd_export_warc
 
         return _cmd_export_warc(args)
+    from ._export import export
+
     with _Progress() as progress:
         manifest = export(args.store, args.out, run_id=args.run, format=args.format,
                           progress=progress)
@@ -81,6 +85,8 @@ def _format_manifest(path: Path, m: Manifest) -> str:
 
 
 def _cmd_backup(args: argparse.Namespace) -> int:
+    from ._archive import backup
+
     with _Progress() as progress:
         report = backup(args.store, args.out, progress=progress)
     if args.json:
@@ -99,6 +105,8 @@ def _cmd_backup(args: argparse.Namespace) -> int:
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
+    from ._archive import restore
+
     with _Progress() as progress:
         report = restore(args.archive, args.store, progress=progress)
     if args.json:
@@ -116,6 +124,8 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from ._archive import compare
+
     with _Progress() as progress:
         result = compare(args.a, args.b, rows_per_table=args.rows, scratch=args.scratch,
                          progress=progress)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ._report import render_html, render_json, render_text, report
-from ._rules import EvaluationSummary, evaluate_stored, load_rules
 from ._store import Store
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from ._rules import EvaluationSummary
 
 __all__ = ["add_commands"]
 
@@ -27,6 +29,8 @@ def _print_json(data: object) -> None:
 
 
 def _cmd_rules_check(args: argparse.Namespace) -> int:
+    from ._rules import load_rules
+
     rules = load_rules(args.file)
     if args.json:
         _print_json(rules.as_record())
@@ -38,6 +42,8 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules_evaluate(args: argparse.Namespace) -> int:
+    from ._rules import evaluate_stored, load_rules
+
     rules = load_rules(args.rules)
     with Store.open(args.store) as store:
         summary = evaluate_stored(store, rules, run_id=args.run, recheck=args.recheck)
@@ -61,6 +67,8 @@ def format_summary(s: EvaluationSummary) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from ._report import render_html, render_json, render_text, report
+
     with Store.open(args.store) as store:
         data = report(store, args.run, max_failures=args.max_failures)
     render = {"text": render_text, "json": render_json, "html": render_html}[args.format]

@@ -13,23 +13,15 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from ._errors import ProofError
-from ._proofs import (
-    SigningKey,
-    check_proof,
-    checkpoint,
-    encode_proof,
-    parse_checkpoint,
-    prove_consistency,
-    prove_inclusion,
-)
-from ._replay import replay
 from ._store import Store
-from ._verify import NOTICE_KINDS, VerifyReport, reclaim_orphans, verify
-from ._warc import export_warc
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from ._verify import VerifyReport
 
 __all__ = ["add_commands", "parse_duration"]
 
@@ -69,6 +61,8 @@ def _read(path: str) -> bytes:
 # --- verify --------------------------------------------------------------------------
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from ._verify import reclaim_orphans, verify
+
     with Store.open(args.store) as store:
         report = verify(store, full=args.full)
         reclaimed = None
@@ -95,6 +89,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def format_report(r: VerifyReport) -> str:
     """The report a person reads: what was checked, then each finding and where it is."""
+    from ._verify import NOTICE_KINDS
+
     lines = [f"store    {r.path} ({r.store_id})",
              f"mode     {'full: integrity_check, artifacts re-hashed' if r.full else 'quick'}",
              f"log      {r.tree_size} entries, root {r.root}",
@@ -114,6 +110,8 @@ def format_report(r: VerifyReport) -> str:
 # --- keys, checkpoints, proofs --------------------------------------------------------
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
+    from ._proofs import SigningKey
+
     key = SigningKey.generate(args.name)
     private, public = key.write(args.key)
     print(f"private key {private} (keep it secret), public key {public}:")
@@ -122,6 +120,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    from ._proofs import SigningKey, checkpoint
+
     with Store.open(args.store) as store:
         if args.new_key:
             key = SigningKey.generate(f"evidence/{store.store_id}")
@@ -142,6 +142,8 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
+    from ._proofs import encode_proof, parse_checkpoint, prove_consistency, prove_inclusion
+
     size = args.to_size
     cp = None
     if args.checkpoint:
@@ -168,6 +170,8 @@ def _cmd_prove(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_proof(args: argparse.Namespace) -> int:
+    from ._proofs import check_proof
+
     result = check_proof(_read(args.proof), _read(args.checkpoint), _read(args.public_key),
                          old_checkpoint=_read(args.old_checkpoint) if args.old_checkpoint
                          else None)
@@ -186,6 +190,8 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
 # --- replay and WARC -----------------------------------------------------------------
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from ._replay import replay
+
     with Store.open(args.store) as store:
         found = replay(store, args.url, run_id=args.run, at=args.at)
     if args.json:
@@ -212,6 +218,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_warc(args: argparse.Namespace) -> int:
+    from ._warc import export_warc
+
     with Store.open(args.store) as store:
         result = export_warc(store, args.out, run_id=args.run)
     if args.json:
