@@ -43,7 +43,7 @@ from ._frontier import CrawlConfig
 from ._http import crawl_client
 from ._pages import PageEffects, PageOrder, PageWorker
 from ._store import ARTIFACTS_DIR
-from ._wire import HEADER, FrameReader
+from ._wire import FrameReader, encode_frame
 
 __all__ = ["Setup", "WorkerLost", "WorkerPool"]
 
@@ -85,14 +85,8 @@ class Failed(msgspec.Struct, tag="failed"):
     error: str
 
 
-_encoder = msgspec.msgpack.Encoder()
 _down = msgspec.msgpack.Decoder(Setup | Order)
 _up = msgspec.msgpack.Decoder(Ready | Done | Failed)
-
-
-def _frame(message: msgspec.Struct) -> bytes:
-    body = _encoder.encode(message)
-    return HEADER.pack(len(body)) + body
 
 
 async def _read(reader: FrameReader, decoder: msgspec.msgpack.Decoder) -> Any:
@@ -218,7 +212,7 @@ class WorkerPool:
         try:
             try:
                 async with child.send_lock:
-                    await child.stream.send(_frame(Order(id=request_id, page=order)))
+                    await child.stream.send(encode_frame(Order(id=request_id, page=order)))
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the child died: its receiver resolves every pending order
             await waiter.event.wait()
@@ -259,7 +253,7 @@ class WorkerPool:
         self._children[index] = child
         reader = FrameReader(stream)
         try:
-            await stream.send(_frame(msgspec.structs.replace(self.setup, name=name)))
+            await stream.send(encode_frame(msgspec.structs.replace(self.setup, name=name)))
             ready = await _read(reader, _up)
         except (OSError, anyio.BrokenResourceError, anyio.EndOfStream, msgspec.DecodeError,
                 EvidenceError) as exc:
@@ -341,7 +335,7 @@ async def _child(fd: int) -> None:
 
             async def answer(frame: msgspec.Struct) -> None:
                 async with lock:
-                    await stream.send(_frame(frame))
+                    await stream.send(encode_frame(frame))
 
             async def run(order: Order) -> None:
                 try:
