@@ -268,7 +268,7 @@ def _checked(url: str) -> _Parts:
 
 def normalize_url(url: str) -> str:
     """Return the fetch key of an absolute http(s) URL; raise ``URLError`` if it has none."""
-    if isinstance(url, str) and _is_simple_key(url):
+    if isinstance(url, str) and _simple_key(url) is not None:
         return url
     return _checked(url).serialize()
 
@@ -281,25 +281,29 @@ _SIMPLE_RE = re.compile(
     r"(/[A-Za-z0-9\-._~!$&'()*+,;=:@/]*)(?:\?([A-Za-z0-9\-._~!$&'()*+,;=:@/?]+))?")
 
 
-def _is_simple_key(url: str) -> bool:
+def _simple_key(url: str) -> re.Match[str] | None:
+    """The fast path's match when ``url`` is already a fetch key, else None."""
     match = _SIMPLE_RE.fullmatch(url)
     if match is None or len(url) > MAX_URL_LENGTH:
-        return False
+        return None
     scheme, host, port, path, query = match.groups()
     if len(host) > 253 or "xn--" in host or "/." in path:
-        return False
+        return None
     if port is not None and (int(port) > 65535 or int(port) == _DEFAULT_PORTS[scheme]):
-        return False
+        return None
     if query is not None:
         params = query.split("&")
         keys = [p.partition("=") for p in params]
         if "" in params or keys != sorted(keys):
-            return False
-    return True
+            return None
+    return match
 
 
 def url_host(url: str) -> str:
     """Return the host of ``url``'s fetch key: IDNA-encoded, IPv6 bracketed, no port."""
+    match = _simple_key(url) if isinstance(url, str) else None
+    if match is not None:
+        return match.group(2)
     return _checked(url).host
 
 

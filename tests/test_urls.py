@@ -407,22 +407,27 @@ _simple_chars = st.sampled_from(list("abcxyz019-._~!$&'()*+,;=:@/?%AZ"))
 
 @settings(max_examples=1500, deadline=None)
 @given(host=st.sampled_from(["example.com", "a-b.c_d.org", "xn--bcher-kva.example",
-                             "127.0.0.1", "EXAMPLE.com", "example.com."]),
+                             "127.0.0.1", "127.1", "0x7f.0.0.1", "EXAMPLE.com",
+                             "example.com."]),
        scheme=st.sampled_from(["http", "https"]),
        port=st.sampled_from(["", ":80", ":443", ":8080", ":0080", ":99999"]),
        path=st.text(_simple_chars, max_size=30),
        query=st.one_of(st.none(), st.text(_simple_chars, max_size=30)))
 def test_fast_path_agrees_with_the_full_normalizer(host: str, scheme: str, port: str,
                                                    path: str, query: str | None) -> None:
-    from evidence._urls import _checked, _is_simple_key
+    from evidence._urls import _checked, _simple_key
 
     url = f"{scheme}://{host}{port}/{path}" + ("" if query is None else f"?{query}")
     try:
-        full = _checked(url).serialize()
+        parts = _checked(url)
     except URLError:
-        assert not _is_simple_key(url)
+        assert _simple_key(url) is None
+        with pytest.raises(URLError):
+            url_host(url)
         return
-    if _is_simple_key(url):
+    full = parts.serialize()
+    if _simple_key(url) is not None:
         assert full == url
     assert normalize_url(url) == full
+    assert url_host(url) == parts.host
 
