@@ -2,8 +2,16 @@
 
 This module owns everything under the artifact root::
 
-    <root>/<namespace>/<digest[0:2]>/<digest[2:4]>/<digest>    one read-only file per payload
-    <root>/.tmp/put-<pid>-<random>.tmp                         a put in progress
+    <root>/<namespace>/<digest[0:2]>/<digest>     one read-only file per payload
+    <root>/LAYOUT                                 "evidence-artifacts 2": the layout above
+    <root>/.tmp/put-<pid>-<random>.tmp            a put in progress
+
+Layout 2 has one fan-out level (256 directories per namespace: a few thousand files per
+directory at ten million artifacts, which ext4 and XFS index). Stores made before layouts
+were recorded have no ``LAYOUT`` file and two levels, ``<digest[0:2]>/<digest[2:4]>/``
+(layout 1); they are read and written in that layout, never converted. A new (empty) root
+gets the current layout, recorded durably before the first put. A ``LAYOUT`` this program
+does not know is refused: the store comes from a newer program.
 
 Database rows never hold payload bytes; messages carry an ``ArtifactRef`` (namespace,
 digest, size). What makes such a reference safe is the durability invariant:
@@ -61,6 +69,10 @@ _NAMESPACE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 _TEMP_DIR = ".tmp"  # cannot collide with a namespace: "." is not allowed in one
+_LAYOUT_FILE = "LAYOUT"  # nor can this: no upper case in a namespace
+_LAYOUTS = {"evidence-artifacts 2\n": 2}
+LAYOUT = 2  # what a new store gets
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 _TEMP_PREFIX, _TEMP_SUFFIX = "put-", ".tmp"
 _TEMP_PID_RE = re.compile(r"put-([1-9][0-9]{0,9})-.*\.tmp", re.DOTALL)
 
@@ -289,6 +301,10 @@ class ArtifactStore:
         self._tmp = self.root / _TEMP_DIR
         # Directories whose entry in their parent this instance has made durable (or created).
         self._durable_dirs: set[Path] = set()
+        # Directories _ensure_dir has completed for: each exists with its whole chain durable.
+        # Nothing in a live store removes them, so a put skips the walk (~8% of a crawl
+        # worker's CPU); one removed from outside fails the put with a clear ENOENT.
+        self._ready_dirs: set[Path] = set()
         if create:
             self._ensure_dir(self._tmp)
         elif not self.root.is_dir():
@@ -297,7 +313,61 @@ class ArtifactStore:
                 hint="check the path, or open with create=True",
                 path=self.root,
             )
+        self.layout = self._open_layout()
         self.clean_stale_temp()
+
+    def _open_layout(self) -> int:
+        """The root's layout: recorded, legacy (1), or the current one recorded now."""
+        path = self.root / _LAYOUT_FILE
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                text = f.read(64)
+        except FileNotFoundError:
+            if _subdirs(self.root, _NAMESPACE_RE):
+                return 1  # artifacts from before layouts were recorded
+            try:
+                self._write_layout(path)
+            except ArtifactError as exc:
+                if getattr(exc.__cause__, "errno", None) not in _READ_ONLY:
+                    raise
+                # Read-only and empty: nothing to read in any layout, nothing can be put.
+            return LAYOUT
+        except OSError as exc:
+            raise ArtifactError(f"cannot read the artifact store layout at {path}: {exc}",
+                                hint="check the permissions of the store", path=path) from exc
+        layout = _LAYOUTS.get(text)
+        if layout is None:
+            raise ArtifactError(
+                f"artifact store {self.root} has layout {text.strip()[:40]!r}, which this "
+                "version of evidence does not know",
+                hint="the store was written by a newer version of evidence: use that version",
+                path=path,
+            )
+        return layout
+
+    def _write_layout(self, path: Path) -> None:
+        """Record the current layout durably: temp file, fsync, rename, fsync the root."""
+        self._ensure_dir(self._tmp)
+        with _os_errors("create temp file in", self._tmp):
+            fd, tmp = self._ops.open_temp(self._tmp)
+        try:
+            with _os_errors("write temp file", tmp):
+                self._ops.write(fd, f"evidence-artifacts {LAYOUT}\n".encode("ascii"))
+            with _os_errors("fsync temp file", tmp):
+                self._ops.fsync(fd)
+        finally:
+            with contextlib.suppress(OSError):
+                self._ops.close(fd)
+        # Concurrent openers of a new root all write the same bytes: whichever rename wins.
+        try:
+            with _os_errors("move temp file into place at", path):
+                self._ops.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._ops.unlink(tmp)
+            raise
+        with _os_errors("fsync directory", self.root):
+            self._ops.fsync_dir(self.root)
 
     def __repr__(self) -> str:
         return f"ArtifactStore({str(self.root)!r}, max_payload={self.max_payload})"
@@ -315,7 +385,9 @@ class ArtifactStore:
         validate_namespace(namespace)
         _validate_digest(digest)  # type: ignore[arg-type]
         assert digest is not None
-        return self.root / namespace / digest[:2] / digest[2:4] / digest
+        if self.layout == 1:
+            return self.root / namespace / digest[:2] / digest[2:4] / digest
+        return self.root / namespace / digest[:2] / digest
 
     def _ensure_dir(self, target: Path) -> None:
         """Create ``target`` if needed and make every directory entry on the way durable.
@@ -324,6 +396,17 @@ class ArtifactStore:
         may have been created a moment ago by a concurrent put that has not fsynced it yet,
         and our put must not return before that entry is durable.
         """
+        if target in self._ready_dirs:
+            return
+        parent = target.parent
+        if parent in self._ready_dirs:  # the common case: a fan-out leaf, new or not ours yet
+            with _os_errors("create directory", target):
+                self._ops.makedirs(target)
+            with _os_errors("fsync directory", parent):
+                self._ops.fsync_dir(parent)
+            self._durable_dirs.add(target)
+            self._ready_dirs.add(target)
+            return
         with _os_errors("create directory", target):
             created = self._ops.makedirs(target)
         levels = [self.root, *(self.root / p for p in _prefixes(target.relative_to(self.root)))]
@@ -336,6 +419,7 @@ class ArtifactStore:
             with _os_errors("fsync directory", directory.parent):
                 self._ops.fsync_dir(directory.parent)
             self._durable_dirs.add(directory)
+        self._ready_dirs.add(target)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -523,19 +607,26 @@ class ArtifactStore:
     def iter_refs(self) -> Iterator[ArtifactRef]:
         """Every artifact on disk, sorted by (namespace, digest); ``.tmp`` and strays skipped."""
         for namespace in _subdirs(self.root, _NAMESPACE_RE):
-            for a in _subdirs(self.root / namespace, _FANOUT_RE):
-                for b in _subdirs(self.root / namespace / a, _FANOUT_RE):
-                    leaf = self.root / namespace / a / b
-                    with _os_errors("list directory", leaf), os.scandir(leaf) as entries:
-                        files = sorted(
-                            (e.name, e.stat(follow_symlinks=False).st_size)
-                            for e in entries
-                            if _DIGEST_RE.fullmatch(e.name)
-                            and e.name.startswith(a + b)
-                            and e.is_file(follow_symlinks=False)
-                        )
-                    for digest, size in files:
-                        yield ArtifactRef(namespace, digest, size)
+            for prefix, leaf in self._leaves(self.root / namespace):
+                with _os_errors("list directory", leaf), os.scandir(leaf) as entries:
+                    files = sorted(
+                        (e.name, e.stat(follow_symlinks=False).st_size)
+                        for e in entries
+                        if _DIGEST_RE.fullmatch(e.name)
+                        and e.name.startswith(prefix)
+                        and e.is_file(follow_symlinks=False)
+                    )
+                for digest, size in files:
+                    yield ArtifactRef(namespace, digest, size)
+
+    def _leaves(self, directory: Path) -> Iterator[tuple[str, Path]]:
+        """(digest prefix, directory) of every fan-out leaf under a namespace, sorted."""
+        for a in _subdirs(directory, _FANOUT_RE):
+            if self.layout == 1:
+                for b in _subdirs(directory / a, _FANOUT_RE):
+                    yield a + b, directory / a / b
+            else:
+                yield a, directory / a
 
     def usage(self) -> tuple[int, int]:
         """(number of artifacts, total bytes), by walking the store."""

@@ -173,9 +173,11 @@ def test_manifest_counts_section_hashes_root_and_artifacts_are_correct(
     assert {(g.kind, g.subject) for g in manifest.gaps} == {("session_open", "s2"),
                                                             ("run_not_completed", "r2")}
     rows = {(ns, d) for ns, d in conn.execute("SELECT namespace, digest FROM artifact")}
-    on_disk = {p.relative_to(tmp_path / "a" / "artifacts").parts[::3]
-               for p in (tmp_path / "a" / "artifacts").rglob("*") if p.is_file()}
+    artifacts = tmp_path / "a" / "artifacts"
+    files = [p.relative_to(artifacts).parts for p in artifacts.rglob("*") if p.is_file()]
+    on_disk = {(parts[0], parts[-1]) for parts in files if parts != ("LAYOUT",)}
     assert on_disk == rows and manifest.artifacts == len(rows) == 3
+    assert len(files) == len(rows) + 1  # and the layout record, nothing else
 
 
 def test_jsonl_and_csv_exports_have_the_same_rows_in_the_same_order_as_sql(
@@ -415,7 +417,8 @@ def test_restore_refuses_an_archive_that_does_not_match_its_manifest(
 def test_restore_checks_artifacts_against_their_digests(
         populated_store: Store, tmp_path: Path) -> None:
     export(populated_store, tmp_path / "a")
-    (file,) = [p for p in (tmp_path / "a" / "artifacts").rglob("*") if p.is_file()]
+    (file,) = [p for p in (tmp_path / "a" / "artifacts").rglob("*")
+             if p.is_file() and p.name != "LAYOUT"]
     file.chmod(0o644)
     file.write_bytes(b"<html>HELLO</html>")  # same size, other bytes
     with pytest.raises(CorruptStoreError, match="artifact_corrupt"):

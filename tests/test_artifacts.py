@@ -46,11 +46,12 @@ def tree(path: Path) -> set[str]:
 
 
 def store_files(store: ArtifactStore) -> list[Path]:
-    """Every regular file under the root except in .tmp."""
+    """Every regular file under the root except in .tmp and the LAYOUT record."""
     return sorted(
         p
         for p in store.root.rglob("*")
         if p.is_file() and ".tmp" not in p.relative_to(store.root).parts
+        and p != store.root / "LAYOUT"
     )
 
 
@@ -75,7 +76,7 @@ def test_put_read_roundtrip(store: ArtifactStore) -> None:
     ref = store.put("html", data)
     assert ref == ArtifactRef("html", blake3.blake3(data).hexdigest(), len(data))
     path = store.path_for(ref)
-    assert path == store.root / "html" / ref.digest[:2] / ref.digest[2:4] / ref.digest
+    assert path == store.root / "html" / ref.digest[:2] / ref.digest
     assert path.read_bytes() == data
     assert stat.S_IMODE(path.stat().st_mode) == 0o444
     assert store.read(ref) == data
@@ -661,6 +662,7 @@ def test_failed_directory_fsync_after_rename_fails_the_put(tmp_path: Path) -> No
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             super().fsync_dir(path)
 
+    ArtifactStore(tmp_path / "store")  # created (its LAYOUT recorded) before the faults
     store = ArtifactStore(tmp_path / "store", file_ops=FailDirSyncAfterRename())
     with pytest.raises(ArtifactError, match="fsync directory") as info:
         store.put("html", b"body")
@@ -725,3 +727,78 @@ def test_putting_existing_content_again_refreshes_its_age(tmp_path: Path) -> Non
     os.utime(path, (1_000_000, 1_000_000))
     assert store.put("body", b"same bytes") == ref
     assert path.stat().st_mtime > time.time() - 60
+
+
+# -- layouts ---------------------------------------------------------------------------------
+
+
+def test_a_new_root_records_its_layout_before_any_put(tmp_path: Path) -> None:
+    calls: list[tuple[str, str]] = []
+
+    class Recording(FileOps):
+        def rename(self, src: Path, dst: Path) -> None:
+            calls.append(("rename", dst.name))
+            super().rename(src, dst)
+
+        def fsync_dir(self, path: Path) -> None:
+            calls.append(("fsync_dir", path.name))
+            super().fsync_dir(path)
+
+    store = ArtifactStore(tmp_path / "store", file_ops=Recording())
+    assert store.layout == 2
+    assert (store.root / "LAYOUT").read_text() == "evidence-artifacts 2\n"
+    assert calls[-2:] == [("rename", "LAYOUT"), ("fsync_dir", "store")]  # durable at open
+    ref = store.put("html", b"x")
+    assert store.path_for(ref) == store.root / "html" / ref.digest[:2] / ref.digest
+    assert ArtifactStore(store.root, create=False).layout == 2
+    assert temp_files(store) == []
+
+
+def test_a_store_from_before_layouts_keeps_two_levels(tmp_path: Path) -> None:
+    """No LAYOUT and artifacts on disk: layout 1, read and written as it was."""
+    root = tmp_path / "store"
+    data = b"written by an older version"
+    digest = blake3.blake3(data).hexdigest()
+    legacy = root / "html" / digest[:2] / digest[2:4] / digest
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(data)
+    store = ArtifactStore(root)
+    assert store.layout == 1
+    assert not (root / "LAYOUT").exists()  # never converted or re-labelled
+    ref = ArtifactRef("html", digest, len(data))
+    assert store.read(ref, verify=True) == data
+    assert list(store.iter_refs()) == [ref]
+    other = store.put("body", b"new bytes")
+    assert store.path_for(other) == root / "body" / other.digest[:2] / other.digest[2:4] / \
+        other.digest
+    assert set(store.iter_refs()) == {ref, other}
+
+
+def test_an_unknown_layout_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    ArtifactStore(root)
+    os.chmod(root / "LAYOUT", 0o644)
+    (root / "LAYOUT").write_text("evidence-artifacts 3\n")
+    with pytest.raises(ArtifactError, match="does not know") as info:
+        ArtifactStore(root)
+    assert "newer version" in info.value.hint
+
+
+def test_an_empty_read_only_root_opens_but_other_errors_raise(tmp_path: Path) -> None:
+    """Read-only media: nothing to read in any layout and nothing can be put; EIO is real."""
+    root = tmp_path / "store"
+    root.mkdir()
+
+    class Failing(FileOps):
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def open_temp(self, directory: Path) -> tuple[int, Path]:
+            raise OSError(self.code, os.strerror(self.code))
+
+    store = ArtifactStore(root, create=False, file_ops=Failing(errno.EROFS))
+    assert store.layout == 2 and list(store.iter_refs()) == []
+    assert not (root / "LAYOUT").exists()
+    with pytest.raises(ArtifactError, match="Input/output error"):
+        ArtifactStore(root, create=False, file_ops=Failing(errno.EIO))
+    assert not (root / "LAYOUT").exists()

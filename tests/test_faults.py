@@ -556,12 +556,12 @@ def test_every_writer_fault_point_has_a_test() -> None:
 def fill(directory: Path) -> Path:
     """Fill the filesystem holding ``directory``; return the filler file."""
     filler = directory / "filler"
-    with open(filler, "wb") as handle:
+    # Unbuffered: a short last write must not stay in a buffer for close() to fail on.
+    with open(filler, "wb", buffering=0) as handle:
         chunk = b"\0" * 65536
         with contextlib.suppress(OSError):
             while True:
                 handle.write(chunk)
-                handle.flush()
     return filler
 
 

@@ -417,7 +417,7 @@ def test_artifact_namespaces_and_digests_never_name_a_path_outside_the_root(
         with pytest.raises(ArtifactError):
             artifacts.path_for("body", digest)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["root"]
-    assert [p.name for p in (tmp_path / "root").iterdir()] == [".tmp"]
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == [".tmp", "LAYOUT"]
 
 
 # --- findings of this issue, fixed since: regression tests (docs/reliability.md) -------

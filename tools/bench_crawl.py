@@ -21,16 +21,17 @@ the report says so. Both crawlers then crawl the whole site at equal concurrency
             Scrapy keeps no bodies: it is the common way Scrapy runs, not an equal load.
 
 Same site and server, alternating order (evidence, scrapy, scrapy, evidence, ...) for
-``--reps`` repetitions, each run into a fresh store / JOBDIR. Reported per run: pages/s
-over the process's wall time (start to exit, the figure the ratio uses), pages/s over the
-server's window (first to last request in the access log: no start-up or shut-down), CPU
-seconds of the crawler process, and the checks: the distinct HTML URLs the server answered
-200 (the page count the rates use) must equal the site's documents, and the crawler's own
-count must agree: evidence ``SELECT count(*) FROM fetch_attempt WHERE http_status = 200``,
-scrapy its ``downloader/response_status_count/200`` stat (both include robots.txt, so
-documents + 1). URLs the server saw requested twice are reported (Scrapy fetches its start
-URL twice by default: start requests bypass the dupe filter, so ``/`` found as a link is
-requested again).
+``--reps`` repetitions, each run into a fresh store / JOBDIR, all kept until the end (a
+delete between runs would slow the next run's file creations: see KEEP_NOTE). Reported per
+run: pages/s over the process's wall time (start to exit, the figure the ratio uses),
+pages/s over the server's window (first to last request in the access log: no start-up or
+shut-down), CPU seconds of the crawler process, and the checks: the distinct HTML URLs the
+server answered 200 (the page count the rates use) must equal the site's documents, and
+the crawler's own count must agree: evidence ``SELECT count(*) FROM fetch_attempt WHERE
+http_status = 200``, scrapy its ``downloader/response_status_count/200`` stat (both
+include robots.txt, so documents + 1). URLs the server saw requested twice are reported
+(Scrapy fetches its start URL twice by default: start requests bypass the dupe filter, so
+``/`` found as a link is requested again).
 
 Resume cost. A store whose open session has ``--resume-urls`` queued URLs: a real
 ``evidence crawl URL --max-documents 1`` run (robots.txt and ``/`` are fetched and
@@ -403,6 +404,14 @@ def window(requests: list) -> tuple[float, int, int]:
     return max(stamps) - min(stamps), dups, pages
 
 
+# Each run's store (and Scrapy's JOBDIR) is kept until the whole benchmark ends. Deleting
+# a store removes ~20,000 files and directories; on ext4 without a journal (as on the
+# machines this runs on) the inode allocator then skips every inode freed in the last 60-360
+# seconds one by one, so the next run's file creations would pay for the harness's deletes
+# (perf showed that scan at ~15% of the worker processes' CPU).
+KEEP_NOTE = "stores kept until the end (no deletes between runs)"
+
+
 def run_evidence(server: Server, work: Path, n: int, rep: int, processes: int = 0) -> Run:
     store = work / f"evidence-{rep}"
     cmd = [*evidence_command(), "crawl", server.url, "--store", str(store),
@@ -421,8 +430,7 @@ def run_evidence(server: Server, work: Path, n: int, rep: int, processes: int = 
         print((work / f"evidence-{rep}.err").read_text()[-2000:], file=sys.stderr)
     run = Run("evidence", rep, wall, cpu, all_200, pages, tool_pages, len(requests), span,
               dups, rc, dir_bytes(store), {"outcome": result.get("outcome")}, load)
-    shutil.rmtree(store, ignore_errors=True)
-    return run
+    return run  # the store is kept until the end: see KEEP_NOTE
 
 
 def scrapy_command(venv: Path, url: str, jobdir: Path, stats: Path, n: int) -> list[str]:
@@ -455,8 +463,7 @@ def run_scrapy(server: Server, work: Path, venv: Path, n: int, rep: int) -> Run:
               dups, rc, dir_bytes(jobdir) if jobdir.exists() else 0,
               {"finish_reason": stats.get("finish_reason"),
                "dupefilter_filtered": stats.get("dupefilter/filtered")}, load)
-    shutil.rmtree(jobdir, ignore_errors=True)
-    return run
+    return run  # kept until the end, as evidence's stores are
 
 
 def ensure_scrapy(venv: Path) -> tuple[list[list[str]], str]:
@@ -612,7 +619,8 @@ def render(report: dict) -> str:
         s = report["summary"]
         lines.append("pages: distinct HTML URLs answered 200 in the server log; own 200s: "
                      "the crawler's count (incl. robots.txt); dup: URLs requested twice; "
-                     f"load: 1-min load average at the start ({os.cpu_count()} CPUs)")
+                     f"load: 1-min load average at the start ({os.cpu_count()} CPUs); "
+                     + KEEP_NOTE)
         lines.append("")
         for tool in ("evidence", "scrapy"):
             if tool in s:
