@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import functools
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
@@ -38,6 +41,7 @@ class FetchResult:
     elapsed: float
     head: bytes = b""  # the stored response head, as recorded
     raw_body: bytes = b""  # the stored body, as received
+    parsed: Any = None  # what fetch's ``parse`` made of a 2xx body, or None
 
 
 def _request_head(request: httpx.Request) -> bytes:
@@ -75,10 +79,31 @@ async def _put_all(artifacts: ArtifactStore,
     return await anyio.to_thread.run_sync(put_all)
 
 
+async def _store_and_parse(artifacts: ArtifactStore, items: list[tuple[str, bytes]],
+                           body: bytes, encoding: str,
+                           parse: Callable[[bytes], Any] | None) -> tuple[list, bytes, Any]:
+    """Store the payloads, decode the body and parse it, in one trip to a worker thread.
+
+    One trip instead of two per page (a thread hop costs the event loop a wakeup and the
+    GIL a handoff); decoding and parsing are CPU work that must stay off the loop anyway.
+    """
+    def work() -> tuple[list, bytes, Any]:
+        refs = [artifacts.put(namespace, data) for namespace, data in items]
+        decoded = _decoded(body, encoding)
+        return refs, decoded, (parse(decoded) if parse is not None and decoded else None)
+
+    return await anyio.to_thread.run_sync(work)
+
+
 async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
-                extra_headers: dict[str, str] | None = None) -> FetchResult:
-    """Request ``url`` once (no redirects followed), store what was exchanged, describe it."""
+                extra_headers: dict[str, str] | None = None,
+                parse: Callable[[str, bytes], Any] | None = None) -> FetchResult:
+    """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
+
+    ``parse(content_type, decoded_body)``, if given, runs on a 2xx response's non-empty
+    body in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
+    """
     started_at = utc_now()
     t0 = time.monotonic()
     headers = {"User-Agent": user_agent, "Accept-Encoding": "gzip, deflate",
@@ -120,18 +145,22 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
         outcome, error = "too_large", f"body cut at the cap of {max_body_bytes} bytes"
     body = b"".join(chunks)
     head = _response_head(response)
+    content_type = response.headers.get("content-type")
+    by_type = None
+    if parse is not None and 200 <= response.status_code < 300:
+        by_type = functools.partial(parse, content_type or "")
     # Every payload is durable before the attempt that references them exists.
-    request_ref, response_ref, body_ref = await _put_all(
-        artifacts, [(HEADERS_NS, request_head), (HEADERS_NS, head), (BODY_NS, body)])
+    (request_ref, response_ref, body_ref), decoded, parsed = await _store_and_parse(
+        artifacts, [(HEADERS_NS, request_head), (HEADERS_NS, head), (BODY_NS, body)],
+        body, response.headers.get("content-encoding", ""), by_type)
     attempt = FetchAttempt(
         **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
         http_status=response.status_code, request_headers=request_ref,
         response_headers=response_ref, body=body_ref,
         body_truncated=truncated or outcome != "response",
-        content_type=response.headers.get("content-type"), error=error)
-    decoded = _decoded(body, response.headers.get("content-encoding", ""))
+        content_type=content_type, error=error)
     return FetchResult(attempt, response.status_code, response.headers, decoded, elapsed,
-                       head, body)
+                       head, body, parsed)
 
 
 async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: str,

@@ -115,7 +115,8 @@ class PageWorker:
                     headers: dict[str, str] | None = None) -> FetchResult:
         return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
                            sequence=sequence, user_agent=self.config.user_agent,
-                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers)
+                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers,
+                           parse=functools.partial(_page_links, url))
 
     # --- one page ----------------------------------------------------------------------
 
@@ -161,10 +162,9 @@ class PageWorker:
             except URLError as exc:
                 log.info("redirect from %s to an unusable location: %s", order.url, exc)
         elif 200 <= status < 300 and result.body:
-            # Parsing is CPU work (pure Python): off the event loop, so a page that is slow
-            # to tokenize never stalls the other workers or the writer's acks.
-            refs, truncated, sitemaps = await anyio.to_thread.run_sync(
-                _page_links, order.url, result)
+            # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
+            # the event loop, so a page that is slow to tokenize never stalls the others).
+            refs, truncated, sitemaps = result.parsed
             for ref in refs:
                 via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
                 depth = order.depth if via == "sitemap" else order.depth + 1
@@ -206,16 +206,17 @@ class PageWorker:
         return PageEffects(backoff=backoff, retry_in=wait)
 
 
-def _page_links(url: str, result: FetchResult) -> tuple[list[ObservedRef], bool, list[str]]:
+def _page_links(url: str, content_type: str,
+                body: bytes) -> tuple[list[ObservedRef], bool, list[str]]:
     """The page's references (bounded), whether they were cut, and sitemap fetch keys."""
-    content_type = (result.attempt.content_type or "").lower()
+    content_type = content_type.lower()
     sitemaps: list[str] = []
-    if "xml" in content_type and _SITEMAP_ROOT.search(result.body[:4096]):
-        refs, truncated = _sitemap_refs(url, result.body)
+    if "xml" in content_type and _SITEMAP_ROOT.search(body[:4096]):
+        refs, truncated = _sitemap_refs(url, body)
         # Sitemaps listed by a sitemap index are sitemaps too: always fetched.
         sitemaps = [normalize_url(r.url) for r in refs if r.tag == "sitemap"]
     elif "html" in content_type:
-        extraction = extract_links(result.body, url)
+        extraction = extract_links(body, url)
         refs, truncated = extraction.refs, extraction.truncated
     else:
         return [], False, []
