@@ -21,7 +21,7 @@ from ._cli_archive import add_commands as add_archive_commands
 from ._cli_rules import add_commands as add_rules_commands
 from ._cli_service import add_commands as add_service_commands
 from ._cli_verify import add_commands as add_verify_commands
-from ._errors import EvidenceError
+from ._errors import EvidenceError, only_evidence_error
 from ._frontier import CrawlConfig, last_session
 from ._runlock import crawl_lock, stop
 from ._status import StoreStatus, status
@@ -388,7 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except EvidenceError as exc:
+    except (EvidenceError, BaseExceptionGroup) as raised:
+        exc = only_evidence_error(raised)  # a task group wraps a task's error
+        if exc is None:
+            raise
         print(f"Error: {exc}", file=sys.stderr)
         if exc.hint:
             print(f"Try: {exc.hint}", file=sys.stderr)

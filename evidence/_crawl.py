@@ -32,7 +32,7 @@ import anyio
 import msgspec
 
 from . import _frontier as frontier
-from ._errors import EvidenceError
+from ._errors import EvidenceError, only_evidence_error
 from ._fetch import FetchResult
 from ._frontier import CrawlConfig, FrontierCounts
 from ._http import crawl_client
@@ -192,7 +192,8 @@ class Crawler:
                             tg.start_soon(self._worker, receive.clone())
                     outcome, reason = await self._schedule(send)
                     self._stop.set()
-            except Exception as exc:
+            except Exception as raised:
+                exc = only_evidence_error(raised) or raised
                 outcome, reason = "failed", f"{type(exc).__name__}: {exc}"
                 log.exception("run %s failed", self.run_id)
                 await self._end(outcome, reason, complete=False)

@@ -53,6 +53,17 @@ __all__ = [
 ]
 
 
+def only_evidence_error(exc: BaseException) -> EvidenceError | None:
+    """``exc`` if it is an EvidenceError; the first one of a group holding nothing else
+    (task groups wrap a task's error); else None."""
+    while isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(EvidenceError)
+        if matched is None or rest is not None:
+            return None
+        exc = matched.exceptions[0]
+    return exc if isinstance(exc, EvidenceError) else None
+
+
 class EvidenceError(Exception):
     """Root of every error this package raises on purpose."""
 

@@ -140,7 +140,12 @@ class WorkerPool:
 
     ``page`` hands an order to the least busy live child and returns its effects once the
     child's group has committed; it raises ``WorkerLost`` if the child dies first. A dead
-    child is replaced; a child that fails to start fails the run.
+    child is replaced; a child that fails to start fails the run: ``page`` raises its error
+    from then on, and so does leaving the pool.
+
+    Entering the pool starts the children without waiting for them (a new interpreter takes
+    ~0.5 s to import and connect): the parent meanwhile fetches robots.txt and claims the
+    first pages, and ``page`` waits for the first child that is ready.
     """
 
     def __init__(self, processes: int, setup: Setup) -> None:
@@ -163,18 +168,8 @@ class WorkerPool:
         self._changed = anyio.Event()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        try:
-            async with anyio.create_task_group() as starting:
-                for index in range(self.processes):
-                    starting.start_soon(self._start, index)
-            if self._failure is not None:
-                raise self._failure
-        except BaseException:
-            self._closing = True
-            self._tg.cancel_scope.cancel()
-            await self._kill_all()
-            await self._tg.__aexit__(None, None, None)
-            raise
+        for index in range(self.processes):
+            self._tg.start_soon(self._start, index)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -190,11 +185,13 @@ class WorkerPool:
         with anyio.move_on_after(30):
             for child in list(self._children.values()):
                 await child.process.wait()
+        # Nothing is in flight any more: stop a start still waiting for its child.
+        self._tg.cancel_scope.cancel()
         await self._kill_all()
-        suppress = await self._tg.__aexit__(exc_type, exc, tb)
-        if self._failure is not None:  # the run was cancelled for it
+        await self._tg.__aexit__(None, None, None)  # the body's error, if any, goes on as is
+        if exc is None and self._failure is not None:
             raise self._failure
-        return suppress
+        return None
 
     async def _kill_all(self) -> None:
         for child in list(self._children.values()):
@@ -225,11 +222,13 @@ class WorkerPool:
 
     async def _pick(self) -> _Child:
         while True:
+            if self._failure is not None:
+                raise self._failure
             live = [c for c in self._children.values() if c.alive]
             if live:
                 return min(live, key=lambda c: len(c.pending))
             self._changed = anyio.Event() if self._changed.is_set() else self._changed
-            await self._changed.wait()  # a replacement is starting
+            await self._changed.wait()  # a child is starting
 
     async def _spawn(self, index: int) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -259,6 +258,8 @@ class WorkerPool:
                 EvidenceError) as exc:
             ready = exc
         if not isinstance(ready, Ready):
+            with contextlib.suppress(OSError):
+                await stream.aclose()
             code = await process.wait()
             raise EvidenceError(f"worker process {index} (pid {process.pid}) did not start: "
                                 f"exit status {code}; see its messages above",
@@ -298,11 +299,10 @@ class WorkerPool:
         log.warning("%s %s; its in-flight pages are settled from the store, and a new "
                     "worker process starts", child.name, how)
         await self._start(child.index)
-        if self._failure is not None:
-            self._tg.cancel_scope.cancel()  # __aexit__ raises the failure
 
     async def _start(self, index: int) -> None:
-        """Start child ``index``; a failure is kept in ``_failure`` (raised by the pool)."""
+        """Start child ``index``. A failure is kept in ``_failure``: ``page`` raises it from
+        then on (waking any caller waiting for a child), and so does ``__aexit__``."""
         try:
             with anyio.fail_after(_START_TIMEOUT):
                 await self._spawn(index)
@@ -311,6 +311,7 @@ class WorkerPool:
                 self._failure = exc if isinstance(exc, EvidenceError) else EvidenceError(
                     f"worker process {index} did not start: {type(exc).__name__}: {exc}",
                     hint="run with --processes 0 to crawl in one process")
+            self._changed.set()
 
 
 # --- the child's side ------------------------------------------------------------------

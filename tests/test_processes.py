@@ -209,3 +209,44 @@ def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) 
     states = frontier_states(store)
     assert not any(s == "in_flight" for s, _r in states.values()), \
         "the workers finished their pages and the crawl committed them"
+
+
+def test_a_worker_process_that_cannot_start_fails_the_pool_without_a_hang(
+        tmp_path: Path) -> None:
+    """The children start in the background; one that dies before it is ready (here: the
+    store it is given does not exist) makes ``page`` raise, never wait forever."""
+    import anyio
+
+    from evidence._errors import EvidenceError
+    from evidence._pages import PageOrder
+    from evidence._workers import Setup, WorkerPool
+
+    setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
+                  config=CrawlConfig(seeds=["http://127.0.0.1:9/"]).as_record(),
+                  session_id="s", run_id="r", connections=2, timeout=5.0)
+    order = PageOrder(url="http://127.0.0.1:9/", depth=0, attempts=0, via="seed")
+
+    async def main() -> tuple[list[int], str]:
+        pool = WorkerPool(2, setup)
+        with anyio.fail_after(60):
+            with pytest.raises(EvidenceError) as raised:
+                async with pool:
+                    pids = pool.pids  # entering did not wait for the children
+                    await pool.page(order)
+        return pids, str(raised.value)
+
+    pids, message = anyio.run(main)
+    assert pids == []
+    assert "did not start" in message
+
+
+def test_a_task_groups_evidence_error_is_reported_as_itself() -> None:
+    """What the CLI prints and a failed run records: the error, not its task group."""
+    from evidence._errors import EvidenceError, only_evidence_error
+
+    error = EvidenceError("worker process 0 (pid 1) did not start", hint="h")
+    assert only_evidence_error(error) is error
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [error])])
+    assert only_evidence_error(nested) is error
+    assert only_evidence_error(ExceptionGroup("g", [error, ValueError("bug")])) is None
+    assert only_evidence_error(ValueError("bug")) is None
