@@ -215,32 +215,47 @@ _HINTS = {
 }
 
 
-@contextlib.contextmanager
-def _os_errors(
-    action: str, path: Path, *, ref: ArtifactRef | None = None, enoent_hint: str | None = None
-) -> Iterator[None]:
-    """The one OSError -> ArtifactError boundary. ENOENT on a referenced artifact is 'missing'."""
-    try:
-        yield
-    except OSError as exc:
+class _os_errors:  # a class, not @contextmanager: entered eight times per put
+    """The one OSError -> ArtifactError boundary. ENOENT on a referenced artifact is 'missing'.
+
+    ``with _os_errors("fsync directory", path): ...`` (a put enters eight of these).
+    """
+
+    __slots__ = ("action", "enoent_hint", "path", "ref")
+
+    def __init__(self, action: str, path: Path, *, ref: ArtifactRef | None = None,
+                 enoent_hint: str | None = None) -> None:
+        self.action, self.path, self.ref, self.enoent_hint = action, path, ref, enoent_hint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        if isinstance(exc, OSError):
+            raise self._translate(exc) from exc
+        return False
+
+    def _translate(self, exc: OSError) -> ArtifactError:
+        path, ref = self.path, self.ref
         context: dict[str, object] = {"path": path, "errno": exc.errno}
         if ref is not None:
             context.update(namespace=ref.namespace, digest=ref.digest)
         if exc.errno == errno.ENOENT and ref is not None:
-            raise ArtifactMissingError(
+            return ArtifactMissingError(
                 f"artifact {ref.namespace}/{ref.digest} is not in the store (expected at {path})",
                 hint="it was never stored here or was deleted; restore it or re-fetch the page",
                 **context,
-            ) from exc
+            )
         hint = _HINTS.get(exc.errno or 0)
-        if exc.errno == errno.ENOENT and enoent_hint:
-            hint = enoent_hint
+        if exc.errno == errno.ENOENT and self.enoent_hint:
+            hint = self.enoent_hint
         reason = exc.strerror or str(exc)
-        raise ArtifactError(
-            f"could not {action} {path}: {reason}",
+        return ArtifactError(
+            f"could not {self.action} {path}: {reason}",
             hint=hint or "check the artifact volume (dmesg, fsck), then retry",
             **context,
-        ) from exc
+        )
 
 
 def _chunks(data: bytes | Iterable[bytes] | BinaryIO) -> Iterator[memoryview]:
