@@ -431,3 +431,32 @@ def test_fast_path_agrees_with_the_full_normalizer(host: str, scheme: str, port:
     assert normalize_url(url) == full
     assert url_host(url) == parts.host
 
+
+
+_ref_chars = st.sampled_from(list("ab19/.:?#%-_~@!$&'()*+,;= \t\\AZ"))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(base=st.one_of(
+           st.sampled_from(["http://127.0.0.1:8080/p/1.html", "https://example.com/",
+                            "http://example.com/a/b/c?x=1", "http://example.com",
+                            "http://EXAMPLE.com/a/", "http://h.example/a/b/./c",
+                            "http://h.example:80/x", "http://xn--bcher-kva.example/d/e"]),
+           st.builds(lambda path: f"http://h.example/{path}", st.text(_ref_chars, max_size=20))),
+       href=st.one_of(
+           st.text(_ref_chars, max_size=25),
+           st.builds(lambda p: f"/{p}", st.text(_ref_chars, max_size=20)),
+           st.builds(lambda p: f"http://h.example/{p}", st.text(_ref_chars, max_size=20))))
+def test_the_plain_reference_path_agrees_with_urljoin(base: str, href: str) -> None:
+    """resolve_reference's fast path gives exactly what the full resolution gives."""
+    from evidence._urls import _resolve, _resolve_plain
+
+    fast = _resolve_plain(base, href)
+    try:
+        full = _resolve(base, href)
+    except URLError:
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast == full
+    assert resolve_reference(base, href) == full
