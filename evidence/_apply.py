@@ -12,7 +12,8 @@ savepoint per message). Only the writer calls this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import apsw
@@ -49,21 +50,62 @@ _json = msgspec.json.Encoder(order="deterministic")
 _URL_INSERT = ("INSERT INTO url_identity (normalizer_version, fetch_key) VALUES (?, ?) "
                "ON CONFLICT (normalizer_version, fetch_key) DO NOTHING")
 _URL_SELECT = "SELECT url_id FROM url_identity WHERE normalizer_version = ? AND fetch_key = ?"
+# Many keys at once: the IN list probes the unique index once per key (written as a join
+# with json_each, the planner put url_identity outside, searched by version only: a scan).
+_URLS_SELECT = ("SELECT fetch_key, url_id FROM url_identity WHERE normalizer_version = ? "
+                "AND fetch_key IN (SELECT value FROM json_each(?))")
+_ATTEMPT_COLUMNS = (
+    "attempt_id, run_id, url_id, url, sequence, method, started_at, elapsed_ms, outcome, "
+    "http_status, request_headers_id, response_headers_id, body_id, body_truncated, "
+    "content_type, error, log_index")
 _ATTEMPT_INSERT = (
-    "INSERT INTO fetch_attempt (attempt_id, run_id, url_id, url, sequence, method, "
-    "started_at, elapsed_ms, outcome, http_status, request_headers_id, "
-    "response_headers_id, body_id, body_truncated, content_type, error, log_index) "
+    f"INSERT INTO fetch_attempt ({_ATTEMPT_COLUMNS}) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (attempt_id) DO NOTHING")
+
+
+class RowInsert:
+    """One INSERT for many rows: groups of ``WIDE`` rows through a multi-row ``VALUES``
+    statement, the rest one row per execution (two statement texts, each prepared once).
+
+    A statement execution has a fixed cost beyond its rows: reset, the VDBE set-up, and an
+    ephemeral index for each ``CHECK (x IN (...))`` of the table (discovery_edge and
+    fetch_attempt have one), built once per execution. 32 rows per execution cut the cost
+    of an edge by about a quarter (benchmarks.md, "Third round"). Rows go in in order, each
+    with the statement's conflict clause, so the result is that of inserting them one by
+    one.
+    """
+
+    WIDE = 32
+
+    def __init__(self, head: str, columns: int, tail: str) -> None:
+        one = "(" + ", ".join("?" * columns) + ")"
+        self.single = f"{head} VALUES {one} {tail}"
+        self.wide = f"{head} VALUES {', '.join([one] * self.WIDE)} {tail}"
+
+    def write(self, cursor: apsw.Cursor, rows: list[tuple[object, ...]]) -> None:
+        wide = self.WIDE
+        full = len(rows) - len(rows) % wide
+        if full:
+            flat = itertools.chain.from_iterable
+            cursor.executemany(self.wide, [tuple(flat(rows[i:i + wide]))
+                                           for i in range(0, full, wide)])
+        if full < len(rows):
+            cursor.executemany(self.single, rows[full:])
+
+
 # Rule 5: a late or redelivered attempt never moves the projection backward.
-_CURRENT_UPSERT = (
-    "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq) VALUES (?, ?, ?, ?) "
+_CURRENT = RowInsert(
+    "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq)", 4,
     "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
     "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence")
-_EDGE_INSERT = (
+_ATTEMPTS = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})", 18,
+                      "ON CONFLICT (attempt_id) DO NOTHING")
+# No conflict clause: intern_urls inserts only keys it has just found absent.
+_URLS = RowInsert("INSERT INTO url_identity (url_id, normalizer_version, fetch_key)", 3, "")
+_EDGES = RowInsert(
     "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, position, "
-    "observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index)", 11,
     "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING")
 
 
@@ -174,11 +216,12 @@ class Applier:
     """Applies messages inside one batch transaction (made per batch: the writer's
     connection can be replaced between batches)."""
 
-    __slots__ = ("_artifacts", "_attempts", "_runs", "_urls", "conn", "cursor", "interner",
-                 "keys", "log_index", "store", "verify_artifacts")
+    __slots__ = ("_artifacts", "_attempt_rows", "_attempts", "_edges", "_next_attempt_seq",
+                 "_projection", "_runs", "_urls", "conn", "cursor", "interner", "keys",
+                 "log_index", "store", "verify_artifacts")
 
     def __init__(self, conn: apsw.Connection, store: Store, interner: Interner, *,
-                 verify_artifacts: bool = False) -> None:
+                 verify_artifacts: bool = False, defer: bool = False) -> None:
         self.conn = conn
         # One cursor for the hot INSERTs (each runs to completion in one step): a new cursor
         # per statement, which is what Connection.execute makes, costs about 0.5 us.
@@ -192,6 +235,17 @@ class Applier:
         self._artifacts = interner.caches["artifact"]
         self._runs = interner.caches["run"]
         self._attempts = interner.caches["attempt"]
+        # With ``defer``, fetch attempts, discovery edges and url_current upserts are held
+        # until ``flush``, then written in order, many rows per statement: the tables end
+        # exactly as if each message had written its own. An attempt gets its attempt_seq
+        # (its rowid) when it is applied: the one SQLite would give it, one more than the
+        # largest. Held attempts are written before any message that could reference one
+        # by a foreign key other than through a held edge or upsert. Without ``defer``
+        # (None), each message writes its own rows.
+        self._attempt_rows: list[tuple[object, ...]] | None = [] if defer else None
+        self._next_attempt_seq: int | None = None
+        self._edges: list[tuple[object, ...]] | None = [] if defer else None
+        self._projection: list[tuple[object, ...]] | None = [] if defer else None
 
     def apply(self, message: Message, log_index: int, keys: dict[str, str]) -> None:
         """Append the evidence rows of one message (its ledger row is already inserted).
@@ -201,7 +255,58 @@ class Applier:
         """
         self.log_index = log_index
         self.keys = keys
-        _HANDLERS[type(message)](self, message)
+        kind = type(message)
+        if self._attempt_rows and kind is not FetchAttempt and kind is not Discovery:
+            self._write_attempts()
+        _HANDLERS[kind](self, message)
+
+    def add_attempt(self, row: tuple[object, ...], what: What) -> int:
+        """Append one fetch_attempt row (``_ATTEMPT_COLUMNS``); return its attempt_seq."""
+        if self._attempt_rows is None:
+            self.cursor.execute(_ATTEMPT_INSERT, row)
+            if not self.conn.changes():
+                raise Rejected(f"{_text(what)} is already recorded by another message",
+                               conflict=True)
+            return self.conn.last_insert_rowid()  # attempt_seq is the rowid
+        if self._next_attempt_seq is None:
+            last = self.conn.execute("SELECT max(attempt_seq) FROM fetch_attempt").fetchall()
+            self._next_attempt_seq = (last[0][0] or 0) + 1
+        attempt_seq = self._next_attempt_seq
+        self._next_attempt_seq += 1
+        self._attempt_rows.append((attempt_seq, *row))
+        return attempt_seq
+
+    def _write_attempts(self) -> None:
+        rows = self._attempt_rows
+        assert rows is not None
+        before = self.conn.total_changes()
+        _ATTEMPTS.write(self.cursor, rows)
+        if self.conn.total_changes() - before != len(rows):
+            # Which one is known only to the isolated path, which this sends the batch to.
+            raise Rejected("an attempt of this batch is already recorded", conflict=True)
+        rows.clear()
+
+    def project(self, row: tuple[object, ...]) -> None:
+        """Advance url_current for one attempt: (run_id, url_id, sequence, attempt_seq)."""
+        if self._projection is None:
+            _CURRENT.write(self.cursor, [row])
+        else:
+            self._projection.append(row)
+
+    def add_edges(self, rows: list[tuple[object, ...]]) -> None:
+        if self._edges is None:
+            _EDGES.write(self.cursor, rows)
+        else:
+            self._edges.extend(rows)
+
+    def flush(self) -> None:
+        """Write the deferred rows (``defer``), in the order the messages made them."""
+        if self._attempt_rows:
+            self._write_attempts()
+        for rows, insert in ((self._edges, _EDGES), (self._projection, _CURRENT)):
+            if rows:
+                insert.write(self.cursor, rows)
+                rows.clear()
 
     def one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
         for row in self.conn.execute(sql, args):
@@ -227,6 +332,34 @@ class Applier:
             url_id = conn.execute(_URL_SELECT, (NORMALIZER_VERSION, key)).fetchall()[0][0]
         self.interner.put("url", key, url_id)
         return url_id  # type: ignore[no-any-return]
+
+    def intern_urls(self, keys: Iterable[str]) -> None:
+        """Intern many fetch keys with a few statements instead of one or two per key.
+
+        For a batch applied without savepoints, before its messages: keys the cache lacks
+        are looked up at once, and those the store lacks are inserted at once, in the order
+        given, with the ids SQLite's own rowid choice gives them one at a time (one more
+        than the largest). Given the keys in the order the messages would intern them,
+        every id is the one applying the messages alone would give.
+        """
+        cached = self._urls
+        missing = list(dict.fromkeys(key for key in keys if key not in cached))
+        if not missing:
+            return
+        put = self.interner.put
+        found = dict(self.conn.execute(_URLS_SELECT,
+                                       (NORMALIZER_VERSION, _json.encode(missing))))
+        for key, url_id in found.items():
+            put("url", key, url_id)
+        new = [key for key in missing if key not in found]
+        if not new:
+            return
+        last = self.conn.execute("SELECT max(url_id) FROM url_identity").fetchall()[0][0]
+        rows = [(url_id, NORMALIZER_VERSION, key)
+                for url_id, key in enumerate(new, (last or 0) + 1)]
+        _URLS.write(self.cursor, rows)
+        for url_id, _, key in rows:
+            put("url", key, url_id)
 
     def artifact_id(self, ref: ArtifactRef, what: What) -> int:
         """Intern an artifact row, after checking its payload is durably on disk.
@@ -337,8 +470,7 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         raise Rejected(f"{_text(what)}: body_truncated is set but there is no body")
     url_id = ctx.url_id(m.url, what)
     request_headers, response_headers, body = m.request_headers, m.response_headers, m.body
-    conn, cursor = ctx.conn, ctx.cursor
-    cursor.execute(_ATTEMPT_INSERT, (
+    attempt_seq = ctx.add_attempt((
         m.attempt_id, m.run_id, url_id, m.url, m.sequence, m.method,
         format_time(m.started_at), m.elapsed_ms, m.outcome, m.http_status,
         None if request_headers is None else ctx.artifact_id(
@@ -346,12 +478,9 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         None if response_headers is None else ctx.artifact_id(
             response_headers, (what, "response_headers")),
         None if body is None else ctx.artifact_id(body, (what, "body")),
-        int(m.body_truncated), m.content_type, m.error, ctx.log_index))
-    if not conn.changes():
-        raise Rejected(f"{_text(what)} is already recorded by another message", conflict=True)
-    attempt_seq = conn.last_insert_rowid()  # attempt_seq is the rowid
+        int(m.body_truncated), m.content_type, m.error, ctx.log_index), what)
     ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
-    cursor.execute(_CURRENT_UPSERT, (m.run_id, url_id, m.sequence, attempt_seq))
+    ctx.project((m.run_id, url_id, m.sequence, attempt_seq))
 
 
 def _discovery(ctx: Applier, m: Discovery) -> None:
@@ -369,7 +498,7 @@ def _discovery(ctx: Applier, m: Discovery) -> None:
             target = ctx.url_id(ref.url, (what, "reference at position", ref.position))
         rows.append((run_id, source, artifact, ref.position, ref.observed, target,
                      ref.edge_kind, ref.tag, ref.attr, ref.rel, index))
-    ctx.cursor.executemany(_EDGE_INSERT, rows)
+    ctx.add_edges(rows)
 
 
 def _rule_evaluated(ctx: Applier, m: RuleEvaluated) -> None:

@@ -10,11 +10,12 @@ into batches bounded by count, bytes and linger time and hands each to the commi
 ledger insert (which is also the dedup lookup), validation, appends and the projection;
 the commit-log row; ``COMMIT``; then every ack resolves (one wakeup per submitted group).
 
-A batch is first applied without a savepoint per message (they cost about a tenth of the
-commit thread's time). If any message fails, that whole attempt is rolled back to a batch
-savepoint and the batch is applied again with a SAVEPOINT per message, so the bad message
-fails alone and what commits is exactly what the per-message path alone commits; the
-writer then stays on the per-message path until a batch comes through clean.
+A batch is first applied without a savepoint per message, with its URLs interned and its
+edges and projection rows written many rows per statement. If any message fails or is a
+redelivery, that whole attempt is rolled back (ROLLBACK, then a new BEGIN IMMEDIATE) and
+the batch is applied again with a SAVEPOINT per message, so the bad message fails alone
+and what commits is exactly what the per-message path alone commits; the writer then
+stays on the per-message path until a batch comes through with no rejection or conflict.
 
 Invariants (DESIGN.md "Writer rules"):
   - nothing is acked before COMMIT returned, and every committed message is acked;
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import math
 import queue
@@ -110,10 +112,10 @@ _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
 _URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
          for kind in Message.__args__}  # type: ignore[attr-defined]
-_LEDGER_INSERT = (
+_LEDGER = _apply.RowInsert(
     "INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
-    "payload, batch_seq, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (message_id) DO NOTHING")
+    "payload, batch_seq, received_at)", 8, "ON CONFLICT (message_id) DO NOTHING")
+_LEDGER_INSERT = _LEDGER.single
 
 
 class _Pending:
@@ -496,17 +498,24 @@ class Writer:
         self._begin(conn)
         try:
             received_at = now_text()
-            applier = _apply.Applier(conn, store, self._interner,
-                                     verify_artifacts=self.limits.verify_artifacts)
+            verify = self.limits.verify_artifacts
             applied = None
             if self._optimistic:
-                conn.execute("SAVEPOINT batch")
+                applier = _apply.Applier(conn, store, self._interner, verify_artifacts=verify,
+                                         defer=True)
                 applied = self._apply_optimistic(applier, batch, batch_seq, received_at)
                 if applied is None:  # a message failed: undo the attempt, isolate each one
-                    conn.execute("ROLLBACK TO batch")
+                    # The transaction holds nothing but this attempt, so a ROLLBACK and a
+                    # new BEGIN undo it. A batch savepoint would too, but while one is open
+                    # SQLite's in-memory sub-journal keeps a copy of every page the batch
+                    # touches, and releasing each statement journal (the url_current
+                    # upsert has one) gets slower as it grows: 39 us per upsert instead of
+                    # 6.5 at B = 500 (benchmarks.md, "Third round").
                     self._interner.batch_done(committed=False)
-                conn.execute("RELEASE batch")
+                    conn.execute("ROLLBACK")
+                    self._begin(conn)
             if applied is None:
+                applier = _apply.Applier(conn, store, self._interner, verify_artifacts=verify)
                 applied = self._apply_isolated(applier, batch, batch_seq, received_at)
                 # Stay careful while batches carry bad messages; try the fast path again
                 # after a clean one.
@@ -549,45 +558,45 @@ class Writer:
     def _apply_optimistic(self, applier: _apply.Applier, batch: list[_Pending],
                           batch_seq: int, received_at: str
                           ) -> tuple[list[Ack], CompactTree, bool] | None:
-        """Apply a batch with no savepoint per message; None as soon as one message fails.
+        """Apply a batch as if every message were new and valid; None if one is not.
 
-        The caller then rolls the whole attempt back (to its batch savepoint) and applies
-        the batch again with ``_apply_isolated``, where the bad message fails alone: what
-        commits is exactly what the isolated path alone would commit. Savepoints cost about
-        a tenth of the commit thread's time (SQLite copies every page a message first
-        touches into a sub-journal), and nearly every batch is clean.
+        The caller then rolls the whole attempt back and applies the batch again with
+        ``_apply_isolated``, where a bad message fails alone and a redelivery is sorted out
+        as a duplicate or a conflict: what commits is exactly what the isolated path alone
+        would commit. Nearly every batch is clean, and this path skips what isolation costs:
+        a savepoint per message (SQLite copies every page a message first touches into a
+        sub-journal) and a statement per ledger, URL, edge and projection row. The ledger
+        rows go first, many per statement (the evidence rows reference them; a row the
+        insert skipped is a redelivery), then the batch's URLs are interned at once, in the
+        order its messages would intern them; its edges and url_current upserts are written
+        last, many rows per statement (``Applier.flush``).
         """
         conn = applier.conn
-        cursor = applier.cursor
-        interner = self._interner
         tree = self._head.tree.copy()
-        acks = []
-        wrote = False
-        for pending in batch:
-            message = pending.message
-            encoded = pending.encoded
-            log_index = tree.size
-            leaf = leaf_hash(encoded)
-            try:
-                cursor.execute(_LEDGER_INSERT, (log_index, message.message_id,
-                                                _TAGS[type(message)], pending.payload_hash,
-                                                leaf, encoded, batch_seq, received_at))
-                inserted = conn.changes()
-                if inserted:
-                    applier.apply(message, log_index, pending.keys)
-            except (_apply.Rejected, apsw.ConstraintError):
-                return None
-            if not inserted:  # a redelivery: duplicate (no write) or conflict (quarantined)
-                ack, _, wrote_row = self._redelivered(conn, pending, received_at)
-                wrote = wrote or wrote_row
-                acks.append(ack)
-                continue
-            interner.message_done(keep=True)
-            tree.append(leaf)
-            wrote = True
-            acks.append(Ack(message_id=message.message_id, status="committed",
-                            log_index=log_index, batch_seq=batch_seq))
-        return acks, tree, wrote
+        first_index = tree.size
+        leaves = [leaf_hash(pending.encoded) for pending in batch]
+        try:
+            before = conn.total_changes()
+            _LEDGER.write(applier.cursor, [
+                (log_index, pending.message.message_id, _TAGS[type(pending.message)],
+                 pending.payload_hash, leaf, pending.encoded, batch_seq, received_at)
+                for log_index, pending, leaf in zip(itertools.count(first_index), batch,
+                                                    leaves)])
+            if conn.total_changes() - before != len(batch):
+                return None  # a redelivery: the ledger insert is also the dedup lookup
+            applier.intern_urls(key for pending in batch for key in pending.keys.values())
+            apply = applier.apply
+            for log_index, pending in enumerate(batch, first_index):
+                apply(pending.message, log_index, pending.keys)
+            applier.flush()
+        except (_apply.Rejected, apsw.ConstraintError):
+            return None
+        self._interner.message_done(keep=True)  # the batch's ids, kept if it commits
+        tree.extend(leaves)
+        acks = [Ack(message_id=pending.message.message_id, status="committed",
+                    log_index=log_index, batch_seq=batch_seq)
+                for log_index, pending in enumerate(batch, first_index)]
+        return acks, tree, True
 
     def _apply_isolated(self, applier: _apply.Applier, batch: list[_Pending], batch_seq: int,
                         received_at: str) -> tuple[list[Ack], CompactTree, bool]:
