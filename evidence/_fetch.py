@@ -73,10 +73,11 @@ def _decoded(body: bytes, encoding: str) -> bytes:
 async def _put_all(artifacts: ArtifactStore,
                    items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
     """Store several payloads in one trip to a worker thread (each put fsyncs)."""
-    def put_all() -> list[ArtifactRef]:
-        return [artifacts.put(namespace, data) for namespace, data in items]
+    return await anyio.to_thread.run_sync(_put_each, artifacts, items)
 
-    return await anyio.to_thread.run_sync(put_all)
+
+def _put_each(artifacts: ArtifactStore, items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
+    return [artifacts.put(namespace, data) for namespace, data in items]
 
 
 async def _store_and_parse(artifacts: ArtifactStore, items: list[tuple[str, bytes]],
@@ -88,7 +89,7 @@ async def _store_and_parse(artifacts: ArtifactStore, items: list[tuple[str, byte
     GIL a handoff); decoding and parsing are CPU work that must stay off the loop anyway.
     """
     def work() -> tuple[list, bytes, Any]:
-        refs = [artifacts.put(namespace, data) for namespace, data in items]
+        refs = _put_each(artifacts, items)
         decoded = _decoded(body, encoding)
         return refs, decoded, (parse(decoded) if parse is not None and decoded else None)
 
