@@ -379,11 +379,16 @@ SELECT f.log_index, f.attempt_seq, f.attempt_id, f.run_id, f.url, f.sequence, f.
        f.request_headers_id, q.namespace, q.digest, q.size,
        f.response_headers_id, h.namespace, h.digest, h.size,
        f.body_id, b.namespace, b.digest, b.size,
-       f.body_truncated, f.content_type, f.error, u.normalizer_version, u.fetch_key
+       f.body_truncated, f.content_type, f.error, u.normalizer_version, u.fetch_key,
+       f.capture, f.content_id, c.namespace, c.digest, c.size, f.transfer_coding,
+       f.content_coding, f.content_truncated, f.surplus_id, s.namespace, s.digest, s.size,
+       f.text_encoding, f.text_encoding_source
 FROM fetch_attempt f
 LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
+LEFT JOIN artifact s ON s.artifact_id = f.surplus_id
 LEFT JOIN url_identity u ON u.url_id = f.url_id
 ORDER BY f.log_index, f.attempt_seq
 """
@@ -551,7 +556,9 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         _unlogged(found, "fetch_attempt", extra, "already the entry of another row")
     (_, seq, attempt_id, run_id, url, sequence, method, started_at, elapsed_ms, outcome, status,
      q_id, q_ns, q_digest, q_size, h_id, h_ns, h_digest, h_size, b_id, b_ns, b_digest, b_size,
-     truncated, content_type, error, version, key) = rows[0]
+     truncated, content_type, error, version, key, capture, c_id, c_ns, c_digest, c_size,
+     transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
+     text_encoding, text_source) = rows[0]
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
@@ -559,7 +566,11 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "request_headers": _ref_text(m.request_headers),
         "response_headers": _ref_text(m.response_headers), "body": _ref_text(m.body),
         "body_truncated": int(m.body_truncated), "content_type": m.content_type,
-        "error": m.error, "fetch_key": _fetch_key(m.url)}
+        "error": m.error, "fetch_key": _fetch_key(m.url), "capture": m.capture,
+        "content": _ref_text(m.content), "transfer_coding": m.transfer_coding,
+        "content_coding": m.content_coding, "content_truncated": int(m.content_truncated),
+        "surplus": _ref_text(m.surplus), "text_encoding": m.text_encoding,
+        "text_encoding_source": m.text_encoding_source}
     actual = {
         "attempt_id": attempt_id, "run_id": run_id, "url": url, "sequence": sequence,
         "method": method, "started_at": started_at, "elapsed_ms": elapsed_ms,
@@ -567,7 +578,11 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "request_headers": _row_ref(q_id, q_ns, q_digest, q_size),
         "response_headers": _row_ref(h_id, h_ns, h_digest, h_size),
         "body": _row_ref(b_id, b_ns, b_digest, b_size), "body_truncated": truncated,
-        "content_type": content_type, "error": error, "fetch_key": _row_key(m.url, version, key)}
+        "content_type": content_type, "error": error, "fetch_key": _row_key(m.url, version, key),
+        "capture": capture, "content": _row_ref(c_id, c_ns, c_digest, c_size),
+        "transfer_coding": transfer_coding, "content_coding": content_coding,
+        "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
+        "text_encoding": text_encoding, "text_encoding_source": text_source}
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
 
 
@@ -695,7 +710,8 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
         except MessageError:  # undecodable payloads are quarantined for exactly that
             continue
         if isinstance(message, FetchAttempt):
-            named = (message.request_headers, message.response_headers, message.body)
+            named = (message.request_headers, message.response_headers, message.body,
+                     message.content, message.surplus)
         elif isinstance(message, Discovery):
             named = (message.source_artifact,)
         else:
