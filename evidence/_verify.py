@@ -11,6 +11,10 @@ In one read snapshot of the database it runs, in order:
   5. ``url_current`` rebuilt from ``fetch_attempt`` (max sequence per run + URL);
   6. quarantined payloads against their hashes.
 
+With ``full``, every attempt captured from the wire has its content derived again from its
+stored head and body (``_http1.derive_content``) and compared with the content it records
+(its ``content`` artifact, or its body), and the codings it says were removed.
+
 Then, outside that snapshot (artifact rows are append-only, so paging them by id sees the
 same rows), every referenced artifact is checked on disk (present with its size; ``full``:
 re-hashed with BLAKE3), and files under ``artifacts/`` that nothing references are listed
@@ -52,6 +56,7 @@ from ._errors import (
     StoreError,
     URLError,
 )
+from ._http1 import derive_content
 from ._log import check_log
 from ._merkle import EMPTY_ROOT
 from ._messages import (
@@ -186,6 +191,8 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
             conn.execute("COMMIT")
         step("artifacts_rehashed" if full else "artifacts", _check_artifacts, store, conn,
              found, max_artifact, full)
+        if full:
+            step("contents_derived", _check_contents, store, conn, found)
         orphans = step(None, _orphan_files, store, conn) or []
     for ref, age in orphans:
         found.add("orphan", f"{ref.namespace}/{ref.digest} ({ref.size} bytes, "
@@ -694,6 +701,49 @@ def _check_facts(found: Findings, conn: apsw.Connection, table: str, key: str,
     for ident in rows.keys() - expected.keys():
         found.add("row_unlogged", f"{table} row {ident} has no ledger entry: no accepted "
                   "message wrote it", table=table, row_id=ident)
+
+
+# --- contents against the wire ---------------------------------------------------------
+
+_CONTENT_SQL = """
+SELECT f.attempt_seq, f.attempt_id, f.transfer_coding, f.content_coding, f.content_truncated,
+       h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
+       c.namespace, c.digest, c.size
+FROM fetch_attempt f
+JOIN artifact h ON h.artifact_id = f.response_headers_id
+JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
+WHERE f.capture = 'wire' AND f.attempt_seq > ? ORDER BY f.attempt_seq LIMIT ?
+"""
+
+
+def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int:
+    """Derive each wire attempt's content again from its head and body; compare."""
+    n = after = 0
+    while True:
+        with map_sqlite_errors(store.db_path):  # each page its own short snapshot
+            page = conn.execute(_CONTENT_SQL, (after, _PAGE)).fetchall()
+        if not page:
+            return n
+        for (seq, attempt_id, transfer, coding, truncated, *refs) in page:
+            n, after = n + 1, seq
+            head_ref, body_ref = ArtifactRef(*refs[0:3]), ArtifactRef(*refs[3:6])
+            content_ref = None if refs[6] is None else ArtifactRef(*refs[6:9])
+            try:  # a missing or damaged file is the artifact check's finding
+                head, body = store.artifacts.read(head_ref), store.artifacts.read(body_ref)
+                stored = body if content_ref is None else store.artifacts.read(content_ref)
+            except ArtifactError:
+                continue
+            limit = len(stored) if truncated else len(stored) + 1
+            derived = derive_content(head, body, limit)
+            same = derived.data == stored and (derived.transfer_coding, derived.content_coding) \
+                == (transfer, coding)
+            if not same:
+                found.add("content_mismatch", f"attempt {attempt_id}: its content is not what "
+                          "its stored head and body derive to (codings recorded "
+                          f"{transfer}/{coding}, derived {derived.transfer_coding}/"
+                          f"{derived.content_coding})", table="fetch_attempt", row_id=seq,
+                          digest=(content_ref or body_ref).digest)
 
 
 # --- orphans -------------------------------------------------------------------------

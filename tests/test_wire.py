@@ -11,13 +11,17 @@ import types
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from warcio.archiveiterator import ArchiveIterator
 from warcio.checker import Checker
 
 from evidence import Store, verify
 from evidence._fetch import FetchResult, fetch
 from evidence._http import crawl_client
+from evidence._http1 import derive_content, split_response
 from evidence._replay import replay
 from evidence._warc import export_warc
 
@@ -264,3 +268,117 @@ def test_warc_of_chunked_and_gzip_responses_passes_warcio_check(
                 if path == "/chunked":  # warcio's de-chunker stops at trailers (gives them
                     continue            # as content): the block is right, its reader is not
                 assert record.content_stream().read() == results[path].body  # the content
+
+
+def test_verify_full_derives_each_content_again(store: Store, server: RawServer,
+                                                make: Factory) -> None:
+    good = run_fetches(store, server, ["/chunked-gzip"])["/chunked-gzip"].attempt
+    forged = msgspec.structs.replace(
+        good, message_id="m-forged", attempt_id="a-forged", sequence=1,
+        content=store.artifacts.put("content", b"not what the body says"))
+    submit_all(store, [make.session(), make.run(), good, forged])
+    assert verify(store).ok  # the quick form reads no payload
+    report = verify(store, full=True)
+    assert [f.kind for f in report.errors] == ["content_mismatch"]
+    assert "a-forged" in report.errors[0].message
+    assert report.checks["contents_derived"] == 2
+
+
+# --- the framing rules, for any body --------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=3000), sizes=st.lists(st.integers(1, 700), min_size=1),
+       ext=st.sampled_from([b"", b";a=1", b';q="x;y"', b" ; z"]),
+       trailers=st.sampled_from([b"", b"X-T: 1\r\n", b"A: b\r\nC:  d \r\n"]),
+       surplus=st.binary(max_size=20), gzipped=st.booleans(), lf_head=st.booleans())
+def test_any_chunking_splits_exactly_and_derives_the_content(
+        body: bytes, sizes: list[int], ext: bytes, trailers: bytes, surplus: bytes,
+        gzipped: bool, lf_head: bool) -> None:
+    payload = gzip.compress(body, mtime=0) if gzipped else body
+    wire, pos, i = b"", 0, 0
+    while pos < len(payload):
+        piece = payload[pos:pos + sizes[i % len(sizes)]]
+        wire += b"%x%s\r\n%s\r\n" % (len(piece), ext, piece)
+        pos, i = pos + len(piece), i + 1
+    wire += b"0" + ext + b"\r\n" + trailers + b"\r\n"
+    eol = b"\n" if lf_head else b"\r\n"
+    head = eol.join([b"HTTP/1.1 200 OK", b"Transfer-Encoding:  chunked",
+                     *([b"Content-Encoding: gzip"] if gzipped else []), b"", b""])
+    split = split_response(head + wire + surplus)
+    assert (split.head, split.body, split.surplus, split.complete) == (head, wire, surplus, True)
+    content = derive_content(split.head, split.body, 1 << 20)
+    assert content.data == body and not content.truncated
+    assert (content.transfer_coding, content.content_coding) == (
+        "chunked", "gzip" if gzipped else None)
+    # any prefix: never more than what came, never an exception
+    cut = derive_content(split.head, split.body[:len(split.body) // 2], 1 << 20)
+    assert cut.truncated and body.startswith(cut.data)
+
+
+def test_old_attempts_keep_their_encoding_and_hash() -> None:
+    """An attempt as the previous version recorded it: no new key, the same bytes."""
+    from evidence import FetchAttempt
+    from evidence._artifacts import ArtifactRef
+    from evidence._messages import canonical_encode, decode_message, utc_now
+
+    ref = ArtifactRef("body", "0" * 64, 1)
+    old = FetchAttempt(message_id="m1", attempt_id="a1", run_id="r1", url="http://h/",
+                       sequence=0, started_at=utc_now(), elapsed_ms=1.0, outcome="response",
+                       http_status=200, response_headers=ref, body=ref)
+    encoded = canonical_encode(old)
+    keys = set(msgspec.msgpack.decode(encoded))
+    assert not keys & {"capture", "content", "transfer_coding", "content_coding",
+                       "content_truncated", "surplus", "text_encoding", "text_encoding_source"}
+    again = decode_message(encoded)
+    assert again.capture == "rebuilt" and again.content is None
+    assert canonical_encode(again) == encoded
+
+
+def test_a_store_made_before_wire_capture_upgrades_with_its_evidence_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 005 on a populated schema-4 store: the rows, the log and every export
+    section but the migration list are what the same messages give in a new store."""
+    import shutil
+
+    import apsw
+
+    from evidence import _store, export
+
+    with Store.create(tmp_path / "new") as new:  # the messages as the old version wrote them
+        make = Factory(new)
+        head = new.artifacts.put("headers", b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n")
+        body = make.body(b"<a href=/x>x</a>")
+        attempt = make.attempt(response_headers=head, body=body)
+        submit_all(new, [make.session(), make.run(), attempt,
+                         make.discovery(attempt, body, ["http://example.com/x"])])
+    real = _store.load_migrations
+    monkeypatch.setattr(_store, "load_migrations", lambda directory=None: real(directory)[:4])
+    Store.create(tmp_path / "old").close()
+    monkeypatch.undo()
+    conn = apsw.Connection(str(tmp_path / "old" / "evidence.db"))
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("ATTACH ? AS src", (str(tmp_path / "new" / "evidence.db"),))
+    assert conn.execute("PRAGMA user_version").fetchall()[0][0] == 4
+    tables = [t for (t,) in conn.execute("SELECT name FROM main.sqlite_schema WHERE type = "
+                                         "'table' AND name NOT LIKE 'sqlite%'")]
+    for table in tables:
+        if table == "schema_migration":
+            continue
+        columns = ", ".join(c[1] for c in conn.execute(f"PRAGMA main.table_info({table})"))
+        conn.execute(f"DELETE FROM main.{table}")
+        conn.execute(f"INSERT INTO main.{table} ({columns}) SELECT {columns} FROM src.{table}")
+    conn.close()
+    shutil.copytree(tmp_path / "new" / "artifacts", tmp_path / "old" / "artifacts",
+                    dirs_exist_ok=True)
+    with Store.open(tmp_path / "old") as old:  # applies 005
+        assert old.connection.execute("PRAGMA user_version").fetchall()[0][0] == 5
+        assert old.connection.execute(
+            "SELECT capture, content_id, text_encoding FROM fetch_attempt").fetchall() == [
+            ("rebuilt", None, None)]
+        assert verify(old, full=True).ok
+        assert replay(old, "http://example.com/").body == b"<a href=/x>x</a>"
+    a, b = export(tmp_path / "new", tmp_path / "a"), export(tmp_path / "old", tmp_path / "b")
+    assert a.log == b.log
+    assert {k: v.blake3 for k, v in a.tables.items() if k != "schema_migration"} == {
+        k: v.blake3 for k, v in b.tables.items() if k != "schema_migration"}
+    assert a.schema.blake3 == b.schema.blake3
