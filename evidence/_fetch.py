@@ -171,6 +171,9 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
         return wire, refs, parsed
 
     wire, refs, parsed = await anyio.to_thread.run_sync(store)
+    if cut and wire.split.complete and len(wire.split.body) <= max_body_bytes:
+        # The last read brought the body's end and bytes after it past the cap: whole.
+        outcome, error, cut = "response", None, False
     extra = dict(wire.extra)
     problem = extra.pop("content_problem", None)
     if problem is not None and error is None:

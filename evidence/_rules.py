@@ -8,9 +8,10 @@ refetching (``evaluate_stored``, through the writer). docs/rules.md is the long 
 Invariants:
 
 - A rule reads only its declared inputs: the response head artifact and the URL (every
-  rule: applicability reads the status line and Content-Type), plus the body artifact
-  (``selector``, ``link``, body ``regex``) or the attempt's ``elapsed_ms``
-  (``max_response_time``). ``input_hash`` is BLAKE3 over the canonical JSON description
+  rule: applicability reads the status line and Content-Type), plus the document, the
+  attempt's content (``selector``, ``link``, body ``regex``), or the attempt's
+  ``elapsed_ms`` (``max_response_time``). Text is decoded by ``evidence._text``, the
+  decoder links use too. ``input_hash`` is BLAKE3 over the canonical JSON description
   of exactly those inputs (``input_description``), so it can be computed from the
   database alone, before any byte is read, and anyone can recompute it from the row's
   ``details["input"]``.

@@ -382,3 +382,13 @@ def test_a_store_made_before_wire_capture_upgrades_with_its_evidence_unchanged(
     assert {k: v.blake3 for k, v in a.tables.items() if k != "schema_migration"} == {
         k: v.blake3 for k, v in b.tables.items() if k != "schema_migration"}
     assert a.schema.blake3 == b.schema.blake3
+
+
+def test_a_whole_body_at_the_cap_followed_by_surplus_is_not_cut(store: Store) -> None:
+    routes = {"/edge": Reply([b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"
+                              + b"y" * 1000 + b"MORE"])}
+    with RawServer(routes) as server:
+        attempt = run_fetches(store, server, ["/edge"], cap=1000)["/edge"].attempt
+    assert (attempt.outcome, attempt.body_truncated) == ("response", False)
+    assert stored(store, attempt.body) == b"y" * 1000
+    assert stored(store, attempt.surplus) == b"MORE"
