@@ -155,6 +155,7 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
                 "the HTTP client does not record what crosses its connections",
                 hint="make the client with evidence._http.crawl_client()")
         outcome, error, cut = await _read_body(response, exchange, max_body_bytes)
+    exchange.surplus()  # settled here, on the loop: the pool's idle check reads it too
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")
     ok = 200 <= response.status_code < 300 and parse is not None
@@ -191,6 +192,7 @@ async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: s
                   exchange: Exchange, t0: float, cap: int) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
+    exchange.surplus()  # settled on the loop, before the thread drops the bytes
 
     def store() -> tuple[_Wire, list[ArtifactRef]]:
         wire = _wire(exchange, cap, content_type=None)

@@ -63,7 +63,8 @@ class Exchange:
         return self._surplus
 
     def close(self) -> None:
-        """Drop the bytes (an idle connection keeps only the answer of ``surplus``)."""
+        """Drop the bytes (an idle connection keeps only the answer of ``surplus``, which
+        the caller settles first, on the event loop that asks it)."""
         self.surplus()
         self.sent, self.received, self._split = bytearray(), bytearray(), None
 

@@ -392,3 +392,19 @@ def test_a_whole_body_at_the_cap_followed_by_surplus_is_not_cut(store: Store) ->
     assert (attempt.outcome, attempt.body_truncated) == ("response", False)
     assert stored(store, attempt.body) == b"y" * 1000
     assert stored(store, attempt.surplus) == b"MORE"
+
+
+def test_a_client_that_does_not_record_the_wire_is_refused(store: Store,
+                                                           server: RawServer) -> None:
+    import httpx
+
+    from evidence import EvidenceError
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as client:
+            await fetch(client, store.artifacts, url=server.url("/odd"), run_id="r1",
+                        sequence=0, user_agent="t", max_body_bytes=1000)
+
+    with pytest.raises(EvidenceError, match="does not record") as raised:
+        anyio.run(main)
+    assert "crawl_client" in raised.value.hint
