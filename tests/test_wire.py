@@ -408,3 +408,18 @@ def test_a_client_that_does_not_record_the_wire_is_refused(store: Store,
     with pytest.raises(EvidenceError, match="does not record") as raised:
         anyio.run(main)
     assert "crawl_client" in raised.value.hint
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.one_of(st.binary(max_size=400), st.builds(
+    lambda head, rest: head + rest,
+    st.sampled_from([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                     b"HTTP/1.1 200 OK\nContent-Encoding: gzip\nContent-Length: 5\n\n",
+                     b"HTTP/1.1 103 Early\r\n\r\nHTTP/1.1 204 No\r\n\r\n",
+                     b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate, br\r\n\r\n"]),
+    st.binary(max_size=300))))
+def test_any_bytes_split_into_their_own_parts_and_never_raise(data: bytes) -> None:
+    split = split_response(data)
+    assert split.head + split.body + split.surplus == data
+    content = derive_content(split.head, split.body, 1000)
+    assert len(content.data) <= 1000
