@@ -57,10 +57,12 @@ _URLS_SELECT = ("SELECT fetch_key, url_id FROM url_identity WHERE normalizer_ver
 _ATTEMPT_COLUMNS = (
     "attempt_id, run_id, url_id, url, sequence, method, started_at, elapsed_ms, outcome, "
     "http_status, request_headers_id, response_headers_id, body_id, body_truncated, "
-    "content_type, error, log_index")
+    "content_type, error, log_index, capture, content_id, transfer_coding, content_coding, "
+    "content_truncated, surplus_id, text_encoding, text_encoding_source")
+_ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
 _ATTEMPT_INSERT = (
     f"INSERT INTO fetch_attempt ({_ATTEMPT_COLUMNS}) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"VALUES ({', '.join('?' * _ATTEMPT_WIDTH)}) "
     "ON CONFLICT (attempt_id) DO NOTHING")
 
 
@@ -99,7 +101,8 @@ _CURRENT = RowInsert(
     "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq)", 4,
     "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
     "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence")
-_ATTEMPTS = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})", 18,
+_ATTEMPTS = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})",
+                      _ATTEMPT_WIDTH + 1,
                       "ON CONFLICT (attempt_id) DO NOTHING")
 # No conflict clause: intern_urls inserts only keys it has just found absent.
 _URLS = RowInsert("INSERT INTO url_identity (url_id, normalizer_version, fetch_key)", 3, "")
@@ -468,8 +471,18 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
                        "no status or body")
     if m.body_truncated and m.body is None:
         raise Rejected(f"{_text(what)}: body_truncated is set but there is no body")
+    if m.capture != "wire" and (m.content is not None or m.surplus is not None
+                                or m.transfer_coding or m.content_coding
+                                or m.content_truncated):
+        raise Rejected(f"{_text(what)}: content, codings and surplus describe a wire "
+                       "capture: set capture to 'wire'")
+    if m.body is None and (m.content is not None or m.transfer_coding or m.content_coding):
+        raise Rejected(f"{_text(what)}: content is derived from a body, and there is none")
+    if (m.text_encoding is None) != (m.text_encoding_source is None):
+        raise Rejected(f"{_text(what)}: text_encoding and text_encoding_source go together")
     url_id = ctx.url_id(m.url, what)
     request_headers, response_headers, body = m.request_headers, m.response_headers, m.body
+    content, surplus = m.content, m.surplus
     attempt_seq = ctx.add_attempt((
         m.attempt_id, m.run_id, url_id, m.url, m.sequence, m.method,
         format_time(m.started_at), m.elapsed_ms, m.outcome, m.http_status,
@@ -478,7 +491,11 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         None if response_headers is None else ctx.artifact_id(
             response_headers, (what, "response_headers")),
         None if body is None else ctx.artifact_id(body, (what, "body")),
-        int(m.body_truncated), m.content_type, m.error, ctx.log_index), what)
+        int(m.body_truncated), m.content_type, m.error, ctx.log_index, m.capture,
+        None if content is None else ctx.artifact_id(content, (what, "content")),
+        m.transfer_coding, m.content_coding, int(m.content_truncated),
+        None if surplus is None else ctx.artifact_id(surplus, (what, "surplus")),
+        m.text_encoding, m.text_encoding_source), what)
     ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
     ctx.project((m.run_id, url_id, m.sequence, attempt_seq))
 

@@ -193,7 +193,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from ._replay import replay
 
     with Store.open(args.store) as store:
-        found = replay(store, args.url, run_id=args.run, at=args.at)
+        found = replay(store, args.url, run_id=args.run, at=args.at, content=args.content)
     if args.json:
         _print_json(found.metadata())
         return 0
@@ -205,6 +205,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         data = found.response_headers or b""
     elif args.body_only:
         data = found.body or b""
+    elif args.content:
+        data = found.content or b""
     else:
         data = found.http_message()
     if args.out:
@@ -308,8 +310,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
     p = sub.add_parser(
         "replay", help="the exact response bytes recorded for a URL",
-        description="Print the stored response head and body of the attempt current for URL "
-        "(in a run, or at a time), byte for byte.")
+        description="Print the response head and body of the attempt current for URL (in a "
+        "run, or at a time) byte for byte, as they came off the connection (chunk framing "
+        "and content coding included); --content prints the decoded content instead.")
     p.add_argument("store", metavar="STORE", help="the store directory")
     p.add_argument("url", metavar="URL", help="the URL (compared by its normalized form)")
     p.add_argument("--run", metavar="ID", help="that run's current attempt")
@@ -319,7 +322,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--out", metavar="FILE", help="write the bytes here, not to stdout")
     part = p.add_mutually_exclusive_group()
     part.add_argument("--headers-only", action="store_true", help="only the response head")
-    part.add_argument("--body-only", action="store_true", help="only the body")
+    part.add_argument("--body-only", action="store_true",
+                      help="only the body, as it came off the connection")
+    part.add_argument("--content", action="store_true",
+                      help="only the content: the body with its transfer coding (chunked) "
+                      "and content coding (gzip, deflate) removed")
     p.add_argument("--json", action="store_true",
                    help="print which attempt and its artifact digests, not the bytes")
     p.set_defaults(func=_cmd_replay)

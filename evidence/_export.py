@@ -467,6 +467,8 @@ _RUN_SCOPE = {
     "artifact": "artifact_id IN (SELECT request_headers_id FROM fetch_attempt WHERE "
                 "run_id = :run UNION SELECT response_headers_id FROM fetch_attempt WHERE "
                 "run_id = :run UNION SELECT body_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT content_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run)",
     "commit_log": "batch_seq IN (SELECT batch_seq FROM ingest_ledger WHERE log_index IN "
                   "(SELECT log_index FROM temp.keep_ledger))",

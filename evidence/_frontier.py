@@ -189,11 +189,12 @@ def host_states(conn: apsw.Connection) -> dict[str, tuple[str | None, str | None
 
 
 def attempt_body(conn: apsw.Connection, attempt_id: str) -> tuple[str, str, int] | None:
-    """(namespace, digest, size) of an attempt's body artifact."""
+    """(namespace, digest, size) of an attempt's content: its content artifact, or its
+    body when they are the same bytes."""
     rows = conn.execute(
         "SELECT a.namespace, a.digest, a.size FROM fetch_attempt f "
-        "JOIN artifact a ON a.artifact_id = f.body_id WHERE f.attempt_id = ?",
-        (attempt_id,)).fetchall()
+        "JOIN artifact a ON a.artifact_id = coalesce(f.content_id, f.body_id) "
+        "WHERE f.attempt_id = ?", (attempt_id,)).fetchall()
     return rows[0] if rows else None
 
 

@@ -1,16 +1,87 @@
-"""The crawler's HTTP client, made the same way in the crawl and in its worker processes."""
+"""The crawler's HTTP client, made the same way in the crawl and in its worker processes,
+and the tap that records every request's bytes as they cross its connection.
+
+    with record_exchange("GET") as exchange:
+        response = await client.send(request, stream=True)
+        ...
+    exchange.sent, exchange.received      # bytes written, bytes read: exactly
+
+The tap is in the network stream under httpcore (``_Stream``): what h11 wrote is what the
+socket (or TLS layer) was given, and what it read is what h11 was fed, byte for byte. An
+exchange belongs to the task that opened it (a context variable): in HTTP/1.1 without
+pipelining, every read and write for a request happens in the task that sends it, so a
+keep-alive connection reused by another request records into that request's exchange,
+never into ours. A connection whose last exchange read bytes beyond the end of its
+response (pipelined or misframed data, see ``_http1.split_response``) answers "readable"
+to the pool's idle check, so the pool closes it instead of reading those bytes as the next
+request's response.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import select
 import socket
 import typing
+from collections.abc import Iterator
 from http.cookiejar import CookieJar
 
 import httpcore
 import httpx
 
-__all__ = ["crawl_client"]
+from ._http1 import Split, split_response
+
+__all__ = ["Exchange", "crawl_client", "record_exchange"]
+
+
+class Exchange:
+    """The bytes one request wrote to its connection and read from it, in order."""
+
+    __slots__ = ("_split", "_surplus", "method", "received", "sent")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.sent = bytearray()
+        self.received = bytearray()
+        self._split: Split | None = None
+        self._surplus: bool | None = None
+
+    def split(self) -> Split:
+        """The response's head, body and surplus (computed once the exchange is over)."""
+        if self._split is None:
+            self._split = split_response(bytes(self.received), self.method)
+        return self._split
+
+    def surplus(self) -> bool:
+        """Whether bytes beyond the end of the response were read, or the response did not
+        end where its framing says (never reuse the connection then: h11 would read those
+        bytes as the next response)."""
+        if self._surplus is None:
+            split = self.split()
+            self._surplus = bool(split.surplus) or not split.complete
+        return self._surplus
+
+    def close(self) -> None:
+        """Drop the bytes (an idle connection keeps only the answer of ``surplus``, which
+        the caller settles first, on the event loop that asks it)."""
+        self.surplus()
+        self.sent, self.received, self._split = bytearray(), bytearray(), None
+
+
+_exchange: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar(
+    "evidence_exchange", default=None)
+
+
+@contextlib.contextmanager
+def record_exchange(method: str) -> Iterator[Exchange]:
+    """Record what this task writes and reads on crawler connections until the block ends."""
+    exchange = Exchange(method)
+    token = _exchange.set(exchange)
+    try:
+        yield exchange
+    finally:
+        _exchange.reset(token)
 
 
 def crawl_client(*, connections: int, timeout: float) -> httpx.AsyncClient:
@@ -64,7 +135,8 @@ class _Backend(httpcore.AsyncNetworkBackend):
 
 
 class _Stream(httpcore.AsyncNetworkStream):
-    """A connection whose "is it readable?" answer costs one poll(2).
+    """A connection that records its bytes into the current ``Exchange``, and whose "is it
+    readable?" answer costs one poll(2).
 
     Before each request and after each response the pool asks every idle connection whether
     it is readable (the server closed it, or sent bytes nobody asked for). httpcore's anyio
@@ -75,14 +147,22 @@ class _Stream(httpcore.AsyncNetworkStream):
     def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
         self._inner = inner
         self._socket: socket.socket | None = inner.get_extra_info("socket")
-        self.read = inner.read  # type: ignore[method-assign]
-        self.write = inner.write  # type: ignore[method-assign]
+        self._last: Exchange | None = None  # the exchange that last read from it
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._inner.read(max_bytes, timeout)  # replaced per instance above
+        data = await self._inner.read(max_bytes, timeout)
+        exchange = _exchange.get()
+        if exchange is not None:
+            exchange.received += data
+            self._last = exchange
+        return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._inner.write(buffer, timeout)  # replaced per instance above
+        await self._inner.write(buffer, timeout)  # recorded once written: what went out
+        exchange = _exchange.get()
+        if exchange is not None:
+            exchange.sent += buffer
+            self._last = exchange
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -91,7 +171,9 @@ class _Stream(httpcore.AsyncNetworkStream):
         return _Stream(await self._inner.start_tls(*args, **kwargs))
 
     def get_extra_info(self, info: str) -> typing.Any:
-        if info == "is_readable":
+        if info == "is_readable":  # asked only of idle connections, once a response is over
+            if self._last is not None and self._last.surplus():
+                return True
             return _readable(self._socket)
         return self._inner.get_extra_info(info)
 

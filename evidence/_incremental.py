@@ -27,6 +27,7 @@ import msgspec
 
 from ._artifacts import ArtifactRef, ArtifactStore
 from ._errors import EvidenceError
+from ._http1 import parse_head
 from ._messages import DocumentRecord, parse_time_text
 from ._urls import NORMALIZER_VERSION, normalize_url
 
@@ -111,7 +112,9 @@ class Baseline:
             "FROM session_document d JOIN url_identity u ON u.url_id = d.url_id "
             "LEFT JOIN fetch_attempt f ON f.attempt_id = d.attempt_id "
             "LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id "
-            "LEFT JOIN artifact b ON b.namespace = 'body' AND b.digest = d.body_digest "
+            "LEFT JOIN artifact b ON b.artifact_id = (SELECT a.artifact_id FROM artifact a "
+            "  WHERE a.namespace IN ('content', 'body') AND a.digest = d.body_digest "
+            "  ORDER BY a.namespace = 'content' DESC LIMIT 1) "
             "WHERE d.session_id = ? AND u.normalizer_version = ? AND u.fetch_key = ? "
             "AND d.change != 'orphaned'",
             (self.session_id, NORMALIZER_VERSION, normalize_url(url))).fetchall()
@@ -193,7 +196,7 @@ def session_records(conn: apsw.Connection, session_id: str,
         "JOIN fetch_attempt f ON f.attempt_seq = (SELECT max(a.attempt_seq) "
         "  FROM fetch_attempt a JOIN crawl_run r ON r.run_id = a.run_id "
         "  WHERE r.session_id = fr.session_id AND a.url_id = fr.url_id) "
-        "LEFT JOIN artifact b ON b.artifact_id = f.body_id "
+        "LEFT JOIN artifact b ON b.artifact_id = coalesce(f.content_id, f.body_id) "
         "WHERE fr.session_id = ? AND fr.state = 'done' ORDER BY fr.frontier_id",
         (session_id,))
     for url_id, url, attempt_id, status, outcome, error, started, digest in rows:
@@ -268,13 +271,12 @@ def diff_sessions(conn: apsw.Connection, a: str, b: str) -> SessionDiff:
 
 def _validators(head: bytes) -> tuple[str | None, str | None]:
     etag = last_modified = None
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
+    for name, value in parse_head(head)[1]:  # as read: bare LF and obs-fold included
+        name = name.lower()
         if name == b"etag":
-            etag = value.strip().decode("latin-1")
+            etag = value.decode("latin-1")
         elif name == b"last-modified":
-            last_modified = value.strip().decode("latin-1")
+            last_modified = value.decode("latin-1")
     return etag, last_modified
 
 

@@ -39,15 +39,16 @@ Invariants:
   every tag is a link and ``max_links`` is raised), so pass a smaller ``max_bytes`` where
   that matters.
 
-Decoding bytes: a byte-order mark wins (as in browsers), then ``encoding``, then a
-``<meta charset>`` or ``content="...; charset=..."`` in the first 1024 bytes, then UTF-8;
-always with ``errors="replace"``. Unknown or non-text codec names are ignored, as
-browsers ignore labels they do not know. Latin-1 and ASCII labels mean windows-1252.
+Decoding bytes: as a browser does, by ``evidence._text`` (the decoder every consumer of
+page text shares): a byte-order mark wins, then ``encoding`` (the charset the server
+declared), then a ``<meta>`` charset in the first 1024 bytes, then windows-1252; labels
+resolved by the WHATWG Encoding Standard, unmappable bytes read as U+FFFD. Which encoding
+was used and why is in ``LinkExtraction.encoding`` and ``encoding_source``. A link's query
+is encoded in that encoding (the URL standard; ``resolve_reference``), its path as UTF-8.
 """
 
 from __future__ import annotations
 
-import codecs
 import re
 from html.parser import HTMLParser
 
@@ -55,11 +56,11 @@ import msgspec
 
 from ._errors import URLError
 from ._messages import ObservedRef
+from ._text import decode, sniff
 from ._urls import MAX_URL_LENGTH, resolve_reference
 
 __all__ = ["LinkExtraction", "extract_links"]
 
-_SNIFF_BYTES = 1024
 _MAX_REL = 65536  # ObservedRef.rel is Text: at most this many characters.
 
 # tag -> (attribute, edge_kind)
@@ -72,14 +73,6 @@ _TARGETS = {
 }
 _REL_TAGS = frozenset({"a", "area", "link"})
 
-_META_CHARSET_RE = re.compile(
-    rb"""<meta\b[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9._:-]{1,40})""", re.IGNORECASE
-)
-_BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
-         (codecs.BOM_UTF16_BE, "utf-16"))
-# WHATWG Encoding: these labels mean windows-1252; a <meta> naming UTF-16 means UTF-8.
-_WHATWG_ALIASES = {"iso8859-1": "cp1252", "ascii": "cp1252"}
-_ASCII_PROBE = b'<meta charset="x"><a href="/p?q=1&amp;r#s">+-~\\</a>'
 _REL_SPLIT_RE = re.compile(r"[\t\n\f\r ]+")  # HTML's ASCII whitespace, not str.split()'s
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
@@ -93,6 +86,8 @@ class LinkExtraction(msgspec.Struct, frozen=True):
     truncated: bool  # more than max_links references, or only a prefix was parsed
     base_url: str  # the base in effect at the end: the first usable <base href>, if any
     skipped: int  # hrefs that did not resolve to an http(s) URL
+    encoding: str | None = None  # the WHATWG encoding the bytes were read in (None: str input)
+    encoding_source: str | None = None  # why: "bom", "header", "meta" or "default"
 
 
 class _Stop(Exception):
@@ -106,9 +101,10 @@ class _LinkParser(HTMLParser):
         "script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes",
     )
 
-    def __init__(self, document_url: str, max_links: int) -> None:
+    def __init__(self, document_url: str, max_links: int, encoding: str | None) -> None:
         super().__init__(convert_charrefs=True)
         self.document_url = document_url
+        self.encoding = encoding  # of the document: a link's query is encoded in it
         self.base_url = document_url
         self.refs: list[ObservedRef] = []
         self.skipped = 0
@@ -149,14 +145,13 @@ class _LinkParser(HTMLParser):
         self._base_seen = True
         self.base_url = self._resolve(self.document_url, href) or self.document_url
 
-    @staticmethod
-    def _resolve(base: str, observed: str) -> str | None:
+    def _resolve(self, base: str, observed: str) -> str | None:
         # Empty: a self-reference, and ObservedRef.observed may not be empty. Over-long
         # hrefs are refused before the work of resolving them.
         if not observed or len(observed) > MAX_URL_LENGTH:
             return None
         try:
-            url = resolve_reference(base, observed)
+            url = resolve_reference(base, observed, encoding=self.encoding)
         except (URLError, ValueError):
             return None
         # A lone surrogate (only possible in str input) cannot be encoded or stored.
@@ -202,45 +197,6 @@ def _normalize_rel(rel: str) -> str:
     return text
 
 
-def _codec(name: str | None) -> str | None:
-    """Python's codec for a charset label, or None for unknown and non-text codecs."""
-    if not name:
-        return None
-    try:
-        codec = codecs.lookup(name).name
-        str(b"x", codec, "replace")  # LookupError for bytes-to-bytes codecs such as hex
-    except (LookupError, ValueError):  # ValueError: an embedded NUL in the label
-        return None
-    return _WHATWG_ALIASES.get(codec, codec)
-
-
-def _sniff_meta(head: bytes) -> str | None:
-    match = _META_CHARSET_RE.search(head)
-    codec = _codec(match.group(1).decode("ascii")) if match else None
-    if codec is None:
-        return None
-    # The label was read as ASCII, so a codec that does not decode ASCII as ASCII
-    # (UTF-16, UTF-7, EBCDIC) is a false claim; WHATWG answers UTF-8 for UTF-16.
-    try:
-        ascii_compatible = str(_ASCII_PROBE, codec, "replace") == _ASCII_PROBE.decode()
-    except ValueError:  # Some codecs (idna, undefined) refuse errors="replace".
-        return None
-    return codec if ascii_compatible else "utf-8"
-
-
-def _decode(data: bytes | bytearray | memoryview, encoding: str | None) -> str:
-    view = memoryview(data)  # Decoding a view avoids copying a multi-megabyte prefix.
-    head = bytes(view[:_SNIFF_BYTES])
-    bom = next((codec for mark, codec in _BOMS if head.startswith(mark)), None)
-    for codec in (bom, _codec(encoding), _sniff_meta(head)):
-        if codec is not None:
-            try:
-                return str(view, codec, "replace")
-            except ValueError:  # e.g. an explicit idna codec refuses errors="replace"
-                continue
-    return str(view, "utf-8", "replace")
-
-
 def extract_links(
     html: bytes | str,
     base_url: str,
@@ -251,7 +207,7 @@ def extract_links(
 ) -> LinkExtraction:
     """Extract the references in ``html``, a document fetched from ``base_url``.
 
-    ``encoding`` is the charset the server declared, if any. At most ``max_links``
+    ``encoding`` is the charset the server declared (a label), if any. At most ``max_links``
     references are returned and at most ``max_bytes`` of the document is parsed;
     ``truncated`` says either limit cut the result short.
     """
@@ -268,15 +224,18 @@ def extract_links(
             raise ValueError(f"{name} must not be negative, got {limit}")
 
     cut = len(html) > max_bytes
+    sniffed = None
     if isinstance(html, str):
         text = html[:max_bytes] if cut else html
     else:
-        text = _decode(memoryview(html)[:max_bytes] if cut else html, encoding)
+        data = memoryview(html)[:max_bytes] if cut else html
+        sniffed = sniff(data, encoding)
+        text = decode(data, sniffed.encoding)
     # Browsers' input preprocessing: CR and CRLF become LF; the tokenizer then reads NUL
     # as U+FFFD in tag names and attribute values. (replace() returns text itself when
     # there is nothing to replace, so clean documents are not copied.)
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "\ufffd")
-    parser = _LinkParser(base_url, max_links)
+    parser = _LinkParser(base_url, max_links, sniffed and sniffed.encoding)
     try:
         parser.feed(text)
     except _Stop:
@@ -288,4 +247,6 @@ def extract_links(
     # "<!" * 4 MiB), and finds links browsers never see there. A browser reads a comment,
     # tag or declaration left open at end of file as swallowing the rest, and so do we.
     return LinkExtraction(refs=parser.refs, truncated=cut or parser.truncated,
-                          base_url=parser.base_url, skipped=parser.skipped)
+                          base_url=parser.base_url, skipped=parser.skipped,
+                          encoding=sniffed and sniffed.encoding,
+                          encoding_source=sniffed and sniffed.source)

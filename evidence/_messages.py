@@ -130,8 +130,25 @@ Outcome = Literal[
 ]
 
 
+Capture = Literal[
+    "rebuilt",  # recorded before wire capture: heads rebuilt from parsed headers, body de-chunked
+    "wire",  # the request and response exactly as they crossed the connection
+]
+TextSource = Literal["bom", "header", "meta", "default"]
+
+
 class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
-    """One request attempt, with references to its stored request and response."""
+    """One request attempt, with references to its stored request and response.
+
+    With ``capture="wire"``: ``request_headers`` is the request as written to the connection
+    (request line, header block, body if any), ``response_headers`` the response's status
+    line and header block as read (interim 1xx responses included), ``body`` the message
+    body as read (transfer coding included), ``surplus`` bytes read after the body's end.
+    ``content`` is the body with ``transfer_coding`` and then ``content_coding`` removed,
+    present only when its bytes differ from the body's; ``content_truncated`` says it is
+    cut (at the size cap, or because the body is). ``text_encoding`` and its
+    ``text_encoding_source`` say how an HTML document's text was read (``evidence._text``).
+    """
 
     message_id: Id
     attempt_id: Id
@@ -149,6 +166,14 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     body_truncated: bool = False
     content_type: Text | None = None
     error: Text | None = None
+    capture: Capture = "rebuilt"
+    content: ArtifactRef | None = None
+    transfer_coding: Text | None = None
+    content_coding: Text | None = None
+    content_truncated: bool = False
+    surplus: ArtifactRef | None = None
+    text_encoding: Name | None = None
+    text_encoding_source: TextSource | None = None
 
 
 class ObservedRef(msgspec.Struct, **_STRUCT | {"tag_field": None}):

@@ -46,6 +46,7 @@ from ._messages import (
     utc_now,
 )
 from ._rules import RuleSet, evaluate_page
+from ._text import charset_param
 from ._urls import normalize_url, resolve_reference, url_host
 from ._writer import Ack
 
@@ -132,12 +133,15 @@ class PageWorker:
         attempt, status = result.attempt, result.status
         messages: list[Message] = [attempt]
         if self.rules is not None and attempt.response_headers is not None:
+            document = attempt.content or attempt.body  # the content: what rules read
             messages += await anyio.to_thread.run_sync(functools.partial(
                 evaluate_page, self.rules.rules, url=attempt.url,
                 attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
-                body_bytes=result.raw_body if attempt.body else None,
-                headers_ref=attempt.response_headers, body_ref=attempt.body,
-                elapsed_ms=attempt.elapsed_ms, body_truncated=attempt.body_truncated))
+                body_bytes=result.body if document is not None else None,
+                headers_ref=attempt.response_headers, body_ref=document,
+                elapsed_ms=attempt.elapsed_ms,
+                body_truncated=attempt.body_truncated or attempt.content_truncated,
+                decoded=True, content_coding=attempt.content_coding))
         if status in (429, 503) or status is None or status >= 500:
             retry_after = None
             if status in (429, 503) and result.headers is not None:
@@ -148,7 +152,7 @@ class PageWorker:
         refs: list[ObservedRef] = []
         sitemaps: list[str] = []
         truncated = False
-        source = attempt.body
+        source = attempt.content or attempt.body  # links are found in the content
         if 300 <= status < 400 and result.headers.get("location"):
             location = result.headers["location"]
             source = attempt.response_headers
@@ -161,10 +165,11 @@ class PageWorker:
                                         skip=self.skip(target, order.depth)))
             except URLError as exc:
                 log.info("redirect from %s to an unusable location: %s", order.url, exc)
-        elif 200 <= status < 300 and result.body:
+        elif 200 <= status < 300 and result.parsed is not None:
             # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
             # the event loop, so a page that is slow to tokenize never stalls the others).
             refs, truncated, sitemaps = result.parsed
+            truncated = truncated or attempt.body_truncated or attempt.content_truncated
             for ref in refs:
                 via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
                 depth = order.depth if via == "sitemap" else order.depth + 1
@@ -216,7 +221,7 @@ def _page_links(url: str, content_type: str,
         # Sitemaps listed by a sitemap index are sitemaps too: always fetched.
         sitemaps = [normalize_url(r.url) for r in refs if r.tag == "sitemap"]
     elif "html" in content_type:
-        extraction = extract_links(body, url)
+        extraction = extract_links(body, url, encoding=charset_param(content_type))
         refs, truncated = extraction.refs, extraction.truncated
     else:
         return [], False, []

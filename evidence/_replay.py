@@ -7,10 +7,14 @@ Which attempt (the URL is compared by its fetch key, ``normalize_url``):
     (ties: higher sequence, then later row);
   - neither: of each run's current attempt, the one that started last.
 
-The bytes are returned as stored: the response-head artifact (what the crawler recorded
-from the wire, status line and raw header lines) and the body artifact (undecoded), each
-re-hashed against its BLAKE3 digest before it is handed out, so a damaged payload is an
-``ArtifactCorruptError``, never silently replayed. An attempt that got no response
+The bytes are returned as stored, each re-hashed against its BLAKE3 digest before it is
+handed out, so a damaged payload is an ``ArtifactCorruptError``, never silently replayed:
+the response head and the body as they came off the connection (``capture="wire"``:
+status line and header block byte for byte, the body with its transfer coding), and, on
+request (``content=True``), the content: the stored content artifact, or the body itself
+when no coding was removed. For an attempt recorded before wire capture (``"rebuilt"``:
+heads rebuilt from parsed headers, the body de-chunked) the content is derived on the
+spot by removing the content codings its head names. An attempt that got no response
 (timeout, network error, robots) is returned with ``response_headers`` and ``body`` None.
 """
 
@@ -23,6 +27,7 @@ import msgspec
 
 from ._artifacts import ArtifactRef
 from ._errors import EvidenceError, NotFoundError
+from ._http1 import derive_content
 from ._messages import format_time
 from ._store import Store, map_sqlite_errors
 from ._urls import NORMALIZER_VERSION, normalize_url
@@ -47,6 +52,12 @@ class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):
     body_ref: ArtifactRef | None
     response_headers: bytes | None
     body: bytes | None
+    capture: str = "rebuilt"  # "wire": head and body as they crossed the connection
+    content_ref: ArtifactRef | None = None  # the content, where it differs from the body
+    transfer_coding: str | None = None  # removed to get the content
+    content_coding: str | None = None  # removed to get the content
+    content_truncated: bool = False
+    content: bytes | None = None  # only when asked for (``replay(..., content=True)``)
 
     def http_message(self) -> bytes:
         """Head then body, as received. Only if the stored head lacks its closing blank line
@@ -59,8 +70,8 @@ class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):
     def metadata(self) -> dict[str, object]:
         """Everything but the bytes, for ``--json``."""
         data = msgspec.to_builtins(self)
-        data.pop("response_headers")
-        data.pop("body")
+        for name in ("response_headers", "body", "content"):
+            data.pop(name, None)
         return data
 
 
@@ -83,17 +94,22 @@ def parse_time(value: str | _dt.datetime) -> _dt.datetime:
 _ATTEMPT = """
 SELECT f.attempt_id, f.run_id, f.url, f.sequence, f.method, f.started_at, f.outcome,
        f.http_status, f.content_type, f.body_truncated, f.log_index,
-       h.namespace, h.digest, h.size, b.namespace, b.digest, b.size
+       h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
+       f.capture, c.namespace, c.digest, c.size, f.transfer_coding, f.content_coding,
+       f.content_truncated
 FROM fetch_attempt f
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
 WHERE f.attempt_seq = ?
 """
+_REPLAY_LIMIT = 1 << 30  # content derived on the spot (older attempts): at most 1 GiB
 
 
 def replay(store: Store, url: str, *, run_id: str | None = None,
-           at: str | _dt.datetime | None = None) -> ReplayedResponse:
-    """The attempt current for ``url`` (see the module docstring), with its stored bytes."""
+           at: str | _dt.datetime | None = None, content: bool = False) -> ReplayedResponse:
+    """The attempt current for ``url`` (see the module docstring), with its stored bytes;
+    with ``content``, its decoded content too."""
     key = normalize_url(url)
     when = None if at is None else format_time(parse_time(at))
     with store.reader() as conn, map_sqlite_errors(store.db_path):
@@ -115,17 +131,29 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
         finally:
             conn.execute("COMMIT")
     (attempt_id, run, requested, sequence, method, started_at, outcome, status, content_type,
-     truncated, log_index, h_ns, h_digest, h_size, b_ns, b_digest, b_size) = row
+     truncated, log_index, h_ns, h_digest, h_size, b_ns, b_digest, b_size, capture, c_ns,
+     c_digest, c_size, transfer_coding, content_coding, content_truncated) = row
     head_ref = None if h_ns is None else ArtifactRef(h_ns, h_digest, h_size)
     body_ref = None if b_ns is None else ArtifactRef(b_ns, b_digest, b_size)
+    content_ref = None if c_ns is None else ArtifactRef(c_ns, c_digest, c_size)
+    head = None if head_ref is None else store.artifacts.read(head_ref, verify=True)
+    body = None if body_ref is None else store.artifacts.read(body_ref, verify=True)
+    decoded = None
+    if content and body is not None:
+        if content_ref is not None:
+            decoded = store.artifacts.read(content_ref, verify=True)
+        elif capture == "wire":
+            decoded = body  # no coding was removed: the body is the content
+        else:  # recorded before wire capture: the body is de-chunked, still content-coded
+            decoded = derive_content(head or b"", body, _REPLAY_LIMIT, dechunk=False).data
     return ReplayedResponse(
         attempt_id=attempt_id, run_id=run, url=requested, fetch_key=key, sequence=sequence,
         method=method, started_at=started_at, outcome=outcome, http_status=status,
         content_type=content_type, body_truncated=bool(truncated), log_index=log_index,
-        response_headers_ref=head_ref, body_ref=body_ref,
-        response_headers=None if head_ref is None else store.artifacts.read(head_ref,
-                                                                             verify=True),
-        body=None if body_ref is None else store.artifacts.read(body_ref, verify=True))
+        response_headers_ref=head_ref, body_ref=body_ref, response_headers=head, body=body,
+        capture=capture, content_ref=content_ref, transfer_coding=transfer_coding,
+        content_coding=content_coding, content_truncated=bool(content_truncated),
+        content=decoded)
 
 
 def _choose(conn: apsw.Connection, url_id: int, run_id: str | None, when: str | None) -> int | None:

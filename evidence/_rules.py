@@ -8,9 +8,10 @@ refetching (``evaluate_stored``, through the writer). docs/rules.md is the long 
 Invariants:
 
 - A rule reads only its declared inputs: the response head artifact and the URL (every
-  rule: applicability reads the status line and Content-Type), plus the body artifact
-  (``selector``, ``link``, body ``regex``) or the attempt's ``elapsed_ms``
-  (``max_response_time``). ``input_hash`` is BLAKE3 over the canonical JSON description
+  rule: applicability reads the status line and Content-Type), plus the document, the
+  attempt's content (``selector``, ``link``, body ``regex``), or the attempt's
+  ``elapsed_ms`` (``max_response_time``). Text is decoded by ``evidence._text``, the
+  decoder links use too. ``input_hash`` is BLAKE3 over the canonical JSON description
   of exactly those inputs (``input_description``), so it can be computed from the
   database alone, before any byte is read, and anyone can recompute it from the row's
   ``details["input"]``.
@@ -58,10 +59,11 @@ from ._errors import (
     RulesError,
 )
 from ._errors import URLError as _URLError
-from ._links import _decode as _decode_text
+from ._http1 import parse_head
 from ._messages import RuleEvaluated, new_id, utc_now
 from ._runlock import crawl_lock
 from ._store import map_sqlite_errors
+from ._text import Sniffed, decode_document
 from ._urls import resolve_reference
 
 if TYPE_CHECKING:
@@ -90,7 +92,10 @@ log = logging.getLogger("evidence.rules")
 
 #: Names how inputs are described and read (body decoding included). Part of every hash:
 #: a change to either is a new format, so old and new verdicts can never collide.
-INPUT_FORMAT = "evidence-rule-input/1"
+#: 2: the document is the attempt's content (wire capture), its text decoded as a browser
+#: does (``evidence._text``: default windows-1252, WHATWG labels), heads read as h11 reads
+#: them (bare LF, obs-fold), and a text-reading verdict names the encoding it read.
+INPUT_FORMAT = "evidence-rule-input/2"
 RULE_TYPES = ("selector", "regex", "header", "max_response_time", "link")
 #: Decompressed bodies larger than this are not judged (verdict ``error``): a gzip bomb.
 MAX_DECODED_BYTES = 32 * 1024 * 1024
@@ -411,13 +416,24 @@ def _ref(ref: ArtifactRef | None) -> dict[str, Any] | None:
 
 def input_description(rule: Rule, *, url: str, headers_ref: ArtifactRef,
                       body_ref: ArtifactRef | None, body_truncated: bool,
-                      elapsed_ms: float) -> dict[str, Any]:
-    """What ``rule`` reads of one attempt: the objects whose canonical JSON is hashed."""
+                      elapsed_ms: float, decoded: bool = False,
+                      content_coding: str | None = None) -> dict[str, Any]:
+    """What ``rule`` reads of one attempt: the objects whose canonical JSON is hashed.
+
+    ``body_ref`` is the document: for a wire capture (``decoded``) the attempt's content
+    (its ``content``, or its body when they are the same bytes), with the content codings
+    the crawler removed; for an attempt recorded before wire capture, its stored body,
+    whose content codings the reader removes.
+    """
     description: dict[str, Any] = {"format": INPUT_FORMAT, "url": url,
                                    "response_headers": _ref(headers_ref)}
     if rule.reads_body:
         body = _ref(body_ref)
-        description["body"] = None if body is None else body | {"truncated": body_truncated}
+        if body is not None:
+            body |= {"truncated": body_truncated}
+            if decoded:
+                body |= {"decoded": True, "content_coding": content_coding}
+        description["body"] = body
     if rule.reads_elapsed:
         description["elapsed_ms"] = float(elapsed_ms)
     return description
@@ -432,22 +448,14 @@ def input_hash(description: Mapping[str, Any]) -> str:
 
 def _parse_head(head: bytes) -> tuple[int | None, dict[str, str]]:
     """Status and headers of a stored response head (names lowercased, repeats joined)."""
-    lines = head.split(b"\n")
-    parts = lines[0].split(None, 2)
-    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    status, fields = parse_head(head)
     headers: dict[str, str] = {}
-    for raw in lines[1:]:
-        line = raw.rstrip(b"\r")
-        if not line:
-            break
-        name, sep, value = line.partition(b":")
-        if not sep:
-            continue
+    for name, value in fields:
         try:
-            text = value.strip().decode("utf-8")
+            text = value.decode("utf-8")
         except UnicodeDecodeError:
-            text = value.strip().decode("latin-1")
-        key = name.strip().decode("latin-1").lower()
+            text = value.decode("latin-1")
+        key = name.decode("latin-1").lower()
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
     return status, headers
 
@@ -475,6 +483,12 @@ def _decode_body(raw: bytes, encoding: str) -> bytes:
     return data
 
 
+def _codings(value: str) -> list[str]:
+    """Content codings named in a header value, in order ("identity" means none)."""
+    codings = [c.strip().lower() for c in value.split(",")]
+    return [c for c in codings if c and c != "identity"]
+
+
 def _snippet(text: str) -> str:
     return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"
 
@@ -483,23 +497,42 @@ class _Page:
     """One attempt's inputs, parsed lazily: each view is built once, for every rule."""
 
     def __init__(self, url: str, head: bytes, body: bytes | None, body_truncated: bool,
-                 elapsed_ms: float) -> None:
+                 elapsed_ms: float, decoded: bool = False,
+                 content_coding: str | None = None) -> None:
         self.url, self.raw_body, self.body_truncated = url, body, body_truncated
         self.elapsed_ms = float(elapsed_ms)
         self.status, self.headers = _parse_head(head)
-        media, _, params = self.headers.get("content-type", "").partition(";")
+        self.decoded, self.content_coding = decoded, content_coding
+        media, _, _params = self.headers.get("content-type", "").partition(";")
         self.media_type = media.strip().lower()
-        charset = re.search(r"charset\s*=\s*[\"']?([^\"';,\s]+)", params, re.IGNORECASE)
-        self.charset = charset.group(1) if charset else None
 
     @cached_property
     def body(self) -> bytes:
+        """The document's content: as the crawler derived it (wire capture), or the stored
+        body with its content codings removed (attempts recorded before wire capture)."""
         assert self.raw_body is not None
-        return _decode_body(self.raw_body, self.headers.get("content-encoding", ""))
+        if not self.decoded:
+            return _decode_body(self.raw_body, self.headers.get("content-encoding", ""))
+        named = _codings(self.headers.get("content-encoding", ""))
+        removed = _codings(self.content_coding or "")
+        left = named[:len(named) - len(removed)] if named[len(named) - len(removed):] == (
+            removed) else named
+        if left:
+            raise ValueError(f"its content coding {', '.join(left)!r} was not removed by the "
+                             "crawler (unsupported or damaged)")
+        return self.raw_body
 
     @cached_property
+    def decoded_text(self) -> tuple[str, Sniffed]:
+        return decode_document(self.body, self.headers.get("content-type"))
+
+    @property
     def text(self) -> str:
-        return _decode_text(self.body, self.charset)
+        return self.decoded_text[0]
+
+    @property
+    def encoding(self) -> Sniffed:
+        return self.decoded_text[1]
 
     @cached_property
     def dom(self) -> LexborHTMLParser:
@@ -508,13 +541,14 @@ class _Page:
     @cached_property
     def links(self) -> list[tuple[str, str]]:
         """(absolute URL, text) of every a[href] and area[href], in document order."""
-        base = self.url
+        base, encoding = self.url, self.encoding.encoding
         first_base = self.dom.css_first("base[href]")
         if first_base is not None:
-            base = _resolve(self.url, first_base.attributes.get("href") or "") or self.url
+            base = _resolve(self.url, first_base.attributes.get("href") or "",
+                            encoding) or self.url
         links = []
         for node in self.dom.css("a[href], area[href]"):
-            target = _resolve(base, node.attributes.get("href") or "")
+            target = _resolve(base, node.attributes.get("href") or "", encoding)
             if target is None:
                 continue
             text = " ".join(node.text(deep=True, separator="").split())
@@ -529,9 +563,9 @@ class _Page:
         return links
 
 
-def _resolve(base: str, href: str) -> str | None:
+def _resolve(base: str, href: str, encoding: str | None = None) -> str | None:
     try:
-        return resolve_reference(base, href)
+        return resolve_reference(base, href, encoding=encoding)
     except (_URLError, ValueError):
         return None
 
@@ -646,7 +680,11 @@ def _judge(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
         except ValueError as exc:
             return "error", {"reason": f"the body cannot be read: {exc}"}
     try:
-        return _CHECKS[rule.type](rule, page)
+        verdict, details = _CHECKS[rule.type](rule, page)
+        if rule.reads_body and not (rule.type == "regex" and rule.params["header"]):
+            details |= {"encoding": page.encoding.encoding,
+                        "encoding_source": page.encoding.source}
+        return verdict, details
     except Exception as exc:  # recorded as the verdict, and logged: never a crashed crawl
         log.warning("rule %s v%s failed on %s", rule.id, rule.version, page.url,
                     exc_info=True)
@@ -666,12 +704,16 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str, run_id: s
                   headers_bytes: bytes, body_bytes: bytes | None, headers_ref: ArtifactRef,
                   body_ref: ArtifactRef | None, elapsed_ms: float,
                   body_truncated: bool = False,
-                  evaluated_at: dt.datetime | None = None) -> list[RuleEvaluated]:
+                  evaluated_at: dt.datetime | None = None, decoded: bool = False,
+                  content_coding: str | None = None) -> list[RuleEvaluated]:
     """Judge one attempt by every rule: one ``RuleEvaluated`` per rule, nothing written.
 
     ``headers_bytes`` and ``body_bytes`` are the stored artifact bytes (the response head
-    as recorded, the body undecoded) and must hash to ``headers_ref`` and ``body_ref``;
-    ``url`` is the URL as requested. Submit the result in the page's writer group.
+    as recorded; the document) and must hash to ``headers_ref`` and ``body_ref``; ``url``
+    is the URL as requested. For a wire capture (``decoded``) the document is the
+    attempt's content and ``content_coding`` the codings the crawler removed; otherwise
+    it is the stored body, still content-coded (``input_description``). Submit the result
+    in the page's writer group.
     """
     if (body_bytes is None) != (body_ref is None):
         raise RulesError("body_bytes and body_ref must be given together (or both None)",
@@ -681,19 +723,21 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str, run_id: s
     return _evaluate(rules, url=url, attempt_id=attempt_id, run_id=run_id,
                      head=headers_bytes, body=body_bytes,
                      headers_ref=headers_ref, body_ref=body_ref, elapsed_ms=elapsed_ms,
-                     body_truncated=body_truncated, evaluated_at=evaluated_at or utc_now())
+                     body_truncated=body_truncated, evaluated_at=evaluated_at or utc_now(),
+                     decoded=decoded, content_coding=content_coding)
 
 
 def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str, run_id: str, head: bytes,
               body: bytes | None, headers_ref: ArtifactRef, body_ref: ArtifactRef | None,
-              elapsed_ms: float, body_truncated: bool,
-              evaluated_at: dt.datetime) -> list[RuleEvaluated]:
-    page = _Page(url, head, body, body_truncated, elapsed_ms)
+              elapsed_ms: float, body_truncated: bool, evaluated_at: dt.datetime,
+              decoded: bool = False, content_coding: str | None = None) -> list[RuleEvaluated]:
+    page = _Page(url, head, body, body_truncated, elapsed_ms, decoded, content_coding)
     messages = []
     for rule in rules:
         description = input_description(rule, url=url, headers_ref=headers_ref,
                                         body_ref=body_ref, body_truncated=body_truncated,
-                                        elapsed_ms=elapsed_ms)
+                                        elapsed_ms=elapsed_ms, decoded=decoded,
+                                        content_coding=content_coding)
         verdict, details = _judge(rule, page)
         messages.append(RuleEvaluated(
             message_id=new_id("m-"), run_id=run_id, url=url, rule_id=rule.id,
@@ -750,10 +794,11 @@ WHERE f.http_status IS NOT NULL AND f.response_headers_id IS NOT NULL
 ORDER BY f.attempt_seq
 """
 _ATTEMPTS = """
-SELECT f.attempt_id, f.run_id, f.url_id, f.url, f.elapsed_ms, f.body_truncated,
+SELECT f.attempt_id, f.run_id, f.url_id, f.url, f.elapsed_ms,
+       f.body_truncated OR f.content_truncated, f.capture = 'wire', f.content_coding,
        h.namespace, h.digest, h.size, b.namespace, b.digest, b.size
 FROM fetch_attempt f JOIN artifact h ON h.artifact_id = f.response_headers_id
-LEFT JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact b ON b.artifact_id = coalesce(f.content_id, f.body_id)
 WHERE f.attempt_seq IN (SELECT value FROM json_each(?)) ORDER BY f.attempt_seq
 """
 _CHUNK = 256
@@ -812,8 +857,9 @@ async def _evaluate_stored(store: Store, conn: apsw.Connection, rules: tuple[Rul
         for start in range(0, len(seqs), _CHUNK):
             chunk = _json.encode(seqs[start:start + _CHUNK]).decode()
             for row in conn.execute(_ATTEMPTS, (chunk,)).fetchall():
-                (attempt_id, run, url_id, url, elapsed_ms, truncated,
+                (attempt_id, run, url_id, url, elapsed_ms, truncated, wire, coding,
                  h_ns, h_digest, h_size, b_ns, b_digest, b_size) = row
+                decoded = bool(wire)
                 runs.add(run)
                 counts["pages"] += 1
                 head_ref = ArtifactRef(h_ns, h_digest, h_size)
@@ -825,7 +871,8 @@ async def _evaluate_stored(store: Store, conn: apsw.Connection, rules: tuple[Rul
                 for rule in rules:
                     description = input_description(
                         rule, url=url, headers_ref=head_ref, body_ref=body_ref,
-                        body_truncated=bool(truncated), elapsed_ms=elapsed_ms)
+                        body_truncated=bool(truncated), elapsed_ms=elapsed_ms,
+                        decoded=decoded, content_coding=coding)
                     if (rule.id, rule.version, input_hash(description)) in recorded:
                         counts["already_recorded"] += 1
                     else:
@@ -844,7 +891,8 @@ async def _evaluate_stored(store: Store, conn: apsw.Connection, rules: tuple[Rul
                 pending += _evaluate(
                     todo, url=url, attempt_id=attempt_id, run_id=run, head=head, body=body,
                     headers_ref=head_ref, body_ref=body_ref, elapsed_ms=elapsed_ms,
-                    body_truncated=bool(truncated), evaluated_at=utc_now())
+                    body_truncated=bool(truncated), evaluated_at=utc_now(), decoded=decoded,
+                    content_coding=coding)
                 if len(pending) >= _CHUNK:
                     await flush()
         if pending:

@@ -46,6 +46,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import idna
 
 from evidence._errors import URLError
+from evidence._text import percent_encode_query
 
 __all__ = ["NORMALIZER_VERSION", "normalize_url", "resolve_reference", "url_host"]
 
@@ -344,17 +345,34 @@ def _resolve_plain(base: str, href: str) -> str | None:
     return resolved if len(resolved) <= MAX_URL_LENGTH else None
 
 
-def resolve_reference(base: str, href: str) -> str:
+def resolve_reference(base: str, href: str, *, encoding: str | None = None) -> str:
     """Resolve ``href`` seen in a page against ``base`` (RFC 3986 5.2); not normalized.
 
     Both strings are first cleaned as browsers do (see ``_clean_reference``). Raises
-    ``URLError`` unless the result is an http(s) URL with an authority.
+    ``URLError`` unless the result is an http(s) URL with an authority. ``encoding`` is
+    the document's (a WHATWG name, ``evidence._text``): as in the URL standard, the query
+    of ``href`` is percent-encoded in it (characters it cannot represent as ``&#N;``); the
+    path is always UTF-8 (``normalize_url`` encodes it). None means UTF-8.
     """
     if isinstance(base, str) and isinstance(href, str):
         resolved = _resolve_plain(base, href)
         if resolved is not None:
             return resolved
-    return _resolve(base, href)
+    resolved = _resolve(base, href)
+    if encoding is not None and not resolved.isascii() and "?" in href:
+        resolved = _encode_query(resolved, encoding)
+        if len(resolved) > MAX_URL_LENGTH:
+            raise _fail("resolved URL is too long", href[:200], "Skip this link.")
+    return resolved
+
+
+def _encode_query(url: str, encoding: str) -> str:
+    """``url`` with its query's non-ASCII characters percent-encoded in ``encoding``."""
+    rest, hash_, fragment = url.partition("#")
+    before, mark, query = rest.partition("?")
+    if not mark:
+        return url
+    return before + mark + percent_encode_query(query, encoding) + hash_ + fragment
 
 
 def _resolve(base: str, href: str) -> str:

@@ -11,6 +11,10 @@ In one read snapshot of the database it runs, in order:
   5. ``url_current`` rebuilt from ``fetch_attempt`` (max sequence per run + URL);
   6. quarantined payloads against their hashes.
 
+With ``full``, every attempt captured from the wire has its content derived again from its
+stored head and body (``_http1.derive_content``) and compared with the content it records
+(its ``content`` artifact, or its body), and the codings it says were removed.
+
 Then, outside that snapshot (artifact rows are append-only, so paging them by id sees the
 same rows), every referenced artifact is checked on disk (present with its size; ``full``:
 re-hashed with BLAKE3), and files under ``artifacts/`` that nothing references are listed
@@ -52,6 +56,7 @@ from ._errors import (
     StoreError,
     URLError,
 )
+from ._http1 import derive_content
 from ._log import check_log
 from ._merkle import EMPTY_ROOT
 from ._messages import (
@@ -186,6 +191,8 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
             conn.execute("COMMIT")
         step("artifacts_rehashed" if full else "artifacts", _check_artifacts, store, conn,
              found, max_artifact, full)
+        if full:
+            step("contents_derived", _check_contents, store, conn, found)
         orphans = step(None, _orphan_files, store, conn) or []
     for ref, age in orphans:
         found.add("orphan", f"{ref.namespace}/{ref.digest} ({ref.size} bytes, "
@@ -379,11 +386,16 @@ SELECT f.log_index, f.attempt_seq, f.attempt_id, f.run_id, f.url, f.sequence, f.
        f.request_headers_id, q.namespace, q.digest, q.size,
        f.response_headers_id, h.namespace, h.digest, h.size,
        f.body_id, b.namespace, b.digest, b.size,
-       f.body_truncated, f.content_type, f.error, u.normalizer_version, u.fetch_key
+       f.body_truncated, f.content_type, f.error, u.normalizer_version, u.fetch_key,
+       f.capture, f.content_id, c.namespace, c.digest, c.size, f.transfer_coding,
+       f.content_coding, f.content_truncated, f.surplus_id, s.namespace, s.digest, s.size,
+       f.text_encoding, f.text_encoding_source
 FROM fetch_attempt f
 LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
+LEFT JOIN artifact s ON s.artifact_id = f.surplus_id
 LEFT JOIN url_identity u ON u.url_id = f.url_id
 ORDER BY f.log_index, f.attempt_seq
 """
@@ -551,7 +563,9 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         _unlogged(found, "fetch_attempt", extra, "already the entry of another row")
     (_, seq, attempt_id, run_id, url, sequence, method, started_at, elapsed_ms, outcome, status,
      q_id, q_ns, q_digest, q_size, h_id, h_ns, h_digest, h_size, b_id, b_ns, b_digest, b_size,
-     truncated, content_type, error, version, key) = rows[0]
+     truncated, content_type, error, version, key, capture, c_id, c_ns, c_digest, c_size,
+     transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
+     text_encoding, text_source) = rows[0]
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
@@ -559,7 +573,11 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "request_headers": _ref_text(m.request_headers),
         "response_headers": _ref_text(m.response_headers), "body": _ref_text(m.body),
         "body_truncated": int(m.body_truncated), "content_type": m.content_type,
-        "error": m.error, "fetch_key": _fetch_key(m.url)}
+        "error": m.error, "fetch_key": _fetch_key(m.url), "capture": m.capture,
+        "content": _ref_text(m.content), "transfer_coding": m.transfer_coding,
+        "content_coding": m.content_coding, "content_truncated": int(m.content_truncated),
+        "surplus": _ref_text(m.surplus), "text_encoding": m.text_encoding,
+        "text_encoding_source": m.text_encoding_source}
     actual = {
         "attempt_id": attempt_id, "run_id": run_id, "url": url, "sequence": sequence,
         "method": method, "started_at": started_at, "elapsed_ms": elapsed_ms,
@@ -567,7 +585,11 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "request_headers": _row_ref(q_id, q_ns, q_digest, q_size),
         "response_headers": _row_ref(h_id, h_ns, h_digest, h_size),
         "body": _row_ref(b_id, b_ns, b_digest, b_size), "body_truncated": truncated,
-        "content_type": content_type, "error": error, "fetch_key": _row_key(m.url, version, key)}
+        "content_type": content_type, "error": error, "fetch_key": _row_key(m.url, version, key),
+        "capture": capture, "content": _row_ref(c_id, c_ns, c_digest, c_size),
+        "transfer_coding": transfer_coding, "content_coding": content_coding,
+        "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
+        "text_encoding": text_encoding, "text_encoding_source": text_source}
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
 
 
@@ -681,6 +703,49 @@ def _check_facts(found: Findings, conn: apsw.Connection, table: str, key: str,
                   "message wrote it", table=table, row_id=ident)
 
 
+# --- contents against the wire ---------------------------------------------------------
+
+_CONTENT_SQL = """
+SELECT f.attempt_seq, f.attempt_id, f.transfer_coding, f.content_coding, f.content_truncated,
+       h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
+       c.namespace, c.digest, c.size
+FROM fetch_attempt f
+JOIN artifact h ON h.artifact_id = f.response_headers_id
+JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
+WHERE f.capture = 'wire' AND f.attempt_seq > ? ORDER BY f.attempt_seq LIMIT ?
+"""
+
+
+def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int:
+    """Derive each wire attempt's content again from its head and body; compare."""
+    n = after = 0
+    while True:
+        with map_sqlite_errors(store.db_path):  # each page its own short snapshot
+            page = conn.execute(_CONTENT_SQL, (after, _PAGE)).fetchall()
+        if not page:
+            return n
+        for (seq, attempt_id, transfer, coding, truncated, *refs) in page:
+            n, after = n + 1, seq
+            head_ref, body_ref = ArtifactRef(*refs[0:3]), ArtifactRef(*refs[3:6])
+            content_ref = None if refs[6] is None else ArtifactRef(*refs[6:9])
+            try:  # a missing or damaged file is the artifact check's finding
+                head, body = store.artifacts.read(head_ref), store.artifacts.read(body_ref)
+                stored = body if content_ref is None else store.artifacts.read(content_ref)
+            except ArtifactError:
+                continue
+            limit = len(stored) if truncated else len(stored) + 1
+            derived = derive_content(head, body, limit)
+            same = derived.data == stored and (derived.transfer_coding, derived.content_coding) \
+                == (transfer, coding)
+            if not same:
+                found.add("content_mismatch", f"attempt {attempt_id}: its content is not what "
+                          "its stored head and body derive to (codings recorded "
+                          f"{transfer}/{coding}, derived {derived.transfer_coding}/"
+                          f"{derived.content_coding})", table="fetch_attempt", row_id=seq,
+                          digest=(content_ref or body_ref).digest)
+
+
 # --- orphans -------------------------------------------------------------------------
 
 def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[str, str]], int]:
@@ -695,7 +760,8 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
         except MessageError:  # undecodable payloads are quarantined for exactly that
             continue
         if isinstance(message, FetchAttempt):
-            named = (message.request_headers, message.response_headers, message.body)
+            named = (message.request_headers, message.response_headers, message.body,
+                     message.content, message.surplus)
         elif isinstance(message, Discovery):
             named = (message.source_artifact,)
         else:

@@ -8,18 +8,24 @@ byte for byte:
     response block = response head artifact + body artifact
     request block  = request head artifact
 
-The crawler stores heads as received, status or request line included and ending in the
-blank line. For a head stored without its first line (an older producer), the line is
-rebuilt from the attempt (method and URL; status code and its standard reason phrase, as
-HTTP/1.1, since the version was not recorded) and the record says so in
-``Evidence-Reconstructed``. No other byte is added or changed: a body stored still
-content-encoded (gzip) stays so, exactly as the ``Content-Encoding`` header says.
+For an attempt captured from the wire (``capture="wire"``) these are the bytes that crossed
+the connection: the request as written, the response head as read, and the message body
+as read, chunk framing and content coding included, so a reader that de-chunks and
+decompresses by the headers gets the content (``Evidence-Content-BLAKE3`` names the
+crawler's own copy of it). Attempts recorded before wire capture have heads rebuilt from
+parsed headers and a de-chunked body; for a head stored without its first line (an older
+producer) the line is rebuilt from the attempt (method and URL; status code and its
+standard reason phrase, as HTTP/1.1) and the record says so in ``Evidence-Reconstructed``.
+No other byte is added or changed.
 
 Digests: ``WARC-Block-Digest`` and ``WARC-Payload-Digest`` are SHA-256 in base32
-(``sha256:<52 chars + padding>``), which warcio verifies; SHA-1, the older convention, is
-not collision-resistant. Each body is also re-hashed with BLAKE3 against its artifact
-digest while it is exported, so a damaged payload stops the export instead of being sealed
-into an archive with fresh digests.
+(``sha256:<52 chars + padding>``); SHA-1, the older convention, is not collision-resistant.
+The payload digest is over the body artifact as it is in the block, transfer coding
+included: that is how warcio computes and checks it (its checker digests the record's
+bytes after the HTTP head, before any de-chunking), and how most crawlers write it.
+Each body is also re-hashed with BLAKE3 against its artifact digest while it is exported,
+so a damaged payload stops the export instead of being sealed into an archive with fresh
+digests.
 
 The export is deterministic: record ids are UUIDv5 of (store id, attempt id, record type),
 dates come from the store (``WARC-Date`` is the attempt's ``started_at``, to the
@@ -64,11 +70,13 @@ _STATUS_LINE = re.compile(rb"HTTP/\d(\.\d)? \d{3}")
 _ATTEMPTS = """
 SELECT f.attempt_seq, f.attempt_id, f.run_id, f.url, f.method, f.started_at, f.http_status,
        f.body_truncated, f.log_index,
-       q.namespace, q.digest, q.size, h.namespace, h.digest, h.size, b.namespace, b.digest, b.size
+       q.namespace, q.digest, q.size, h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
+       c.digest
 FROM fetch_attempt f
 LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
 WHERE f.attempt_seq > ? AND f.attempt_seq <= ? AND f.http_status IS NOT NULL
   AND (? IS NULL OR f.run_id = ?)
 ORDER BY f.attempt_seq LIMIT ?
@@ -244,7 +252,7 @@ class _Body:
 def _attempt_records(store: Store, store_id: str, row: tuple) -> list[_Record]:
     """A response and a request record; the same attempt always gives the same bytes."""
     (_seq, attempt_id, run_id, url, method, started_at, status, truncated, log_index,
-     q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size) = row
+     q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size, c_digest) = row
     response_id = _record_id(store_id, attempt_id, "response")
     common = [("WARC-Date", started_at), ("WARC-Target-URI", _header_value(url))]
     evidence = [("Evidence-Attempt-ID", _header_value(attempt_id)),
@@ -264,6 +272,8 @@ def _attempt_records(store: Store, store_id: str, row: tuple) -> list[_Record]:
     if b_ns is not None:
         body = _Body(store, ArtifactRef(b_ns, b_digest, b_size))
         fields.append(("Evidence-Body-BLAKE3", b_digest))
+    if c_digest is not None:
+        fields.append(("Evidence-Content-BLAKE3", c_digest))
     response = _Record([*fields, *evidence], _terminated(head), body, payload_digest=True)
 
     request = b"" if q_ns is None else store.artifacts.read(ArtifactRef(q_ns, q_digest, q_size),

@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 
 import anyio
 import blake3
-import httpx
 import msgspec
 import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, FetchAttempt, Store
 from evidence._cli_rules import add_commands
 from evidence._fetch import fetch
+from evidence._http import crawl_client
 from evidence._rules import (
     INPUT_FORMAT,
     RulesError,
@@ -546,16 +546,18 @@ def test_the_crawler_path_fetch_then_evaluate_page_in_the_pages_group(
     rules = parse_rules(SITE_RULES)
 
     async def crawl_one(url: str) -> list:
-        async with httpx.AsyncClient() as client:
+        async with crawl_client(connections=1, timeout=10.0) as client:
             result = await fetch(client, store.artifacts, url=url, run_id="r1", sequence=0,
                                  user_agent="evidence-test", max_body_bytes=1 << 20)
         attempt = result.attempt
+        document = attempt.content or attempt.body
         judged = evaluate_page(
             rules, url=attempt.url, attempt_id=attempt.attempt_id, run_id="r1",
             headers_bytes=store.artifacts.read(attempt.response_headers),
-            body_bytes=store.artifacts.read(attempt.body),
-            headers_ref=attempt.response_headers, body_ref=attempt.body,
-            elapsed_ms=attempt.elapsed_ms, body_truncated=attempt.body_truncated)
+            body_bytes=store.artifacts.read(document),
+            headers_ref=attempt.response_headers, body_ref=document,
+            elapsed_ms=attempt.elapsed_ms, body_truncated=attempt.body_truncated,
+            decoded=True, content_coding=attempt.content_coding)
         return await asubmit(store, [attempt, *judged])
 
     with TestSite(SiteConfig(pages=4)) as site:
