@@ -165,6 +165,19 @@ class FileOps:
                 raise OSError(errno.EIO, "write made no progress")
             view = view[written:]
 
+    def open_existing(self, path: Path) -> int:
+        """Open an existing file for rewriting in place (the store's resync, after a failed
+        fsync); never creates one."""
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            view, offset = view[written:], offset + written
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
 
