@@ -12,7 +12,7 @@ EXPECTED = {
     "MessageError", "MigrationError", "NamespaceError", "ObservedRef",
     "PayloadTooLargeError", "QueuedUrl", "RuleEvaluated", "RunEnded", "RunStarted",
     "SQLiteVersionError", "SessionEnded", "SessionStarted", "SettledUrl", "Store",
-    "StoreError", "StoreStatus", "URLError", "Writer", "WriterClosedError", "WriterError",
+    "StoreError", "StoreStatus", "SyncError", "URLError", "Writer", "WriterClosedError", "WriterError",
     "WriterLimits", "WriterStatistics", "canonical_encode", "check_log", "decode_message",
     "new_id", "normalize_url", "payload_hash", "resolve_reference", "status", "utc_now",
     "validate_namespace",

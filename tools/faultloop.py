@@ -146,7 +146,7 @@ def default_workdir() -> str | None:
 def one_trial(args: tuple) -> dict:
     """Run one trial in a fresh directory (in a worker process with --jobs)."""
     workdir, fault, workload, seed, sync_failure = args
-    logging.getLogger("evidence").setLevel(logging.ERROR)  # expected checkpoint warnings
+    logging.getLogger("evidence").setLevel(logging.CRITICAL)  # expected: faults are injected
     directory = tempfile.mkdtemp(prefix="faultloop-", dir=workdir)
     try:
         trial = run_trial(directory, fault, workload=workload, seed=seed,

@@ -558,8 +558,11 @@ class CrashFile(apsw.VFSFile):
             # are unable to fsync a directory"): so does the model. The entry then stays
             # pending; only the store's own directory fsync can make it durable.
             directory = Path(self.filename).parent
-            if disk.check("sync", directory) == "ok":
-                disk.dir_synced(directory)
+            try:
+                self.vfs.fail("sync", str(directory))
+            except apsw.Error:
+                return
+            disk.dir_synced(directory)
 
 
 # --- the artifact-store seam --------------------------------------------------------------
@@ -796,14 +799,8 @@ def count_operations(root: os.PathLike[str] | str, workload: Workload | None = N
 def open_store(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, sync: str = "full"
                ) -> Store:
     """Open a store whose database and artifacts both live on the simulated disk."""
-    store = Store.open(store_path, vfs=vfs.name, sync=sync)  # type: ignore[arg-type]
-    try:
-        # Store.open has no file_ops option yet; the seam is ArtifactStore's own.
-        store.artifacts = ArtifactStore(store.artifacts.root, file_ops=CrashFileOps(disk))
-    except BaseException:
-        _close(store)
-        raise
-    return store
+    return Store.open(store_path, vfs=vfs.name, sync=sync,  # type: ignore[arg-type]
+                      file_ops=CrashFileOps(disk))
 
 
 def _close(store: Store | None) -> None:
