@@ -105,6 +105,7 @@ def mark_sync_failed(root: Path, file_ops: FileOps, reason: str) -> bool:
     try:
         try:
             file_ops.write(fd, text)
+            file_ops.chmod_readonly(tmp)  # the store's mode policy: a record, never changed
             with contextlib.suppress(OSError):
                 file_ops.fsync(fd)  # durable if possible
         finally:

@@ -21,6 +21,7 @@ import hashlib
 import os
 import re
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -80,7 +81,8 @@ def map_sqlite_errors(path: os.PathLike[str] | str) -> Iterator[None]:
     except (apsw.CorruptError, apsw.NotADBError) as exc:
         raise CorruptStoreError(
             f"{path}: the database is damaged or not an evidence store ({exc})",
-            hint="run 'evidence verify' on a copy, or restore from a backup",
+            hint="'evidence verify STORE --full' says what is damaged; then restore the "
+            "store from a backup (evidence restore) or an archive",
             path=str(path), sqlite_code=getattr(exc, "extendedresult", None),
         ) from exc
     except apsw.FullError as exc:
@@ -188,6 +190,46 @@ def _connect_writer(db_path: Path, sync: Sync, busy_timeout_ms: int, *,
     return conn
 
 
+def _connect_reader(db_path: Path, busy_timeout_ms: int, *,
+                    vfs: str | None = None) -> apsw.Connection:
+    """A read-only connection (``mode=ro``, ``query_only``) that never writes the store.
+
+    A reader of a WAL database needs the WAL index (``-shm``): SQLite uses the existing
+    one (read-only is enough: it then keeps a private copy), or creates it where the
+    directory allows. On read-only media, or in someone else's directory, after the writer
+    closed cleanly there is neither a WAL nor an index and none can be made: then the
+    database file holds everything, and it is opened ``immutable=1`` (no WAL, no locks:
+    see docs/store.md for what that assumes). A WAL that still holds commits, without an
+    index that can be read or made, is refused: immutable would silently skip them.
+    """
+    uri = "file:" + urllib.parse.quote(str(db_path.absolute())) + "?mode=ro"
+    flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
+    try:
+        return _probe(apsw.Connection(uri, flags=flags, vfs=vfs), busy_timeout_ms)
+    except (apsw.CantOpenError, apsw.ReadOnlyError) as exc:
+        wal = Path(f"{db_path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"{db_path.parent}: cannot read this store read-only: its WAL holds commits "
+                f"and its index ({DB_NAME}-shm) can neither be read nor created here ({exc})",
+                hint="copy the store directory somewhere you can write (cp -a) and read the "
+                "copy, or have its owner open and close it once", path=str(db_path.parent),
+            ) from exc
+    return _probe(apsw.Connection(uri + "&immutable=1", flags=flags, vfs=vfs), busy_timeout_ms)
+
+
+def _probe(conn: apsw.Connection, busy_timeout_ms: int) -> apsw.Connection:
+    """Apply the reader policy and read once (that is when SQLite opens the WAL index)."""
+    try:
+        connection_busy_timeout(conn, busy_timeout_ms)
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 # --- migrations ----------------------------------------------------------------------
 
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
@@ -258,6 +300,22 @@ def apply_migrations(conn: apsw.Connection, migrations: list[tuple[int, str, str
     return newest_known
 
 
+def applied_version(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> int:
+    """The schema version of a store opened read-only (nothing is applied); a store newer
+    than this program is refused. Edited migrations are not refused here: ``verify``
+    reports every schema object that differs from its migration."""
+    # Each migration sets user_version in its own transaction; it lives in the header, so
+    # a damaged schema_migration page cannot hide the version (verify checks that table).
+    version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    newest_known = max((v for v, *_ in migrations), default=0)
+    if (version or 0) > newest_known:
+        raise MigrationError(
+            f"the store has schema version {version}, newer than this program supports "
+            f"({newest_known})", hint="upgrade evidence to open this store",
+            schema_version=version)
+    return version or 0
+
+
 # --- the store -----------------------------------------------------------------------
 
 class Store:
@@ -271,7 +329,7 @@ class Store:
     def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactStore,
                  *, sync: Sync, busy_timeout_ms: int, schema_version: int,
                  vfs: str | None = None, file_ops: FileOps | None = None,
-                 wal_frames: WalFrames | None = None) -> None:
+                 wal_frames: WalFrames | None = None, read_only: bool = False) -> None:
         self.path = path
         self.db_path = path / DB_NAME
         self.connection = connection
@@ -283,13 +341,19 @@ class Store:
         self.file_ops = file_ops or FileOps()
         self.wal_frames = wal_frames or WalFrames()  # frames in the WAL after the last commit
         self.sync_failed: str | None = None  # why, once an fsync failed in this process
+        self.read_only = read_only  # opened with read_only=True: ``connection`` cannot write
 
     @classmethod
     def open(cls, path: os.PathLike[str] | str, *, create: bool = False, sync: Sync = "full",
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
              max_payload: int | None = None, vfs: str | None = None,
-             sqlite_version: str | None = None, file_ops: FileOps | None = None) -> Store:
+             sqlite_version: str | None = None, file_ops: FileOps | None = None,
+             read_only: bool = False) -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
+
+        ``read_only=True`` opens a store on read-only media or someone else's for reading:
+        nothing is created, migrated, resynced or written (``_connect_reader``), the
+        artifact store refuses puts, and a ``Writer`` refuses the store.
 
         ``sync="normal"`` survives a process crash but may lose the last commits on power
         loss. ``vfs`` names a registered SQLite VFS and ``file_ops`` replaces the file
@@ -305,11 +369,14 @@ class Store:
         root = Path(path)
         db_path = root / DB_NAME
         ops = file_ops or FileOps()
-        if not create and not db_path.exists():
+        if (read_only or not create) and not db_path.exists():
             raise StoreError(
                 f"{root}: no evidence store here ({DB_NAME} not found)",
                 hint=f"create one with 'evidence init {root}'", path=str(root),
             )
+        if read_only:
+            return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
+                                       max_payload=max_payload, vfs=vfs)
         if create:
             for directory in ops.makedirs(root):  # each new entry durable in its parent
                 ops.fsync_dir(directory.parent)
@@ -338,6 +405,29 @@ class Store:
                    schema_version=version, vfs=vfs, file_ops=ops, wal_frames=hook)
 
     @classmethod
+    def _open_read_only(cls, root: Path, *, busy_timeout_ms: int, max_payload: int | None,
+                        vfs: str | None) -> Store:
+        if not (root / ARTIFACTS_DIR).is_dir():
+            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
+        db_path = root / DB_NAME
+        with map_sqlite_errors(db_path):
+            conn = _connect_reader(db_path, busy_timeout_ms, vfs=vfs)
+            try:
+                version = applied_version(conn, load_migrations())
+            except BaseException:
+                conn.close()
+                raise
+        kwargs = {} if max_payload is None else {"max_payload": max_payload}
+        try:
+            artifacts = ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True,
+                                      **kwargs)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(root, conn, artifacts, sync="full", busy_timeout_ms=busy_timeout_ms,
+                   schema_version=version, vfs=vfs, read_only=True)
+
+    @classmethod
     def create(cls, path: os.PathLike[str] | str, **options: object) -> Store:
         """Create a store (or open an existing one) at ``path``."""
         return cls.open(path, create=True, **options)  # type: ignore[arg-type]
@@ -354,6 +444,7 @@ class Store:
     @contextlib.contextmanager
     def write_transaction(self) -> Iterator[apsw.Connection]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the write connection; rollback on error."""
+        self.check_writable()
         conn = self.connection
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -368,13 +459,17 @@ class Store:
     def reader(self) -> Iterator[apsw.Connection]:
         """A read-only connection for one short snapshot; closed on exit."""
         with map_sqlite_errors(self.db_path):
-            conn = apsw.Connection(str(self.db_path), flags=apsw.SQLITE_OPEN_READONLY)
+            conn = _connect_reader(self.db_path, self.busy_timeout_ms, vfs=self.vfs)
         try:
-            connection_busy_timeout(conn, self.busy_timeout_ms)
-            conn.execute("PRAGMA query_only = ON")
             yield conn
         finally:
             conn.close()
+
+    def check_writable(self) -> None:
+        """Raise ``StoreError`` if the store was opened read-only."""
+        if self.read_only:
+            raise StoreError(f"{self.path} was opened read-only",
+                             hint="open it without read_only to write", path=str(self.path))
 
     def reopen_connection(self) -> None:
         """Close and reopen the write connection (after a COMMIT whose outcome is unknown).
@@ -382,6 +477,7 @@ class Store:
         Refused (``SyncError``) once an fsync failed: what a new connection reads is then
         no evidence of what is on the disk.
         """
+        self.check_writable()
         with contextlib.suppress(apsw.Error):
             self.connection.close()  # never checkpoints on close (the policy)
         self.check_synced()
@@ -423,7 +519,7 @@ class Store:
         """Checkpoint (seeing the result), then close. The WAL is removed only after a
         checkpoint that copied all of it and fsynced the database file."""
         conn = self.connection
-        if self.sync_failed is None:
+        if self.sync_failed is None and not self.read_only:
             try:
                 frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
             except apsw.ConnectionClosedError:

@@ -33,6 +33,7 @@ import collections
 import contextlib
 import functools
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -68,7 +69,15 @@ from ._messages import (
     now_text,
     payload_hash,
 )
-from ._store import Store, _connect_writer, apply_migrations, load_migrations, map_sqlite_errors
+from ._resync import SYNC_MARKER, read_marker
+from ._store import (
+    DB_NAME,
+    Store,
+    _connect_writer,
+    apply_migrations,
+    load_migrations,
+    map_sqlite_errors,
+)
 from ._urls import NORMALIZER_VERSION, normalize_url
 
 __all__ = [
@@ -83,7 +92,7 @@ __all__ = [
 ]
 
 _PAGE = 1000
-NOTICE_KINDS = frozenset({"orphan", "artifact_writable"})  # worth knowing, not wrong
+NOTICE_KINDS = frozenset({"orphan", "artifact_writable", "sync_failed"})  # worth knowing
 _JSON = msgspec.json.Encoder(order="deterministic")  # as _apply stores config and details
 
 
@@ -168,12 +177,18 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
     """Check the database, the log, the rows against the ledger, and the artifact files."""
     found = Findings(max_findings_per_kind)
     checks: dict[str, int] = {}
+    step = _Steps(found, checks)
+    marker = read_marker(store.path)
+    if marker is not None:
+        found.add("sync_failed", "an fsync of this store failed and it has not been resynced "
+                  "since: what is read here may not all be on the disk (" +
+                  "; ".join(marker.strip().splitlines()[1:]) + "); opening it for writing "
+                  "resyncs it", path=str(store.path / SYNC_MARKER))
     with store.reader() as conn, map_sqlite_errors(store.db_path):
         conn.execute("BEGIN")
         try:
-            store_id = _meta(conn, "store_id")
-            step = _Steps(found, checks)
-            step("schema_objects", _check_schema, conn, found)
+            store_id = step(None, _meta, conn, "store_id") or ""
+            step("schema_objects", _check_schema, conn, found, store.schema_version)
             step("sqlite_" + ("integrity_check" if full else "quick_check"), _check_sqlite,
                  conn, found, full)
             step("foreign_key_check", _check_foreign_keys, conn, found)
@@ -183,7 +198,7 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
             step("quarantined", _check_quarantine, conn, found)
             max_artifact = step(None, _max_artifact_id, conn) or 0
         finally:
-            conn.execute("COMMIT")
+            _end_read(conn)
         step("artifacts_rehashed" if full else "artifacts", _check_artifacts, store, conn,
              found, max_artifact, full)
         orphans = step(None, _orphan_files, store, conn) or []
@@ -200,6 +215,28 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
         omitted=dict(found.omitted))
 
 
+def _end_read(conn: apsw.Connection) -> None:
+    """End the read transaction; on a damaged database a cursor's pending error can surface
+    at the COMMIT, which then did not end it."""
+    with contextlib.suppress(apsw.Error):
+        conn.execute("COMMIT")
+    if not conn.get_autocommit():
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+
+
+def unreadable(path: Path | str, error: BaseException, *, full: bool = False) -> VerifyReport:
+    """The report on a database SQLite cannot even open for reading (its header or its
+    schema page is damaged): one ``sqlite_integrity`` error saying so."""
+    found = Findings(1)
+    found.add("sqlite_integrity", f"the database cannot be read at all, so no other check "
+              f"could run: {error}", path=str(Path(path) / DB_NAME), table="sqlite_schema")
+    return VerifyReport(path=str(path), store_id="", full=full, checked_at=now_text(),
+                        tree_size=0, root=EMPTY_ROOT.hex(), checks={},
+                        findings=[Finding(kind=k, severity=s, location=loc, message=m)
+                                  for k, s, loc, m in found.items], omitted={})
+
+
 class _Steps:
     """Runs one check; an SQLite error (a damaged page, a dropped table) becomes a finding
     naming the check, and the other checks still run."""
@@ -213,7 +250,8 @@ class _Steps:
             result = fn(*args)
         except (apsw.Error, StoreError) as exc:  # StoreError: an apsw error, translated
             label = (name or fn.__name__.strip("_")).replace("_", " ")
-            self.found.add("check_aborted", f"the {label} check could not finish: "
+            label += "" if label.endswith("check") else " check"
+            self.found.add("check_aborted", f"the {label} could not finish: "
                            f"{type(exc).__name__}: {exc}")
             return None
         if name is not None:
@@ -239,11 +277,12 @@ def _meta(conn: apsw.Connection, key: str) -> str:
     return rows[0][0] if rows else ""
 
 
-def _check_schema(conn: apsw.Connection, found: Findings) -> int:
-    """Every table, index and trigger exactly as the migrations create them, and no other."""
+def _check_schema(conn: apsw.Connection, found: Findings, version: int) -> int:
+    """Every table, index and trigger exactly as the migrations up to the store's version
+    create them, and no other."""
     fresh = apsw.Connection(":memory:")
     try:
-        apply_migrations(fresh, load_migrations())
+        apply_migrations(fresh, load_migrations()[:version])
         want = _schema(fresh)
     finally:
         fresh.close()
@@ -267,12 +306,109 @@ def _schema(conn: apsw.Connection) -> dict[tuple[str, str], tuple[str, str | Non
 
 
 def _check_sqlite(conn: apsw.Connection, found: Findings, full: bool) -> int:
+    """SQLite's own check, its report grouped by what is damaged: each damaged table or
+    index is one finding (how many problems, the first ones), located at its table."""
     pragma = "integrity_check" if full else "quick_check"
-    lines = [row[0] for row in conn.execute(f"PRAGMA {pragma}")]
-    if lines != ["ok"]:
-        for line in lines:
-            found.add("sqlite_integrity", f"{pragma}: {line}")
+    try:
+        lines = _report_lines(conn, f"PRAGMA {pragma}")
+    except apsw.CorruptError:  # it stopped at a damaged page: table by table, then
+        lines = []
+        for (table,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' "
+                                     "ORDER BY name").fetchall():
+            try:
+                lines += [line for line in _report_lines(
+                    conn, f"PRAGMA {pragma}({_quote(table)})") if line != "ok"]
+            except apsw.Error as exc:
+                what = _unreadable_objects(conn, table) or [f"table {table} (or one of "
+                                                             "its indexes)"]
+                for name in what:
+                    found.add("sqlite_integrity", f"{pragma}: {name} is damaged: the check "
+                              f"stops at it ({exc})", table=table)
+        if not lines:
+            return 1
+    if lines == ["ok"]:
+        return 1
+    names = _objects_by_root_page(conn)
+    damaged: dict[tuple[str, str, str], list[str]] = {}
+    for line in lines:
+        damaged.setdefault(_damaged_object(conn, names, line), []).append(line)
+    for (kind, name, table), problems in damaged.items():
+        example = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        if not name:
+            for problem in problems:
+                found.add("sqlite_integrity", f"{pragma}: {problem}")
+            continue
+        what = f"{kind} {name}" + (f" (on {table})" if kind == "index" else "")
+        found.add("sqlite_integrity", f"{pragma}: {what} is damaged: {len(problems)} "
+                  f"problem(s) reported, e.g. {example}", table=table)
     return 1
+
+
+def _unreadable_objects(conn: apsw.Connection, table: str) -> list[str]:
+    """Which b-trees of a table a full scan cannot read: the table, and each index."""
+    # Every cell is read (count(*) would only read each page's cell count).
+    scans = [(f"table {table}", f"SELECT * FROM {_quote(table)} NOT INDEXED")]
+    for (index,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'index' AND "
+                                 "tbl_name = ? ORDER BY name", (table,)).fetchall():
+        columns = [name for _, _, name in conn.execute(f"PRAGMA index_info({_quote(index)})")
+                   if name is not None]
+        scans.append((f"index {index} (on {table})",
+                      f"SELECT {', '.join(map(_quote, columns)) or 1} FROM {_quote(table)} "
+                      f"INDEXED BY {_quote(index)}"))
+    damaged = []
+    for what, sql in scans:
+        try:
+            for _ in conn.execute(sql):
+                pass
+        except apsw.CorruptError:
+            damaged.append(what)
+        except apsw.Error:  # a partial index the planner cannot scan whole: not known
+            continue
+    return damaged
+
+
+def _report_lines(conn: apsw.Connection, sql: str) -> list[str]:
+    return [line for (row,) in conn.execute(sql) for line in str(row).splitlines()
+            if line and not line.startswith("*** in database")]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+_TREE = re.compile(r"(?:Tree|On tree page|On page) (\d+)")
+_INDEX = re.compile(r"(?:index|in) (\w+)")
+_PAGE_NO = re.compile(r"[Pp]age (\d+)")
+
+
+def _objects_by_root_page(conn: apsw.Connection) -> dict[int, tuple[str, str, str]]:
+    """root page -> (kind, name, table) of every b-tree (sqlite_schema is page 1)."""
+    names = {1: ("table", "sqlite_schema", "sqlite_schema")}
+    with contextlib.suppress(apsw.Error):  # the schema itself may be what is damaged
+        for kind, name, table, root in conn.execute(
+                "SELECT type, name, tbl_name, rootpage FROM sqlite_schema WHERE rootpage > 0"):
+            names[root] = (kind, name, table)
+    return names
+
+
+def _damaged_object(conn: apsw.Connection, names: dict[int, tuple[str, str, str]],
+                    line: str) -> tuple[str, str, str]:
+    """Which b-tree one line of an integrity report is about: ("", "", "") if none."""
+    by_name = {name: (kind, name, table) for kind, name, table in names.values()}
+    match = _TREE.search(line)
+    if match and int(match[1]) in names:
+        return names[int(match[1])]
+    for word in _INDEX.findall(line):
+        if word in by_name:
+            return by_name[word]
+    match = _PAGE_NO.search(line)
+    if match:  # a page of some tree: dbstat (when compiled in) knows which
+        with contextlib.suppress(apsw.Error):
+            for (name,) in conn.execute("SELECT name FROM dbstat WHERE pageno = ?",
+                                        (int(match[1]),)):
+                if name in by_name:
+                    return by_name[name]
+    return ("", "", "")
 
 
 def _check_foreign_keys(conn: apsw.Connection, found: Findings) -> None:

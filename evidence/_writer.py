@@ -243,6 +243,7 @@ class Writer:
 
     def __init__(self, store: Store, *, limits: WriterLimits | None = None,
                  hooks: WriterHooks | None = None) -> None:
+        store.check_writable()
         store.check_synced()  # a store whose fsync failed is resynced by opening it again
         self.store = store
         self.limits = limits or WriterLimits()

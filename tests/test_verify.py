@@ -355,3 +355,56 @@ def test_grace_durations(text: str, seconds: float) -> None:
 def test_a_bad_grace_is_refused() -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("a day")
+
+
+# --- a damaged database ----------------------------------------------------------------
+
+def damage(store: Store, name: str) -> None:
+    """Close the store (its WAL folded into the file), then overwrite the cell pointers of
+    the b-tree page of table or index ``name`` (``page 1``: the schema's)."""
+    root = 1 if name == "page 1" else one(
+        store, f"SELECT rootpage FROM sqlite_schema WHERE name = '{name}'")[0]
+    page_size = one(store, "PRAGMA page_size")[0]
+    store.close()
+    assert not Path(f"{store.db_path}-wal").exists(), "checkpointed at close"
+    with open(store.db_path, "r+b") as handle:
+        handle.seek((root - 1) * page_size + (100 if root == 1 else 0) + 8)
+        handle.write(b"\xff" * 200)
+
+
+@pytest.mark.parametrize(("name", "kind", "table"), [
+    ("fetch_attempt_by_url", "index", "fetch_attempt"),
+    ("discovery_edge", "table", "discovery_edge"),
+    ("commit_log", "table", "commit_log"),
+])
+@pytest.mark.parametrize("full", [False, True])
+def test_verify_says_which_table_or_index_is_damaged_and_exits_one(
+        populated_store: Store, name: str, kind: str, table: str, full: bool, capsys) -> None:
+    # Before issue 12: one finding with SQLite's raw report, naming no table ("Tree 9 page
+    # 9 ..."), or, where the check stopped at the damage, only "check_aborted" findings.
+    path = populated_store.path
+    damage(populated_store, name)
+    assert run_cli("verify", path, *(["--full"] if full else [])) == 1
+    out = capsys.readouterr().out
+    assert f"error  sqlite_integrity  [{table}]" in out, out
+    assert f"{kind} {name}" in out and "is damaged" in out
+    assert "FAILED" in out
+
+
+def test_verify_reports_a_database_it_cannot_read_at_all(populated_store: Store,
+                                                          capsys) -> None:
+    # Before issue 12 verify could not open it and advised to "run 'evidence verify' on a
+    # copy" (exit 2). Now the report says so, and other commands point to verify.
+    path = populated_store.path
+    damage(populated_store, "page 1")
+    assert run_cli("verify", path) == 1
+    out = capsys.readouterr().out
+    assert "error  sqlite_integrity  [sqlite_schema" in out
+    assert "the database cannot be read at all" in out and "FAILED: 1 error(s)" in out
+    assert run_cli("verify", path, "--json") == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+    from evidence._cli import main as cli_main
+
+    assert cli_main(["status", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "damaged" in err and "Try: 'evidence verify STORE --full' says what is damaged" in err
