@@ -48,7 +48,8 @@ __all__ = ["SYNC_MARKER", "describe", "is_sync_failure", "mark_sync_failed", "re
 log = logging.getLogger("evidence.store")
 
 SYNC_MARKER = "sync-failed"
-_MARKER_HEAD = "evidence: an fsync of this store failed; it is resynced at the next open for writing"
+_MARKER_HEAD = ("evidence: an fsync of this store failed; it is resynced at the next open "
+                "for writing")
 _CHUNK = 1024 * 1024
 # A failed fsync, or an I/O error that does not say which operation failed (a VFS may not).
 _SYNC_CODES = frozenset({apsw.SQLITE_IOERR, apsw.SQLITE_IOERR_FSYNC,

@@ -49,7 +49,7 @@ import apsw
 import msgspec
 import sniffio
 
-from . import _apply
+from . import _apply, _quarantine
 from ._errors import CommitError, MessageError, SyncError, WriterClosedError
 from ._log import entry_hash, load_head
 from ._merkle import CompactTree, leaf_hash
@@ -268,6 +268,7 @@ class Writer:
         # Set on the commit thread when an fsync failed: the writer stops once the batch
         # in hand has its outcome (acked if its own COMMIT had succeeded).
         self._stopping: SyncError | None = None
+        self._records = _quarantine.BatchRecords()  # reset at the start of every batch
         with map_sqlite_errors(store.db_path):
             self._head = load_head(store.connection)
 
@@ -516,6 +517,7 @@ class Writer:
         self._begin(conn)
         try:
             received_at = now_text()
+            self._records = _quarantine.BatchRecords()  # what this batch quarantines
             verify = self.limits.verify_artifacts
             applied = None
             if self._optimistic:
@@ -544,13 +546,15 @@ class Writer:
                 self._rollback(conn)
                 return acks, False
             root = tree.root()
+            quarantined = self._records.encode()
             chain = entry_hash(head.entry_hash, batch_seq, first_index, tree.size, root,
-                               received_at)
+                               received_at, quarantined)
             conn.execute(
                 "INSERT INTO commit_log (batch_seq, committed_at, first_index, tree_size, "
-                "root, frontier, prev_hash, entry_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "root, frontier, prev_hash, entry_hash, quarantined) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (batch_seq, received_at, first_index, tree.size, root, tree.to_bytes(),
-                 head.entry_hash, chain))
+                 head.entry_hash, chain, quarantined))
             if self._hooks.before_commit:
                 self._hooks.before_commit(batch_seq)
         except apsw.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
@@ -792,15 +796,14 @@ class Writer:
         conn.execute("RELEASE message")
         self._interner.message_done(keep=False)
 
-    @staticmethod
-    def _quarantine(conn: apsw.Connection, pending: _Pending, code: str, reason: str,
+    def _quarantine(self, conn: apsw.Connection, pending: _Pending, code: str, reason: str,
                     received_at: str) -> None:
-        conn.execute(
-            "INSERT INTO quarantine (received_at, message_id, kind, reason_code, reason, "
-            "payload_hash, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (received_at, pending.message.message_id,
-             type(pending.message).__struct_config__.tag, code, reason,
-             pending.payload_hash, pending.encoded))
+        """Keep the message whole: a new record, or one more delivery of the same content
+        refused for the same reason (counted, not another row); noted for the commit log."""
+        _quarantine.record(conn, self._records, message_id=pending.message.message_id,
+                           kind=_TAGS[type(pending.message)], reason_code=code, reason=reason,
+                           payload_hash_hex=pending.payload_hash, payload=pending.encoded,
+                           received_at=received_at)
 
     # --- metrics -------------------------------------------------------------------------
 

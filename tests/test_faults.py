@@ -36,6 +36,7 @@ from evidence import (
     EvidenceError,
     FetchAttempt,
     Store,
+    SyncError,
     Writer,
     WriterClosedError,
     WriterLimits,
@@ -43,7 +44,6 @@ from evidence import (
     status,
     verify,
 )
-from evidence import SyncError
 from evidence._cli import main as cli_main
 from evidence._export import export
 from evidence._store import _connect_writer

@@ -229,11 +229,14 @@ def test_cli_verify_names_each_finding_and_exits_one(populated_store: Store, cap
     assert "error  row_mismatch  [rule_evaluation row 1, log index 4]" in out
     assert "verdict is 'fail', its ledger entry (log index 4) says 'pass'" in out
     assert "error  log_chain  [commit_log, batch 3]" in out
-    assert "FAILED: 4 error(s)" in out  # two dropped triggers, the row, the chain
+    # two dropped triggers, the row, the chain, and the batch's leaves no longer received
+    # at its commit time
+    assert "FAILED: 5 error(s)" in out
     assert run_cli("verify", populated_store.path, "--json") == 1
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False
-    assert {f["kind"] for f in data["findings"]} == {"schema", "row_mismatch", "log_chain"}
+    assert {f["kind"] for f in data["findings"]} == {"schema", "row_mismatch", "log_chain",
+                                                     "log_batch"}
 
 
 def test_findings_beyond_the_limit_are_counted_not_listed(store: Store, make: Factory) -> None:
@@ -408,3 +411,86 @@ def test_verify_reports_a_database_it_cannot_read_at_all(populated_store: Store,
     assert cli_main(["status", str(path)]) == 2
     err = capsys.readouterr().err
     assert "damaged" in err and "Try: 'evidence verify STORE --full' says what is damaged" in err
+
+
+# --- the store identity and counted quarantine records (issue 12) -----------------------
+
+def legacy_store(path: Path) -> None:
+    """A store as the program before issue 12 left it: schema 4, a log whose chain starts
+    from 32 zero bytes, and a conflict delivered twice as two quarantine rows."""
+    import msgspec
+
+    from evidence import SessionStarted, canonical_encode, payload_hash, utc_now
+    from evidence._log import GENESIS_HASH, entry_hash
+    from evidence._merkle import CompactTree, leaf_hash
+    from evidence._store import (
+        _connect_writer,
+        _ensure_store_id,
+        apply_migrations,
+        load_migrations,
+    )
+
+    path.mkdir()
+    (path / "artifacts").mkdir()
+    conn = _connect_writer(path / "evidence.db", "full", 1000, create=True)
+    try:
+        apply_migrations(conn, load_migrations()[:4])
+        _ensure_store_id(conn)
+        message = SessionStarted(message_id="m1", session_id="s1", started_at=utc_now())
+        payload = canonical_encode(message)
+        at = "2025-03-03T12:00:00.000000Z"
+        tree = CompactTree()
+        tree.append(leaf_hash(payload))
+        chain = entry_hash(GENESIS_HASH, 1, 0, 1, tree.root(), at)
+        changed = canonical_encode(msgspec.structs.replace(message, mode="incremental"))
+        with conn:
+            conn.execute("INSERT INTO ingest_ledger VALUES (0, 'm1', 'session_started', ?, ?, "
+                         "?, 1, ?)", (payload_hash(payload), leaf_hash(payload), payload, at))
+            conn.execute("INSERT INTO commit_log VALUES (1, ?, 0, 1, ?, ?, ?, ?)",
+                         (at, tree.root(), tree.to_bytes(), GENESIS_HASH, chain))
+            conn.execute("INSERT INTO crawl_session (session_id, started_at, mode, config) "
+                         "VALUES ('s1', ?, 'full', '{}')", (msgspec.json.decode(
+                             msgspec.json.encode(message.started_at)),))
+            for _ in range(2):
+                conn.execute("INSERT INTO quarantine (received_at, message_id, kind, "
+                             "reason_code, reason, payload_hash, payload) VALUES (?, 'm1', "
+                             "'session_started', 'conflict', 'other content', ?, ?)",
+                             (at, payload_hash(changed), changed))
+    finally:
+        conn.close()
+
+
+def test_a_new_store_binds_its_identity_and_an_edit_of_it_is_found(store: Store,
+                                                                   make: Factory) -> None:
+    from evidence._log import identity_bound, identity_genesis
+
+    submit_all(store, [make.session()])
+    assert identity_bound(store.connection) is True
+    assert one(store, "SELECT prev_hash FROM commit_log WHERE batch_seq = 1")[0] == \
+        identity_genesis(store.store_id)
+    store.connection.execute("UPDATE store_meta SET value = 'store-other' "
+                             "WHERE key = 'store_id'")
+    [finding] = verify(store).errors
+    assert finding.kind == "log_identity" and "store_id was changed" in finding.message
+
+
+def test_a_store_from_before_issue_12_verifies_and_keeps_its_quarantine_rows(
+        tmp_path: Path) -> None:
+    legacy_store(tmp_path / "old")
+    with Store.open(tmp_path / "old") as store:  # migrated to the current schema
+        rows = store.connection.execute(
+            "SELECT quarantine_id, deliveries FROM quarantine").fetchall()
+        assert rows == [(1, None), (2, None)], "never rewritten"
+        report = verify(store)
+        assert report.ok, report.errors
+        assert kinds(report) == {"identity_unbound"}  # a notice: its id is not bound
+        from evidence import decode_message
+
+        payload = one(store, "SELECT payload FROM quarantine WHERE quarantine_id = 1")[0]
+        changed = decode_message(payload)  # the same conflict, delivered twice more
+        acks = submit_all(store, [changed]) + submit_all(store, [changed])
+        assert [a.status for a in acks] == ["conflict", "conflict"]
+        assert store.connection.execute(
+            "SELECT quarantine_id, deliveries FROM quarantine ORDER BY 1").fetchall() == [
+            (1, None), (2, None), (3, 2)], "new deliveries are counted in one new record"
+        assert verify(store).ok

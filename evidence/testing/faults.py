@@ -61,7 +61,7 @@ import anyio
 import apsw
 import blake3
 
-from .._artifacts import ArtifactRef, ArtifactStore, FileOps
+from .._artifacts import ArtifactRef, FileOps
 from .._errors import EvidenceError, StoreError
 from .._messages import (
     Discovery,
