@@ -911,3 +911,31 @@ def test_checkpoint_error_after_commit_keeps_acks(rig: Rig) -> None:
         _, messages = group_messages("c0-", pages=1)
         assert {a.status for a in anyio.run(submit, store, messages)} == {"duplicate"}
         assert_clean(store)
+
+
+@pytest.mark.parametrize(("ops", "crash", "survives"), [
+    (CrashFileOps, "drop", True), (CrashFileOps, "reorder", True), (NoDirSync, "drop", False)])
+def test_a_store_created_on_the_simulated_disk_survives_power_loss(
+        fast_dir: Path, ops: type[CrashFileOps], crash: str, survives: bool) -> None:
+    # Finding 7: Store.create's own directories go through file_ops, so the whole store,
+    # its directories included, is created inside the model; skipping their fsyncs loses it.
+    disk = SimulatedDisk(fast_dir, seed=7)
+    disk.capture()
+    vfs = CrashVFS(f"create-{ops.__name__}-{crash}", disk=disk)
+    path = fast_dir / "a" / "b" / "store"
+    try:
+        store = Store.create(path, vfs=vfs.name, file_ops=ops(disk))
+        acks = anyio.run(submit, store, setup_messages())
+        store.close()
+        disk.power_loss(crash)  # type: ignore[arg-type]
+    finally:
+        vfs.unregister()
+    disk.write_crash_image()
+    assert (path / "evidence.db").exists() is survives
+    if not survives:
+        return
+    with Store.open(path) as reopened:
+        ledger = {m for (m,) in reopened.connection.execute(
+            "SELECT message_id FROM ingest_ledger")}
+        assert {a.message_id for a in acks} <= ledger
+        assert_clean(reopened)
