@@ -165,6 +165,19 @@ class FileOps:
                 raise OSError(errno.EIO, "write made no progress")
             view = view[written:]
 
+    def open_existing(self, path: Path) -> int:
+        """Open an existing file for rewriting in place (the store's resync, after a failed
+        fsync); never creates one."""
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            view, offset = view[written:], offset + written
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
 
@@ -307,6 +320,7 @@ class ArtifactStore:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         file_ops: FileOps | None = None,
         create: bool = True,
+        read_only: bool = False,
     ) -> None:
         if type(max_payload) is not int or max_payload < 0:
             raise ValueError(f"max_payload must be a non-negative int, not {max_payload!r}")
@@ -321,7 +335,10 @@ class ArtifactStore:
         # Nothing in a live store removes them, so a put skips the walk (~8% of a crawl
         # worker's CPU); one removed from outside fails the put with a clear ENOENT.
         self._ready_dirs: set[Path] = set()
-        if create:
+        # Read-only (a store on read-only media, or someone else's): nothing under the root
+        # is created, written, swept or removed, and put refuses.
+        self.read_only = read_only
+        if create and not read_only:
             self._ensure_dir(self._tmp)
         elif not self.root.is_dir():
             raise ArtifactError(
@@ -330,7 +347,8 @@ class ArtifactStore:
                 path=self.root,
             )
         self.layout = self._open_layout()
-        self.clean_stale_temp()
+        if not read_only:
+            self.clean_stale_temp()
 
     def _open_layout(self) -> int:
         """The root's layout: recorded, legacy (1), or the current one recorded now."""
@@ -341,6 +359,8 @@ class ArtifactStore:
         except FileNotFoundError:
             if _subdirs(self.root, _NAMESPACE_RE):
                 return 1  # artifacts from before layouts were recorded
+            if self.read_only:
+                return LAYOUT  # empty: nothing to read in any layout
             try:
                 self._write_layout(path)
             except ArtifactError as exc:
@@ -348,6 +368,11 @@ class ArtifactStore:
                     raise
                 # Read-only and empty: nothing to read in any layout, nothing can be put.
             return LAYOUT
+        except PermissionError as exc:
+            if self.read_only:  # someone else's store, made when LAYOUT was 0600
+                return self._infer_layout()
+            raise ArtifactError(f"cannot read the artifact store layout at {path}: {exc}",
+                                hint="check the permissions of the store", path=path) from exc
         except OSError as exc:
             raise ArtifactError(f"cannot read the artifact store layout at {path}: {exc}",
                                 hint="check the permissions of the store", path=path) from exc
@@ -361,6 +386,14 @@ class ArtifactStore:
             )
         return layout
 
+    def _infer_layout(self) -> int:
+        """The layout read off the tree, for a reader who may not read ``LAYOUT``: a
+        fan-out directory holding fan-out directories is layout 1."""
+        for namespace in _subdirs(self.root, _NAMESPACE_RE):
+            for prefix in _subdirs(self.root / namespace, _FANOUT_RE):
+                return 1 if _subdirs(self.root / namespace / prefix, _FANOUT_RE) else LAYOUT
+        return LAYOUT
+
     def _write_layout(self, path: Path) -> None:
         """Record the current layout durably: temp file, fsync, rename, fsync the root."""
         self._ensure_dir(self._tmp)
@@ -369,6 +402,8 @@ class ArtifactStore:
         try:
             with _os_errors("write temp file", tmp):
                 self._ops.write(fd, f"evidence-artifacts {LAYOUT}\n".encode("ascii"))
+            with _os_errors("make read-only", tmp):  # the store's mode policy: it never changes
+                self._ops.chmod_readonly(tmp)
             with _os_errors("fsync temp file", tmp):
                 self._ops.fsync(fd)
         finally:
@@ -446,6 +481,10 @@ class ArtifactStore:
     def put(self, namespace: str, data: bytes | Iterable[bytes] | BinaryIO) -> ArtifactRef:
         """Store ``data`` (streamed, hashed as it is written); return its ref once durable."""
         validate_namespace(namespace)
+        if self.read_only:
+            raise ArtifactError(f"artifact store {self.root} was opened read-only",
+                                hint="open the store for writing to store payloads",
+                                path=self.root)
         chunks = _chunks(data)
         nbytes = memoryview(data).nbytes if isinstance(data, bytes | bytearray | memoryview) else 0
         if nbytes > self.max_payload:

@@ -40,7 +40,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         report = status(store)
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report).decode()) + "\n")
@@ -147,7 +147,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
                             hint="evidence diff STORE --session A --session B")
     from ._incremental import diff_sessions
 
-    with Store.open(args.store) as store, store.reader() as conn:
+    with Store.open(args.store, read_only=True) as store, store.reader() as conn:
         report = diff_sessions(conn, *args.session)
     if args.json:
         sys.stdout.write(msgspec.json.encode(report).decode() + "\n")

@@ -69,7 +69,7 @@ def format_summary(s: EvaluationSummary) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     from ._report import render_html, render_json, render_text, report
 
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         data = report(store, args.run, max_failures=args.max_failures)
     render = {"text": render_text, "json": render_json, "html": render_html}[args.format]
     text = render(data)

@@ -61,13 +61,23 @@ def _read(path: str) -> bytes:
 # --- verify --------------------------------------------------------------------------
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from ._verify import reclaim_orphans, verify
+    from ._errors import CorruptStoreError
+    from ._verify import reclaim_orphans, unreadable, verify
 
-    with Store.open(args.store) as store:
-        report = verify(store, full=args.full)
-        reclaimed = None
-        if args.reclaim_orphans and report.ok:
-            reclaimed = reclaim_orphans(store, args.grace)
+    reclaimed = None
+    try:
+        # Read-only unless orphans are to be reclaimed: a store on read-only media or
+        # someone else's can be verified, and so can a damaged one.
+        store = Store.open(args.store, read_only=not args.reclaim_orphans)
+    except CorruptStoreError as exc:
+        if not Path(args.store, "evidence.db").is_file():
+            raise
+        report = unreadable(args.store, exc.__cause__ or exc, full=args.full)
+    else:
+        with store:
+            report = verify(store, full=args.full)
+            if args.reclaim_orphans and report.ok:
+                reclaimed = reclaim_orphans(store, args.grace)
     if args.json:
         data = msgspec.to_builtins(report) | {"ok": report.ok}
         if args.reclaim_orphans:
@@ -122,7 +132,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from ._proofs import SigningKey, checkpoint
 
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         if args.new_key:
             key = SigningKey.generate(f"evidence/{store.store_id}")
             _, public = key.write(args.new_key)
@@ -149,7 +159,7 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     if args.checkpoint:
         cp = parse_checkpoint(_read(args.checkpoint))
         size = cp.tree_size
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         if args.from_size is not None:
             proof = prove_consistency(store, args.from_size, size)
             root = proof.new_root
@@ -192,7 +202,7 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from ._replay import replay
 
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         found = replay(store, args.url, run_id=args.run, at=args.at, content=args.content)
     if args.json:
         _print_json(found.metadata())
@@ -222,7 +232,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_export_warc(args: argparse.Namespace) -> int:
     from ._warc import export_warc
 
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         result = export_warc(store, args.out, run_id=args.run)
     if args.json:
         _print_json(result)

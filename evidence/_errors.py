@@ -4,7 +4,9 @@
     ├── StoreError                  opening, configuring or migrating a store
     │   ├── SQLiteVersionError      the linked SQLite has the WAL-reset bug
     │   ├── MigrationError          an applied migration was edited, or the store is newer
-    │   └── CorruptStoreError       the database or its directory is not a usable store
+    │   ├── CorruptStoreError       the database or its directory is not a usable store
+    │   └── SyncError               an fsync of the store failed: what reads show may not be
+    │                               on the disk, so nothing is acknowledged until it is
     ├── ArtifactError               the content-addressed payload store
     │   ├── NamespaceError          a namespace that is not [a-z0-9_-]{1,32}
     │   ├── PayloadTooLargeError    a payload over the configured size limit
@@ -47,6 +49,7 @@ __all__ = [
     "SQLiteVersionError",
     "ServiceError",
     "StoreError",
+    "SyncError",
     "URLError",
     "WriterClosedError",
     "WriterError",
@@ -93,6 +96,17 @@ class MigrationError(StoreError):
 
 class CorruptStoreError(StoreError):
     """The store's directory or database is damaged or not a store at all."""
+
+
+class SyncError(StoreError):
+    """An fsync of the store failed, or making the store durable again after one failed.
+
+    After a failed fsync Linux marks the unwritten pages clean: reads still show them, a
+    retried fsync succeeds without writing them, and a power cut loses them. So the writer
+    stops rather than acknowledge anything from what reads show, the store is marked
+    (``sync-failed``), and the next open for writing rewrites the database and its WAL
+    and fsyncs them before anything is acknowledged again (docs/design.md, "The writer").
+    """
 
 
 class ArtifactError(EvidenceError):

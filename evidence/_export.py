@@ -42,6 +42,7 @@ from ._store import (
     DB_NAME,
     DEFAULT_BUSY_TIMEOUT_MS,
     Store,
+    _connect_reader,
     check_sqlite_version,
     map_sqlite_errors,
 )
@@ -324,7 +325,7 @@ def open_source(source: Source) -> tuple[Path, ArtifactStore, int]:
     if not (root / DB_NAME).is_file():
         raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
                          hint="pass a store directory (or a backup of one)", path=str(root))
-    return root / DB_NAME, ArtifactStore(root / ARTIFACTS_DIR, create=False), \
+    return root / DB_NAME, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True), \
         DEFAULT_BUSY_TIMEOUT_MS
 
 
@@ -341,9 +342,8 @@ def snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_T
     """
     check_sqlite_version()
     with map_sqlite_errors(db_path):
-        src = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
+        src = _connect_reader(db_path, busy_timeout_ms)  # read-only media included
         try:
-            src.set_busy_timeout(busy_timeout_ms)
             dst = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READWRITE
                                   | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_EXCLUSIVE)
             try:

@@ -7,6 +7,9 @@ Invariants:
     writer learns it cannot write before it has done any work, never at COMMIT;
   - a new database reaches WAL mode under ``synchronous=EXTRA`` (DESIGN.md writer rule 12),
     then runs at ``FULL`` (default) or ``NORMAL`` (explicit opt-in);
+  - no checkpoint runs where its error goes unseen (``connection_checkpoints_seen``), and a
+    store marked after a failed fsync is resynced before it is opened for writing
+    (``_resync``);
   - migrations are applied in order, each in its own transaction, and recorded with a
     SHA-256 checksum; an edited or unknown migration is refused.
 """
@@ -18,21 +21,24 @@ import hashlib
 import os
 import re
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 import apsw
 
-from ._artifacts import ArtifactStore
+from ._artifacts import ArtifactStore, FileOps
 from ._errors import (
     CorruptStoreError,
     EvidenceError,
     MigrationError,
     SQLiteVersionError,
     StoreError,
+    SyncError,
 )
 from ._messages import new_id, now_text
+from ._resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
 
 __all__ = ["DB_NAME", "Store", "check_sqlite_version", "map_sqlite_errors"]
 
@@ -75,7 +81,8 @@ def map_sqlite_errors(path: os.PathLike[str] | str) -> Iterator[None]:
     except (apsw.CorruptError, apsw.NotADBError) as exc:
         raise CorruptStoreError(
             f"{path}: the database is damaged or not an evidence store ({exc})",
-            hint="run 'evidence verify' on a copy, or restore from a backup",
+            hint="'evidence verify STORE --full' says what is damaged; then restore the "
+            "store from a backup (evidence restore) or an archive",
             path=str(path), sqlite_code=getattr(exc, "extendedresult", None),
         ) from exc
     except apsw.FullError as exc:
@@ -129,8 +136,44 @@ def connection_temp_memory(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA temp_store = MEMORY")
 
 
+AUTOCHECKPOINT_FRAMES = 1000  # SQLite's default wal_autocheckpoint, kept by the writer
+
+
+class WalFrames:
+    """The WAL hook of a write connection: notes the frames in the WAL after each commit.
+
+    Installing a WAL hook replaces SQLite's auto-checkpoint, whose errors SQLite drops; the
+    writer checkpoints itself once ``frames`` reaches ``AUTOCHECKPOINT_FRAMES`` (as the
+    auto-checkpoint did) and sees every error.
+    """
+
+    __slots__ = ("frames",)
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    def __call__(self, conn: apsw.Connection, name: str, frames: int) -> int:
+        self.frames = frames
+        return apsw.SQLITE_OK
+
+
+def connection_checkpoints_seen(conn: apsw.Connection, hook: WalFrames | None = None) -> None:
+    """No checkpoint whose error nobody sees.
+
+    SQLite's auto-checkpoint ignores its own errors, and so does the checkpoint a connection
+    runs when it closes. After an fsync of the database file fails, that silence loses
+    data: a checkpoint that runs later and succeeds resets the WAL, although pages an
+    earlier (partial) checkpoint wrote were dropped by the failed fsync and never reached
+    the disk. So a write connection checkpoints only when the writer or ``Store.close``
+    asks, and both look at the result (docs/design.md, "The writer").
+    """
+    conn.set_wal_hook(hook or WalFrames())
+    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+
+
 def _connect_writer(db_path: Path, sync: Sync, busy_timeout_ms: int, *,
-                    create: bool = False, vfs: str | None = None) -> apsw.Connection:
+                    create: bool = False, vfs: str | None = None,
+                    wal_frames: WalFrames | None = None) -> apsw.Connection:
     """A read-write connection with the whole policy applied, in the order that matters."""
     flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
     conn = apsw.Connection(str(db_path), flags=flags, vfs=vfs)
@@ -140,6 +183,47 @@ def _connect_writer(db_path: Path, sync: Sync, busy_timeout_ms: int, *,
         connection_foreign_keys(conn)
         connection_temp_memory(conn)
         connection_cache(conn)
+        connection_checkpoints_seen(conn, wal_frames)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_reader(db_path: Path, busy_timeout_ms: int, *,
+                    vfs: str | None = None) -> apsw.Connection:
+    """A read-only connection (``mode=ro``, ``query_only``) that never writes the store.
+
+    A reader of a WAL database needs the WAL index (``-shm``): SQLite uses the existing
+    one (read-only is enough: it then keeps a private copy), or creates it where the
+    directory allows. On read-only media, or in someone else's directory, after the writer
+    closed cleanly there is neither a WAL nor an index and none can be made: then the
+    database file holds everything, and it is opened ``immutable=1`` (no WAL, no locks:
+    see docs/store.md for what that assumes). A WAL that still holds commits, without an
+    index that can be read or made, is refused: immutable would silently skip them.
+    """
+    uri = "file:" + urllib.parse.quote(str(db_path.absolute())) + "?mode=ro"
+    flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
+    try:
+        return _probe(apsw.Connection(uri, flags=flags, vfs=vfs), busy_timeout_ms)
+    except (apsw.CantOpenError, apsw.ReadOnlyError) as exc:
+        wal = Path(f"{db_path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"{db_path.parent}: cannot read this store read-only: its WAL holds commits "
+                f"and its index ({DB_NAME}-shm) can neither be read nor created here ({exc})",
+                hint="copy the store directory somewhere you can write (cp -a) and read the "
+                "copy, or have its owner open and close it once", path=str(db_path.parent),
+            ) from exc
+    return _probe(apsw.Connection(uri + "&immutable=1", flags=flags, vfs=vfs), busy_timeout_ms)
+
+
+def _probe(conn: apsw.Connection, busy_timeout_ms: int) -> apsw.Connection:
+    """Apply the reader policy and read once (that is when SQLite opens the WAL index)."""
+    try:
+        connection_busy_timeout(conn, busy_timeout_ms)
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()
     except BaseException:
         conn.close()
         raise
@@ -210,9 +294,26 @@ def apply_migrations(conn: apsw.Connection, migrations: list[tuple[int, str, str
             conn.execute(f"PRAGMA user_version = {version}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if not conn.get_autocommit():  # an I/O error at COMMIT has rolled back already
+                conn.execute("ROLLBACK")
             raise
     return newest_known
+
+
+def applied_version(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> int:
+    """The schema version of a store opened read-only (nothing is applied); a store newer
+    than this program is refused. Edited migrations are not refused here: ``verify``
+    reports every schema object that differs from its migration."""
+    # Each migration sets user_version in its own transaction; it lives in the header, so
+    # a damaged schema_migration page cannot hide the version (verify checks that table).
+    version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    newest_known = max((v for v, *_ in migrations), default=0)
+    if (version or 0) > newest_known:
+        raise MigrationError(
+            f"the store has schema version {version}, newer than this program supports "
+            f"({newest_known})", hint="upgrade evidence to open this store",
+            schema_version=version)
+    return version or 0
 
 
 # --- the store -----------------------------------------------------------------------
@@ -227,7 +328,8 @@ class Store:
 
     def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactStore,
                  *, sync: Sync, busy_timeout_ms: int, schema_version: int,
-                 vfs: str | None = None) -> None:
+                 vfs: str | None = None, file_ops: FileOps | None = None,
+                 wal_frames: WalFrames | None = None, read_only: bool = False) -> None:
         self.path = path
         self.db_path = path / DB_NAME
         self.connection = connection
@@ -236,53 +338,94 @@ class Store:
         self.busy_timeout_ms = busy_timeout_ms
         self.schema_version = schema_version
         self.vfs = vfs
+        self.file_ops = file_ops or FileOps()
+        self.wal_frames = wal_frames or WalFrames()  # frames in the WAL after the last commit
+        self.sync_failed: str | None = None  # why, once an fsync failed in this process
+        self.read_only = read_only  # opened with read_only=True: ``connection`` cannot write
 
     @classmethod
     def open(cls, path: os.PathLike[str] | str, *, create: bool = False, sync: Sync = "full",
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
              max_payload: int | None = None, vfs: str | None = None,
-             sqlite_version: str | None = None) -> Store:
+             sqlite_version: str | None = None, file_ops: FileOps | None = None,
+             read_only: bool = False) -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
+        ``read_only=True`` opens a store on read-only media or someone else's for reading:
+        nothing is created, migrated, resynced or written (``_connect_reader``), the
+        artifact store refuses puts, and a ``Writer`` refuses the store.
+
         ``sync="normal"`` survives a process crash but may lose the last commits on power
-        loss. ``vfs`` names a registered SQLite VFS (the fault-injection tests use one).
-        ``sqlite_version`` overrides the version checked (for tests of the gate).
+        loss. ``vfs`` names a registered SQLite VFS and ``file_ops`` replaces the file
+        operations of the store's own files and its artifacts (the fault-injection tests
+        use both). ``sqlite_version`` overrides the version checked (for tests of the gate).
+
+        A store marked after a failed fsync (``sync-failed``) is resynced first; if that
+        fails, ``SyncError`` and nothing is opened.
         """
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
             raise StoreError(f"sync must be 'full' or 'normal', not {sync!r}")
         root = Path(path)
         db_path = root / DB_NAME
-        if not create and not db_path.exists():
+        ops = file_ops or FileOps()
+        if (read_only or not create) and not db_path.exists():
             raise StoreError(
                 f"{root}: no evidence store here ({DB_NAME} not found)",
                 hint=f"create one with 'evidence init {root}'", path=str(root),
             )
-        new_dirs: list[Path] = []
+        if read_only:
+            return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
+                                       max_payload=max_payload, vfs=vfs)
         if create:
-            missing = root
-            while not missing.exists():
-                new_dirs.append(missing)
-                missing = missing.parent
-            root.mkdir(parents=True, exist_ok=True)
-            for directory in reversed(new_dirs):  # each new entry durable in its parent
-                _fsync_dir(directory.parent)
+            for directory in ops.makedirs(root):  # each new entry durable in its parent
+                ops.fsync_dir(directory.parent)
         elif not (root / ARTIFACTS_DIR).is_dir():
             raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
-        with map_sqlite_errors(db_path):
-            conn = _connect_writer(db_path, sync, busy_timeout_ms, create=create, vfs=vfs)
+        if (root / SYNC_MARKER).exists():
+            resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs)
+        hook = WalFrames()
+        with _marking_sync_failures(root, ops), map_sqlite_errors(db_path):
+            conn = _connect_writer(db_path, sync, busy_timeout_ms, create=create, vfs=vfs,
+                                   wal_frames=hook)
             try:
+                # Opening created the WAL. SQLite fsyncs its directory entry at its first
+                # sync but ignores a failure there; this fsync's failure is seen.
+                ops.fsync_dir(root)
                 version = apply_migrations(conn, load_migrations())
                 _ensure_store_id(conn)
             except BaseException:
                 conn.close()
                 raise
         kwargs = {} if max_payload is None else {"max_payload": max_payload}
-        artifacts = ArtifactStore(root / ARTIFACTS_DIR, **kwargs)
+        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops, **kwargs)
         if create:
-            _fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
+            ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
         return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
-                   schema_version=version, vfs=vfs)
+                   schema_version=version, vfs=vfs, file_ops=ops, wal_frames=hook)
+
+    @classmethod
+    def _open_read_only(cls, root: Path, *, busy_timeout_ms: int, max_payload: int | None,
+                        vfs: str | None) -> Store:
+        if not (root / ARTIFACTS_DIR).is_dir():
+            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
+        db_path = root / DB_NAME
+        with map_sqlite_errors(db_path):
+            conn = _connect_reader(db_path, busy_timeout_ms, vfs=vfs)
+            try:
+                version = applied_version(conn, load_migrations())
+            except BaseException:
+                conn.close()
+                raise
+        kwargs = {} if max_payload is None else {"max_payload": max_payload}
+        try:
+            artifacts = ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True,
+                                      **kwargs)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(root, conn, artifacts, sync="full", busy_timeout_ms=busy_timeout_ms,
+                   schema_version=version, vfs=vfs, read_only=True)
 
     @classmethod
     def create(cls, path: os.PathLike[str] | str, **options: object) -> Store:
@@ -301,6 +444,7 @@ class Store:
     @contextlib.contextmanager
     def write_transaction(self) -> Iterator[apsw.Connection]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the write connection; rollback on error."""
+        self.check_writable()
         conn = self.connection
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -315,21 +459,54 @@ class Store:
     def reader(self) -> Iterator[apsw.Connection]:
         """A read-only connection for one short snapshot; closed on exit."""
         with map_sqlite_errors(self.db_path):
-            conn = apsw.Connection(str(self.db_path), flags=apsw.SQLITE_OPEN_READONLY)
+            conn = _connect_reader(self.db_path, self.busy_timeout_ms, vfs=self.vfs)
         try:
-            connection_busy_timeout(conn, self.busy_timeout_ms)
-            conn.execute("PRAGMA query_only = ON")
             yield conn
         finally:
             conn.close()
 
+    def check_writable(self) -> None:
+        """Raise ``StoreError`` if the store was opened read-only."""
+        if self.read_only:
+            raise StoreError(f"{self.path} was opened read-only",
+                             hint="open it without read_only to write", path=str(self.path))
+
     def reopen_connection(self) -> None:
-        """Close and reopen the write connection (after a COMMIT whose outcome is unknown)."""
+        """Close and reopen the write connection (after a COMMIT whose outcome is unknown).
+
+        Refused (``SyncError``) once an fsync failed: what a new connection reads is then
+        no evidence of what is on the disk.
+        """
+        self.check_writable()
         with contextlib.suppress(apsw.Error):
-            self.connection.close()
+            self.connection.close()  # never checkpoints on close (the policy)
+        self.check_synced()
         with map_sqlite_errors(self.db_path):
             self.connection = _connect_writer(self.db_path, self.sync, self.busy_timeout_ms,
-                                              vfs=self.vfs)
+                                              vfs=self.vfs, wal_frames=self.wal_frames)
+
+    def mark_sync_failed(self, reason: str) -> SyncError:
+        """An fsync of this store failed: mark it (``sync-failed``) so that nothing is
+        acknowledged from it until it is resynced; return the error that says so."""
+        if self.sync_failed is None:
+            self.sync_failed = reason
+            mark_sync_failed(self.path, self.file_ops, reason)
+        return self._sync_error()
+
+    def check_synced(self) -> None:
+        """Raise ``SyncError`` if an fsync of this store failed and it is not resynced yet
+        (in this process, or in another one that left the marker)."""
+        if self.sync_failed is not None or (self.path / SYNC_MARKER).exists():
+            self.sync_failed = self.sync_failed or "the store is marked sync-failed"
+            raise self._sync_error()
+
+    def _sync_error(self) -> SyncError:
+        return SyncError(
+            f"{self.path}: an fsync of the store failed ({self.sync_failed}); nothing more is "
+            "acknowledged from it until it is resynced",
+            hint="check the disk (dmesg); once it works, open the store again (opening it "
+            "for writing makes it durable first) and redeliver what was not acknowledged",
+            path=str(self.path))
 
     def wal_size(self) -> int:
         """Bytes in the WAL file now (0 when absent)."""
@@ -339,7 +516,21 @@ class Store:
             return 0
 
     def close(self) -> None:
-        self.connection.close()
+        """Checkpoint (seeing the result), then close. The WAL is removed only after a
+        checkpoint that copied all of it and fsynced the database file."""
+        conn = self.connection
+        if self.sync_failed is None and not self.read_only:
+            try:
+                frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            except apsw.ConnectionClosedError:
+                return
+            except apsw.Error as exc:  # busy (a reader), full disk: the WAL stays, safely
+                if is_sync_failure(exc):
+                    self.mark_sync_failed(f"the checkpoint at close: {describe(exc)}")
+            else:
+                if frames == copied:  # all of it, fsynced: the close may delete the WAL
+                    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0)
+        conn.close()
 
     def __enter__(self) -> Store:
         return self
@@ -348,13 +539,25 @@ class Store:
         self.close()
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries durable (a new store must survive a power cut)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+@contextlib.contextmanager
+def _marking_sync_failures(root: Path, ops: FileOps) -> Iterator[None]:
+    """An fsync failure while opening (a migration's COMMIT, the WAL's directory) marks the
+    store, as one in the writer does, and is raised as ``SyncError``."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        yield
+    except OSError as exc:
+        mark_sync_failed(root, ops, f"fsync of {root} failed while opening it: {exc}")
+        raise SyncError(f"{root}: an fsync failed while opening the store ({exc})",
+                        hint="check the disk (dmesg), then open the store again",
+                        path=str(root)) from exc
+    except StoreError as exc:
+        cause = exc.__cause__
+        if cause is None or not is_sync_failure(cause):
+            raise
+        mark_sync_failed(root, ops, f"opening the store: {describe(cause)}")
+        raise SyncError(f"{root}: an fsync failed while opening the store ({describe(cause)})",
+                        hint="check the disk (dmesg), then open the store again",
+                        path=str(root)) from cause
 
 
 def _ensure_store_id(conn: apsw.Connection) -> None:
@@ -370,5 +573,6 @@ def _ensure_store_id(conn: apsw.Connection) -> None:
         )
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
         raise

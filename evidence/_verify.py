@@ -37,6 +37,7 @@ import collections
 import contextlib
 import functools
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +48,7 @@ from typing import Any, Literal
 import apsw
 import msgspec
 
+from . import _quarantine
 from ._artifacts import ArtifactRef
 from ._errors import (
     ArtifactCorruptError,
@@ -57,15 +59,17 @@ from ._errors import (
     URLError,
 )
 from ._http1 import derive_content
-from ._log import check_log
+from ._log import check_log, identity_bound
 from ._merkle import EMPTY_ROOT
 from ._messages import (
     Discovery,
+    DocumentRecord,
     FetchAttempt,
     Message,
     RuleEvaluated,
     RunEnded,
     RunStarted,
+    SessionDocuments,
     SessionEnded,
     SessionStarted,
     decode_message,
@@ -73,11 +77,21 @@ from ._messages import (
     now_text,
     payload_hash,
 )
-from ._store import Store, _connect_writer, apply_migrations, load_migrations, map_sqlite_errors
+from ._resync import SYNC_MARKER, read_marker
+from ._store import (
+    DB_NAME,
+    Store,
+    _connect_writer,
+    apply_migrations,
+    load_migrations,
+    map_sqlite_errors,
+)
 from ._urls import NORMALIZER_VERSION, normalize_url
+from ._verify_state import WorkingState
 
 __all__ = [
     "NOTICE_KINDS",
+    "TABLE_COVERAGE",
     "Finding",
     "Location",
     "ReclaimHooks",
@@ -88,7 +102,33 @@ __all__ = [
 ]
 
 _PAGE = 1000
-NOTICE_KINDS = frozenset({"orphan", "artifact_writable"})  # worth knowing, not wrong
+
+# Every table the migrations create, and how verify checks it (docs/verify.md has the
+# same table with which edits each check finds). A table not listed here fails
+# tests/test_verify_coverage.py: a new table is either checked or said not to be evidence.
+TABLE_COVERAGE = {
+    "schema_migration": "rows against the migrations: version, name, checksum",
+    "store_meta": "store_id: the hash chain starts from it; created_at, created_on: "
+                  "informational, not evidence",
+    "ingest_ledger": "Merkle leaves and roots recomputed; payload hash, id and kind decoded",
+    "commit_log": "hash chain, roots and frontiers recomputed from the ledger",
+    "crawl_session": "rebuilt from session_started and session_ended entries",
+    "crawl_run": "rebuilt from run_started and run_ended entries",
+    "fetch_attempt": "rebuilt from fetch_attempt entries, field by field",
+    "discovery_edge": "rebuilt from discovery entries, field by field",
+    "rule_evaluation": "rebuilt from rule_evaluated entries, field by field",
+    "session_document": "rebuilt from session_documents entries, field by field",
+    "url_current": "rebuilt from fetch_attempt rows (highest sequence)",
+    "url_identity": "keys compared through every row that references one; unreferenced "
+                    "rows found",
+    "artifact": "digests and sizes compared through every row that references one; "
+                "unreferenced rows found; files present (--full: re-hashed)",
+    "frontier": "rebuilt by replaying frontier entries",
+    "host_state": "rebuilt by replaying host entries",
+    "quarantine": "payload hash and columns; counted records against the commit log",
+}
+NOTICE_KINDS = frozenset({"orphan", "artifact_writable", "sync_failed",  # worth knowing
+                          "identity_unbound"})
 _JSON = msgspec.json.Encoder(order="deterministic")  # as _apply stores config and details
 
 
@@ -173,22 +213,33 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
     """Check the database, the log, the rows against the ledger, and the artifact files."""
     found = Findings(max_findings_per_kind)
     checks: dict[str, int] = {}
+    step = _Steps(found, checks)
+    marker = read_marker(store.path)
+    if marker is not None:
+        found.add("sync_failed", "an fsync of this store failed and it has not been resynced "
+                  "since: what is read here may not all be on the disk (" +
+                  "; ".join(marker.strip().splitlines()[1:]) + "); opening it for writing "
+                  "resyncs it", path=str(store.path / SYNC_MARKER))
     with store.reader() as conn, map_sqlite_errors(store.db_path):
         conn.execute("BEGIN")
         try:
-            store_id = _meta(conn, "store_id")
-            step = _Steps(found, checks)
-            step("schema_objects", _check_schema, conn, found)
+            store_id = step(None, _meta, conn, "store_id") or ""
+            step("schema_objects", _check_schema, conn, found, store.schema_version)
             step("sqlite_" + ("integrity_check" if full else "quick_check"), _check_sqlite,
                  conn, found, full)
             step("foreign_key_check", _check_foreign_keys, conn, found)
+            step("migration_rows", _check_migrations, conn, found, store.schema_version)
             size, root = step("log_entries", _check_log, conn, found) or (0, EMPTY_ROOT)
-            step("ledger_entries", _check_rows, conn, found)
+            state = _working_state(conn, store.schema_version)
+            step("ledger_entries", _check_rows, conn, found, state)
+            if state is not None:
+                step("working_state_rows", _compare_state, state, found)
             step("projection_rows", _check_projection, conn, found)
-            step("quarantined", _check_quarantine, conn, found)
+            step("interned_rows", _check_interned, conn, found)
+            step("quarantined", _quarantine.check_records, conn, found.add)
             max_artifact = step(None, _max_artifact_id, conn) or 0
         finally:
-            conn.execute("COMMIT")
+            _end_read(conn)
         step("artifacts_rehashed" if full else "artifacts", _check_artifacts, store, conn,
              found, max_artifact, full)
         if full:
@@ -207,6 +258,28 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
         omitted=dict(found.omitted))
 
 
+def _end_read(conn: apsw.Connection) -> None:
+    """End the read transaction; on a damaged database a cursor's pending error can surface
+    at the COMMIT, which then did not end it."""
+    with contextlib.suppress(apsw.Error):
+        conn.execute("COMMIT")
+    if not conn.get_autocommit():
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+
+
+def unreadable(path: Path | str, error: BaseException, *, full: bool = False) -> VerifyReport:
+    """The report on a database SQLite cannot even open for reading (its header or its
+    schema page is damaged): one ``sqlite_integrity`` error saying so."""
+    found = Findings(1)
+    found.add("sqlite_integrity", f"the database cannot be read at all, so no other check "
+              f"could run: {error}", path=str(Path(path) / DB_NAME), table="sqlite_schema")
+    return VerifyReport(path=str(path), store_id="", full=full, checked_at=now_text(),
+                        tree_size=0, root=EMPTY_ROOT.hex(), checks={},
+                        findings=[Finding(kind=k, severity=s, location=loc, message=m)
+                                  for k, s, loc, m in found.items], omitted={})
+
+
 class _Steps:
     """Runs one check; an SQLite error (a damaged page, a dropped table) becomes a finding
     naming the check, and the other checks still run."""
@@ -218,9 +291,12 @@ class _Steps:
     def __call__(self, name: str | None, fn: Callable[..., Any], *args: object) -> Any:
         try:
             result = fn(*args)
-        except (apsw.Error, StoreError) as exc:  # StoreError: an apsw error, translated
+        # StoreError: an apsw error, translated; TypeError, ValueError: values of the wrong
+        # type, which only a damaged page or a hand-edited row gives.
+        except (apsw.Error, StoreError, TypeError, ValueError) as exc:
             label = (name or fn.__name__.strip("_")).replace("_", " ")
-            self.found.add("check_aborted", f"the {label} check could not finish: "
+            label += "" if label.endswith("check") else " check"
+            self.found.add("check_aborted", f"the {label} could not finish: "
                            f"{type(exc).__name__}: {exc}")
             return None
         if name is not None:
@@ -234,7 +310,70 @@ def _check_log(conn: apsw.Connection, found: Findings) -> tuple[int, bytes]:
     for lf in log_findings:
         found.add(f"log_{lf.what}", lf.detail, table="commit_log" if lf.log_index is None
                   else "ingest_ledger", log_index=lf.log_index, batch_seq=lf.batch_seq)
+    if identity_bound(conn) is False:
+        found.add("identity_unbound", "the hash chain starts from zeros, not from the store's "
+                  "identity (the store's first batch predates issue 12): an edit of "
+                  "store_meta's store_id would not show", table="store_meta",
+                  row_id="store_id")
     return size, root
+
+
+def _check_migrations(conn: apsw.Connection, found: Findings, version: int) -> int:
+    """schema_migration rows: each applied migration with its name and checksum."""
+    want = {v: (name, checksum) for v, name, checksum, _ in load_migrations()[:version]}
+    have = {v: (name, checksum) for v, name, checksum in conn.execute(
+        "SELECT version, name, checksum FROM schema_migration")}
+    for v in sorted(want.keys() | have.keys()):
+        if v not in have:
+            found.add("schema", f"schema_migration has no row for migration {v:03d} "
+                      f"({want[v][0]}), which the store's schema version includes",
+                      table="schema_migration", row_id=v)
+        elif v not in want:
+            found.add("schema", f"schema_migration row {v} ({have[v][0]}) is no migration "
+                      "of the store's schema version", table="schema_migration", row_id=v)
+        elif have[v] != want[v]:
+            found.add("schema", f"schema_migration row {v} says {have[v][0]} with checksum "
+                      f"{have[v][1][:12]}; the migration is {want[v][0]}, {want[v][1][:12]}",
+                      table="schema_migration", row_id=v)
+    return len(have)
+
+
+def _working_state(conn: apsw.Connection, version: int) -> WorkingState | None:
+    if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'frontier'").fetchall():
+        return None  # a store from before the frontier (schema 1)
+    return WorkingState(conn, version)
+
+
+def _compare_state(state: WorkingState, found: Findings) -> int:
+    state.compare(found.add)
+    return state.replayed
+
+
+def _references(conn: apsw.Connection, parent: str) -> list[tuple[str, str]]:
+    """(table, column) of every foreign key to ``parent``'s primary key, from the schema."""
+    tables = [t for (t,) in conn.execute(
+        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    return [(table, column) for table in tables
+            for _, _, target, column, *_ in conn.execute(
+                "SELECT * FROM pragma_foreign_key_list(?)", (table,)) if target == parent]
+
+
+def _check_interned(conn: apsw.Connection, found: Findings) -> int:
+    """``url_identity`` and ``artifact`` rows exist only because some row references them
+    (a message's URL, a payload): one no row references was added by hand."""
+    n = 0
+    for parent, key, label in (("url_identity", "url_id", "fetch_key"),
+                               ("artifact", "artifact_id", "namespace || '/' || digest")):
+        used = " UNION ".join(f"SELECT {column} FROM {table} WHERE {column} IS NOT NULL"
+                              for table, column in _references(conn, parent))
+        n += conn.execute(f"SELECT count(*) FROM {parent}").fetchall()[0][0]
+        if not used:
+            continue
+        for row_id, name in conn.execute(
+                f"SELECT {key}, {label} FROM {parent} WHERE {key} NOT IN ({used})"):
+            found.add("row_unlogged", f"{parent} row {row_id} ({name}) is referenced by no "
+                      "row: no accepted message made it", table=parent, row_id=row_id)
+    return n
 
 
 def _max_artifact_id(conn: apsw.Connection) -> int:
@@ -246,11 +385,12 @@ def _meta(conn: apsw.Connection, key: str) -> str:
     return rows[0][0] if rows else ""
 
 
-def _check_schema(conn: apsw.Connection, found: Findings) -> int:
-    """Every table, index and trigger exactly as the migrations create them, and no other."""
+def _check_schema(conn: apsw.Connection, found: Findings, version: int) -> int:
+    """Every table, index and trigger exactly as the migrations up to the store's version
+    create them, and no other."""
     fresh = apsw.Connection(":memory:")
     try:
-        apply_migrations(fresh, load_migrations())
+        apply_migrations(fresh, load_migrations()[:version])
         want = _schema(fresh)
     finally:
         fresh.close()
@@ -274,12 +414,109 @@ def _schema(conn: apsw.Connection) -> dict[tuple[str, str], tuple[str, str | Non
 
 
 def _check_sqlite(conn: apsw.Connection, found: Findings, full: bool) -> int:
+    """SQLite's own check, its report grouped by what is damaged: each damaged table or
+    index is one finding (how many problems, the first ones), located at its table."""
     pragma = "integrity_check" if full else "quick_check"
-    lines = [row[0] for row in conn.execute(f"PRAGMA {pragma}")]
-    if lines != ["ok"]:
-        for line in lines:
-            found.add("sqlite_integrity", f"{pragma}: {line}")
+    try:
+        lines = _report_lines(conn, f"PRAGMA {pragma}")
+    except apsw.CorruptError:  # it stopped at a damaged page: table by table, then
+        lines = []
+        for (table,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table' "
+                                     "ORDER BY name").fetchall():
+            try:
+                lines += [line for line in _report_lines(
+                    conn, f"PRAGMA {pragma}({_quote(table)})") if line != "ok"]
+            except apsw.Error as exc:
+                what = _unreadable_objects(conn, table) or [f"table {table} (or one of "
+                                                             "its indexes)"]
+                for name in what:
+                    found.add("sqlite_integrity", f"{pragma}: {name} is damaged: the check "
+                              f"stops at it ({exc})", table=table)
+        if not lines:
+            return 1
+    if lines == ["ok"]:
+        return 1
+    names = _objects_by_root_page(conn)
+    damaged: dict[tuple[str, str, str], list[str]] = {}
+    for line in lines:
+        damaged.setdefault(_damaged_object(conn, names, line), []).append(line)
+    for (kind, name, table), problems in damaged.items():
+        example = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        if not name:
+            for problem in problems:
+                found.add("sqlite_integrity", f"{pragma}: {problem}")
+            continue
+        what = f"{kind} {name}" + (f" (on {table})" if kind == "index" else "")
+        found.add("sqlite_integrity", f"{pragma}: {what} is damaged: {len(problems)} "
+                  f"problem(s) reported, e.g. {example}", table=table)
     return 1
+
+
+def _unreadable_objects(conn: apsw.Connection, table: str) -> list[str]:
+    """Which b-trees of a table a full scan cannot read: the table, and each index."""
+    # Every cell is read (count(*) would only read each page's cell count).
+    scans = [(f"table {table}", f"SELECT * FROM {_quote(table)} NOT INDEXED")]
+    for (index,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'index' AND "
+                                 "tbl_name = ? ORDER BY name", (table,)).fetchall():
+        columns = [name for _, _, name in conn.execute(f"PRAGMA index_info({_quote(index)})")
+                   if name is not None]
+        scans.append((f"index {index} (on {table})",
+                      f"SELECT {', '.join(map(_quote, columns)) or 1} FROM {_quote(table)} "
+                      f"INDEXED BY {_quote(index)}"))
+    damaged = []
+    for what, sql in scans:
+        try:
+            for _ in conn.execute(sql):
+                pass
+        except apsw.CorruptError:
+            damaged.append(what)
+        except apsw.Error:  # a partial index the planner cannot scan whole: not known
+            continue
+    return damaged
+
+
+def _report_lines(conn: apsw.Connection, sql: str) -> list[str]:
+    return [line for (row,) in conn.execute(sql) for line in str(row).splitlines()
+            if line and not line.startswith("*** in database")]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+_TREE = re.compile(r"(?:Tree|On tree page|On page) (\d+)")
+_INDEX = re.compile(r"(?:index|in) (\w+)")
+_PAGE_NO = re.compile(r"[Pp]age (\d+)")
+
+
+def _objects_by_root_page(conn: apsw.Connection) -> dict[int, tuple[str, str, str]]:
+    """root page -> (kind, name, table) of every b-tree (sqlite_schema is page 1)."""
+    names = {1: ("table", "sqlite_schema", "sqlite_schema")}
+    with contextlib.suppress(apsw.Error):  # the schema itself may be what is damaged
+        for kind, name, table, root in conn.execute(
+                "SELECT type, name, tbl_name, rootpage FROM sqlite_schema WHERE rootpage > 0"):
+            names[root] = (kind, name, table)
+    return names
+
+
+def _damaged_object(conn: apsw.Connection, names: dict[int, tuple[str, str, str]],
+                    line: str) -> tuple[str, str, str]:
+    """Which b-tree one line of an integrity report is about: ("", "", "") if none."""
+    by_name = {name: (kind, name, table) for kind, name, table in names.values()}
+    match = _TREE.search(line)
+    if match and int(match[1]) in names:
+        return names[int(match[1])]
+    for word in _INDEX.findall(line):
+        if word in by_name:
+            return by_name[word]
+    match = _PAGE_NO.search(line)
+    if match:  # a page of some tree: dbstat (when compiled in) knows which
+        with contextlib.suppress(apsw.Error):
+            for (name,) in conn.execute("SELECT name FROM dbstat WHERE pageno = ?",
+                                        (int(match[1]),)):
+                if name in by_name:
+                    return by_name[name]
+    return ("", "", "")
 
 
 def _check_foreign_keys(conn: apsw.Connection, found: Findings) -> None:
@@ -320,17 +557,6 @@ def _check_projection(conn: apsw.Connection, found: Findings) -> int:
                       f"{have_seq} (attempt row {have_attempt}); the attempts say sequence "
                       f"{seq} (attempt row {attempt})", **where)
     return conn.execute("SELECT count(*) FROM url_current").fetchall()[0][0]
-
-
-def _check_quarantine(conn: apsw.Connection, found: Findings) -> int:
-    n = 0
-    for qid, stored_hash, payload in conn.execute(
-            "SELECT quarantine_id, payload_hash, payload FROM quarantine ORDER BY quarantine_id"):
-        n += 1
-        if payload_hash(payload) != stored_hash:
-            found.add("quarantine_hash", f"quarantine row {qid}: payload does not hash to its "
-                      "recorded payload_hash", table="quarantine", row_id=qid)
-    return n
 
 
 def _check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_id: int,
@@ -418,9 +644,16 @@ LEFT JOIN url_identity u ON u.url_id = r.url_id
 LEFT JOIN fetch_attempt a ON a.attempt_seq = r.attempt_seq
 ORDER BY r.log_index, r.evaluation_id
 """
+_DOCUMENT_SQL = """
+SELECT d.log_index, d.session_id || '/' || d.url_id, d.session_id, u.normalizer_version,
+       u.fetch_key, d.url, d.change, d.http_status, d.body_digest, d.attempt_id, d.fetched_at
+FROM session_document d
+LEFT JOIN url_identity u ON u.url_id = d.url_id
+ORDER BY d.log_index, d.session_id, d.url_id
+"""
 # ledger kind -> the table whose rows carry its log_index
 _LOGGED_TABLES = {"fetch_attempt": "fetch_attempt", "discovery": "discovery_edge",
-                  "rule_evaluated": "rule_evaluation"}
+                  "rule_evaluated": "rule_evaluation", "session_documents": "session_document"}
 
 
 class _Cursor:
@@ -445,10 +678,12 @@ class _Cursor:
         return rest
 
 
-def _check_rows(conn: apsw.Connection, found: Findings) -> int:
+def _check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | None) -> int:
     cursors = {"fetch_attempt": _Cursor(conn.execute(_ATTEMPT_SQL)),
                "discovery": _Cursor(conn.execute(_EDGE_SQL)),
                "rule_evaluated": _Cursor(conn.execute(_RULE_SQL))}
+    if conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'session_document'").fetchall():
+        cursors["session_documents"] = _Cursor(conn.execute(_DOCUMENT_SQL))
     sessions: dict[str, dict[str, tuple[object, int]]] = {}
     runs: dict[str, dict[str, tuple[object, int]]] = {}
     n = 0
@@ -472,8 +707,16 @@ def _check_rows(conn: apsw.Connection, found: Findings) -> int:
             _check_discovery(found, conn, message, index, rows)
         elif isinstance(message, RuleEvaluated):
             _check_rule(found, message, index, rows)
+        elif isinstance(message, SessionDocuments):
+            _check_documents(found, conn, message, index, rows)
         elif message is not None:
             _expect_fact(sessions, runs, message, index)
+        if state is not None and message is not None:
+            refused = state.apply(message, index)
+            if refused is not None:
+                found.add("state_replay", f"ledger entry {index} ({tag}) cannot be applied "
+                          f"again to the working state it was applied to: {refused}",
+                          table="ingest_ledger", log_index=index)
     for cursor_kind, cursor in cursors.items():
         for row in cursor.rest():
             _unlogged(found, cursor_kind, row, "beyond the end of the ledger")
@@ -658,6 +901,46 @@ def _check_rule(found: Findings, m: RuleEvaluated, index: int, rows: list[tuple]
               "evaluated_at": evaluated_at, "details": details}
     _compare(found, "rule_evaluation", evaluation_id, f"rule {m.rule_id} v{m.rule_version}",
              expected, actual, index)
+
+
+def _check_documents(found: Findings, conn: apsw.Connection, m: SessionDocuments,
+                     index: int, rows: list[tuple]) -> None:
+    """session_document rows (a completed session's record, the next one's baseline)."""
+    wanted: dict[str, DocumentRecord] = {}
+    for doc in m.documents:  # ON CONFLICT DO NOTHING: the first of two equal keys is kept
+        wanted.setdefault(_fetch_key(doc.url), doc)
+    seen: set[str] = set()
+    for row in rows:
+        (_, row_id, session_id, version, key, url, change, status, digest, attempt_id,
+         fetched_at) = row
+        own = key if version in (None, NORMALIZER_VERSION) else _fetch_key(url)
+        doc = wanted.get(own)
+        if doc is None or own in seen:
+            found.add("row_unlogged", f"session_document row {row_id} ({url!r}) is not among "
+                      f"the documents of its ledger entry (log index {index})",
+                      table="session_document", row_id=row_id, log_index=index)
+            continue
+        seen.add(own)
+        expected = {"session_id": m.session_id, "url": doc.url, "change": doc.change,
+                    "http_status": doc.http_status, "body_digest": doc.body_digest,
+                    "attempt_id": doc.attempt_id, "fetched_at": None
+                    if doc.fetched_at is None else format_time(doc.fetched_at),
+                    "fetch_key": own}
+        actual = {"session_id": session_id, "url": url, "change": change,
+                  "http_status": status, "body_digest": digest, "attempt_id": attempt_id,
+                  "fetched_at": fetched_at, "fetch_key": key if key is not None else None}
+        _compare(found, "session_document", row_id, f"session {m.session_id} document",
+                 expected, actual, index)
+    for key in wanted.keys() - seen:
+        owner = conn.execute(
+            "SELECT d.log_index FROM session_document d JOIN url_identity u "
+            "ON u.url_id = d.url_id WHERE d.session_id = ? AND u.normalizer_version = ? "
+            "AND u.fetch_key = ?", (m.session_id, NORMALIZER_VERSION, key)).fetchall()
+        if owner and owner[0][0] < index:
+            continue  # an earlier message recorded the same document first
+        found.add("row_missing", f"the session_document of session {m.session_id} for "
+                  f"{wanted[key].url!r} (log index {index}) is missing",
+                  table="session_document", log_index=index)
 
 
 def _expect_fact(sessions: dict[str, dict[str, tuple[object, int]]],

@@ -22,6 +22,9 @@ Invariants (DESIGN.md "Writer rules"):
   - a bad message fails alone (its savepoint is rolled back and it is quarantined whole);
   - an error at COMMIT means "outcome unknown": the writer reopens the database and reads
     the commit log to learn whether the batch is there, and acks from that, never guessing;
+  - except after a failed fsync (at COMMIT or in a checkpoint): then reads are no evidence
+    of what is on the disk, so nothing of that batch is acked, the store is marked for a
+    resync and the writer stops (``_resync``; docs/design.md, "The writer");
   - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails.
 
 Where the time goes and what was measured: docs/benchmarks.md ("Where the time goes").
@@ -46,8 +49,8 @@ import apsw
 import msgspec
 import sniffio
 
-from . import _apply
-from ._errors import CommitError, MessageError, WriterClosedError
+from . import _apply, _quarantine
+from ._errors import CommitError, MessageError, SyncError, WriterClosedError
 from ._log import entry_hash, load_head
 from ._merkle import CompactTree, leaf_hash
 from ._messages import (
@@ -58,7 +61,8 @@ from ._messages import (
     now_text,
     payload_hash,
 )
-from ._store import Store, map_sqlite_errors
+from ._resync import describe, is_sync_failure
+from ._store import AUTOCHECKPOINT_FRAMES, Store, map_sqlite_errors
 
 __all__ = ["Ack", "Writer", "WriterLimits", "WriterStatistics"]
 
@@ -239,6 +243,8 @@ class Writer:
 
     def __init__(self, store: Store, *, limits: WriterLimits | None = None,
                  hooks: WriterHooks | None = None) -> None:
+        store.check_writable()
+        store.check_synced()  # a store whose fsync failed is resynced by opening it again
         self.store = store
         self.limits = limits or WriterLimits()
         self._hooks = hooks or WriterHooks()
@@ -259,6 +265,10 @@ class Writer:
         # What a submitter waits on: a bare asyncio future where the loop is asyncio (half
         # the cost of an anyio.Event per submit, measured), else an anyio.Event.
         self._new_waiter: Callable[[], _Waiter] = _EventWaiter
+        # Set on the commit thread when an fsync failed: the writer stops once the batch
+        # in hand has its outcome (acked if its own COMMIT had succeeded).
+        self._stopping: SyncError | None = None
+        self._records = _quarantine.BatchRecords()  # reset at the start of every batch
         with map_sqlite_errors(store.db_path):
             self._head = load_head(store.connection)
 
@@ -453,14 +463,23 @@ class Writer:
                 self._record(len(batch), job.seconds, acks)
                 for pending, ack in zip(batch, acks, strict=True):
                     pending.ack = ack
-                nxt = self._collect_nowait()
-                if nxt:
-                    following = self._committer.start(nxt)
+                if self._stopping is None:
+                    nxt = self._collect_nowait()
+                    if nxt:
+                        following = self._committer.start(nxt)
         finally:
             for pending in batch:
                 _resolve(pending.done)
             self._drop_settled()
+        if self._stopping is not None:  # after this batch's outcome: its acks are durable
+            self._stop(self._stopping)
         return following
+
+    def _stop(self, failure: SyncError) -> None:
+        """An fsync failed: fail everything queued, and the writer, with the reason."""
+        self._failure = failure
+        self._fail_queued(WriterClosedError(f"the writer stopped: {failure}", cause=failure))
+        raise failure
 
     def _drop_settled(self) -> None:
         """Forget the oldest submissions that have their outcome (for oldest_pending_age)."""
@@ -498,6 +517,7 @@ class Writer:
         self._begin(conn)
         try:
             received_at = now_text()
+            self._records = _quarantine.BatchRecords()  # what this batch quarantines
             verify = self.limits.verify_artifacts
             applied = None
             if self._optimistic:
@@ -526,17 +546,22 @@ class Writer:
                 self._rollback(conn)
                 return acks, False
             root = tree.root()
+            quarantined = self._records.encode()
             chain = entry_hash(head.entry_hash, batch_seq, first_index, tree.size, root,
-                               received_at)
+                               received_at, quarantined)
             conn.execute(
                 "INSERT INTO commit_log (batch_seq, committed_at, first_index, tree_size, "
-                "root, frontier, prev_hash, entry_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "root, frontier, prev_hash, entry_hash, quarantined) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (batch_seq, received_at, first_index, tree.size, root, tree.to_bytes(),
-                 head.entry_hash, chain))
+                 head.entry_hash, chain, quarantined))
             if self._hooks.before_commit:
                 self._hooks.before_commit(batch_seq)
         except apsw.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
             self._rollback(conn)
+            if is_sync_failure(exc):  # no fsync runs before COMMIT in WAL mode; if one did
+                self._stopping = self.store.mark_sync_failed(
+                    f"batch {batch_seq}, before its COMMIT: {describe(exc)}")
             raise CommitError(
                 f"batch {batch_seq} failed before commit ({exc}); nothing of it was written",
                 hint="redeliver the messages; if the disk is full, free space first",
@@ -552,7 +577,7 @@ class Writer:
         self._head = type(head)(tree, batch_seq, chain)
         if self._hooks.after_commit:
             self._hooks.after_commit(batch_seq)
-        self._checkpoint(conn)
+        self._checkpoint(conn, batch_seq)
         return acks, True
 
     def _apply_optimistic(self, applier: _apply.Applier, batch: list[_Pending],
@@ -614,20 +639,24 @@ class Writer:
             acks.append(ack)
         return acks, tree, wrote
 
-    def _checkpoint(self, conn: apsw.Connection) -> None:
-        """Keep the WAL bounded: a passive checkpoint once it is large, then a truncate.
+    def _checkpoint(self, conn: apsw.Connection, batch_seq: int) -> None:
+        """Checkpoint where SQLite's auto-checkpoint would, and keep the WAL bounded.
 
-        SQLite's own auto-checkpoint copies frames back but never shrinks the file, and a
-        long reader stops it from restarting the WAL, which then grows. Once a passive
-        checkpoint has copied every frame (no reader holds an old snapshot), a TRUNCATE
-        resets the file to zero; with a zero busy timeout it never waits on a reader.
+        SQLite's auto-checkpoint (a passive checkpoint once the WAL holds 1,000 frames) is
+        replaced by this one, because SQLite ignores its errors (``Store`` policy,
+        ``connection_checkpoints_seen``). It also never shrinks the file, and a long
+        reader stops it from restarting the WAL, which then grows: past
+        ``checkpoint_wal_bytes``, once a passive checkpoint has copied every frame (no
+        reader holds an old snapshot), a TRUNCATE resets the file to zero; with a zero busy
+        timeout it never waits on a reader.
         """
-        if self.store.wal_size() <= self.limits.checkpoint_wal_bytes:
+        large = self.store.wal_size() > self.limits.checkpoint_wal_bytes
+        if not large and self.store.wal_frames.frames < AUTOCHECKPOINT_FRAMES:
             return
         try:
             frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
             self._counts["checkpoints"] += 1
-            if frames == copied:
+            if large and frames == copied:
                 conn.set_busy_timeout(0)
                 try:
                     conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
@@ -637,9 +666,18 @@ class Writer:
         except apsw.BusyError:
             pass  # a reader is still using the WAL: the next commit tries again
         except apsw.Error as exc:
-            # The batch is committed and must be acked; a checkpoint that fails (an I/O error,
-            # a full disk) leaves the WAL as it was, which is safe. Count it; retry later.
+            # The batch is committed and is acked either way (sync=full: its COMMIT synced
+            # the WAL; sync=normal acks inside its documented window).
             self._counts["checkpoint_errors"] += 1
+            if is_sync_failure(exc):
+                # The database file's fsync failed: pages an earlier partial checkpoint
+                # wrote may be lost though reads show them, and the next checkpoint that
+                # succeeds would reset the WAL that still holds them. Stop; resync first.
+                self._stopping = self.store.mark_sync_failed(
+                    f"the checkpoint after batch {batch_seq}: {describe(exc)}")
+                return
+            # A full disk or a failed write leaves the WAL as it was, which is safe: retry
+            # at a later commit.
             log.warning("WAL checkpoint failed after batch commit: %s", exc)
 
     def _rollback(self, conn: apsw.Connection) -> None:
@@ -667,7 +705,24 @@ class Writer:
                 time.sleep(min(0.05 * 2**attempt, 1.0))
 
     def _recover(self, batch_seq: int, acks: list[Ack], exc: apsw.Error) -> list[Ack]:
-        """COMMIT failed: outcome unknown. Reopen and ask the commit log what happened."""
+        """COMMIT failed: outcome unknown. Reopen and ask the commit log what happened.
+
+        Unless an fsync failed: then the commit log read back may be the page cache's,
+        never written, so nothing of the batch is acked and the writer stops (DESIGN.md
+        rule 11 cannot hold after a failed fsync; docs/design.md, "The writer").
+        """
+        if is_sync_failure(exc):
+            self._stopping = self.store.mark_sync_failed(
+                f"batch {batch_seq}'s COMMIT: {describe(exc)}")
+            raise CommitError(
+                f"batch {batch_seq}: an fsync failed at COMMIT ({describe(exc)}); none of its "
+                "messages "
+                "were acknowledged, and whether they reached the disk is known only once the "
+                "store is resynced",
+                hint="check the disk (dmesg); once it works, open the store again (it is "
+                "resynced first) and redeliver these messages",
+                batch_seq=batch_seq, sqlite_code=getattr(exc, "extendedresult", None)
+            ) from exc
         self.store.reopen_connection()  # raises StoreError if the database is gone
         conn = self.store.connection
         committed = conn.execute(
@@ -741,15 +796,14 @@ class Writer:
         conn.execute("RELEASE message")
         self._interner.message_done(keep=False)
 
-    @staticmethod
-    def _quarantine(conn: apsw.Connection, pending: _Pending, code: str, reason: str,
+    def _quarantine(self, conn: apsw.Connection, pending: _Pending, code: str, reason: str,
                     received_at: str) -> None:
-        conn.execute(
-            "INSERT INTO quarantine (received_at, message_id, kind, reason_code, reason, "
-            "payload_hash, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (received_at, pending.message.message_id,
-             type(pending.message).__struct_config__.tag, code, reason,
-             pending.payload_hash, pending.encoded))
+        """Keep the message whole: a new record, or one more delivery of the same content
+        refused for the same reason (counted, not another row); noted for the commit log."""
+        _quarantine.record(conn, self._records, message_id=pending.message.message_id,
+                           kind=_TAGS[type(pending.message)], reason_code=code, reason=reason,
+                           payload_hash_hex=pending.payload_hash, payload=pending.encoded,
+                           received_at=received_at)
 
     # --- metrics -------------------------------------------------------------------------
 

@@ -1,14 +1,17 @@
 """Any interleaving of deliveries, duplicates, reorderings and redeliveries converges.
 
 A Hypothesis state machine delivers messages from a fixed pool in any order, any number of
-times, alone or in concurrent groups that share a batch, and tries conflicting rewrites.
-After every step: the ledger holds each delivered message once, the projection holds the
-highest delivered sequence per (run, url), and conflicts never changed anything. At the end,
-a second store fed only the deduplicated sequence holds exactly the same evidence.
+times, alone or in concurrent groups that share a batch, and tries conflicting rewrites and
+messages the writer rejects, again and again. After every step: the ledger holds each
+delivered message once, the projection holds the highest delivered sequence per (run,
+url), conflicts never changed anything, and the quarantine holds one record per refused
+content and reason, counting its deliveries, each as the commit log recorded it. At the
+end, a second store fed only the deduplicated sequence holds exactly the same evidence.
 """
 
 from __future__ import annotations
 
+import collections
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +22,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from evidence import Store, Writer, WriterLimits, check_log
+from evidence import Store, Writer, WriterLimits, canonical_encode, check_log, payload_hash
+from evidence._quarantine import check_records
 
 from .conftest import Factory
 
@@ -60,6 +64,10 @@ class Deliveries(RuleBasedStateMachine):
         self._submit(setup)
         self.delivered: list[str] = [m.message_id for m in setup]  # first-delivery order
         self.seen: set[str] = set(self.delivered)
+        # (payload hash, status, reason) -> deliveries refused: what the quarantine counts
+        self.refused: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        # Messages the writer rejects: attempts of a run that was never started.
+        self.invalid = [self.make.attempt(u, run_id="no-such-run", body=body) for u in URLS]
 
     def teardown(self) -> None:
         try:
@@ -118,6 +126,28 @@ class Deliveries(RuleBasedStateMachine):
         [ack] = self._submit([forged])
         assert ack.status == "conflict"
         assert snapshot(self.store) == before, "a conflict changes no evidence"
+        self._refused(forged, ack)
+
+    @rule(picks=st.lists(st.integers(0, 100), min_size=1, max_size=4))
+    def deliver_rejected(self, picks: list[int]) -> None:
+        group = [self.invalid[p % len(self.invalid)] for p in picks]
+        before = snapshot(self.store)
+        for m, ack in zip(group, self._submit(group), strict=True):
+            assert ack.status == "rejected", ack
+            self._refused(m, ack)
+        assert snapshot(self.store) == before, "a rejection changes no evidence"
+
+    def _refused(self, message, ack) -> None:
+        self.refused[(payload_hash(canonical_encode(message)), ack.status, ack.reason)] += 1
+
+    @invariant()
+    def quarantine_counts_each_refused_content_once(self) -> None:
+        rows = self.store.connection.execute(
+            "SELECT payload_hash, reason_code, reason, deliveries FROM quarantine").fetchall()
+        assert {(h, code, reason): n for h, code, reason, n in rows} == dict(self.refused)
+        problems: list[tuple] = []
+        check_records(self.store.connection, lambda *a, **k: problems.append((a, k)))
+        assert problems == [], "every record is as the commit log recorded it"
 
     @invariant()
     def ledger_holds_each_delivered_message_once(self) -> None:

@@ -229,11 +229,14 @@ def test_cli_verify_names_each_finding_and_exits_one(populated_store: Store, cap
     assert "error  row_mismatch  [rule_evaluation row 1, log index 4]" in out
     assert "verdict is 'fail', its ledger entry (log index 4) says 'pass'" in out
     assert "error  log_chain  [commit_log, batch 3]" in out
-    assert "FAILED: 4 error(s)" in out  # two dropped triggers, the row, the chain
+    # two dropped triggers, the row, the chain, and the batch's leaves no longer received
+    # at its commit time
+    assert "FAILED: 5 error(s)" in out
     assert run_cli("verify", populated_store.path, "--json") == 1
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False
-    assert {f["kind"] for f in data["findings"]} == {"schema", "row_mismatch", "log_chain"}
+    assert {f["kind"] for f in data["findings"]} == {"schema", "row_mismatch", "log_chain",
+                                                     "log_batch"}
 
 
 def test_findings_beyond_the_limit_are_counted_not_listed(store: Store, make: Factory) -> None:
@@ -355,3 +358,139 @@ def test_grace_durations(text: str, seconds: float) -> None:
 def test_a_bad_grace_is_refused() -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("a day")
+
+
+# --- a damaged database ----------------------------------------------------------------
+
+def damage(store: Store, name: str) -> None:
+    """Close the store (its WAL folded into the file), then overwrite the cell pointers of
+    the b-tree page of table or index ``name`` (``page 1``: the schema's)."""
+    root = 1 if name == "page 1" else one(
+        store, f"SELECT rootpage FROM sqlite_schema WHERE name = '{name}'")[0]
+    page_size = one(store, "PRAGMA page_size")[0]
+    store.close()
+    assert not Path(f"{store.db_path}-wal").exists(), "checkpointed at close"
+    with open(store.db_path, "r+b") as handle:
+        handle.seek((root - 1) * page_size + (100 if root == 1 else 0) + 8)
+        handle.write(b"\xff" * 200)
+
+
+@pytest.mark.parametrize(("name", "kind", "table"), [
+    ("fetch_attempt_by_url", "index", "fetch_attempt"),
+    ("discovery_edge", "table", "discovery_edge"),
+    ("commit_log", "table", "commit_log"),
+])
+@pytest.mark.parametrize("full", [False, True])
+def test_verify_says_which_table_or_index_is_damaged_and_exits_one(
+        populated_store: Store, name: str, kind: str, table: str, full: bool, capsys) -> None:
+    # Before issue 12: one finding with SQLite's raw report, naming no table ("Tree 9 page
+    # 9 ..."), or, where the check stopped at the damage, only "check_aborted" findings.
+    path = populated_store.path
+    damage(populated_store, name)
+    assert run_cli("verify", path, *(["--full"] if full else [])) == 1
+    out = capsys.readouterr().out
+    assert f"error  sqlite_integrity  [{table}]" in out, out
+    assert f"{kind} {name}" in out and "is damaged" in out
+    assert "FAILED" in out
+
+
+def test_verify_reports_a_database_it_cannot_read_at_all(populated_store: Store,
+                                                          capsys) -> None:
+    # Before issue 12 verify could not open it and advised to "run 'evidence verify' on a
+    # copy" (exit 2). Now the report says so, and other commands point to verify.
+    path = populated_store.path
+    damage(populated_store, "page 1")
+    assert run_cli("verify", path) == 1
+    out = capsys.readouterr().out
+    assert "error  sqlite_integrity  [sqlite_schema" in out
+    assert "the database cannot be read at all" in out and "FAILED: 1 error(s)" in out
+    assert run_cli("verify", path, "--json") == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+    from evidence._cli import main as cli_main
+
+    assert cli_main(["status", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "damaged" in err and "Try: 'evidence verify STORE --full' says what is damaged" in err
+
+
+# --- the store identity and counted quarantine records (issue 12) -----------------------
+
+def legacy_store(path: Path) -> None:
+    """A store as the program before issue 12 left it: schema 4, a log whose chain starts
+    from 32 zero bytes, and a conflict delivered twice as two quarantine rows."""
+    import msgspec
+
+    from evidence import SessionStarted, canonical_encode, payload_hash, utc_now
+    from evidence._log import GENESIS_HASH, entry_hash
+    from evidence._merkle import CompactTree, leaf_hash
+    from evidence._store import (
+        _connect_writer,
+        _ensure_store_id,
+        apply_migrations,
+        load_migrations,
+    )
+
+    path.mkdir()
+    (path / "artifacts").mkdir()
+    conn = _connect_writer(path / "evidence.db", "full", 1000, create=True)
+    try:
+        apply_migrations(conn, load_migrations()[:4])
+        _ensure_store_id(conn)
+        message = SessionStarted(message_id="m1", session_id="s1", started_at=utc_now())
+        payload = canonical_encode(message)
+        at = "2025-03-03T12:00:00.000000Z"
+        tree = CompactTree()
+        tree.append(leaf_hash(payload))
+        chain = entry_hash(GENESIS_HASH, 1, 0, 1, tree.root(), at)
+        changed = canonical_encode(msgspec.structs.replace(message, mode="incremental"))
+        with conn:
+            conn.execute("INSERT INTO ingest_ledger VALUES (0, 'm1', 'session_started', ?, ?, "
+                         "?, 1, ?)", (payload_hash(payload), leaf_hash(payload), payload, at))
+            conn.execute("INSERT INTO commit_log VALUES (1, ?, 0, 1, ?, ?, ?, ?)",
+                         (at, tree.root(), tree.to_bytes(), GENESIS_HASH, chain))
+            conn.execute("INSERT INTO crawl_session (session_id, started_at, mode, config) "
+                         "VALUES ('s1', ?, 'full', '{}')", (msgspec.json.decode(
+                             msgspec.json.encode(message.started_at)),))
+            for _ in range(2):
+                conn.execute("INSERT INTO quarantine (received_at, message_id, kind, "
+                             "reason_code, reason, payload_hash, payload) VALUES (?, 'm1', "
+                             "'session_started', 'conflict', 'other content', ?, ?)",
+                             (at, payload_hash(changed), changed))
+    finally:
+        conn.close()
+
+
+def test_a_new_store_binds_its_identity_and_an_edit_of_it_is_found(store: Store,
+                                                                   make: Factory) -> None:
+    from evidence._log import identity_bound, identity_genesis
+
+    submit_all(store, [make.session()])
+    assert identity_bound(store.connection) is True
+    assert one(store, "SELECT prev_hash FROM commit_log WHERE batch_seq = 1")[0] == \
+        identity_genesis(store.store_id)
+    store.connection.execute("UPDATE store_meta SET value = 'store-other' "
+                             "WHERE key = 'store_id'")
+    [finding] = verify(store).errors
+    assert finding.kind == "log_identity" and "store_id was changed" in finding.message
+
+
+def test_a_store_from_before_issue_12_verifies_and_keeps_its_quarantine_rows(
+        tmp_path: Path) -> None:
+    legacy_store(tmp_path / "old")
+    with Store.open(tmp_path / "old") as store:  # migrated to the current schema
+        rows = store.connection.execute(
+            "SELECT quarantine_id, deliveries FROM quarantine").fetchall()
+        assert rows == [(1, None), (2, None)], "never rewritten"
+        report = verify(store)
+        assert report.ok, report.errors
+        assert kinds(report) == {"identity_unbound"}  # a notice: its id is not bound
+        from evidence import decode_message
+
+        payload = one(store, "SELECT payload FROM quarantine WHERE quarantine_id = 1")[0]
+        changed = decode_message(payload)  # the same conflict, delivered twice more
+        acks = submit_all(store, [changed]) + submit_all(store, [changed])
+        assert [a.status for a in acks] == ["conflict", "conflict"]
+        assert store.connection.execute(
+            "SELECT quarantine_id, deliveries FROM quarantine ORDER BY 1").fetchall() == [
+            (1, None), (2, None), (3, 2)], "new deliveries are counted in one new record"
+        assert verify(store).ok

@@ -71,6 +71,8 @@ class FaultClass:
     persistent: bool = False
     sync_failure: str = "lose"
     sync: str | None = None  # force a sync mode (the sync=normal rows)
+    files: tuple[str, ...] = ()  # only operations on these kinds of file (all)
+    heal_after: int = 0  # persistent: the device works again after this many failures
 
 
 CLASSES = [
@@ -103,6 +105,29 @@ CLASSES = [
                persistent=True),
     FaultClass("full-write-once", "ENOSPC / SQLITE_FULL from the N-th write, once",
                "disk_full", ("write",)),
+    FaultClass("sync-lose-onwards", "a failing device: EIO from every fsync from the N-th "
+               "on (database, WAL, artifact file or directory) while writes still succeed; a "
+               "failed fsync's writes never reach the disk; then power loss", "io_error",
+               ("sync",), persistent=True),
+    FaultClass("sync-lose-wal-onwards", "EIO from every fsync of the WAL from the N-th on; "
+               "then power loss", "io_error", ("sync",), persistent=True, files=("wal",)),
+    FaultClass("sync-lose-db-onwards", "EIO from every fsync of evidence.db (the "
+               "checkpoints') from the N-th on; then power loss", "io_error", ("sync",),
+               persistent=True, files=("database",)),
+    FaultClass("sync-lose-artifact-onwards", "EIO from every fsync of an artifact file "
+               "from the N-th on; then power loss", "io_error", ("sync",), persistent=True,
+               files=("artifact",)),
+    FaultClass("sync-lose-dir-onwards", "EIO from every directory fsync (artifact "
+               "directories, the store directory) from the N-th on; then power loss",
+               "io_error", ("sync",), persistent=True, files=("directory",)),
+    FaultClass("sync-lose-heal", "EIO from the N-th fsync and the two after it, then the "
+               "device works again (retried fsyncs succeed without writing what was lost); "
+               "power loss at the first ack after", "io_error", ("sync",), persistent=True,
+               heal_after=3),
+    FaultClass("sync-lose-wal-heal", "as sync-lose-heal, fsyncs of the WAL only", "io_error",
+               ("sync",), persistent=True, heal_after=3, files=("wal",)),
+    FaultClass("sync-lose-db-heal", "as sync-lose-heal, fsyncs of evidence.db only",
+               "io_error", ("sync",), persistent=True, heal_after=3, files=("database",)),
     FaultClass("normal-power-sync-drop", "sync=normal: power loss at the N-th fsync; "
                "unsynced writes lost (measures the loss window)", "power_loss", ("sync",),
                sync="normal"),
@@ -121,7 +146,7 @@ def default_workdir() -> str | None:
 def one_trial(args: tuple) -> dict:
     """Run one trial in a fresh directory (in a worker process with --jobs)."""
     workdir, fault, workload, seed, sync_failure = args
-    logging.getLogger("evidence").setLevel(logging.ERROR)  # expected checkpoint warnings
+    logging.getLogger("evidence").setLevel(logging.CRITICAL)  # expected: faults are injected
     directory = tempfile.mkdtemp(prefix="faultloop-", dir=workdir)
     try:
         trial = run_trial(directory, fault, workload=workload, seed=seed,
@@ -146,7 +171,8 @@ def run_class(fc: FaultClass, args: argparse.Namespace, pool) -> dict:
         counts = count_operations(d, workload)
     faults = list(iter_faults(counts, action=fc.action, ops=frozenset(fc.ops),
                               crash=fc.crash, stride=args.stride,  # type: ignore[arg-type]
-                              persistent=fc.persistent))
+                              persistent=fc.persistent, heal_after=fc.heal_after,
+                              files=frozenset(fc.files)))
     if args.limit:
         faults = faults[:args.limit]
     seeds = args.seeds if fc.crash in ("torn", "reorder") else 1

@@ -22,11 +22,16 @@ it, so the database and the artifacts share one disk and one operation counter:
 - ``CrashFileOps``, an ``evidence._artifacts.FileOps`` for ``ArtifactStore(file_ops=...)``.
 
 A ``Fault`` names the N-th counted operation (read, write, sync, truncate, meta: create,
-rename, delete, mkdir) and what happens there: power loss (that operation and every later
+rename, delete, mkdir), optionally only on some kinds of file (the database, its WAL, an
+artifact, a directory), and what happens there: power loss (that operation and every later
 one fail with EIO, and the disk's contents are frozen as the crash image), or an I/O error
-or disk-full error (once, or from then on). A failed fsync loses its pending writes for
-good while reads still see them (``sync_failure="lose"``, Linux since 4.13) or keeps them
-pending for a later fsync (``"keep"``).
+or disk-full error (once, from then on, or from then on for a while: a failing device that
+comes back). A failed fsync loses its pending writes for good while reads still see them
+(``sync_failure="lose"``, Linux since 4.13: the pages are marked clean, so a later fsync
+succeeds without writing them) or keeps them pending for a later fsync (``"keep"``). A
+failed directory fsync always keeps its entries pending: journaling file systems do not
+drop a directory entry and then report later fsyncs as successful (ext4 and XFS stop
+the journal instead).
 
 ``write_crash_image()`` replaces everything under the root with the frozen image; the
 store is then reopened with the ordinary VFS, as after a reboot. Modelled files are never
@@ -56,7 +61,7 @@ import anyio
 import apsw
 import blake3
 
-from .._artifacts import ArtifactRef, ArtifactStore, FileOps
+from .._artifacts import ArtifactRef, FileOps
 from .._errors import EvidenceError, StoreError
 from .._messages import (
     Discovery,
@@ -89,6 +94,9 @@ __all__ = [
 ]
 
 Operation = Literal["read", "write", "sync", "truncate", "meta"]
+# What an operation touches, for faults aimed at one kind of file (``Fault.files``).
+FileKind = Literal["database", "wal", "journal", "artifact", "directory", "other"]
+FILE_KINDS: tuple[str, ...] = ("database", "wal", "journal", "artifact", "directory", "other")
 CrashMode = Literal["drop", "torn", "reorder", "keep"]
 SECTOR = 512
 _SHM = "-shm"
@@ -104,13 +112,33 @@ class Fault:
     ops: frozenset[str] = frozenset({"write", "sync"})
     crash: CrashMode = "drop"  # power loss: what becomes of writes not yet synced
     persistent: bool = False  # errors: every later counted operation fails too
+    heal_after: int = 0  # persistent: after this many failed operations they work again
     path_suffix: str = ""  # count only operations on paths ending with this
+    files: frozenset[str] = frozenset()  # count only operations on these FILE_KINDS (all)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.files) - set(FILE_KINDS)
+        if unknown:
+            raise ValueError(f"unknown file kinds {sorted(unknown)}; known: {FILE_KINDS}")
+
+    def fails(self, counted: int) -> bool:
+        """Does the ``counted``-th matching operation fail (or cut the power)?"""
+        if counted == self.at:
+            return True
+        if not self.persistent or counted < self.at:
+            return False
+        return not self.heal_after or counted < self.at + self.heal_after
 
     def __str__(self) -> str:
         kinds = "|".join(sorted(self.ops))
         what = f"{self.action}({self.crash})" if self.action == "power_loss" else self.action
         where = f" on *{self.path_suffix}" if self.path_suffix else ""
-        return f"{what} at {kinds} #{self.at}{where}{' onwards' if self.persistent else ''}"
+        if self.files:
+            where += f" of {'|'.join(sorted(self.files))}"
+        when = ""
+        if self.persistent:
+            when = f" for {self.heal_after}" if self.heal_after else " onwards"
+        return f"{what} at {kinds} #{self.at}{where}{when}"
 
 
 @dataclass(eq=False)
@@ -150,6 +178,7 @@ class SimulatedDisk:
         self.sync_failure = sync_failure
         self.fault: Fault | None = None
         self.counts: collections.Counter[str] = collections.Counter()
+        self.kind_counts: collections.Counter[str] = collections.Counter()  # "op:kind"
         self.counted = 0  # operations that matched the fault's kinds so far
         self.log: list[tuple[int, str, str, int, int, str]] = []
         self.crashed = False
@@ -207,18 +236,35 @@ class SimulatedDisk:
 
     # --- the fault point every seam calls before it acts ---------------------------------
 
+    def kind(self, path: Path | str) -> FileKind:
+        """What a path is, for faults aimed at one kind of file."""
+        path = Path(path)
+        if path.is_dir():
+            return "directory"
+        name = path.name
+        if name.endswith("-wal"):
+            return "wal"
+        if name.endswith("-journal"):
+            return "journal"
+        if name.endswith(".db"):
+            return "database"
+        return "artifact" if "artifacts" in Path(self._rel(path)).parts else "other"
+
     def check(self, op: Operation, path: Path | str, offset: int = 0, length: int = 0
               ) -> Literal["ok", "dead", "io", "full"]:
         """Count one operation; say whether it may proceed, or how it fails."""
         with self._lock:
             self.counts[op] += 1
+            kind = self.kind(path)
+            self.kind_counts[f"{op}:{kind}"] += 1
             outcome: Literal["ok", "dead", "io", "full"] = "ok"
             fault = self.fault
             if self.crashed:
                 outcome = "dead"
-            elif fault and op in fault.ops and str(path).endswith(fault.path_suffix):
+            elif (fault and op in fault.ops and str(path).endswith(fault.path_suffix)
+                  and (not fault.files or kind in fault.files)):
                 self.counted += 1
-                if self.counted == fault.at or (fault.persistent and self.counted > fault.at):
+                if fault.fails(self.counted):
                     self.fired.append(f"{fault} ({op} {self._rel(path)})")
                     if fault.action == "power_loss":
                         self.power_loss(fault.crash)
@@ -268,9 +314,13 @@ class SimulatedDisk:
             inode.durable_mode = inode.mode
             if path.name.endswith("-wal"):
                 self.wal_syncs += 1
-            if inode.dirsync:
-                inode.dirsync = False
-                self.dir_synced(path.parent)
+
+    def take_dirsync(self, ino: int) -> bool:
+        """Whether the file's directory is to be synced now (once, after its first sync)."""
+        with self._lock:
+            inode = self._inodes[ino]
+            wanted, inode.dirsync = inode.dirsync, False
+            return wanted
 
     def sync_failed(self, ino: int) -> None:
         """A failed fsync: with "lose", the pending writes never reach the medium."""
@@ -421,23 +471,25 @@ class CrashVFS(apsw.VFS):
         self.armed[(operation, suffix)] = after
 
     def fail(self, op: Operation, path: str, offset: int = 0, length: int = 0) -> None:
-        """Raise the error the fault plan (or an armed fault) puts at this operation."""
+        """Raise the error the fault plan (or an armed fault) puts at this operation.
+
+        I/O errors carry the extended code ``os_unix.c`` returns for that operation
+        (``SQLITE_IOERR_FSYNC`` for a failed fsync, ...), as SQLite would report it.
+        """
         for (armed_op, suffix), countdown in list(self.armed.items()):
             if armed_op == op and path.endswith(suffix):
                 if countdown == 0:
                     del self.armed[(armed_op, suffix)]
                     self.fired.append((armed_op, suffix))
-                    raise apsw.IOError(f"injected {op} failure")
+                    raise apsw.exception_for(_IOERR_CODES[op])
                 self.armed[(armed_op, suffix)] = countdown - 1
         if self.disk is None:
             return
         outcome = self.disk.check(op, path, offset, length)
-        if outcome == "dead":
-            raise apsw.IOError(f"simulated power loss: {op} on {path}")
-        if outcome == "io":
-            raise apsw.IOError(f"injected I/O error: {op} on {path}")
+        if outcome in ("dead", "io"):  # power loss: every operation fails with EIO
+            raise apsw.exception_for(_IOERR_CODES[op])
         if outcome == "full":
-            raise apsw.FullError(f"injected disk full: {op} on {path}")
+            raise apsw.exception_for(apsw.SQLITE_FULL)
 
     def xOpen(self, name, flags):  # apsw's names
         if self.disk is not None and self.disk.crashed:
@@ -452,6 +504,11 @@ class CrashVFS(apsw.VFS):
             self.disk.deleted(path)
             if syncdir:
                 self.disk.dir_synced(path.parent)
+
+
+_IOERR_CODES = {"read": apsw.SQLITE_IOERR_READ, "write": apsw.SQLITE_IOERR_WRITE,
+                "sync": apsw.SQLITE_IOERR_FSYNC, "truncate": apsw.SQLITE_IOERR_TRUNCATE,
+                "meta": apsw.SQLITE_IOERR_DELETE}
 
 
 class CrashFile(apsw.VFSFile):
@@ -491,8 +548,21 @@ class CrashFile(apsw.VFSFile):
             raise
         if self.ino is None:  # modelled files are made durable by the model, not by fsync
             super().xSync(flags)
-        else:
-            self.vfs.disk.synced(self.ino, Path(self.filename))  # type: ignore[union-attr,arg-type]
+            return
+        disk = self.vfs.disk
+        assert disk is not None and self.filename is not None
+        disk.synced(self.ino, Path(self.filename))
+        if disk.take_dirsync(self.ino):
+            # os_unix.c fsyncs a new journal's or WAL's directory after the file's first
+            # successful sync, and ignores a failure of that directory fsync ("many systems
+            # are unable to fsync a directory"): so does the model. The entry then stays
+            # pending; only the store's own directory fsync can make it durable.
+            directory = Path(self.filename).parent
+            try:
+                self.vfs.fail("sync", str(directory))
+            except apsw.Error:
+                return
+            disk.dir_synced(directory)
 
 
 # --- the artifact-store seam --------------------------------------------------------------
@@ -534,6 +604,17 @@ class CrashFileOps(FileOps):
             self.disk.sync_failed(ino)
             raise
         self.disk.synced(ino, path)  # the model decides what is durable: no real fsync
+
+    def open_existing(self, path: Path) -> int:
+        fd = super().open_existing(path)
+        self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
+        return fd
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        ino, _, path = self._fds[fd]
+        self._fail("write", path, offset, len(data))
+        super().pwrite(fd, data, offset)
+        self.disk.wrote(ino, offset, bytes(data))
 
     def close(self, fd: int) -> None:
         self._fds.pop(fd, None)
@@ -712,20 +793,14 @@ def count_operations(root: os.PathLike[str] | str, workload: Workload | None = N
         vfs.unregister()
     if trial.errors_seen:
         raise RuntimeError(f"the workload failed without a fault: {trial.errors_seen}")
-    return collections.Counter(disk.counts)
+    return collections.Counter(disk.counts) + disk.kind_counts
 
 
 def open_store(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, sync: str = "full"
                ) -> Store:
     """Open a store whose database and artifacts both live on the simulated disk."""
-    store = Store.open(store_path, vfs=vfs.name, sync=sync)  # type: ignore[arg-type]
-    try:
-        # Store.open has no file_ops option yet; the seam is ArtifactStore's own.
-        store.artifacts = ArtifactStore(store.artifacts.root, file_ops=CrashFileOps(disk))
-    except BaseException:
-        _close(store)
-        raise
-    return store
+    return Store.open(store_path, vfs=vfs.name, sync=sync,  # type: ignore[arg-type]
+                      file_ops=CrashFileOps(disk))
 
 
 def _close(store: Store | None) -> None:
@@ -859,9 +934,17 @@ async def _resume(store: Store, workload: Workload, groups: list[Group], trial: 
 def iter_faults(counts: collections.Counter[str], *, action: str = "power_loss",
                 ops: frozenset[str] = frozenset({"write", "sync"}),
                 crash: CrashMode = "drop", stride: int = 1, start: int = 1,
-                persistent: bool = False) -> Iterator[Fault]:
-    """One fault for each matching operation of a fault-free run: N = start, start+stride..."""
-    total = sum(counts[op] for op in ops)
+                persistent: bool = False, heal_after: int = 0,
+                files: frozenset[str] = frozenset()) -> Iterator[Fault]:
+    """One fault for each matching operation of a fault-free run: N = start, start+stride...
+
+    ``counts`` is what ``count_operations`` returns (per operation, and per
+    ``"operation:file kind"`` for faults aimed at some ``files``).
+    """
+    if files:
+        total = sum(counts[f"{op}:{kind}"] for op in ops for kind in files)
+    else:
+        total = sum(counts[op] for op in ops)
     for n in range(start, total + 1, stride):
         yield Fault(action=action, at=n, ops=ops, crash=crash,  # type: ignore[arg-type]
-                    persistent=persistent)
+                    persistent=persistent, heal_after=heal_after, files=files)
