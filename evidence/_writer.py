@@ -248,6 +248,10 @@ class Writer:
         self.store = store
         self.limits = limits or WriterLimits()
         self._hooks = hooks or WriterHooks()
+        # Read before anything that must be closed exists: a failing read (an I/O error on
+        # a damaged disk) then leaves nothing behind.
+        with map_sqlite_errors(store.db_path):
+            self._head = load_head(store.connection)
         # Queue items are groups with their encoded size: (bytes, messages).
         self._send, self._receive = anyio.create_memory_object_stream[_Group](
             self.limits.queue_size)
@@ -269,8 +273,6 @@ class Writer:
         # in hand has its outcome (acked if its own COMMIT had succeeded).
         self._stopping: SyncError | None = None
         self._records = _quarantine.BatchRecords()  # reset at the start of every batch
-        with map_sqlite_errors(store.db_path):
-            self._head = load_head(store.connection)
 
     # --- lifecycle ---------------------------------------------------------------------
 
