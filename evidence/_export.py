@@ -35,7 +35,13 @@ import blake3
 import msgspec
 
 from ._artifacts import ArtifactRef, ArtifactStore
-from ._errors import ArtifactError, ArtifactMissingError, CorruptStoreError, StoreError
+from ._errors import (
+    ArtifactError,
+    ArtifactMissingError,
+    CorruptStoreError,
+    MigrationError,
+    StoreError,
+)
 from ._log import check_log, load_head
 from ._store import (
     ARTIFACTS_DIR,
@@ -43,6 +49,7 @@ from ._store import (
     DEFAULT_BUSY_TIMEOUT_MS,
     Store,
     check_sqlite_version,
+    load_migrations,
     map_sqlite_errors,
 )
 
@@ -322,10 +329,30 @@ def open_source(source: Source) -> tuple[Path, ArtifactStore, int]:
         return source.db_path, source.artifacts, source.busy_timeout_ms
     root = Path(source)
     if not (root / DB_NAME).is_file():
+        if (root / MANIFEST).is_file():
+            raise StoreError(f"{root} is an archive, not a store", path=str(root),
+                             hint=f"restore it first: evidence restore {root} --store NEW")
         raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
                          hint="pass a store directory (or a backup of one)", path=str(root))
+    _check_schema_version(root / DB_NAME)
     return root / DB_NAME, ArtifactStore(root / ARTIFACTS_DIR, create=False), \
         DEFAULT_BUSY_TIMEOUT_MS
+
+
+def _check_schema_version(db_path: Path) -> None:
+    """Refuse a store written by a newer program, as opening it for status or verify does:
+    its dump could not be restored by this one, and its rows may mean other things."""
+    newest = len(load_migrations())
+    with map_sqlite_errors(db_path):
+        conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+        finally:
+            conn.close()
+    if version > newest:
+        raise MigrationError(f"the store has schema version {version}, newer than this "
+                             f"program supports ({newest})", schema_version=version,
+                             hint="upgrade evidence to export this store")
 
 
 def snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import functools
+import math
 import time
 import zlib
 from collections.abc import Callable
@@ -99,11 +100,13 @@ async def _store_and_parse(artifacts: ArtifactStore, items: list[tuple[str, byte
 async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
                 extra_headers: dict[str, str] | None = None,
-                parse: Callable[[str, bytes], Any] | None = None) -> FetchResult:
+                parse: Callable[[str, bytes], Any] | None = None,
+                deadline: float | None = None) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
     ``parse(content_type, decoded_body)``, if given, runs on a 2xx response's non-empty
     body in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
+    ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
     """
     started_at = utc_now()
     t0 = time.monotonic()
@@ -113,34 +116,45 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
               "url": url, "sequence": sequence, "started_at": started_at}
     request = client.build_request("GET", url, headers=headers)
     request_head = _request_head(request)
-    try:
-        response = await client.send(request, stream=True, follow_redirects=False)
-    except httpx.TimeoutException as exc:
-        return await _failed(artifacts, common, "timeout", f"{type(exc).__name__}: {exc}",
-                             request_head, t0)
-    except (httpx.TransportError, httpx.InvalidURL) as exc:
-        return await _failed(artifacts, common, "network_error",
-                             f"{type(exc).__name__}: {exc}", request_head, t0)
+    response = None
     chunks: list[bytes] = []
     size = 0
     truncated = False
     outcome = "response"
     error = None
-    try:
-        async for chunk in response.aiter_raw():
-            if size + len(chunk) > max_body_bytes:
-                chunks.append(chunk[: max_body_bytes - size])
-                size = max_body_bytes
-                truncated = True
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except httpx.TimeoutException as exc:
-        outcome, error = "timeout", f"body read: {type(exc).__name__}: {exc}"
-    except httpx.TransportError as exc:
-        outcome, error = "network_error", f"body read: {type(exc).__name__}: {exc}"
-    finally:
-        await response.aclose()
+    # The total deadline (connect, head, body): the client's timeout bounds each read only,
+    # so a server sending a byte a second never trips it. Past the deadline the attempt is
+    # a timeout that keeps what came.
+    with anyio.move_on_after(math.inf if deadline is None else deadline) as exchange:
+        try:
+            response = await client.send(request, stream=True, follow_redirects=False)
+        except httpx.TimeoutException as exc:
+            outcome, error = "timeout", f"{type(exc).__name__}: {exc}"
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            outcome, error = "network_error", f"{type(exc).__name__}: {exc}"
+        if response is not None:
+            try:
+                async for chunk in response.aiter_raw():
+                    if size + len(chunk) > max_body_bytes:
+                        chunks.append(chunk[: max_body_bytes - size])
+                        size = max_body_bytes
+                        truncated = True
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+            except httpx.TimeoutException as exc:
+                outcome, error = "timeout", f"body read: {type(exc).__name__}: {exc}"
+            except httpx.TransportError as exc:
+                outcome, error = "network_error", f"body read: {type(exc).__name__}: {exc}"
+            finally:
+                with anyio.CancelScope(shield=True):  # closed even past the deadline
+                    await response.aclose()
+    if exchange.cancelled_caught:
+        outcome, error = "timeout", f"deadline: the fetch took longer than {deadline:g} s; " + (
+            f"{size} bytes of the body had come" if response is not None
+            else "no response head had come")
+    if response is None:
+        return await _failed(artifacts, common, outcome, error or "", request_head, t0)
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     if truncated:
         outcome, error = "too_large", f"body cut at the cap of {max_body_bytes} bytes"
