@@ -221,6 +221,10 @@ class FrameReader:
         while len(self._buffer) < wanted:
             self._buffer += await self._stream.receive(max(_CHUNK, wanted - len(self._buffer)))
 
+    def buffered(self) -> int:
+        """Bytes read from the stream and not yet returned."""
+        return len(self._buffer)
+
     def frame_ready(self) -> bool:
         """Whether a whole frame is buffered (reading it will not wait on the stream)."""
         if len(self._buffer) < HEADER.size:
