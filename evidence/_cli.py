@@ -101,13 +101,13 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         from ._rules import load_rules
 
         rules = load_rules(args.rules).as_record()
+    if args.clean and not args.yes and not _confirm(
+            f"Abandon the open session of {path} (if any) and start a new one? [y/N] "):
+        raise EvidenceError("not confirmed: --clean abandons the open session",
+                            hint="add --yes to skip the question")
     _log_to(stderr)
     with Store.create(path, sync=args.sync) as store, crawl_lock(path):
         config = _crawl_config(args, store, rules)
-        if args.clean and not args.yes and not _confirm(
-                f"Abandon the open session of {path} and start a new one? [y/N] "):
-            raise EvidenceError("not confirmed: --clean abandons the open session",
-                                hint="add --yes to skip the question")
         progress = _Progress(stderr)
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,

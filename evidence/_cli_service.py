@@ -37,27 +37,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     path = Path(args.store)
     with Store.open(path, sync=args.sync) as store:
+        # Built (and so checked) before the lock is taken: a refused configuration changes
+        # nothing, not even the lock file.
+        service = Service(
+            store, socket_path=args.socket, listen=args.listen, token=token,
+            metrics=args.metrics,
+            limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
+                                 max_in_flight=args.max_in_flight,
+                                 max_pending_bytes=args.max_pending_bytes,
+                                 connection_in_flight=args.connection_in_flight,
+                                 max_connections=args.max_connections,
+                                 max_unauthenticated=args.max_unauthenticated,
+                                 send_timeout=args.send_timeout,
+                                 handshake_timeout=args.handshake_timeout,
+                                 body_timeout=args.body_timeout,
+                                 idle_timeout=args.idle_timeout),
+            writer_limits=WriterLimits(queue_size=args.queue_size,
+                                       max_batch_messages=args.batch_messages,
+                                       max_batch_delay=args.batch_delay))
         pid = running_pid(path)
         if pid is not None:
             raise EvidenceError(f"{path}: a crawl or service (pid {pid}) is writing this store",
                                 hint=f"stop it first: evidence stop {path}", path=str(path))
         with crawl_lock(path):  # one writer per store: 'evidence stop' sends us SIGTERM
-            service = Service(
-                store, socket_path=args.socket, listen=args.listen, token=token,
-                metrics=args.metrics,
-                limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
-                                     max_in_flight=args.max_in_flight,
-                                     max_pending_bytes=args.max_pending_bytes,
-                                     connection_in_flight=args.connection_in_flight,
-                                     max_connections=args.max_connections,
-                                     max_unauthenticated=args.max_unauthenticated,
-                                     send_timeout=args.send_timeout,
-                                     handshake_timeout=args.handshake_timeout,
-                                     body_timeout=args.body_timeout,
-                                     idle_timeout=args.idle_timeout),
-                writer_limits=WriterLimits(queue_size=args.queue_size,
-                                           max_batch_messages=args.batch_messages,
-                                           max_batch_delay=args.batch_delay))
             stats = anyio.run(_serve, service, args)
     w = stats.writer
     summary = (f"stopped: {stats.connections_total} connections, {w.committed} committed, "

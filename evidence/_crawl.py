@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import logging
 import os
 import socket
@@ -32,7 +33,7 @@ import anyio
 import msgspec
 
 from . import _frontier as frontier
-from ._errors import EvidenceError, only_evidence_error
+from ._errors import EvidenceError, StoreError, only_evidence_error
 from ._fetch import FetchResult
 from ._frontier import CrawlConfig, FrontierCounts
 from ._http import crawl_client
@@ -142,6 +143,19 @@ class _Host:
     backoff_reason: str = ""
 
 
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) says the disk is full: SQLite's SQLITE_FULL, or
+    ENOSPC/EDQUOT from the artifact store."""
+    while exc is not None:
+        code = getattr(exc, "sqlite_code", None)
+        if isinstance(code, int) and code & 0xFF == 13:  # SQLITE_FULL
+            return True
+        if getattr(exc, "errno", None) in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 class Crawler:
     """One run of the crawl configured by ``config`` over ``store``."""
 
@@ -172,6 +186,7 @@ class Crawler:
         self._errors = 0
         self._last_error: str | None = None
         self._robots_problem: dict[str, str] = {}  # host -> why its robots.txt is unavailable
+        self._live_stats_failed = False
         self._host_records: dict[str, tuple] = {}
         self._pool: WorkerPool | None = None  # with options.processes, while the run goes
         self._service: Service
@@ -245,6 +260,12 @@ class Crawler:
                     log.exception("run %s failed", self.run_id)
                 with contextlib.suppress(EvidenceError):  # a full disk may refuse this too
                     await self._end(outcome, reason, complete=False)
+                if _disk_full(exc):
+                    raise StoreError(
+                        f"{self.store.path}: the disk is full; the run stopped (everything "
+                        "committed before is kept, and the session stays open)",
+                        hint=f"free disk space, then resume: evidence crawl --store "
+                        f"{self.store.path}", path=str(self.store.path)) from exc
                 raise
             if self._fetching.cancelled_caught:
                 self._cancelled = self._cancelled or (
@@ -800,8 +821,14 @@ class Crawler:
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error, limited_by=self._limited_by())
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.json.encode(progress))
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(msgspec.json.encode(progress))
+            os.replace(tmp, path)
+        except OSError as exc:  # a convenience for 'evidence status', never worth a run
+            if not self._live_stats_failed:
+                log.warning("cannot write %s (%s); 'evidence status' will not show this "
+                            "run's progress", path, exc.strerror)
+            self._live_stats_failed = True
         if self.options.progress is not None:
             self.options.progress(progress)
 

@@ -409,7 +409,10 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
     On any error the partial build is removed and ``target`` is left as it was.
     """
     target = Path(target)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.exists() and not target.is_dir():
+        raise StoreError(f"{target} is a file; refusing to replace it",
+                         hint="choose a new or empty directory", path=str(target))
+    if target.exists() and any(target.iterdir()):
         raise StoreError(f"{target} is not empty; refusing to write into it",
                          hint="choose a new or empty directory", path=str(target))
     try:
