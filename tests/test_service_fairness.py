@@ -9,30 +9,44 @@ Latency is compared with a run without the misbehaving clients, in the same test
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 from anyio.from_thread import start_blocking_portal
 
-from evidence import Store
+from evidence import Store, Writer
 from evidence._service import Service, ServiceLimits
 from evidence._wire import HEADER
 
-from .test_service import (  # noqa: F401 (fixtures)
-    SETUP,
-    TOKEN,
-    _frames,
-    _hello,
-    attempt,
-    short_dir,
-    store_path,
-)
+from .test_service import SETUP, TOKEN, _frames, _hello, attempt
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Unix socket paths must stay under 108 bytes; pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="ev-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    with Store.create(path, sync="normal") as store:
+        async def setup() -> None:
+            async with Writer(store) as writer:
+                await writer.submit_group(SETUP)
+        anyio.run(setup)
+    return path
 
 
 @contextlib.contextmanager
