@@ -248,19 +248,25 @@ def _confirm(question: str) -> bool:
 
 
 class _Progress:
-    """The crawl's progress line on stderr: redrawn in place on a terminal (and ended with a
-    newline), else one line every 10 seconds. It names the session and the seed, counts
-    errors as they happen, and says why fewer fetches are in flight than allowed."""
+    """The crawl's progress on stderr. On a terminal: the session and seed once, then a
+    live line redrawn in place (and ended with a newline when the crawl ends); elsewhere a
+    full line every 10 seconds. It counts errors as they happen, and says why fewer fetches
+    are in flight than allowed."""
 
     def __init__(self, stream) -> None:  # type: ignore[no-untyped-def]
         self.stream = stream
         self.tty = stream.isatty()
         self._drawn = False
+        self._named = False
         self._last = 0.0
 
     def __call__(self, p: CrawlProgress) -> None:
-        line = self.line(p)
         if self.tty:
+            if not self._named:
+                self.say(f"crawling {self.seeds(p)} in session {p.session_id} "
+                         f"(run {p.run_id})")
+                self._named = True
+            line = self.counts(p)
             width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn
             self.stream.write("\r\x1b[K" + (line if len(line) <= width else
                                              line[:max(0, width - 1)] + "…"))
@@ -268,17 +274,21 @@ class _Progress:
             self._drawn = True
         elif p.elapsed - self._last >= 10:
             self._last = p.elapsed
-            self.stream.write(line + "\n")
+            self.stream.write(f"{p.session_id} {self.seeds(p)}: {self.counts(p)}\n")
             self.stream.flush()
 
     @staticmethod
-    def line(p: CrawlProgress) -> str:
+    def seeds(p: CrawlProgress) -> str:
+        if not p.seeds:
+            return "?"
+        return p.seeds[0] + (f" (+{len(p.seeds) - 1} more seeds)" if len(p.seeds) > 1 else "")
+
+    @staticmethod
+    def counts(p: CrawlProgress) -> str:
         c = p.counts
-        seeds = (p.seeds[0] + (f" (+{len(p.seeds) - 1} more seeds)" if len(p.seeds) > 1
-                               else "")) if p.seeds else "?"
-        text = (f"{p.session_id} {seeds}: done {c.done}, queued {c.queued}, in flight "
-                f"{p.in_flight} of {p.workers}, failed {c.failed}, skipped {c.skipped}, "
-                f"errors {p.errors}, {p.pages_per_second:.1f} pages/s")
+        text = (f"done {c.done}, queued {c.queued}, in flight {p.in_flight} of {p.workers}, "
+                f"failed {c.failed}, skipped {c.skipped}, errors {p.errors}, "
+                f"{p.pages_per_second:.1f} pages/s")
         if p.limited_by:
             text += "; fewer in flight: " + "; ".join(p.limited_by)
         return text
@@ -420,7 +430,8 @@ class _Help(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if ("default" in text or not action.option_strings or action.nargs == 0
-                or action.default in (None, False, argparse.SUPPRESS)):
+                or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS):
             return text
         return text + " (default %(default)s)"
 

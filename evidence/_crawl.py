@@ -140,7 +140,6 @@ class _Host:
     next_request: float = 0.0  # monotonic: when a worker may send its next request
     slots: anyio.Semaphore | None = None  # per-host concurrency, taken by workers
     backoff_until: float = 0.0  # monotonic: the host backs off (429/503, robots.txt down)
-    backoff_reason: str = ""
 
 
 def _disk_full(exc: BaseException | None) -> bool:
@@ -725,7 +724,6 @@ class Crawler:
             host.next_start = max(host.next_start, now + effects.backoff)
             host.next_request = max(host.next_request, now + effects.backoff)
             host.backoff_until = max(host.backoff_until, now + effects.backoff)
-            host.backoff_reason = effects.problem or ""
         if effects.retry_in is not None:
             self._add(dataclasses.replace(job, attempts=job.attempts + 1,
                                           not_before=now + effects.retry_in))
@@ -842,8 +840,7 @@ class Crawler:
             if not host.jobs:
                 continue
             if host.backoff_until > now:
-                reasons.append(f"{name} backs off for {host.backoff_until - now:.0f} s"
-                               + (f" ({host.backoff_reason})" if host.backoff_reason else ""))
+                reasons.append(f"{name} backs off for {host.backoff_until - now:.0f} s")
             elif host.active >= self._per_host:
                 reasons.append(f"--per-host {self._per_host} on {name}")
             elif host.next_start > now:
