@@ -10,6 +10,11 @@ submits the page's attempt, links and settlement as one writer group, so a page 
 done without its links. Because a claim is durable before the fetch, a crash leaves the
 URL in flight; the next run requeues it, or fails it once it has been claimed
 ``max_attempts`` times (a page that kills the crawler cannot loop across restarts).
+
+Nothing a server does can hold a run: each fetch has a total deadline
+(``options.deadline``), and ``request_stop`` gives in-flight fetches ``options.grace``
+seconds before the run's one cancel scope around them is cancelled (``cancel`` does it at
+once); cancelled URLs stay claimed, so the next run requeues them as after a crash.
 """
 
 from __future__ import annotations
