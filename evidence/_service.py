@@ -901,7 +901,7 @@ def prometheus_text(s: ServiceStatistics) -> str:
            ("", s.connections_total))
     metric("service_requests_in_flight", "gauge", "Requests read and not yet answered.",
            ("", s.requests_in_flight))
-    metric("service_pending_bytes", "gauge", "Frame bytes read and not yet committed.",
+    metric("service_pending_bytes", "gauge", "Bytes read from clients, not yet committed.",
            ("", s.pending_bytes))
     metric("service_frames_received_total", "counter", "Frames read after handshakes.",
            ("", s.frames_received))

@@ -158,7 +158,7 @@ class ServiceStatistics(msgspec.Struct, frozen=True, kw_only=True):
     connected_clients: int
     connections_total: int
     requests_in_flight: int  # read from a socket, not yet answered
-    pending_bytes: int  # frame bytes read and not yet committed
+    pending_bytes: int  # bytes read from clients and not yet committed (or discarded)
     frames_received: int
     messages_received: int
     acks_sent: int
