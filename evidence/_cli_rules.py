@@ -36,9 +36,15 @@ def _cmd_rules_check(args: argparse.Namespace) -> int:
         _print_json(rules.as_record())
         return 0
     print(f"{args.file}: {len(rules)} rule(s)")
-    for rule in rules:
-        print(f"  {rule.id} v{rule.version}  {rule.type:<17} {rule.definition_hash}")
+    print(format_rules([(f"{r.id} v{r.version}", r.type, r.definition_hash) for r in rules]))
     return 0
+
+
+def format_rules(rows: list[tuple[str, str, str]]) -> str:
+    """Rule, type and definition hash in aligned columns, under a header."""
+    rows = [("rule", "type", "definition hash"), *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return "\n".join(f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows)
 
 
 def _cmd_rules_evaluate(args: argparse.Namespace) -> int:
@@ -71,8 +77,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     with Store.open(args.store, read_only=True) as store:
         data = report(store, args.run, max_failures=args.max_failures)
-    render = {"text": render_text, "json": render_json, "html": render_html}[args.format]
-    text = render(data)
+    if args.format == "html":
+        text = render_html(data, per_group=args.per_group)
+    else:
+        text = {"text": render_text, "json": render_json}[args.format](data)
     if args.out is None:
         sys.stdout.write(text)
     else:
@@ -115,16 +123,21 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     r = subparsers.add_parser(
         "report", help="rule verdicts of a run, and each failure with its evidence",
-        description="Summarize the rule verdicts of run ID per rule version, and list every "
-        "fail and error verdict with its evidence: URL, attempt, input hash, the BLAKE3 "
-        "digests of the stored response head and body, and the log indexes to prove them "
-        "with. The same store always gives the same bytes. HTML is one static file with no "
-        "script and no external reference.")
+        description="Summarize the rule verdicts of run ID per rule version, group the fail "
+        "and error verdicts by rule and reason with their counts, and list each with its "
+        "evidence: URL, attempt, input hash, the BLAKE3 digests of the stored response head "
+        "and body, and the log indexes to prove them with. The same store always gives the "
+        "same bytes. HTML is one static file with no script and no external reference; it "
+        "lists the first --per-group failures of each group.")
     r.add_argument("store", metavar="STORE", help="the store directory")
     r.add_argument("--run", required=True, metavar="ID", help="the run to report on")
     r.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json, or a self-contained html page")
     r.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
     r.add_argument("--max-failures", type=int, metavar="N",
-                   help="list at most N failures (the count of the rest is given)")
+                   help="list at most N failures (the count of the rest is given; default: "
+                   "all)")
+    r.add_argument("--per-group", type=int, default=50, metavar="N",
+                   help="html: list at most N failures of each rule-and-reason group, so the "
+                   "page opens quickly at any size of run (text and json list all)")
     r.set_defaults(func=_cmd_report)

@@ -37,21 +37,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     path = Path(args.store)
     with Store.open(path, sync=args.sync) as store:
+        # Built (and so checked) before the lock is taken: a refused configuration changes
+        # nothing, not even the lock file.
+        service = Service(
+            store, socket_path=args.socket, listen=args.listen, token=token,
+            metrics=args.metrics,
+            limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
+                                 max_in_flight=args.max_in_flight,
+                                 max_pending_bytes=args.max_pending_bytes,
+                                 connection_in_flight=args.connection_in_flight,
+                                 max_connections=args.max_connections,
+                                 max_unauthenticated=args.max_unauthenticated,
+                                 send_timeout=args.send_timeout,
+                                 handshake_timeout=args.handshake_timeout,
+                                 body_timeout=args.body_timeout,
+                                 idle_timeout=args.idle_timeout),
+            writer_limits=WriterLimits(queue_size=args.queue_size,
+                                       max_batch_messages=args.batch_messages,
+                                       max_batch_delay=args.batch_delay))
         pid = running_pid(path)
         if pid is not None:
             raise EvidenceError(f"{path}: a crawl or service (pid {pid}) is writing this store",
                                 hint=f"stop it first: evidence stop {path}", path=str(path))
         with crawl_lock(path):  # one writer per store: 'evidence stop' sends us SIGTERM
-            service = Service(
-                store, socket_path=args.socket, listen=args.listen, token=token,
-                metrics=args.metrics,
-                limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
-                                     max_in_flight=args.max_in_flight,
-                                     connection_in_flight=args.connection_in_flight,
-                                     send_timeout=args.send_timeout),
-                writer_limits=WriterLimits(queue_size=args.queue_size,
-                                           max_batch_messages=args.batch_messages,
-                                           max_batch_delay=args.batch_delay))
             stats = anyio.run(_serve, service, args)
     w = stats.writer
     summary = (f"stopped: {stats.connections_total} connections, {w.committed} committed, "
@@ -124,9 +132,32 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--connection-in-flight", metavar="N", type=int,
                    default=limits.connection_in_flight,
                    help="the same bound for one client (default %(default)s)")
+    p.add_argument("--max-pending-bytes", metavar="N", type=int,
+                   default=limits.max_pending_bytes,
+                   help="bytes read from clients and not yet committed, all clients together, "
+                   "counted as they arrive; at the bound reads pause (default %(default)s)")
+    p.add_argument("--max-connections", metavar="N", type=int, default=limits.max_connections,
+                   help="clients connected after a valid hello; more are refused, retryably "
+                   "(default %(default)s)")
+    p.add_argument("--max-unauthenticated", metavar="N", type=int,
+                   default=limits.max_unauthenticated,
+                   help="connections that have not said hello yet; a newer one drops the oldest "
+                   "(they never take a client's slot) (default %(default)s)")
     p.add_argument("--send-timeout", metavar="SECONDS", type=float, default=limits.send_timeout,
                    help="seconds a client may leave its acknowledgements unread before it is "
                    "disconnected (default %(default)s)")
+    p.add_argument("--handshake-timeout", metavar="SECONDS", type=float,
+                   default=limits.handshake_timeout,
+                   help="seconds from connecting to a valid hello (default %(default)s)")
+    p.add_argument("--body-timeout", metavar="SECONDS", type=float,
+                   default=limits.body_timeout,
+                   help="seconds of sending time a client has for one frame, from its length "
+                   "prefix to its last byte; a slower one is disconnected (default %(default)s)")
+    p.add_argument("--idle-timeout", metavar="SECONDS", type=float,
+                   default=limits.idle_timeout,
+                   help="seconds a client with nothing in flight may stay connected without "
+                   "sending; then it is disconnected and reconnects when it needs to "
+                   "(default %(default)s)")
     p.add_argument("--queue-size", metavar="N", type=int, default=writer.queue_size,
                    help="the writer's queue, in submissions (default %(default)s)")
     p.add_argument("--batch-messages", metavar="N", type=int, default=writer.max_batch_messages,

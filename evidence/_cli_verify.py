@@ -78,13 +78,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             report = verify(store, full=args.full)
             if args.reclaim_orphans and report.ok:
                 reclaimed = reclaim_orphans(store, args.grace)
+    from ._export import stale_builds
+
+    leftovers = [str(p) for p in stale_builds(args.store)]
     if args.json:
         data = msgspec.to_builtins(report) | {"ok": report.ok}
         if args.reclaim_orphans:
             data["reclaimed"] = None if reclaimed is None else msgspec.to_builtins(reclaimed)
+        data["leftovers"] = leftovers
         _print_json(data)
     else:
         print(format_report(report))
+        for path in leftovers:  # a restore or backup to this path was killed midway
+            print(f"note     {path}: a partial restore or backup left by a killed process; "
+                  "nothing uses it (remove it, or restore again: that removes it)")
         if reclaimed is not None:
             print(f"reclaimed {len(reclaimed.removed)} orphan(s), {reclaimed.bytes_freed} "
                   f"bytes; kept {reclaimed.kept_young} inside the grace period, "

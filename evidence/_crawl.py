@@ -10,6 +10,11 @@ submits the page's attempt, links and settlement as one writer group, so a page 
 done without its links. Because a claim is durable before the fetch, a crash leaves the
 URL in flight; the next run requeues it, or fails it once it has been claimed
 ``max_attempts`` times (a page that kills the crawler cannot loop across restarts).
+
+Nothing a server does can hold a run: each fetch has a total deadline
+(``options.deadline``), and ``request_stop`` gives in-flight fetches ``options.grace``
+seconds before the run's one cancel scope around them is cancelled (``cancel`` does it at
+once); cancelled URLs stay claimed, so the next run requeues them as after a crash.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import logging
 import os
 import socket
@@ -32,7 +38,7 @@ import anyio
 import msgspec
 
 from . import _frontier as frontier
-from ._errors import EvidenceError, only_evidence_error
+from ._errors import EvidenceError, StoreError, only_evidence_error
 from ._fetch import FetchResult
 from ._frontier import CrawlConfig, FrontierCounts
 from ._http import crawl_client
@@ -78,9 +84,11 @@ class CrawlOptions:
     """How one run goes about it. Unlike ``CrawlConfig`` these may change between runs."""
 
     workers: int = 8
-    per_host: int = 4  # requests in flight per host
+    per_host: int | None = None  # requests in flight per host; None: as many as ``workers``
     delay: float = 0.0  # seconds between request starts per host (robots Crawl-delay wins)
-    timeout: float = 30.0
+    timeout: float = 30.0  # seconds one read may wait (connecting, the head, a body chunk)
+    deadline: float = 120.0  # seconds one fetch may take in all: connect, head and body
+    grace: float = 10.0  # after a stop request, seconds in-flight fetches get to finish
     max_documents: int | None = None  # pages requested by this run; the session goes on
     writer_limits: WriterLimits | None = None
     clean: bool = False  # abandon an open session and start a new one
@@ -102,6 +110,11 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     elapsed: float
     writer: WriterStatistics
     worker_pids: list[int] = []  # the worker processes, with --processes
+    seeds: list[str] = []
+    workers: int = 0  # the concurrency allowed (``in_flight`` is at most this)
+    errors: int = 0  # fetches of this run that failed (network, timeout, 5xx, 429)
+    last_error: str | None = None  # the latest, as logged
+    limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,6 +144,20 @@ class _Host:
     next_start: float = 0.0  # monotonic: when the scheduler may claim for it again
     next_request: float = 0.0  # monotonic: when a worker may send its next request
     slots: anyio.Semaphore | None = None  # per-host concurrency, taken by workers
+    backoff_until: float = 0.0  # monotonic: the host backs off (429/503, robots.txt down)
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) says the disk is full: SQLite's SQLITE_FULL, or
+    ENOSPC/EDQUOT from the artifact store."""
+    while exc is not None:
+        code = getattr(exc, "sqlite_code", None)
+        if isinstance(code, int) and code & 0xFF == 13:  # SQLITE_FULL
+            return True
+        if getattr(exc, "errno", None) in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 class Crawler:
@@ -141,7 +168,11 @@ class Crawler:
         self.store = store
         self.config = config
         self.options = options or CrawlOptions()
-        self._stop = anyio.Event()
+        self._stop = anyio.Event()  # the scheduler is done: no more claims
+        self._halt = anyio.Event()  # a stop was requested: start no more requests
+        self._stop_reason = ""
+        self._fetching: anyio.CancelScope | None = None  # in-flight work, while the run goes
+        self._cancelled = ""  # why in-flight fetches were cancelled, once they were
         self._wake = anyio.Event()
         self._hosts: dict[str, _Host] = {}
         self._pending = 0
@@ -155,6 +186,11 @@ class Crawler:
         self._robots_sequence: collections.Counter[str] = collections.Counter()
         self._capped = False
         self._released: list[_Job] = []  # claimed ahead but not started when the run stopped
+        self._per_host = self.options.per_host or self.options.workers
+        self._errors = 0
+        self._last_error: str | None = None
+        self._robots_problem: dict[str, str] = {}  # host -> why its robots.txt is unavailable
+        self._live_stats_failed = False
         self._host_records: dict[str, tuple] = {}
         self._pool: WorkerPool | None = None  # with options.processes, while the run goes
         self._service: Service
@@ -168,10 +204,31 @@ class Crawler:
                                   for s in config.seeds}
         self._due_rules = [DueRule.parse(k, v) for k, v in config.recrawl.items()]
 
-    def request_stop(self) -> None:
-        """End the run gracefully: no new claims; in-flight fetches finish and commit."""
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """End the run gracefully: no new claims and no new requests; in-flight fetches get
+        ``options.grace`` seconds to finish and commit, then are cancelled (``cancel``)."""
+        if self._halt.is_set():
+            return
+        self._stop_reason = reason
+        self._halt.set()
         self._stop.set()
         self._wake.set()
+        if self._fetching is not None:
+            self._fetching.deadline = min(self._fetching.deadline,
+                                          anyio.current_time() + self.options.grace)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested (``request_stop``)."""
+        return self._halt.is_set()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Cancel in-flight fetches now (a second Ctrl-C). Their URLs stay claimed: the next
+        run requeues them, as after a crash. What was already handed to the writer commits."""
+        self.request_stop(reason)
+        self._cancelled = self._cancelled or reason
+        if self._fetching is not None:
+            self._fetching.cancel()
 
     # --- the run -----------------------------------------------------------------------
 
@@ -183,21 +240,45 @@ class Crawler:
             started = time.monotonic()
             outcome: Outcome = "failed"
             reason = ""
+            self._fetching = anyio.CancelScope()
+            if self._halt.is_set():  # a stop came while the run was starting
+                self._fetching.deadline = anyio.current_time() + self.options.grace
+            if self._cancelled:
+                self._fetching.cancel()
             try:
-                async with self._worker_processes(), anyio.create_task_group() as tg:
-                    tg.start_soon(self._report_progress, started)
-                    send, receive = anyio.create_memory_object_stream[_Job](0)
-                    async with receive:
-                        for _ in range(self.options.workers):
-                            tg.start_soon(self._worker, receive.clone())
-                    outcome, reason = await self._schedule(send)
-                    self._stop.set()
+                with self._fetching:
+                    async with self._worker_processes(), anyio.create_task_group() as tg:
+                        tg.start_soon(self._report_progress, started)
+                        send, receive = anyio.create_memory_object_stream[_Job](0)
+                        async with receive:
+                            for _ in range(self.options.workers):
+                                tg.start_soon(self._worker, receive.clone())
+                        outcome, reason = await self._schedule(send)
+                        self._stop.set()
             except Exception as raised:
                 exc = only_evidence_error(raised) or raised
                 outcome, reason = "failed", f"{type(exc).__name__}: {exc}"
-                log.exception("run %s failed", self.run_id)
-                await self._end(outcome, reason, complete=False)
+                if isinstance(exc, EvidenceError):  # said once, by whoever reports it
+                    log.error("run %s failed: %s", self.run_id, exc)
+                else:
+                    log.exception("run %s failed", self.run_id)
+                with contextlib.suppress(EvidenceError):  # a full disk may refuse this too
+                    await self._end(outcome, reason, complete=False)
+                if _disk_full(exc):
+                    raise StoreError(
+                        f"{self.store.path}: the disk is full; the run stopped (everything "
+                        "committed before is kept, and the session stays open)",
+                        hint=f"free disk space, then resume: evidence crawl --store "
+                        f"{self.store.path}", path=str(self.store.path)) from exc
                 raise
+            if self._fetching.cancelled_caught:
+                self._cancelled = self._cancelled or (
+                    f"the grace period of {self.options.grace:g} s ended")
+                outcome, reason = "stopped", (
+                    f"{self._stop_reason}; in-flight fetches cancelled ({self._cancelled}): "
+                    "their URLs are requeued by the next run")
+            elif outcome == "stopped":
+                reason = self._stop_reason
             if self._released:
                 await self._commit([self._update(settled=[SettledUrl(
                     url=j.url, state="queued", reason="released: claimed, but the run "
@@ -207,11 +288,29 @@ class Crawler:
                 outcome == "capped" and counts.queued + counts.in_flight == 0)
             if complete:
                 outcome, reason = "completed", "the frontier is exhausted"
+                unfetched = self._no_seed_fetched()
+                if unfetched is not None:
+                    outcome, reason = "failed", unfetched
             await self._end(outcome, reason, complete=complete)
             counts = frontier.counts(reader, self.session_id)
         return CrawlResult(session_id=self.session_id, run_id=self.run_id, outcome=outcome,
                            reason=reason, resumed=resumed, session_completed=complete,
                            documents=self._documents, counts=counts)
+
+    def _no_seed_fetched(self) -> str | None:
+        """Why the session got nothing, when not one seed was fetched; else None.
+
+        Its frontier is exhausted, so the session completes (a new crawl starts afresh), but
+        the run fails: a crawl of an unreachable site must not look like a success.
+        """
+        seeds = frontier.seeds(self._reader, self.session_id)
+        if not seeds or any(state == "done" for _url, state, _reason in seeds):
+            return None
+        if frontier.counts(self._reader, self.session_id).done:
+            return None  # a seed was skipped, and a sitemap's pages were fetched
+        why = "; ".join(f"{url}: {state}: {reason}" for url, state, reason in seeds[:3])
+        more = f"; and {len(seeds) - 3} more" if len(seeds) > 3 else ""
+        return f"no seed could be fetched ({why}{more})"
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         """The HTTP client, and the writer: in process, or as a service for worker
@@ -231,7 +330,8 @@ class Crawler:
         # Its session_id is set by _begin, once the store says which session this run is of.
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
-                                 submit=self._writer.submit_group)
+                                 submit=self._writer.submit_group,
+                                 deadline=self.options.deadline)
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:
@@ -242,7 +342,7 @@ class Crawler:
         setup = Setup(store=str(self.store.path), socket=str(self._service.socket_path),
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
-                      timeout=self.options.timeout)
+                      timeout=self.options.timeout, deadline=self.options.deadline)
         async with WorkerPool(self.options.processes, setup) as pool:
             self._pool = pool
             try:
@@ -404,7 +504,7 @@ class Crawler:
         picked: list[_Job] = []
         wakeup = now + 1.0
         for name, host in self._hosts.items():
-            while host.jobs and len(picked) < free and host.active < self.options.per_host:
+            while host.jobs and len(picked) < free and host.active < self._per_host:
                 if host.next_start > now:
                     wakeup = min(wakeup, host.next_start)
                     break
@@ -467,27 +567,38 @@ class Crawler:
             async for job in jobs:
                 name = url_host(job.url)
                 host = self._host(name)
+                requested = False
                 try:
-                    if self._stop.is_set() and not self._capped:
+                    if self._halt.is_set():
                         self._released.append(job)  # claimed ahead, never started
                         continue
                     if host.slots is None:
-                        host.slots = anyio.Semaphore(self.options.per_host)
+                        host.slots = anyio.Semaphore(self._per_host)
                     async with host.slots:
-                        await self._polite(host, name)
+                        if not await self._polite(host, name):
+                            self._released.append(job)  # the run stopped while it waited
+                            continue
+                        requested = True
                         await self._process(job)
+                except anyio.get_cancelled_exc_class():
+                    if not requested:
+                        self._released.append(job)
+                    raise  # a job cancelled mid-fetch stays claimed: the next run requeues it
                 finally:
                     self._in_flight -= 1
                     host.active -= 1
                     self._wake.set()
 
-    async def _polite(self, host: _Host, name: str) -> None:
-        """Space request starts on a host by its delay (and any backoff), exactly."""
+    async def _polite(self, host: _Host, name: str) -> bool:
+        """Space request starts on a host by its delay (and any backoff), exactly; False if
+        the run was asked to stop meanwhile (the request is not made)."""
         now = time.monotonic()
         start = max(now, host.next_request)
         host.next_request = start + self._delay(name)  # reserved before sleeping
         if start > now:
-            await anyio.sleep(start - now)
+            with anyio.move_on_after(start - now):
+                await self._halt.wait()
+        return not self._halt.is_set()
 
     async def _process(self, job: _Job) -> None:
         host = url_host(job.url)
@@ -505,8 +616,10 @@ class Crawler:
         if self.config.obey_robots:
             robots = await self._robots_for(job.url, host)
             if robots is None:  # robots.txt unavailable: the host is in backoff
+                why = self._robots_problem.get(host, "")
                 self._apply(job, await self._pages.retry(
-                    self._order(job), [], "robots.txt unavailable", backoff=60.0))
+                    self._order(job), [], f"robots.txt unavailable ({why})" if why
+                    else "robots.txt unavailable", backoff=60.0))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
                 reason = robots.refusal(self.config.user_agent)
@@ -603,13 +716,19 @@ class Crawler:
         return await self._pages.fetch(url, sequence, headers)
 
     def _apply(self, job: _Job, effects: PageEffects) -> None:
-        """What a settled page tells the scheduler: a retry, a backoff, new links."""
+        """What a settled page tells the scheduler: a retry, a backoff, new links; and the
+        operator, as it happens: a failed fetch or a backoff is logged at once."""
         self._requested += effects.requested
         now = time.monotonic()
+        if effects.problem is not None:
+            self._errors += 1
+            self._last_error = effects.problem
+            log.warning("%s", effects.problem)
         if effects.backoff is not None:
             host = self._host(url_host(job.url))
             host.next_start = max(host.next_start, now + effects.backoff)
             host.next_request = max(host.next_request, now + effects.backoff)
+            host.backoff_until = max(host.backoff_until, now + effects.backoff)
         if effects.retry_in is not None:
             self._add(dataclasses.replace(job, attempts=job.attempts + 1,
                                           not_before=now + effects.retry_in))
@@ -661,6 +780,8 @@ class Crawler:
                 continue
             if status is None or status >= 500:
                 await self._commit([result.attempt])
+                self._robots_problem[host] = (f"HTTP {status}" if status is not None
+                                              else result.attempt.error or "no answer")
                 return None
             if 200 <= status < 300:
                 robots = Robots.parse(result.body, attempt_id=result.attempt.attempt_id,
@@ -699,9 +820,36 @@ class Crawler:
             requested=self._requested, in_flight=self._in_flight,
             pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
             elapsed=elapsed, writer=self._writer.statistics(),
-            worker_pids=self._pool.pids if self._pool is not None else [])
+            worker_pids=self._pool.pids if self._pool is not None else [],
+            seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
+            last_error=self._last_error, limited_by=self._limited_by())
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.json.encode(progress))
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(msgspec.json.encode(progress))
+            os.replace(tmp, path)
+        except OSError as exc:  # a convenience for 'evidence status', never worth a run
+            if not self._live_stats_failed:
+                log.warning("cannot write %s (%s); 'evidence status' will not show this "
+                            "run's progress", path, exc.strerror)
+            self._live_stats_failed = True
         if self.options.progress is not None:
             self.options.progress(progress)
+
+    def _limited_by(self) -> list[str]:
+        """Why fewer than ``workers`` fetches are in flight, when URLs wait (else [])."""
+        if self._in_flight >= self.options.workers or self._halt.is_set():
+            return []
+        now = time.monotonic()
+        reasons: list[str] = []
+        for name, host in self._hosts.items():
+            if not host.jobs:
+                continue
+            if host.backoff_until > now:
+                reasons.append(f"{name} backs off for {host.backoff_until - now:.0f} s")
+            elif host.active >= self._per_host:
+                reasons.append(f"--per-host {self._per_host} on {name}")
+            elif host.next_start > now:
+                reasons.append(f"{self._delay(name):g} s between requests to {name}")
+            elif all(job.not_before > now for job in host.jobs):
+                reasons.append(f"retries on {name} are not due yet")
+        return reasons[:3]

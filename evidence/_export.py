@@ -18,7 +18,9 @@ restore all export to the same bytes. An archive appears under its name only whe
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
+import logging
 import math
 import os
 import re
@@ -35,7 +37,13 @@ import blake3
 import msgspec
 
 from ._artifacts import ArtifactRef, ArtifactStore
-from ._errors import ArtifactError, ArtifactMissingError, CorruptStoreError, StoreError
+from ._errors import (
+    ArtifactError,
+    ArtifactMissingError,
+    CorruptStoreError,
+    MigrationError,
+    StoreError,
+)
 from ._log import check_log, load_head
 from ._store import (
     ARTIFACTS_DIR,
@@ -44,10 +52,14 @@ from ._store import (
     Store,
     _connect_reader,
     check_sqlite_version,
+    load_migrations,
     map_sqlite_errors,
 )
 
-__all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest"]
+__all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest",
+           "stale_builds"]
+
+log = logging.getLogger("evidence.archive")
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -323,10 +335,30 @@ def open_source(source: Source) -> tuple[Path, ArtifactStore, int]:
         return source.db_path, source.artifacts, source.busy_timeout_ms
     root = Path(source)
     if not (root / DB_NAME).is_file():
+        if (root / MANIFEST).is_file():
+            raise StoreError(f"{root} is an archive, not a store", path=str(root),
+                             hint=f"restore it first: evidence restore {root} --store NEW")
         raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
                          hint="pass a store directory (or a backup of one)", path=str(root))
+    _check_schema_version(root / DB_NAME)
     return root / DB_NAME, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True), \
         DEFAULT_BUSY_TIMEOUT_MS
+
+
+def _check_schema_version(db_path: Path) -> None:
+    """Refuse a store written by a newer program, as opening it for status or verify does:
+    its dump could not be restored by this one, and its rows may mean other things."""
+    newest = len(load_migrations())
+    with map_sqlite_errors(db_path):
+        conn = _connect_reader(db_path, DEFAULT_BUSY_TIMEOUT_MS)  # works on read-only media
+        try:
+            version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+        finally:
+            conn.close()
+    if version > newest:
+        raise MigrationError(f"the store has schema version {version}, newer than this "
+                             f"program supports ({newest})", schema_version=version,
+                             hint="upgrade evidence to export this store")
 
 
 def snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
@@ -374,24 +406,71 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+_BUILD_KINDS = ("exporting", "restoring", "backup")
+
+
+def _build_name(target: Path) -> re.Pattern[str]:
+    kinds = "|".join(_BUILD_KINDS)
+    return re.compile(rf"\.{re.escape(target.name)}\.({kinds})-[0-9a-f]{{8}}")
+
+
+def stale_builds(target: os.PathLike[str] | str) -> list[Path]:
+    """Hidden build directories next to ``target`` left by a killed export, restore or
+    backup: ones no live build holds its lock on."""
+    target = Path(target)
+    pattern = _build_name(target)
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if pattern.fullmatch(p.name) and p.is_dir()
+                  and not _held(p))
+
+
+def _held(directory: Path) -> bool:
+    """Whether a live build holds ``directory``'s lock (the kernel drops it at death)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @contextlib.contextmanager
 def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
     """Build in a hidden sibling directory; rename it onto ``target`` only when complete.
 
     ``target`` must not exist or be an empty directory (rename replaces an empty one).
-    On any error the partial build is removed and ``target`` is left as it was.
+    On any error the partial build is removed and ``target`` is left as it was. The build
+    directory is flock'ed while it is built, so one left by a killed process is known for
+    what it is: the next build to the same target removes it (saying so).
     """
     target = Path(target)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.exists() and not target.is_dir():
+        raise StoreError(f"{target} is a file; refusing to replace it",
+                         hint="choose a new or empty directory", path=str(target))
+    if target.exists() and any(target.iterdir()):
         raise StoreError(f"{target} is not empty; refusing to write into it",
                          hint="choose a new or empty directory", path=str(target))
+    for stale in stale_builds(target):
+        log.warning("removing %s: a partial build left by a killed export, restore or "
+                    "backup", stale)
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.{what}-{secrets.token_hex(4)}"
         tmp.mkdir()
+        lock = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise StoreError(f"cannot create {target}: {exc}", path=str(target)) from exc
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         yield tmp
         fsync_path(tmp)
         try:
@@ -404,6 +483,8 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
 
 
 def copy_artifacts(refs: list[ArtifactRef], src: ArtifactStore, dst: ArtifactStore,

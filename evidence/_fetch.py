@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,18 +121,21 @@ async def _read_body(response: httpx.Response, exchange: Exchange,
     except httpx.TransportError as exc:
         return "network_error", f"body read: {type(exc).__name__}: {exc}", False
     finally:
-        await response.aclose()
+        with anyio.CancelScope(shield=True):  # closed even past the deadline
+            await response.aclose()
     return "response", None, False
 
 
 async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
                 extra_headers: dict[str, str] | None = None,
-                parse: Callable[[str, bytes], Any] | None = None) -> FetchResult:
+                parse: Callable[[str, bytes], Any] | None = None,
+                deadline: float | None = None) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
     ``parse(content_type, content)``, if given, runs on a 2xx response's non-empty content
     in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
+    ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
     """
     started_at = utc_now()
     t0 = time.monotonic()
@@ -140,21 +144,37 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
               "url": url, "sequence": sequence, "started_at": started_at}
     request = client.build_request("GET", url, headers=headers)
+    response: httpx.Response | None = None
+    outcome, error, cut = "response", None, False
     with record_exchange("GET") as exchange:
-        try:
-            response = await client.send(request, stream=True, follow_redirects=False)
-        except httpx.TimeoutException as exc:
-            return await _failed(artifacts, common, "timeout", f"{type(exc).__name__}: {exc}",
-                                 exchange, t0, max_body_bytes)
-        except (httpx.TransportError, httpx.InvalidURL) as exc:
-            return await _failed(artifacts, common, "network_error",
-                                 f"{type(exc).__name__}: {exc}", exchange, t0, max_body_bytes)
-        if not exchange.received:
-            await response.aclose()
-            raise EvidenceError(
-                "the HTTP client does not record what crosses its connections",
-                hint="make the client with evidence._http.crawl_client()")
-        outcome, error, cut = await _read_body(response, exchange, max_body_bytes)
+        # The total deadline (connect, head, body): the client's timeout bounds each read
+        # only, so a server sending a byte a second never trips it. Past the deadline the
+        # attempt is a timeout that keeps what came.
+        with anyio.move_on_after(math.inf if deadline is None else deadline) as scope:
+            try:
+                response = await client.send(request, stream=True, follow_redirects=False)
+            except httpx.TimeoutException as exc:
+                outcome, error = "timeout", f"{type(exc).__name__}: {exc}"
+            except (httpx.TransportError, httpx.InvalidURL) as exc:
+                outcome, error = "network_error", f"{type(exc).__name__}: {exc}"
+            if response is not None:
+                if not exchange.received:
+                    await response.aclose()
+                    raise EvidenceError(
+                        "the HTTP client does not record what crosses its connections",
+                        hint="make the client with evidence._http.crawl_client()")
+                outcome, error, cut = await _read_body(response, exchange, max_body_bytes)
+    if scope.cancelled_caught:
+        if response is None:
+            came = "no response head had come"
+        else:
+            head = head_length(bytes(exchange.received)) or 0
+            came = f"{len(exchange.received) - head} bytes of the body had come"
+        outcome, error, cut = "timeout", \
+            f"deadline: the fetch took longer than {deadline:g} s; {came}", False
+    if response is None:
+        return await _failed(artifacts, common, outcome, error or "", exchange, t0,
+                             max_body_bytes)
     exchange.surplus()  # settled here, on the loop: the pool's idle check reads it too
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")

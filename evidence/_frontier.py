@@ -19,10 +19,11 @@ from typing import Literal
 import apsw
 import msgspec
 
-from ._errors import EvidenceError
+from ._errors import EvidenceError, URLError
 from ._urls import NORMALIZER_VERSION, normalize_url, url_host
 
-__all__ = ["CrawlConfig", "FrontierCounts", "QueuedRow", "Scope", "SessionRecord"]
+__all__ = ["CrawlConfig", "FrontierCounts", "QueuedRow", "Scope", "SessionRecord",
+           "check_seeds"]
 
 ScopeKind = Literal["host", "domain", "prefix"]
 
@@ -58,6 +59,36 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         defaults = msgspec.to_builtins(CrawlConfig(seeds=[]))
         theirs = {**defaults, **recorded}
         return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+
+
+# What the normalizer's complaints mean for a seed someone typed, in their words.
+_PLAIN = (
+    ("URL has no scheme", "it does not start with http:// or https://",
+     "write the whole URL, e.g. https://example.com/"),
+    ("unsupported scheme", "only http:// and https:// URLs can be crawled",
+     "give an http:// or https:// URL"),
+    ("URL has no host", "it names no host", "write the whole URL, e.g. https://example.com/"),
+    ("URL has leading or trailing whitespace", "it has spaces around it",
+     "remove the spaces (quote the URL in the shell)"),
+    ("URL has whitespace in its host part", "its host name contains a space", None),
+)
+
+
+def check_seeds(seeds: list[str]) -> None:
+    """Refuse a seed the crawler cannot fetch, naming it and saying what is wrong with it."""
+    for seed in seeds:
+        try:
+            normalize_url(seed)
+        except URLError as exc:
+            what, hint = str(exc), exc.hint
+            for prefix, plain, better in _PLAIN:
+                if what.startswith(prefix):
+                    what, hint = plain, better or hint
+                    break
+            if "://" not in seed and seed.strip():
+                hint = f"write the whole URL, e.g. https://{seed.strip().strip('/')}/"
+            raise URLError(f"seed {seed!r} cannot be crawled: {what}",
+                           hint=hint or "give an http:// or https:// URL", url=seed) from exc
 
 
 class Scope:
@@ -167,6 +198,13 @@ def in_flight(conn: apsw.Connection, session_id: str) -> list[tuple[str, int]]:
     """(url, attempts) of URLs claimed but never settled: the crawler stopped mid-fetch."""
     return list(conn.execute(
         "SELECT url, attempts FROM frontier WHERE session_id = ? AND state = 'in_flight' "
+        "ORDER BY frontier_id", (session_id,)))
+
+
+def seeds(conn: apsw.Connection, session_id: str) -> list[tuple[str, str, str]]:
+    """(url, state, reason) of the session's seeds, in the order they were queued."""
+    return list(conn.execute(
+        "SELECT url, state, reason FROM frontier WHERE session_id = ? AND via = 'seed' "
         "ORDER BY frontier_id", (session_id,)))
 
 

@@ -77,13 +77,15 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     queued_links: bool = False  # URLs were queued that the scheduler has not read yet
     sitemaps: list[str] = []  # fetch keys of sitemaps a sitemap index listed
     unchanged: FetchAttempt | None = None  # a 304 on a baseline document, not committed
+    problem: str | None = None  # a failed fetch or a backoff, in words, for the operator
 
 
 class PageWorker:
     """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
 
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
-                 artifacts: ArtifactStore, client: httpx.AsyncClient, submit: Submit) -> None:
+                 artifacts: ArtifactStore, client: httpx.AsyncClient, submit: Submit,
+                 deadline: float | None = None) -> None:
         self.config = config
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
@@ -91,6 +93,7 @@ class PageWorker:
         self.run_id = run_id
         self.artifacts = artifacts
         self.client = client
+        self.deadline = deadline  # seconds one fetch may take in all (connect, head, body)
         self._submit = submit
 
     # --- shared with the scheduler -----------------------------------------------------
@@ -117,7 +120,7 @@ class PageWorker:
         return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
                            sequence=sequence, user_agent=self.config.user_agent,
                            max_body_bytes=self.config.max_body_bytes, extra_headers=headers,
-                           parse=functools.partial(_page_links, url))
+                           parse=functools.partial(_page_links, url), deadline=self.deadline)
 
     # --- one page ----------------------------------------------------------------------
 
@@ -142,11 +145,15 @@ class PageWorker:
                 elapsed_ms=attempt.elapsed_ms,
                 body_truncated=attempt.body_truncated or attempt.content_truncated,
                 decoded=True, content_coding=attempt.content_coding))
-        if status in (429, 503) or status is None or status >= 500:
+        # A timeout or a broken connection is transient even after the head came (the body
+        # is incomplete): retried like a 5xx, never settled as done on a partial body.
+        transient = attempt.outcome in ("timeout", "network_error")
+        if transient or status is None or status in (429, 503) or status >= 500:
             retry_after = None
             if status in (429, 503) and result.headers is not None:
                 retry_after = parse_retry_after(result.headers.get("retry-after"), utc_now())
-            what = f"HTTP {status}" if status is not None else attempt.outcome
+            what = (f"{attempt.outcome.replace('_', ' ')} ({(attempt.error or '')[:300]})"
+                    if transient else f"HTTP {status}")
             return await self.retry(order, messages, what, backoff=retry_after)
         queued: list[QueuedUrl] = []
         refs: list[ObservedRef] = []
@@ -202,13 +209,24 @@ class PageWorker:
                                  reason=f"{what} on attempt {attempts} of "
                                  f"{self.config.max_attempts}: attempts exhausted")
             await self.commit([*messages, self.update(settled=[settled])])
-            return PageEffects(backoff=backoff)
+            return PageEffects(backoff=backoff, problem=_problem(
+                order.url, f"{settled.reason}; failed", backoff))
         wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
         settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
                              f"{attempts + 1} of {self.config.max_attempts}",
                              not_before=now + dt.timedelta(seconds=wait))
         await self.commit([*messages, self.update(settled=[settled])])
-        return PageEffects(backoff=backoff, retry_in=wait)
+        return PageEffects(backoff=backoff, retry_in=wait, problem=_problem(
+            order.url, f"{what}: retry {attempts + 1} of {self.config.max_attempts} in "
+            f"{wait:g} s", backoff))
+
+
+def _problem(url: str, what: str, backoff: float | None) -> str:
+    """A failed fetch in words, e.g. for the crawl's log and progress line."""
+    text = f"{url}: {what}"
+    if backoff is not None:
+        text += f"; host {url_host(url)} backs off {backoff:g} s"
+    return text
 
 
 def _page_links(url: str, content_type: str,

@@ -19,6 +19,7 @@ contained: inline CSS, no script, no external reference (a Content-Security-Poli
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 import msgspec
@@ -26,8 +27,8 @@ import msgspec
 from ._errors import NotFoundError
 from ._store import Store, map_sqlite_errors
 
-__all__ = ["FailureEvidence", "RuleTally", "RunReport", "render_html", "render_json",
-           "render_text", "report"]
+__all__ = ["FailureEvidence", "FailureGroup", "RuleTally", "RunReport", "render_html",
+           "render_json", "render_text", "report"]
 
 VERDICTS = ("pass", "fail", "error", "not_applicable")
 
@@ -62,6 +63,18 @@ class FailureEvidence(msgspec.Struct, frozen=True, kw_only=True):
     details: dict[str, Any]
 
 
+class FailureGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """Failures of one rule version with the same verdict and the same reason (numbers
+    that differ from page to page, such as a response time, shown as "…")."""
+
+    rule_id: str
+    rule_version: str
+    verdict: str
+    reason: str  # as a sentence
+    pattern: str  # the recorded reason with every number as "#": what the group shares
+    count: int
+
+
 class RunReport(msgspec.Struct, frozen=True, kw_only=True):
     store_id: str
     log_size: int  # the log the report was read at
@@ -75,6 +88,7 @@ class RunReport(msgspec.Struct, frozen=True, kw_only=True):
     rules: list[RuleTally]
     failures: list[FailureEvidence]
     failures_omitted: int  # past max_failures
+    groups: list[FailureGroup] = []  # every failure (listed or not), by rule and reason
 
 
 def _version_key(version: str) -> tuple[int, int, str]:
@@ -151,7 +165,49 @@ def report(store: Store, run_id: str, *, max_failures: int | None = None) -> Run
         store_id=store_id[0][0] if store_id else "", log_size=head[0][0] if head else 0,
         log_root=head[0][1].hex() if head else "", run_id=run_id, session_id=session_id,
         run_started_at=started_at, run_ended_at=ended_at, run_outcome=outcome, pages=pages,
-        rules=rules, failures=evidence[:limit], failures_omitted=len(evidence) - limit)
+        rules=rules, failures=evidence[:limit], failures_omitted=len(evidence) - limit,
+        groups=_groups(evidence))
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _shape(reason: str) -> str:
+    return _NUMBER.sub("#", reason)
+
+
+def _groups(failures: list[FailureEvidence]) -> list[FailureGroup]:
+    """Failures by (rule version, verdict, reason shape), largest first."""
+    members: dict[tuple[str, str, str, str], list[str]] = {}
+    for f in failures:
+        members.setdefault((f.rule_id, f.rule_version, f.verdict, _shape(f.reason)),
+                           []).append(f.reason)
+    groups = [FailureGroup(rule_id=r, rule_version=v, verdict=verdict,
+                           reason=sentence(_common(reasons)), pattern=shape,
+                           count=len(reasons))
+              for (r, v, verdict, shape), reasons in members.items()]
+    return sorted(groups, key=lambda g: (-g.count, g.rule_id, _version_key(g.rule_version),
+                                         g.verdict, g.reason))
+
+
+def _common(reasons: list[str]) -> str:
+    """One reason for a group: its numbers where all agree, "…" where they differ."""
+    first = reasons[0]
+    numbers = [_NUMBER.findall(r) for r in reasons]
+    same = [all(n[i] == numbers[0][i] for n in numbers) for i in range(len(numbers[0]))]
+    parts = iter(same)
+    return _NUMBER.sub(lambda m: m.group(0) if next(parts) else "…", first)
+
+
+def sentence(text: str) -> str:
+    """A reason as a sentence: a capital first letter and a full stop (the stored reason is
+    evidence and stays as it was recorded; this is only how a report shows it)."""
+    text = text.strip()
+    if not text:
+        return text
+    if text[0].isalpha():
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _failure(row: tuple[Any, ...]) -> FailureEvidence:
@@ -193,12 +249,17 @@ def render_text(data: RunReport) -> str:
                          f"{v['fail']:>6} {v['error']:>6} {v['not_applicable']:>6} "
                          f"{t.not_evaluated:>13}")
     total = len(data.failures) + data.failures_omitted
+    if data.groups:
+        width = max(len(f"{g.rule_id} v{g.rule_version}") for g in data.groups)
+        lines += ["", "failures and errors by rule and reason:"]
+        lines += [f"{g.count:>8}  {g.verdict:<5}  {f'{g.rule_id} v{g.rule_version}':<{width}}  "
+                  f"{g.reason}" for g in data.groups]
     lines += ["", f"failures and errors: {total}"]
     for f in data.failures:
         lines += [
             f"{f.verdict.upper():<5} {f.rule_id} v{f.rule_version}  {f.url}",
             f"      attempt {f.attempt_id}, HTTP {f.http_status}, started {f.started_at}",
-            f"      reason  {f.reason}",
+            f"      reason  {sentence(f.reason)}",
             f"      input   {f.input_hash}",
             f"      head    {f.response_headers_digest or '-'}",
             f"      body    {f.body_digest or '-'}",
@@ -223,7 +284,10 @@ dt{font-weight:bold}dd{margin:0}pre{white-space:pre-wrap;word-break:break-all;ma
 """
 
 
-def render_html(data: RunReport) -> str:
+def render_html(data: RunReport, *, per_group: int = 50) -> str:
+    """One static page: verdicts per rule, failures grouped by rule and reason with their
+    counts, and each group's first ``per_group`` failures with their evidence (the page stays
+    small at any size of run: the JSON and text reports list every failure)."""
     e = html.escape
     rows = []
     for t in data.rules:
@@ -234,34 +298,36 @@ def render_html(data: RunReport) -> str:
             + "".join(f'<td class="n">{v[k]}</td>' for k in VERDICTS)
             + f'<td class="n">{t.not_evaluated}</td>'
             f'<td class="hash">{"<br>".join(e(h) for h in t.rule_hashes)}</td></tr>')
-    failures = []
-    for f in data.failures:
-        details = e(msgspec.json.format(msgspec.json.encode(f.details).decode()))
-        failures.append(
-            f'<tr class="{e(f.verdict)}" data-rule="{e(f.rule_id)}" '
-            f'data-attempt="{e(f.attempt_id)}">'
-            f'<td class="verdict">{e(f.verdict)}</td>'
-            f"<td>{e(f.rule_id)} v{e(f.rule_version)}</td>"
-            f'<td class="url"><code>{e(f.url)}</code></td>'
-            f"<td><code>{e(f.attempt_id)}</code><br>HTTP {e(str(f.http_status))}<br>"
-            f"{e(f.started_at)}</td>"
-            f'<td class="reason">{e(f.reason)}</td>'
-            f'<td class="hash">input {e(f.input_hash)}<br>head '
-            f"{e(f.response_headers_digest or '-')}<br>body {e(f.body_digest or '-')}<br>"
-            f"log #{f.evaluation_log_index} (attempt #{f.attempt_log_index})</td>"
-            f"<td><details><summary>details</summary><pre>{details}</pre></details></td>"
-            "</tr>")
-    omitted = (f"<p>{data.failures_omitted} more not listed.</p>"
-               if data.failures_omitted else "")
     summary = (
         '<table id="rules"><thead><tr><th>rule</th><th>version</th><th>pass</th>'
         "<th>fail</th><th>error</th><th>n/a</th><th>not evaluated</th>"
         "<th>definition hash</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
         if rows else "<p>No rule verdicts in this run.</p>")
-    listing = (
-        '<table id="failures"><thead><tr><th>verdict</th><th>rule</th><th>URL</th>'
-        "<th>attempt</th><th>reason</th><th>evidence</th><th></th></tr></thead><tbody>"
-        + "".join(failures) + "</tbody></table>" if failures else "<p>None.</p>")
+    listed: dict[tuple[str, str, str, str], list[FailureEvidence]] = {}
+    for f in data.failures:
+        listed.setdefault((f.rule_id, f.rule_version, f.verdict, _shape(f.reason)),
+                          []).append(f)
+    index, sections = [], []
+    for n, g in enumerate(data.groups, 1):
+        members = listed.get((g.rule_id, g.rule_version, g.verdict, g.pattern), [])
+        index.append(f'<tr class="{e(g.verdict)}"><td class="verdict">{e(g.verdict)}</td>'
+                     f"<td>{e(g.rule_id)} v{e(g.rule_version)}</td><td>{e(g.reason)}</td>"
+                     f'<td class="n">{g.count}</td><td class="n">group {n}</td></tr>')
+        shown = members[:per_group]
+        more = g.count - len(shown)
+        sections.append(
+            f'<h3 id="group-{n}">Group {n}: {e(g.verdict)}, {e(g.rule_id)} '
+            f"v{e(g.rule_version)}, {g.count}</h3>\n<p>{e(g.reason)}</p>\n"
+            + ('<table class="failures"><thead><tr><th>verdict</th><th>URL</th><th>attempt'
+               "</th><th>evidence</th></tr></thead><tbody>"
+               + "".join(_failure_row(f) for f in shown) + "</tbody></table>\n"
+               if shown else "")
+            + (f"<p>{more} more in this group not listed here ('evidence report --format "
+               "json' lists every failure with its evidence).</p>\n" if more else ""))
+    groups = (
+        '<table id="groups"><thead><tr><th>verdict</th><th>rule</th><th>reason</th>'
+        "<th>failures</th><th></th></tr></thead><tbody>" + "".join(index)
+        + "</tbody></table>" if index else "<p>None.</p>")
     total = len(data.failures) + data.failures_omitted
     return (
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -279,5 +345,19 @@ def render_html(data: RunReport) -> str:
         f'<dt>pages</dt><dd id="pages">{data.pages} (current attempt per URL with an HTTP '
         "response)</dd></dl>\n"
         f"<h2>Verdicts per rule</h2>\n{summary}\n"
-        f'<h2>Failures and errors (<span id="failure-count">{total}</span>)</h2>\n'
-        f"{listing}\n{omitted}\n</body>\n</html>\n")
+        f'<h2>Failures and errors (<span id="failure-count">{total}</span>) by rule and '
+        f"reason</h2>\n{groups}\n" + "".join(sections) + "</body>\n</html>\n")
+
+
+def _failure_row(f: FailureEvidence) -> str:
+    e = html.escape
+    details = e(msgspec.json.encode(f.details).decode())
+    return (f'<tr class="{e(f.verdict)}" data-rule="{e(f.rule_id)}" '
+            f'data-attempt="{e(f.attempt_id)}"><td class="verdict">{e(f.verdict)}</td>'
+            f'<td class="url"><code>{e(f.url)}</code></td>'
+            f"<td><code>{e(f.attempt_id)}</code><br>HTTP {e(str(f.http_status))}, "
+            f"{e(f.started_at)}</td>"
+            f'<td class="hash"><details><summary>log #{f.evaluation_log_index} (attempt '
+            f"#{f.attempt_log_index})</summary>input {e(f.input_hash)}<br>head "
+            f"{e(f.response_headers_digest or '-')}<br>body {e(f.body_digest or '-')}"
+            f"<pre>{details}</pre></details></td></tr>")

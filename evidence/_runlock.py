@@ -61,8 +61,18 @@ def running_pid(store_path: Path) -> int | None:
 
 
 def stop(store_path: Path, *, sig: int = signal.SIGTERM) -> int | None:
-    """Ask the crawl running on ``store_path`` to stop; its pid, or None if none runs."""
-    path = Path(store_path) / LOCK_NAME
+    """Ask the crawl running on ``store_path`` to stop; its pid, or None if none runs.
+
+    A path that is not a store directory is an error (not "nothing runs"): a mistyped path
+    must not look like a crawl that already ended.
+    """
+    root = Path(store_path)
+    if not (root / "evidence.db").is_file():
+        raise EvidenceError(f"{root} is not an evidence store"
+                            + (" (it is a file)" if root.is_file() else ""),
+                            hint="give the store directory the crawl writes to, as in "
+                            "'evidence crawl URL --store DIR'", path=str(root))
+    path = root / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

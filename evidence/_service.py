@@ -12,10 +12,17 @@ request (or a run of requests read back to back) and answering only after the co
 Invariants:
   - a connection is authenticated before any frame but its hello is read; a protocol error
     ends the connection with an error frame, and nothing of the bad frame is written;
-  - memory is bounded: a reader reserves room (``max_in_flight`` requests and
-    ``max_pending_bytes`` frame bytes service-wide, ``connection_in_flight`` requests per
-    connection) before it reads a frame; with no room it stops reading, so clients block in
-    their own ``send`` (backpressure over the wire) instead of the service buffering;
+  - memory is bounded: bytes read from sockets count against ``max_pending_bytes``
+    service-wide as they arrive, until their request commits (a client that declares a huge
+    frame and sends one byte holds one byte); with the budget spent, connections stop
+    reading, so clients block in their own ``send`` (backpressure over the wire) instead of
+    the service buffering. ``max_in_flight`` requests service-wide and
+    ``connection_in_flight`` per connection bound the requests read and unanswered;
+  - one client cannot starve the others: a frame's body must arrive within
+    ``body_timeout`` seconds of sending time; connections that have not said hello have
+    their own limit (the oldest is dropped for a newcomer) and ``handshake_timeout``, so
+    they never take an authenticated client's slot; an authenticated connection with
+    nothing in flight is closed after ``idle_timeout``;
   - a request task never blocks on a socket: answers go to the connection's outbox (never
     fuller than its in-flight bound), and a sender that cannot write for ``send_timeout``
     drops its connection. A client that stops reading stalls only itself;
@@ -30,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import itertools
 import logging
 import math
 import os
@@ -47,6 +55,7 @@ from ._errors import CommitError, MessageError, WriterClosedError
 from ._messages import Message, decode_message
 from ._store import Store
 from ._wire import (
+    HEADER,
     PROTOCOL_VERSION,
     AckFrame,
     ErrorFrame,
@@ -81,56 +90,98 @@ class ServiceLimits:
 
     max_frame_bytes: int = 16 * 1024 * 1024  # one frame (a group of messages)
     max_hello_bytes: int = 8 * 1024  # the only frame read before authentication
-    max_connections: int = 256
+    max_connections: int = 256  # authenticated connections
+    max_unauthenticated: int = 64  # connections that have not said hello yet
     max_in_flight: int = 4096  # requests read and unanswered, all connections together
-    max_pending_bytes: int = 64 * 1024 * 1024  # their frame bytes, until their batch commits
+    max_pending_bytes: int = 64 * 1024 * 1024  # bytes read, until their request commits
     connection_in_flight: int = 1024  # requests read and unanswered, one connection
     send_timeout: float = 30.0  # a connection whose answers cannot be written is dropped
-    handshake_timeout: float = 10.0
+    handshake_timeout: float = 10.0  # from connect to a valid hello
+    body_timeout: float = 30.0  # a frame's body, from its header (time spent sending it)
+    idle_timeout: float = 600.0  # an authenticated connection with nothing to do is closed
     drain_timeout: float = 30.0  # on stop: time for in-flight answers to reach clients
 
 
-class _Budget:
-    """A FIFO-fair counting budget: ``acquire(n)`` waits until ``n`` units are free."""
+_CHUNK = 64 * 1024  # bytes one socket read takes at most
 
-    def __init__(self, total: int) -> None:
+
+class _ReadBudget:
+    """Bytes read from client sockets and not yet released (committed, or discarded),
+    service-wide, taken as they arrive.
+
+    A connection waits for room before each socket read while the budget is spent. Frames
+    in reception never wait on each other for good: the connection receiving the oldest
+    unfinished frame may go over by up to one frame, and a complete frame needs no more
+    room to commit, so room always comes back.
+    """
+
+    def __init__(self, total: int, overdraft: int) -> None:
         self.total = total
+        self.overdraft = overdraft
         self.used = 0
-        self._waiters: collections.deque[list] = collections.deque()  # [n, event, granted]
+        self._released = anyio.Event()
+        self._receiving: dict[_Connection, int] = {}  # connection -> its frame's ticket
+        self._tickets = itertools.count()
 
-    async def acquire(self, n: int) -> tuple[int, bool]:
-        """Reserve ``n`` units (at most the total); returns (reserved, had to wait)."""
-        n = min(n, self.total)
-        if not self._waiters and self.used + n <= self.total:
-            self.used += n
-            return n, False
-        waiter = [n, anyio.Event(), False]
-        self._waiters.append(waiter)
-        try:
-            await waiter[1].wait()
-        except BaseException:
-            if waiter[2]:
-                self.release(n)
-            else:
-                self._waiters.remove(waiter)
-                self._grant()
-            raise
-        return n, True
+    def frame_started(self, conn: _Connection) -> None:
+        self._receiving[conn] = next(self._tickets)
 
-    def available(self, n: int) -> bool:
-        """Whether ``acquire(n)`` would return at once."""
-        return not self._waiters and self.used + min(n, self.total) <= self.total
+    def frame_done(self, conn: _Connection) -> None:
+        self._receiving.pop(conn, None)
+
+    def _may_read(self, conn: _Connection) -> bool:
+        if self.used < self.total:
+            return True
+        ticket = self._receiving.get(conn)
+        return (ticket is not None and self.used < self.total + self.overdraft
+                and ticket == min(self._receiving.values()))
+
+    async def room(self, conn: _Connection) -> bool:
+        """Wait until ``conn`` may read from its socket; whether it had to wait."""
+        waited = False
+        while not self._may_read(conn):
+            waited = True
+            if self._released.is_set():
+                self._released = anyio.Event()
+            await self._released.wait()
+        return waited
+
+    def take(self, n: int) -> None:
+        self.used += n
 
     def release(self, n: int) -> None:
-        self.used -= n
-        self._grant()
+        if n:
+            self.used -= n
+            self._released.set()
 
-    def _grant(self) -> None:
-        while self._waiters and self.used + self._waiters[0][0] <= self.total:
-            waiter = self._waiters.popleft()
-            self.used += waiter[0]
-            waiter[2] = True
-            waiter[1].set()
+
+class _MeteredStream:
+    """A connection's socket as its FrameReader sees it: each read waits for room in the
+    read budget and counts what arrived; inside a frame's body, reads share the frame's
+    ``body_timeout`` (time waiting for room is not counted: that wait is ours, not the
+    client's)."""
+
+    def __init__(self, conn: _Connection, budget: _ReadBudget, counts: collections.Counter[str]
+                 ) -> None:
+        self._conn = conn
+        self._budget = budget
+        self._counts = counts
+
+    async def receive(self, max_bytes: int = _CHUNK) -> bytes:
+        conn = self._conn
+        if await self._budget.room(conn):
+            self._counts["backpressure_waits"] += 1
+        n = min(max_bytes, _CHUNK)
+        if conn.body_time_left is None:
+            data = await conn.stream.receive(n)
+        else:
+            started = time.monotonic()
+            with anyio.fail_after(max(conn.body_time_left, 0.0)):
+                data = await conn.stream.receive(n)
+            conn.body_time_left -= time.monotonic() - started
+        self._budget.take(len(data))
+        conn.held += len(data)
+        return data
 
 
 class _Connection:
@@ -153,6 +204,9 @@ class _Connection:
         self.dead = False  # the sender gave up; answers are dropped
         self.slow = False
         self.blocked_since: float | None = None
+        self.held = 0  # bytes of the read budget this connection holds
+        self.body_time_left: float | None = None  # while a frame's body is being read
+        self.hello_scope = anyio.CancelScope()  # cancelled to drop it before its hello
 
     def push(self, data: bytes, *, slot: bool) -> None:
         """Queue an answer without blocking; ``slot``: it releases a request slot when sent."""
@@ -285,7 +339,9 @@ class Service:
         self._metrics_scope: anyio.CancelScope
         self._connections_changed: anyio.Event
         self._requests: anyio.Semaphore
-        self._bytes: _Budget
+        self._budget: _ReadBudget
+        self._unauthenticated: dict[_Connection, None] = {}  # oldest first
+        self._authenticated = 0
         self._counts = collections.Counter[str]()
         self._errors = collections.Counter[str]()
         self._socket_inode: int | None = None
@@ -298,7 +354,8 @@ class Service:
         self._metrics_scope = anyio.CancelScope()
         self._connections_changed = anyio.Event()
         self._requests = anyio.Semaphore(self.limits.max_in_flight, fast_acquire=True)
-        self._bytes = _Budget(max(self.limits.max_pending_bytes, 1))
+        self._budget = _ReadBudget(max(self.limits.max_pending_bytes, 1),
+                                   self.limits.max_frame_bytes + HEADER.size)
         await self._stack.__aenter__()
         try:
             self.writer = await self._stack.enter_async_context(
@@ -413,31 +470,53 @@ class Service:
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
+            self._unauthenticated.pop(conn, None)
+            self._budget.frame_done(conn)
+            self._budget.release(conn.held)  # what it read and never handed on
+            conn.held = 0
             self._connections.discard(conn)
             if conn.slow:
                 self._counts["slow_disconnects"] += 1
             self._connections_changed.set()
 
+    def _admit_unauthenticated(self, conn: _Connection) -> None:
+        """Count ``conn`` among the connections yet to say hello; at the limit, drop the
+        oldest of them: whoever opens connections and says nothing cannot keep a token
+        holder out (a real client says hello at once, and is never the oldest for long)."""
+        while len(self._unauthenticated) >= max(self.limits.max_unauthenticated, 1):
+            oldest = next(iter(self._unauthenticated))
+            del self._unauthenticated[oldest]
+            oldest.hello_scope.cancel()
+        self._unauthenticated[conn] = None
+
     async def _serve(self, conn: _Connection) -> None:
-        if len(self._connections) > self.limits.max_connections:  # refuse before any read
-            await self._refuse(conn, ProtocolError(
-                "too_many_connections", f"{self.limits.max_connections} clients are "
-                "connected; retry later", retryable=True))
-            return
-        reader = FrameReader(conn.stream)
+        self._admit_unauthenticated(conn)
+        reader = FrameReader(_MeteredStream(conn, self._budget, self._counts))
         try:
-            with anyio.fail_after(self.limits.handshake_timeout):
+            with conn.hello_scope, anyio.fail_after(self.limits.handshake_timeout):
                 await self._handshake(conn, reader)
         except ProtocolError as exc:
+            self._unauthenticated.pop(conn, None)
             await self._refuse(conn, exc)
             return
         except TimeoutError:
+            self._unauthenticated.pop(conn, None)
             await self._refuse(conn, ProtocolError("handshake_timeout",
                                                    "no valid hello in time"))
             return
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
                 OSError):
             return
+        if conn.hello_scope.cancelled_caught:  # dropped for a newer connection (not logged:
+            self._errors["too_many_unauthenticated"] += 1  # a flood would flood the log)
+            return
+        self._authenticated += 1
+        try:
+            await self._serve_authenticated(conn, reader)
+        finally:
+            self._authenticated -= 1
+
+    async def _serve_authenticated(self, conn: _Connection, reader: FrameReader) -> None:
         final: ProtocolError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(conn.send_loop)
@@ -467,6 +546,7 @@ class Service:
             raise ProtocolError("frame_too_large", f"a {size}-byte frame before the hello "
                                 f"was accepted (at most {self.limits.max_hello_bytes})")
         hello = decode_client_frame(await reader.read_body(size))
+        self._release(conn, HEADER.size + size)
         if not isinstance(hello, Hello):
             raise ProtocolError("protocol", "the first frame must be a hello")
         if PROTOCOL_VERSION not in hello.versions:
@@ -476,6 +556,10 @@ class Service:
             raise ProtocolError("unauthorized", "wrong or missing token")
         if self._stopping:
             raise ProtocolError("shutting_down", "the service is stopping", retryable=True)
+        if self._authenticated >= self.limits.max_connections:
+            raise ProtocolError("too_many_connections", f"{self.limits.max_connections} "
+                                "clients are connected; retry later", retryable=True)
+        self._unauthenticated.pop(conn, None)  # from here on it counts as a client
         conn.client = hello.client
         conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
         from . import __version__  # here: the package imports this module
@@ -486,6 +570,11 @@ class Service:
                           max_in_flight=self.limits.connection_in_flight)
         with anyio.fail_after(self.limits.send_timeout):
             await conn.stream.send(encode_frame(welcome))
+
+    def _release(self, conn: _Connection, n: int) -> None:
+        """Give back ``n`` bytes of the read budget that ``conn`` took."""
+        conn.held -= n
+        self._budget.release(n)
 
     async def _refuse(self, conn: _Connection, error: ProtocolError) -> None:
         """Send one error frame and close, without reading anything more of the peer's."""
@@ -526,17 +615,16 @@ class Service:
             while True:
                 if not reader.frame_ready():
                     self._flush(conn, merge)  # the next read may wait on the socket
-                size = await reader.read_header()
+                size = await self._next_header(conn, reader)
                 if size is None:
                     return
                 if size > self.limits.max_frame_bytes:
                     raise ProtocolError("frame_too_large", f"a {size}-byte frame is over the "
                                         f"limit of {self.limits.max_frame_bytes} bytes")
-                if not self._bytes.available(size):
-                    self._flush(conn, merge)
-                reserved, waited = await self._bytes.acquire(size)
+                self._release(conn, HEADER.size)
+                reserved = size  # released here, or by the request task after the commit
                 try:
-                    frame = decode_client_frame(await reader.read_body(size))
+                    frame = decode_client_frame(await self._body(conn, reader, size))
                     self._counts["frames"] += 1
                     if self._counts["frames"] % _YIELD_EVERY == 0:
                         self._flush(conn, merge)
@@ -545,10 +633,8 @@ class Service:
                         raise ProtocolError("protocol", "hello sent twice")
                     if conn.slots.value == 0 or self._requests.value == 0:
                         self._flush(conn, merge)
-                        waited = True
-                    await conn.slots.acquire()  # released when the answer is written
-                    if waited:
                         self._counts["backpressure_waits"] += 1
+                    await conn.slots.acquire()  # released when the answer is written
                     if isinstance(frame, Submit):
                         messages = self._decode_messages(conn, frame)
                         if messages is None:
@@ -568,9 +654,35 @@ class Service:
                             slot=True)
                 finally:
                     if reserved:
-                        self._bytes.release(reserved)
+                        self._release(conn, reserved)
         finally:
             self._flush(conn, merge)  # what was read is committed and answered, whatever ends
+
+    async def _next_header(self, conn: _Connection, reader: FrameReader) -> int | None:
+        """The next frame's size; a connection with nothing in flight that sends nothing
+        for ``idle_timeout`` is closed (retryable: its client reconnects when it needs to)."""
+        while True:
+            with anyio.move_on_after(self.limits.idle_timeout) as idle:
+                return await reader.read_header()
+            if idle.cancelled_caught and conn.in_flight == 0:
+                raise ProtocolError("idle_timeout", f"nothing sent for "
+                                    f"{self.limits.idle_timeout:g} s", retryable=True)
+
+    async def _body(self, conn: _Connection, reader: FrameReader, size: int) -> bytes:
+        """A frame's body: the client has ``body_timeout`` seconds of sending time for it,
+        and its bytes count against the read budget as they arrive."""
+        if reader.buffered() >= size:
+            return await reader.read_body(size)
+        conn.body_time_left = self.limits.body_timeout
+        self._budget.frame_started(conn)
+        try:
+            return await reader.read_body(size)
+        except TimeoutError:
+            raise ProtocolError("body_timeout", f"a {size}-byte frame did not arrive within "
+                                f"{self.limits.body_timeout:g} s") from None
+        finally:
+            conn.body_time_left = None
+            self._budget.frame_done(conn)
 
     def _flush(self, conn: _Connection, merge: _Merge) -> None:
         if merge.requests:
@@ -614,7 +726,7 @@ class Service:
             for request_id, _ in requests:
                 conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
         finally:
-            self._bytes.release(reserved)
+            self._release(conn, reserved)
             for _ in requests:
                 self._requests.release()
             conn.request_done(len(requests))
@@ -639,7 +751,7 @@ class Service:
             connected_clients=len(self._connections),
             connections_total=self._counts["connections"],
             requests_in_flight=self.limits.max_in_flight - self._requests.value,
-            pending_bytes=self._bytes.used,
+            pending_bytes=self._budget.used,
             frames_received=self._counts["frames"],
             messages_received=self._counts["messages"],
             acks_sent=self._counts["acks"],
@@ -789,7 +901,7 @@ def prometheus_text(s: ServiceStatistics) -> str:
            ("", s.connections_total))
     metric("service_requests_in_flight", "gauge", "Requests read and not yet answered.",
            ("", s.requests_in_flight))
-    metric("service_pending_bytes", "gauge", "Frame bytes read and not yet committed.",
+    metric("service_pending_bytes", "gauge", "Bytes read from clients, not yet committed.",
            ("", s.pending_bytes))
     metric("service_frames_received_total", "counter", "Frames read after handshakes.",
            ("", s.frames_received))

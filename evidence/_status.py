@@ -6,6 +6,7 @@ one read transaction that ends before it returns.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import msgspec
@@ -46,6 +47,12 @@ class RunStatus(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: str | None
     outcome: str | None
     attempts: int
+    pid: int  # the process that ran it
+    host: str
+    # The outcome; for a run with no end recorded, "running" while its process holds the
+    # store's lock, else "interrupted (process N is gone)" (killed, OOM, power cut: the next
+    # crawl records it as failed).
+    state: str
 
 
 class StoreStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,12 +89,11 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
                 "SELECT s.session_id, s.mode, s.started_at, s.ended_at, s.outcome, "
                 "(SELECT count(*) FROM crawl_run r WHERE r.session_id = s.session_id) "
                 "FROM crawl_session s ORDER BY s.started_at DESC, s.session_id LIMIT 20")]
-            runs = [RunStatus(run_id=r, session_id=s, started_at=a, ended_at=e, outcome=o,
-                              attempts=n) for r, s, a, e, o, n in conn.execute(
+            runs = conn.execute(
                 "SELECT r.run_id, r.session_id, r.started_at, r.ended_at, r.outcome, "
-                "(SELECT count(*) FROM fetch_attempt f WHERE f.run_id = r.run_id) "
-                "FROM crawl_run r ORDER BY r.started_at DESC, r.run_id LIMIT ?",
-                (recent_runs,))]
+                "(SELECT count(*) FROM fetch_attempt f WHERE f.run_id = r.run_id), r.pid, "
+                "r.host FROM crawl_run r ORDER BY r.started_at DESC, r.run_id LIMIT ?",
+                (recent_runs,)).fetchall()
             artifact_bytes = conn.execute(
                 "SELECT coalesce(sum(size), 0) FROM artifact").fetchall()[0][0]
             conflicts = conn.execute(
@@ -103,6 +109,9 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
             conn.execute("COMMIT")
     tree_size, root, last = head[0] if head else (0, None, None)
     pid = running_pid(store.path)
+    runs = [RunStatus(run_id=r, session_id=s, started_at=a, ended_at=e, outcome=o,
+                      attempts=n, pid=p, host=h, state=run_state(o, p, h, pid))
+            for r, s, a, e, o, n, p, h in runs]
     return StoreStatus(
         path=str(store.path), store_id=meta.get("store_id", ""),
         schema_version=store.schema_version, normalizer_version=NORMALIZER_VERSION,
@@ -112,6 +121,18 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
         root=(root if root is not None else merkle_root([])).hex(), last_commit_at=last,
         wal_bytes=store.wal_size(), hosts_in_backoff=backoff, crawl_pid=pid,
         live=_live(store.path / LIVE_STATS) if pid else None)
+
+
+def run_state(outcome: str | None, pid: int, host: str, holder: int | None) -> str:
+    """A run's state, from its record and the store lock's holder (``_runlock``): a run with
+    no end whose process no longer holds the lock was interrupted (SIGKILL, OOM, power)."""
+    if outcome is not None:
+        return outcome
+    if host != socket.gethostname():
+        return f"no end recorded (process {pid} on {host}; not checked from here)"
+    if holder == pid:
+        return "running"
+    return f"interrupted (process {pid} is gone)"
 
 
 def _live(path: Path) -> dict[str, object] | None:

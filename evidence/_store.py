@@ -369,11 +369,7 @@ class Store:
         root = Path(path)
         db_path = root / DB_NAME
         ops = file_ops or FileOps()
-        if (read_only or not create) and not db_path.exists():
-            raise StoreError(
-                f"{root}: no evidence store here ({DB_NAME} not found)",
-                hint=f"create one with 'evidence init {root}'", path=str(root),
-            )
+        _check_store_path(root, create=create and not read_only)
         if read_only:
             return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
                                        max_payload=max_payload, vfs=vfs)
@@ -537,6 +533,37 @@ class Store:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# What a store directory may hold before its database exists (a start that was cut short).
+_STORE_ENTRIES = {ARTIFACTS_DIR, "crawl.lock", "live-stats.json", DB_NAME + "-journal",
+                  DB_NAME + "-wal", DB_NAME + "-shm"}
+
+
+def _check_store_path(root: Path, *, create: bool) -> None:
+    """Refuse, before anything is written, a path that is not (and cannot become) a store:
+    a file, an archive (following "evidence init" there would put a database inside it), a
+    directory of other things, or a missing store when not creating one."""
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root} is a file, not a store directory", path=str(root),
+                         hint="give the store's directory (a new one is created by "
+                         "'evidence init DIR')")
+    if (root / DB_NAME).exists():
+        return
+    if (root / "manifest.json").exists():
+        raise StoreError(f"{root} is an archive written by 'evidence export', not a store",
+                         path=str(root), hint=f"restore it into a new store first: "
+                         f"evidence restore {root} --store NEW")
+    if not create:
+        raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
+                         hint=f"check the path, or create a store with 'evidence init {root}'",
+                         path=str(root))
+    other = sorted(p.name for p in root.iterdir() if p.name not in _STORE_ENTRIES) \
+        if root.is_dir() else []
+    if other:
+        raise StoreError(f"{root} holds other files ({', '.join(other[:3])}"
+                         f"{', ...' if len(other) > 3 else ''}), not a store",
+                         path=str(root), hint="give a new or empty directory for a new store")
 
 
 @contextlib.contextmanager

@@ -158,7 +158,7 @@ class ServiceStatistics(msgspec.Struct, frozen=True, kw_only=True):
     connected_clients: int
     connections_total: int
     requests_in_flight: int  # read from a socket, not yet answered
-    pending_bytes: int  # frame bytes read and not yet committed
+    pending_bytes: int  # bytes read from clients and not yet committed (or discarded)
     frames_received: int
     messages_received: int
     acks_sent: int
@@ -220,6 +220,10 @@ class FrameReader:
     async def _fill(self, wanted: int) -> None:
         while len(self._buffer) < wanted:
             self._buffer += await self._stream.receive(max(_CHUNK, wanted - len(self._buffer)))
+
+    def buffered(self) -> int:
+        """Bytes read from the stream and not yet returned."""
+        return len(self._buffer)
 
     def frame_ready(self) -> bool:
         """Whether a whole frame is buffered (reading it will not wait on the stream)."""

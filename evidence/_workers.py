@@ -64,6 +64,7 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
     connections: int  # HTTP connections the child may keep open
     timeout: float
     name: str = ""  # how the service knows this child's connection
+    deadline: float | None = None  # seconds one fetch may take in all
 
 
 class Order(msgspec.Struct, tag="order"):
@@ -174,21 +175,26 @@ class WorkerPool:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: object) -> bool | None:
-        """Close every channel (a child exits when its channel ends) and reap the children."""
+        """Close every channel (a child exits when its channel ends) and reap the children.
+
+        Shielded: when the run's in-flight work is cancelled (a second Ctrl-C), the children
+        are killed and reaped all the same, never left behind.
+        """
         self._closing = True
-        for child in list(self._children.values()):
-            with contextlib.suppress(OSError, anyio.BrokenResourceError,
-                                     anyio.ClosedResourceError):
-                await child.stream.send_eof()
-        if exc is not None:
-            await self._kill_all()
-        with anyio.move_on_after(30):
+        with anyio.CancelScope(shield=True):
             for child in list(self._children.values()):
-                await child.process.wait()
+                with contextlib.suppress(OSError, anyio.BrokenResourceError,
+                                         anyio.ClosedResourceError):
+                    await child.stream.send_eof()
+            if exc is not None:
+                await self._kill_all()
+            with anyio.move_on_after(30):
+                for child in list(self._children.values()):
+                    await child.process.wait()
         # Nothing is in flight any more: stop a start still waiting for its child.
         self._tg.cancel_scope.cancel()
         await self._kill_all()
-        await self._tg.__aexit__(None, None, None)  # the body's error, if any, goes on as is
+        await self._tg.__aexit__(None, None, None)  # the body's error goes on as is
         if exc is None and self._failure is not None:
             raise self._failure
         return None
@@ -331,7 +337,7 @@ async def _child(fd: int) -> None:
         async with AsyncClient(setup.socket, name=setup.name) as service, http:
             pages = PageWorker(config=config, session_id=setup.session_id,
                                run_id=setup.run_id, artifacts=artifacts, client=http,
-                               submit=service.submit_group)
+                               submit=service.submit_group, deadline=setup.deadline)
             lock = anyio.Lock()
 
             async def answer(frame: msgspec.Struct) -> None:

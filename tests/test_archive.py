@@ -376,7 +376,7 @@ def test_restore_into_a_non_empty_target_is_refused_and_leaves_it_alone(
     with pytest.raises(StoreError, match="is not empty"):
         restore(tmp_path / "a", target)
     assert [p.name for p in target.iterdir()] == ["keep.txt"]
-    with pytest.raises(StoreError, match="is not empty"):
+    with pytest.raises(StoreError, match="keep.txt is a file; refusing to replace it"):
         restore(tmp_path / "a", target / "keep.txt")
     (target / "keep.txt").unlink()
     assert restore(tmp_path / "a", target).tables["fetch_attempt"] == 1  # empty dir: fine

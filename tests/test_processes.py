@@ -104,13 +104,18 @@ def test_crawl_in_worker_processes_records_every_page_once(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_a_killed_worker_process_loses_only_its_in_flight_pages(tmp_path: Path) -> None:
     store = tmp_path / "s"
-    slow = {f"/p/{i}": 0.05 for i in range(150)}  # every worker always has pages in flight
+    # Every worker always has pages in flight, and a page spends far longer being fetched
+    # (0.2 s) than being committed: a kill finds the victim mid-fetch, not between its
+    # commit and its answer (with 0.05 s pages it sometimes did, on a loaded machine).
+    slow = {f"/p/{i}": 0.2 for i in range(150)}
     with TestSite(SiteConfig(pages=150, slow=slow)) as site:
         proc = _crawl_process(site.url, store, "--processes", "2")
         pids = _wait_for("two worker processes and 30 pages", lambda: (
             _live(store).get("counts", {}).get("done", 0) >= 30
             and len(_live(store).get("worker_pids", [])) == 2
             and _live(store)["worker_pids"]), proc, store)
+        _wait_for("four fetches in progress", lambda: sum(
+            1 for r in site.requests if r.status is None) >= 4, proc, store)
         victim = pids[0]
         os.kill(victim, signal.SIGKILL)
         proc.communicate(timeout=120)

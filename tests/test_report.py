@@ -120,8 +120,8 @@ def test_html_report_is_self_contained_and_escapes_stored_text(
     assert "default-src 'none'" in page
     tags = Tags()
     tags.feed(page)
-    assert tags.names <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "dl",
-                          "dt", "dd", "code", "span", "table", "thead", "tbody", "tr", "th",
+    assert tags.names <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3",
+                          "dl", "dt", "dd", "code", "span", "table", "thead", "tbody", "tr", "th",
                           "td", "br", "details", "summary", "pre", "p"}
     assert not tags.attributes & {"src", "href", "srcset", "action", "style"} and not any(
         a.startswith("on") for a in tags.attributes)
@@ -190,3 +190,65 @@ def test_a_run_without_verdicts_reports_that(store: Store, make: Factory) -> Non
     assert data.rules == [] and data.failures == [] and data.pages == 1
     assert "no rule verdicts in this run" in render_text(data)
     assert "No rule verdicts in this run." in render_html(data)
+
+
+@pytest.fixture
+def many(store: Store, make: Factory) -> None:
+    """30 slow pages that also lack HSTS, and 5 good ones: two rules fail, each its way."""
+    pages = Pages(store, make)
+    attempts = [pages.attempt(f"http://example.com/slow/{i}", BAD, headers=BAD_HEADERS,
+                              elapsed_ms=2000.0 + i) for i in range(30)]
+    attempts += [pages.attempt(f"http://example.com/ok/{i}", GOOD, headers=GOOD_HEADERS)
+                 for i in range(5)]
+    assert {a.status for a in submit_all(store, attempts)} == {"committed"}
+    evaluate_stored(store, parse_rules(rules_text({"fast": CASES["fast"],
+                                                   "hsts": CASES["hsts"]})))
+
+
+def test_failures_are_grouped_by_rule_and_reason_with_counts(store: Store, many: None) -> None:
+    data = report(store, "r1")
+    assert [(g.rule_id, g.verdict, g.count, g.reason) for g in data.groups] == [
+        ("fast", "fail", 30, "The response took … ms; the limit is 1000 ms."),
+        ("hsts", "fail", 30, "Required header strict-transport-security is absent."),
+    ]
+    assert sum(g.count for g in data.groups) == len(data.failures) == 60
+    text = render_text(data)
+    assert re.search(r"^ +30  fail +fast v1 +The response took … ms; the limit is 1000 ms\.$",
+                     text, re.MULTILINE), text
+    assert "reason  The response took 2007 ms; the limit is 1000 ms." in text
+
+
+def test_html_lists_each_group_up_to_a_bound_and_counts_the_rest(
+        store: Store, many: None) -> None:
+    data = report(store, "r1")
+    page = render_html(data, per_group=4)
+    rows = re.findall(r'<tr class="fail" data-rule="([^"]+)" data-attempt=', page)
+    assert sorted(rows) == ["fast"] * 4 + ["hsts"] * 4
+    assert page.count("26 more in this group not listed here") == 2
+    assert '<span id="failure-count">60</span>' in page
+    assert "<td>The response took … ms; the limit is 1000 ms.</td><td class=\"n\">30</td>" \
+        in page
+    assert len(render_html(data, per_group=50)) > len(page)
+
+
+def test_the_html_page_stays_small_however_many_failures(tmp_path: Path) -> None:
+    """tools/bench_report.py, bounded: 4 times the verdicts, about the same page."""
+    import importlib.util
+
+    import anyio
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_report", Path(__file__).resolve().parent.parent / "tools" / "bench_report.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sizes = {}
+    for pages in (500, 2000):
+        with Store.create(tmp_path / str(pages), sync="normal") as store:
+            anyio.run(bench.generate, store, pages, 0.3, 13)
+            data = report(store, "r1")
+        sizes[pages] = (len(render_html(data)), len(render_json(data)),
+                        len(bench.baseline_html(data)))
+    assert sizes[2000][1] > 3 * sizes[500][1], "the complete listing grows with the run"
+    assert sizes[2000][2] > 3 * sizes[500][2], "so did the page before issue 13"
+    assert sizes[2000][0] < 1.2 * sizes[500][0], "the page is bounded by groups, not pages"

@@ -467,7 +467,14 @@ def test_cli_rules_check_and_a_bad_file(tmp_path: Path, capsys) -> None:
     good.write_text(rules_text(CASES))
     assert run_cli("rules", "check", good) == 0
     out = capsys.readouterr().out
-    assert f"{good}: 10 rule(s)" in out and "privacy-url v1  link" in out
+    assert f"{good}: 10 rule(s)" in out
+    rows = [line for line in out.splitlines()[1:] if line.startswith("  ")]
+    assert rows[0].split() == ["rule", "type", "definition", "hash"] and len(rows) == 11
+    assert any(r.split()[:3] == ["privacy-url", "v1", "link"] for r in rows)
+    # The columns align: each row's type and hash start where the header's do.
+    for column in ("type", "definition hash"):
+        start = rows[0].index(column)
+        assert all(r[start - 2:start] == "  " and r[start] != " " for r in rows), out
     bad = tmp_path / "bad.toml"
     bad.write_text('[[rule]]\nid = "x"\nversion = 1\ntype = "regex"\npattern = "("\n')
     assert run_cli("rules", "check", bad) == 2

@@ -29,7 +29,9 @@ What it serves (defaults in brackets):
   requests get 429 with ``Retry-After``; a fractional delay is written as e.g. ``0.5``,
   which is not standard HTTP), ``flaky`` (the first *n* requests get 500). A configured
   path that is not a page is served as a small HTML page linked from ``/``. ``large``
-  pads an HTML document to exactly that many bytes.
+  pads an HTML document to exactly that many bytes. ``drip`` sends the response head at
+  once, then the body one byte every so many seconds (a server that never stalls long
+  enough for a per-read timeout, and never finishes): a crawler's total deadline ends it.
 
 Every 200 document carries ``Content-Type``, ``Content-Length``, a strong ``ETag``
 (a hash of the body) and ``Last-Modified`` (except the ``unvalidated`` paths, which get
@@ -136,6 +138,7 @@ class SiteConfig:
     rate_limited: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     slow: Mapping[str, float] = field(default_factory=dict)
     large: Mapping[str, int] = field(default_factory=dict)
+    drip: Mapping[str, float] = field(default_factory=dict)  # seconds between body bytes
     kill_paths: frozenset[str] = frozenset()
     unvalidated: frozenset[str] = frozenset()  # served without ETag and Last-Modified
     hold_seconds: float = 30.0
@@ -161,6 +164,7 @@ class SiteConfig:
             {_path(k): (_count(n), _seconds(s)) for k, (n, s) in self.rate_limited.items()}))
         put("slow", MappingProxyType({_path(k): _seconds(v) for k, v in self.slow.items()}))
         put("large", MappingProxyType({_path(k): _count(v) for k, v in self.large.items()}))
+        put("drip", MappingProxyType({_path(k): _seconds(v) for k, v in self.drip.items()}))
         put("kill_paths", frozenset(_path(p) for p in self.kill_paths))
         put("unvalidated", frozenset(_path(p) for p in self.unvalidated))
         put("private_links", tuple(_path(p) for p in self.private_links))
@@ -180,7 +184,7 @@ class SiteConfig:
     def special_paths(self) -> tuple[str, ...]:
         """Configured fault paths that are not pages: served as small pages linked from /."""
         seen: dict[str, None] = {}
-        for group in (self.flaky, self.rate_limited, self.slow, self.large,
+        for group in (self.flaky, self.rate_limited, self.slow, self.large, self.drip,
                       sorted(self.kill_paths)):
             for p in group:
                 if (p != "/" and p not in (ROBOTS_PATH, SITEMAP_PATH)
@@ -245,7 +249,8 @@ def _page_targets(i: int, n: int, k: int) -> list[int]:
 def _orphan(config: SiteConfig) -> int | None:
     """The page whose inbound links version 2 removes."""
     keep = {*config.redirects, *config.redirects.values(), *config.flaky,
-            *config.rate_limited, *config.slow, *config.large, *config.kill_paths}
+            *config.rate_limited, *config.slow, *config.large, *config.drip,
+            *config.kill_paths}
     for i in range(config.pages - 1, 0, -1):
         if f"/p/{i}" not in keep:
             return i
@@ -728,7 +733,16 @@ class TestSite:
             handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         if body and handler.command != "HEAD":
-            handler.wfile.write(body)
+            interval = self.config.drip.get(path) if status == 200 else None
+            if interval is None:
+                handler.wfile.write(body)
+                return
+            handler.wfile.flush()
+            for i in range(len(body)):  # one byte at a time, until the site stops
+                handler.wfile.write(body[i:i + 1])
+                if self._stopping.wait(interval):
+                    handler.close_connection = True
+                    return
 
 
 class _Server(ThreadingHTTPServer):
@@ -832,6 +846,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="wait SECONDS before answering PATH")
     parser.add_argument("--large", action="append", default=[], metavar="PATH=BYTES",
                         help="pad the page at PATH to BYTES bytes")
+    parser.add_argument("--drip", action="append", default=[], metavar="PATH=SECONDS",
+                        help="send PATH's body one byte every SECONDS")
     args = parser.parse_args(argv)
     try:
         config = SiteConfig(
@@ -841,7 +857,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flaky=_pairs(args.flaky, int, "N"),
             rate_limited=_pairs(args.rate_limited, _rate, "N:SECONDS"),
             slow=_pairs(args.slow, float, "SECONDS"),
-            large=_pairs(args.large, int, "BYTES"))
+            large=_pairs(args.large, int, "BYTES"),
+            drip=_pairs(args.drip, float, "SECONDS"))
         site = TestSite(config, port=args.port).start()
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
