@@ -41,9 +41,8 @@ from evidence import (
     Writer,
     check_log,
 )
-from evidence._archive import backup, compare, load_dump, restore
-from evidence._cli_archive import add_commands
-from evidence._export import (
+from evidence._archive.archive import backup, compare, load_dump, restore
+from evidence._archive.export import (
     TABLE_ORDER,
     Output,
     dump,
@@ -52,6 +51,7 @@ from evidence._export import (
     snapshot,
     sql_literal,
 )
+from evidence._cli.archive import add_commands
 
 from .conftest import Factory, submit_all
 

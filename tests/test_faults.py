@@ -44,10 +44,10 @@ from evidence import (
     status,
     verify,
 )
-from evidence._cli import main as cli_main
-from evidence._export import export
-from evidence._store import _connect_writer
-from evidence._writer import WriterHooks
+from evidence._archive.export import export
+from evidence._cli.main import main as cli_main
+from evidence._store.db import _connect_writer
+from evidence._write.writer import WriterHooks
 from evidence.testing.faults import (
     FIXED_TIME,
     CrashFileOps,
@@ -521,7 +521,7 @@ def test_interruption_between_commit_and_ack_redelivers_as_a_duplicate(
 
 EXPORT_CHILD = r"""
 import os, signal, sys
-from evidence._export import export
+from evidence._archive.export import export
 
 def progress(phase, done, total):
     if phase == sys.argv[3] and done >= int(sys.argv[4]):

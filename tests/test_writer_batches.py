@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from evidence import RuleEvaluated, Store, Writer, WriterLimits
-from evidence._apply import RowInsert
+from evidence._write.apply import RowInsert
 
 from .conftest import Factory, asubmit
 

@@ -59,7 +59,7 @@ crawler discovers but must not fetch.
 
 Usage::
 
-    from evidence.testing.site import SiteConfig, TestSite
+    from .site import SiteConfig, TestSite
 
     with TestSite(SiteConfig(pages=20, flaky={"/p/3": 2})) as site:
         crawl(site.url)                      # e.g. "http://127.0.0.1:40123/"
