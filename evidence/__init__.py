@@ -66,6 +66,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         WriterClosedError,
         WriterError,
     )
+    from ._model.acks import Ack, WriterStatistics
     from ._model.messages import (
         Discovery,
         FetchAttempt,
@@ -86,11 +87,12 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         payload_hash,
         utc_now,
     )
+    from ._model.refs import ArtifactRef, validate_namespace
     from ._model.urls import NORMALIZER_VERSION, normalize_url, resolve_reference
-    from ._store.artifacts import ArtifactRef, ArtifactStore, validate_namespace
+    from ._store.artifacts import ArtifactStore
     from ._store.db import Store
     from ._store.log import check_log
-    from ._write.writer import Ack, Writer, WriterLimits, WriterStatistics
+    from ._write.writer import Writer, WriterLimits
 
 __version__ = "0.1.0"
 
@@ -191,9 +193,9 @@ _WHERE = {
     "backup": "_archive.archive",
     "compare": "_archive.archive",
     "restore": "_archive.archive",
-    "ArtifactRef": "_store.artifacts",
+    "ArtifactRef": "_model.refs",
     "ArtifactStore": "_store.artifacts",
-    "validate_namespace": "_store.artifacts",
+    "validate_namespace": "_model.refs",
     "CrawlOptions": "_crawl.crawler",
     "CrawlResult": "_crawl.crawler",
     "Crawler": "_crawl.crawler",
@@ -265,10 +267,10 @@ _WHERE = {
     "reclaim_orphans": "_audit.verify",
     "verify": "_audit.verify",
     "export_warc": "_archive.warc",
-    "Ack": "_write.writer",
+    "Ack": "_model.acks",
     "Writer": "_write.writer",
     "WriterLimits": "_write.writer",
-    "WriterStatistics": "_write.writer",
+    "WriterStatistics": "_model.acks",
 }
 
 

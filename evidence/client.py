@@ -46,6 +46,7 @@ import anyio.lowlevel
 import msgspec
 
 from ._errors import CommitError, MessageError
+from ._model.acks import Ack
 from ._model.messages import MAX_MESSAGE_BYTES, Message, canonical_encode
 from ._write.wire import (
     PROTOCOL_VERSION,
@@ -66,7 +67,6 @@ from ._write.wire import (
     encode_frame,
     parse_loopback,
 )
-from ._write.writer import Ack
 
 __all__ = [
     "AsyncClient",

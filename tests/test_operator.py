@@ -26,7 +26,7 @@ import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, __version__
 from evidence._cli.main import build_parser
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 from .test_crawl import frontier_states
 

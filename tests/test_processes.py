@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from evidence import CrawlConfig, Store, check_log, decode_message
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 from .test_crawl import (
     _crawl_process,

@@ -26,7 +26,7 @@ from evidence._crawl.rules import (
     load_rules,
     parse_rules,
 )
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 from .conftest import Factory, asubmit, submit_all
 

@@ -749,8 +749,8 @@ def test_client_gives_up_after_reconnect_timeout(short_dir: Path) -> None:
 
 
 def test_prometheus_text_is_well_formed() -> None:
+    from evidence._model.acks import WriterStatistics
     from evidence._write.wire import ServiceStatistics
-    from evidence._write.writer import WriterStatistics
 
     fields: dict[str, object] = dict.fromkeys(WriterStatistics.__struct_fields__, 0)
     fields.update(queue_depth=3, oldest_pending_age=0.25, batches=2,

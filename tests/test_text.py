@@ -15,6 +15,7 @@ from evidence import CrawlConfig, Crawler, CrawlOptions, Store
 from evidence._crawl.links import extract_links
 from evidence._crawl.pages import _page_links
 from evidence._crawl.rules import _Page, evaluate_page, parse_rules
+from evidence._model.refs import ArtifactRef
 from evidence._model.text import (
     charset_param,
     decode,
@@ -24,7 +25,6 @@ from evidence._model.text import (
     sniff,
 )
 from evidence._model.urls import normalize_url, resolve_reference
-from evidence._store.artifacts import ArtifactRef
 
 from .rawserver import RawServer, Reply
 

@@ -29,8 +29,8 @@ from evidence import (
     verify,
 )
 from evidence._audit.verify import TABLE_COVERAGE
+from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.db import load_migrations
-from evidence.testing.site import SiteConfig, TestSite
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 

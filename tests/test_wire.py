@@ -319,7 +319,7 @@ def test_old_attempts_keep_their_encoding_and_hash() -> None:
     """An attempt as the previous version recorded it: no new key, the same bytes."""
     from evidence import FetchAttempt
     from evidence._model.messages import canonical_encode, decode_message, utc_now
-    from evidence._store.artifacts import ArtifactRef
+    from evidence._model.refs import ArtifactRef
 
     ref = ArtifactRef("body", "0" * 64, 1)
     old = FetchAttempt(message_id="m1", attempt_id="a1", run_id="r1", url="http://h/",

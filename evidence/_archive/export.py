@@ -43,7 +43,8 @@ from .._errors import (
     MigrationError,
     StoreError,
 )
-from .._store.artifacts import ArtifactRef, ArtifactStore
+from .._model.refs import ArtifactRef
+from .._store.artifacts import ArtifactStore
 from .._store.db import (
     ARTIFACTS_DIR,
     DB_NAME,

@@ -56,7 +56,8 @@ import blake3
 import msgspec
 
 from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
-from .._store.artifacts import CHUNK_SIZE, ArtifactRef
+from .._model.refs import ArtifactRef
+from .._store.artifacts import CHUNK_SIZE
 from .._store.db import Store, map_sqlite_errors
 
 __all__ = ["WarcExport", "export_warc"]

@@ -28,8 +28,8 @@ import msgspec
 from .._errors import EvidenceError, NotFoundError
 from .._model.http1 import derive_content
 from .._model.messages import format_time
+from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
-from .._store.artifacts import ArtifactRef
 from .._store.db import Store, map_sqlite_errors
 
 __all__ = ["ReplayedResponse", "parse_time", "replay"]

@@ -74,9 +74,9 @@ from .._model.messages import (
     now_text,
     payload_hash,
 )
+from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store import quarantine as _quarantine
-from .._store.artifacts import ArtifactRef
 from .._store.db import (
     DB_NAME,
     Store,

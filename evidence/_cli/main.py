@@ -318,7 +318,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..testing.site import SiteConfig, TestSite
+    from .._demo.site import SiteConfig, TestSite
 
     config = SiteConfig(pages=args.pages)
     with TestSite(config) as site:

@@ -38,6 +38,7 @@ import anyio
 import msgspec
 
 from .._errors import EvidenceError, StoreError, only_evidence_error
+from .._model.acks import WriterStatistics
 from .._model.messages import (
     Discovery,
     FetchAttempt,
@@ -59,7 +60,7 @@ from .._model.messages import (
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._store.db import Store
 from .._write.service import Service
-from .._write.writer import Writer, WriterLimits, WriterStatistics
+from .._write.writer import Writer, WriterLimits
 from . import frontier
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
@@ -760,7 +761,7 @@ class Crawler:
         body = frontier.attempt_body(self._reader, record[0])
         if body is None:
             return Robots.allow_all(attempt_id=record[0], expires_at=expires, status=None)
-        from .._store.artifacts import ArtifactRef
+        from .._model.refs import ArtifactRef
 
         data = self.store.artifacts.read(ArtifactRef(namespace=body[0], digest=body[1],
                                                      size=body[2]))

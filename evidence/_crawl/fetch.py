@@ -32,8 +32,9 @@ import httpx
 from .._errors import EvidenceError
 from .._model.http1 import Split, derive_content, head_length
 from .._model.messages import FetchAttempt, new_id, utc_now
+from .._model.refs import ArtifactRef
 from .._model.text import charset_param, is_html, sniff
-from .._store.artifacts import ArtifactRef, ArtifactStore
+from .._store.artifacts import ArtifactStore
 from .http import Exchange, record_exchange
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]

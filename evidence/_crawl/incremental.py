@@ -28,8 +28,9 @@ import msgspec
 from .._errors import EvidenceError
 from .._model.http1 import parse_head
 from .._model.messages import DocumentRecord, parse_time_text
+from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
-from .._store.artifacts import ArtifactRef, ArtifactStore
+from .._store.artifacts import ArtifactStore
 
 __all__ = ["Baseline", "DueRule", "SessionDiff", "diff_sessions", "parse_frequency",
            "session_records"]

@@ -29,6 +29,7 @@ import httpx
 import msgspec
 
 from .._errors import EvidenceError, URLError
+from .._model.acks import Ack
 from .._model.messages import (
     Discovery,
     FetchAttempt,
@@ -44,7 +45,6 @@ from .._model.messages import (
 from .._model.text import charset_param
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._store.artifacts import ArtifactStore
-from .._write.writer import Ack
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .links import extract_links

@@ -60,9 +60,9 @@ from .._errors import (
 from .._errors import URLError as _URLError
 from .._model.http1 import parse_head
 from .._model.messages import RuleEvaluated, new_id, utc_now
+from .._model.refs import ArtifactRef
 from .._model.text import Sniffed, decode_document
 from .._model.urls import resolve_reference
-from .._store.artifacts import ArtifactRef
 from .._store.db import map_sqlite_errors
 from .._store.runlock import crawl_lock
 

@@ -29,7 +29,7 @@ import blake3
 import msgspec
 
 from .._errors import MessageError
-from .._store.artifacts import ArtifactRef
+from .refs import ArtifactRef
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

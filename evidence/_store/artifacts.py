@@ -43,20 +43,19 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import BinaryIO
 
 import blake3
-import msgspec
 
 from .._errors import (
     ArtifactCorruptError,
     ArtifactError,
     ArtifactMissingError,
-    NamespaceError,
     PayloadTooLargeError,
 )
+from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
 
-__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactRef", "ArtifactStore", "FileOps", "validate_namespace"]
+__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
@@ -65,8 +64,6 @@ CHUNK_SIZE = 1024 * 1024
 # then its put fails cleanly at the rename (it never produces a wrong artifact).
 TEMP_GRACE_SECONDS = 3600.0
 
-_NAMESPACE_RE = re.compile(r"[a-z0-9_-]{1,32}")
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 _FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 _TEMP_DIR = ".tmp"  # cannot collide with a namespace: "." is not allowed in one
 _LAYOUT_FILE = "LAYOUT"  # nor can this: no upper case in a namespace
@@ -83,67 +80,6 @@ _TEMP_PID_RE = re.compile(r"put-([1-9][0-9]{0,9})-.*\.tmp", re.DOTALL)
 # registration.
 _LIVE_TEMPS: set[tuple[int, int]] = set()
 _LIVE_LOCK = threading.Lock()
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def validate_namespace(ns: str) -> str:
-    """Return ``ns`` if it is 1-32 characters of ``[a-z0-9_-]``; raise NamespaceError otherwise."""
-    if isinstance(ns, str) and _NAMESPACE_RE.fullmatch(ns):
-        return ns
-    raise NamespaceError(
-        f"invalid artifact namespace {_short(ns)}: must be 1-32 characters of [a-z0-9_-]",
-        hint="use a short lowercase name such as 'html' or 'robots'",
-        namespace=ns,
-    )
-
-
-def _validate_digest(digest: str) -> str:
-    if isinstance(digest, str) and _DIGEST_RE.fullmatch(digest):
-        return digest
-    raise ArtifactError(
-        f"invalid artifact digest {_short(digest)}: must be 64 lowercase hex characters",
-        hint="pass the digest from an ArtifactRef returned by put()",
-        digest=digest,
-    )
-
-
-# ArtifactRef's own validation errors are also ValueErrors, which msgspec turns into a
-# ValidationError while decoding: a bad ref inside a message is then a MessageError like any
-# other field defect, while constructing one directly still raises the documented error.
-class _RefNamespaceError(NamespaceError, ValueError):
-    pass
-
-
-class _RefFieldError(ArtifactError, ValueError):
-    pass
-
-
-class ArtifactRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A reference to one stored payload: what messages and rows carry instead of the bytes.
-
-    The Meta constraints document the fields in JSON schema and reject most bad values on
-    decode; ``__post_init__`` is the authority (the schema's ``$`` admits a trailing newline).
-    """
-
-    namespace: Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern="^[a-z0-9_-]+$")]
-    digest: Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")]
-    size: Annotated[int, msgspec.Meta(ge=0)]
-
-    def __post_init__(self) -> None:
-        try:
-            validate_namespace(self.namespace)
-        except NamespaceError as exc:
-            raise _RefNamespaceError(str(exc), hint=exc.hint, **exc.context) from None
-        try:
-            _validate_digest(self.digest)
-        except ArtifactError as exc:
-            raise _RefFieldError(str(exc), hint=exc.hint, **exc.context) from None
-        if type(self.size) is not int or self.size < 0:
-            raise _RefFieldError(f"invalid artifact size {_short(self.size)}", size=self.size)
 
 
 class FileOps:
@@ -357,7 +293,7 @@ class ArtifactStore:
             with open(path, encoding="ascii", errors="replace") as f:
                 text = f.read(64)
         except FileNotFoundError:
-            if _subdirs(self.root, _NAMESPACE_RE):
+            if _subdirs(self.root, NAMESPACE_RE):
                 return 1  # artifacts from before layouts were recorded
             if self.read_only:
                 return LAYOUT  # empty: nothing to read in any layout
@@ -389,7 +325,7 @@ class ArtifactStore:
     def _infer_layout(self) -> int:
         """The layout read off the tree, for a reader who may not read ``LAYOUT``: a
         fan-out directory holding fan-out directories is layout 1."""
-        for namespace in _subdirs(self.root, _NAMESPACE_RE):
+        for namespace in _subdirs(self.root, NAMESPACE_RE):
             for prefix in _subdirs(self.root / namespace, _FANOUT_RE):
                 return 1 if _subdirs(self.root / namespace / prefix, _FANOUT_RE) else LAYOUT
         return LAYOUT
@@ -439,7 +375,7 @@ class ArtifactStore:
         """``path_for`` as text: one format instead of four Path joins (a writer checks every
         artifact a message references, and a put names two paths)."""
         validate_namespace(namespace)
-        _validate_digest(digest)
+        validate_digest(digest)
         if self.layout == 1:
             return f"{self._root_text}/{namespace}/{digest[:2]}/{digest[2:4]}/{digest}"
         return f"{self._root_text}/{namespace}/{digest[:2]}/{digest}"
@@ -668,13 +604,13 @@ class ArtifactStore:
 
     def iter_refs(self) -> Iterator[ArtifactRef]:
         """Every artifact on disk, sorted by (namespace, digest); ``.tmp`` and strays skipped."""
-        for namespace in _subdirs(self.root, _NAMESPACE_RE):
+        for namespace in _subdirs(self.root, NAMESPACE_RE):
             for prefix, leaf in self._leaves(self.root / namespace):
                 with _os_errors("list directory", leaf), os.scandir(leaf) as entries:
                     files = sorted(
                         (e.name, e.stat(follow_symlinks=False).st_size)
                         for e in entries
-                        if _DIGEST_RE.fullmatch(e.name)
+                        if DIGEST_RE.fullmatch(e.name)
                         and e.name.startswith(prefix)
                         and e.is_file(follow_symlinks=False)
                     )

@@ -34,8 +34,8 @@ from .._model.messages import (
     SessionStarted,
     format_time,
 )
+from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
-from .._store.artifacts import ArtifactRef
 
 if TYPE_CHECKING:
     from .._store.db import Store

@@ -35,7 +35,7 @@ import anyio.abc
 import msgspec
 
 from .._errors import ServiceError
-from .writer import Ack, WriterStatistics
+from .._model.acks import Ack, WriterStatistics
 
 __all__ = [
     "HEADER",

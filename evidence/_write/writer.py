@@ -46,10 +46,10 @@ from typing import Literal
 
 import anyio
 import apsw
-import msgspec
 import sniffio
 
 from .._errors import CommitError, MessageError, SyncError, WriterClosedError
+from .._model.acks import Ack, WriterStatistics
 from .._model.merkle import CompactTree, leaf_hash
 from .._model.messages import (
     MAX_MESSAGE_BYTES,
@@ -65,7 +65,7 @@ from .._store.log import entry_hash, load_head
 from .._store.resync import describe, is_sync_failure
 from . import apply as _apply
 
-__all__ = ["Ack", "Writer", "WriterLimits", "WriterStatistics"]
+__all__ = ["Writer", "WriterHooks", "WriterLimits"]
 
 log = logging.getLogger("evidence.writer")
 
@@ -81,36 +81,6 @@ class WriterLimits:
     busy_retries: int = 5  # BEGIN IMMEDIATE attempts beyond the first, each after busy_timeout
     verify_artifacts: bool = False  # re-hash referenced artifacts (not just size) on validation
     checkpoint_wal_bytes: int = 32 * 1024 * 1024  # past this, checkpoint after a commit
-
-
-class Ack(msgspec.Struct, frozen=True, kw_only=True):
-    """What became of one message. ``committed`` and ``duplicate`` are durable."""
-
-    message_id: str
-    status: Literal["committed", "duplicate", "conflict", "rejected"]
-    log_index: int | None = None
-    batch_seq: int | None = None
-    reason: str | None = None
-
-
-class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    queue_depth: int
-    oldest_pending_age: float  # seconds the oldest unacknowledged message has waited
-    batches: int
-    batch_sizes: dict[str, int]  # histogram: bucket upper bound -> batches
-    commit_latency_p50: float
-    commit_latency_p99: float
-    commit_latency_max: float
-    busy_retries: int
-    committed: int
-    duplicates: int
-    conflicts: int
-    rejections: int
-    commit_errors: int
-    checkpoints: int
-    checkpoint_errors: int
-    wal_truncations: int
-    tree_size: int
 
 
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)

@@ -63,6 +63,7 @@ import blake3
 
 from .._audit.verify import verify
 from .._errors import EvidenceError, StoreError
+from .._model.acks import Ack
 from .._model.messages import (
     Discovery,
     FetchAttempt,
@@ -74,9 +75,10 @@ from .._model.messages import (
     canonical_encode,
     payload_hash,
 )
-from .._store.artifacts import ArtifactRef, FileOps
+from .._model.refs import ArtifactRef
+from .._store.artifacts import FileOps
 from .._store.db import Store
-from .._write.writer import Ack, Writer, WriterLimits
+from .._write.writer import Writer, WriterLimits
 
 __all__ = [
     "CrashFileOps",

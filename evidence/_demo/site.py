@@ -59,7 +59,7 @@ crawler discovers but must not fetch.
 
 Usage::
 
-    from .site import SiteConfig, TestSite
+    from evidence._demo.site import SiteConfig, TestSite
 
     with TestSite(SiteConfig(pages=20, flaky={"/p/3": 2})) as site:
         crawl(site.url)                      # e.g. "http://127.0.0.1:40123/"
@@ -69,7 +69,7 @@ Usage::
 
 From a shell (serves until Ctrl-C, printing the URL on the first line of stdout)::
 
-    python -m evidence.testing.site --port 8765 --pages 200
+    python -m evidence._demo.site --port 8765 --pages 200
 """
 
 from __future__ import annotations
@@ -825,7 +825,7 @@ def _rate(value: str) -> tuple[int, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m evidence.testing.site",
+        prog="python -m evidence._demo.site",
         description="Serve the deterministic evidence test site on 127.0.0.1 until Ctrl-C. "
                     "The URL is printed on the first line of stdout.")
     parser.add_argument("--port", type=int, default=8765, help="port to bind; 0 picks a free "
