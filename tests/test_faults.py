@@ -46,7 +46,7 @@ from evidence import (
 )
 from evidence._archive.export import export
 from evidence._cli.main import main as cli_main
-from evidence._store.db import _connect_writer
+from evidence._store.sqlite import connect_writer
 from evidence._write.writer import WriterHooks
 from evidence.testing.faults import (
     FIXED_TIME,
@@ -251,7 +251,7 @@ def test_store_policy_makes_the_switch_to_wal_durable(fast_dir: Path) -> None:
     disk = SimulatedDisk(fast_dir)
     disk.capture()
     vfs = CrashVFS("policy", disk=disk)
-    conn = _connect_writer(fast_dir / "db", "full", 1000, create=True, vfs=vfs.name)
+    conn = connect_writer(fast_dir / "db", "full", 1000, create=True, vfs=vfs.name)
     conn.execute("CREATE TABLE t (x)")
     conn.execute("INSERT INTO t VALUES (1)")
     disk.power_loss("drop")

@@ -422,20 +422,20 @@ def legacy_store(path: Path) -> None:
 
     from evidence import SessionStarted, canonical_encode, payload_hash, utc_now
     from evidence._model.merkle import CompactTree, leaf_hash
-    from evidence._store.db import (
-        _connect_writer,
-        _ensure_store_id,
+    from evidence._store.log import GENESIS_HASH, entry_hash
+    from evidence._store.sqlite import (
         apply_migrations,
+        connect_writer,
+        ensure_store_id,
         load_migrations,
     )
-    from evidence._store.log import GENESIS_HASH, entry_hash
 
     path.mkdir()
     (path / "artifacts").mkdir()
-    conn = _connect_writer(path / "evidence.db", "full", 1000, create=True)
+    conn = connect_writer(path / "evidence.db", "full", 1000, create=True)
     try:
         apply_migrations(conn, load_migrations()[:4])
-        _ensure_store_id(conn)
+        ensure_store_id(conn)
         message = SessionStarted(message_id="m1", session_id="s1", started_at=utc_now())
         payload = canonical_encode(message)
         at = "2025-03-03T12:00:00.000000Z"

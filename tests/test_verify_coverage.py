@@ -30,7 +30,7 @@ from evidence import (
 )
 from evidence._audit.verify import TABLE_COVERAGE
 from evidence._demo.site import SiteConfig, TestSite
-from evidence._store.db import load_migrations
+from evidence._store.sqlite import load_migrations
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 
@@ -227,7 +227,7 @@ def test_every_table_is_covered_by_verify_and_its_docs() -> None:
     # A table a migration adds fails here until verify checks it or says it is not evidence.
     import apsw
 
-    from evidence._store.db import apply_migrations
+    from evidence._store.sqlite import apply_migrations
 
     conn = apsw.Connection(":memory:")
     apply_migrations(conn, load_migrations())

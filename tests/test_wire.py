@@ -343,7 +343,7 @@ def test_a_store_made_before_wire_capture_upgrades_with_its_evidence_unchanged(
     import apsw
 
     from evidence import export
-    from evidence._store import db as _store
+    from evidence._store import sqlite as _store
 
     with Store.create(tmp_path / "new") as new:  # the messages as the old version wrote them
         make = Factory(new)

@@ -28,8 +28,9 @@ import msgspec
 
 from .._errors import CorruptStoreError, MigrationError, StoreError
 from .._store.artifacts import ArtifactStore
-from .._store.db import Store, apply_migrations, load_migrations, map_sqlite_errors
+from .._store.db import Store
 from .._store.log import check_log, load_head
+from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
 from .export import (
     ARTIFACTS_DIR,
     DB_NAME,
@@ -48,7 +49,6 @@ from .export import (
     open_source,
     read_manifest,
     schema_sql,
-    snapshot,
     sql_literal,
     tables,
 )
@@ -95,10 +95,10 @@ def backup(source: Source, out_dir: os.PathLike[str] | str, *,
     ``backup.json`` (this report). Findings (a referenced artifact missing from the source,
     a log that does not check) are reported, not raised: the copy is still the best there is.
     """
-    db_path, artifacts, busy = open_source(source)
+    backend, artifacts = open_source(source)
     with building(out_dir, "backup") as tmp:
         db = tmp / DB_NAME
-        pages = snapshot(db_path, db, busy_timeout_ms=busy, progress=progress)
+        pages = backend.copy_snapshot(db, progress=progress)
         with map_sqlite_errors(db):
             conn = apsw.Connection(str(db))
             try:
@@ -407,8 +407,8 @@ def _summarize(source: Source, path: Path, progress: Progress | None
     kind = "store" if isinstance(source, Store) or not (Path(source) / MANIFEST).exists() \
         else "archive"
     if kind == "store":
-        db_path, _artifacts, busy = open_source(source)
-        snapshot(db_path, path, busy_timeout_ms=busy, progress=progress)
+        backend, _artifacts = open_source(source)
+        backend.copy_snapshot(path, progress=progress)
         conn = apsw.Connection(str(path))
     else:
         manifest = read_manifest(source)

@@ -45,17 +45,10 @@ from .._errors import (
 )
 from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
-from .._store.db import (
-    ARTIFACTS_DIR,
-    DB_NAME,
-    DEFAULT_BUSY_TIMEOUT_MS,
-    Store,
-    _connect_reader,
-    check_sqlite_version,
-    load_migrations,
-    map_sqlite_errors,
-)
+from .._store.backend import StoreBackend
+from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.log import check_log, load_head
+from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
 __all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest",
            "stale_builds"]
@@ -330,10 +323,10 @@ def _line_format(table: Table, fmt: Format) -> Callable[[tuple], str]:
 
 # --- one consistent snapshot, without blocking the writer ----------------------------------
 
-def open_source(source: Source) -> tuple[Path, ArtifactStore, int]:
-    """(database path, artifact store, busy timeout) of a Store or a store directory."""
+def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
+    """(database backend, artifact store) of a Store or a store directory."""
     if isinstance(source, Store):
-        return source.db_path, source.artifacts, source.busy_timeout_ms
+        return source.backend, source.artifacts
     root = Path(source)
     if not (root / DB_NAME).is_file():
         if (root / MANIFEST).is_file():
@@ -341,61 +334,21 @@ def open_source(source: Source) -> tuple[Path, ArtifactStore, int]:
                              hint=f"restore it first: evidence restore {root} --store NEW")
         raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
                          hint="pass a store directory (or a backup of one)", path=str(root))
-    _check_schema_version(root / DB_NAME)
-    return root / DB_NAME, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True), \
-        DEFAULT_BUSY_TIMEOUT_MS
+    backend = SQLiteBackend(root / DB_NAME)
+    _check_schema_version(backend)
+    return backend, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True)
 
 
-def _check_schema_version(db_path: Path) -> None:
+def _check_schema_version(backend: StoreBackend) -> None:
     """Refuse a store written by a newer program, as opening it for status or verify does:
     its dump could not be restored by this one, and its rows may mean other things."""
     newest = len(load_migrations())
-    with map_sqlite_errors(db_path):
-        conn = _connect_reader(db_path, DEFAULT_BUSY_TIMEOUT_MS)  # works on read-only media
-        try:
-            version = conn.execute("PRAGMA user_version").fetchall()[0][0]
-        finally:
-            conn.close()
+    with backend.snapshot() as conn:  # read-only: works on read-only media
+        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
     if version > newest:
         raise MigrationError(f"the store has schema version {version}, newer than this "
                              f"program supports ({newest})", schema_version=version,
                              hint="upgrade evidence to export this store")
-
-
-def snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
-             step_pages: int = 4096, progress: Progress | None = None) -> int:
-    """Copy one consistent snapshot of ``db_path`` into the new file ``dest``; return pages.
-
-    The source connection takes a read transaction *before* the first backup step and keeps
-    it until the last, so every step reads the same snapshot. Without it each step takes a
-    fresh read lock, and a commit by any other connection between steps restarts the copy:
-    with a crawler committing every few milliseconds it would never finish. In WAL mode the
-    read transaction never blocks the writer; it only keeps checkpoints from recycling the
-    WAL while the pages are copied (seconds), never while the dump is formatted.
-    """
-    check_sqlite_version()
-    with map_sqlite_errors(db_path):
-        src = _connect_reader(db_path, busy_timeout_ms)  # read-only media included
-        try:
-            dst = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READWRITE
-                                  | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_EXCLUSIVE)
-            try:
-                dst.execute("PRAGMA synchronous = OFF")  # fsynced by the caller when it keeps it
-                src.execute("BEGIN")
-                src.execute("SELECT count(*) FROM sqlite_schema").fetchall()  # the snapshot
-                with dst.backup("main", src, "main") as backup:
-                    while not backup.done:
-                        backup.step(step_pages)
-                        if progress:
-                            progress("snapshot", backup.page_count - backup.remaining,
-                                     backup.page_count)
-                    pages = backup.page_count
-                src.execute("COMMIT")
-            finally:
-                dst.close()
-        finally:
-            src.close()
-    return pages
 
 
 def fsync_path(path: Path) -> None:
@@ -508,8 +461,8 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactStore, dst: ArtifactSto
         if got.digest == ref.digest:
             return None
         if got not in wanted:  # the bytes on disk are not the ones referenced: no stray copy
-            with contextlib.suppress(OSError):
-                dst.path_for(got).unlink()
+            with contextlib.suppress(ArtifactError):
+                dst.remove(got)
         return Gap(kind="artifact_corrupt", subject=subject,
                    detail=f"the file hashes to {got.digest}")
 
@@ -741,10 +694,10 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
     """
     if format not in ("sql", "jsonl", "csv"):
         raise StoreError(f"format must be 'sql', 'jsonl' or 'csv', not {format!r}")
-    db_path, artifacts, busy = open_source(source)
+    backend, artifacts = open_source(source)
     with building(out, "exporting") as tmp:
         scratch = tmp / SNAPSHOT
-        snapshot(db_path, scratch, busy_timeout_ms=busy, progress=progress)
+        backend.copy_snapshot(scratch, progress=progress)
         with map_sqlite_errors(scratch):
             conn = apsw.Connection(str(scratch))
             try:

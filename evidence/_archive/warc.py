@@ -58,7 +58,7 @@ import msgspec
 from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
 from .._model.refs import ArtifactRef
 from .._store.artifacts import CHUNK_SIZE
-from .._store.db import Store, map_sqlite_errors
+from .._store.db import Store
 
 __all__ = ["WarcExport", "export_warc"]
 
@@ -105,22 +105,18 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
         raise EvidenceError(f"{out} already exists; an export never overwrites a file",
                             hint="remove it or choose another name", path=str(out))
     compress = out.name.endswith(".gz") if compress is None else compress
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            store_id = _one(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
-            last_seq = _one(conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
-            head = conn.execute("SELECT committed_at, tree_size FROM commit_log "
-                                "ORDER BY batch_seq DESC LIMIT 1").fetchall()
-            date, tree_size = head[0] if head else ("1970-01-01T00:00:00.000000Z", 0)
-            total = _one(conn, "SELECT count(*) FROM fetch_attempt WHERE attempt_seq <= ? AND "
-                         "(? IS NULL OR run_id = ?)", (last_seq, run_id, run_id))
-            if run_id is not None and not _one(conn, "SELECT 1 FROM crawl_run WHERE run_id = ?",
-                                               (run_id,)):
-                raise NotFoundError(f"no run {run_id!r} in the store",
-                                    hint="'evidence status' lists the runs", run_id=run_id)
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        store_id = _one(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
+        last_seq = _one(conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
+        head = conn.execute("SELECT committed_at, tree_size FROM commit_log "
+                            "ORDER BY batch_seq DESC LIMIT 1").fetchall()
+        date, tree_size = head[0] if head else ("1970-01-01T00:00:00.000000Z", 0)
+        total = _one(conn, "SELECT count(*) FROM fetch_attempt WHERE attempt_seq <= ? AND "
+                     "(? IS NULL OR run_id = ?)", (last_seq, run_id, run_id))
+        if run_id is not None and not _one(conn, "SELECT 1 FROM crawl_run WHERE run_id = ?",
+                                           (run_id,)):
+            raise NotFoundError(f"no run {run_id!r} in the store",
+                                hint="'evidence status' lists the runs", run_id=run_id)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         digest = hashlib.sha256()
         records = responses = 0
@@ -157,7 +153,7 @@ def _pages(store: Store, conn: apsw.Connection, last_seq: int,
            run_id: str | None) -> Iterator[tuple]:
     after = 0
     while True:
-        with map_sqlite_errors(store.db_path):  # each page is its own short snapshot
+        with store.errors():  # each page is its own short snapshot
             page = conn.execute(_ATTEMPTS, (after, last_seq, run_id, run_id, _PAGE)).fetchall()
         if not page:
             return

@@ -55,7 +55,7 @@ from .._model.merkle import (
 )
 from .._model.merkle import root as merkle_root
 from .._model.messages import decode_message, format_time, utc_now
-from .._store.db import Store, map_sqlite_errors
+from .._store.db import Store
 from .._store.log import check_log
 
 __all__ = [
@@ -340,13 +340,9 @@ def checkpoint(store: Store, key: SigningKey | str, *,
     is never signed, since a signed checkpoint is a promise every later one extends it.
     """
     key = key if isinstance(key, SigningKey) else SigningKey.from_text(key)
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            store_id = _store_id(conn)
-            size, root, findings = check_log(conn)
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        store_id = _store_id(conn)
+        size, root, findings = check_log(conn)
     if findings:
         raise CorruptStoreError(
             f"will not sign: the log does not verify ({findings[0].detail}; "
@@ -449,25 +445,21 @@ def prove_inclusion(store: Store, attempt_id: str | None = None, *, log_index: i
     """
     if (attempt_id is None) == (log_index is None):
         raise TypeError("give exactly one of attempt_id and log_index")
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            if attempt_id is not None:
-                rows = conn.execute("SELECT log_index FROM fetch_attempt WHERE attempt_id = ?",
-                                    (attempt_id,)).fetchall()
-                if not rows:
-                    raise NotFoundError(f"no attempt {attempt_id!r} in the store",
-                                        hint="'evidence status' lists runs; attempt ids are "
-                                        "in the crawler's output", attempt_id=attempt_id)
-                log_index = rows[0][0]
-            assert log_index is not None
-            origin, size, leaves = _head_and_leaves(conn, tree_size)
-            if not 0 <= log_index < size:
-                raise ProofError(f"log index {log_index} is not in a tree of size {size}")
-            entry = conn.execute("SELECT payload FROM ingest_ledger WHERE log_index = ?",
-                                 (log_index,)).fetchall()[0][0]
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        if attempt_id is not None:
+            rows = conn.execute("SELECT log_index FROM fetch_attempt WHERE attempt_id = ?",
+                                (attempt_id,)).fetchall()
+            if not rows:
+                raise NotFoundError(f"no attempt {attempt_id!r} in the store",
+                                    hint="'evidence status' lists runs; attempt ids are "
+                                    "in the crawler's output", attempt_id=attempt_id)
+            log_index = rows[0][0]
+        assert log_index is not None
+        origin, size, leaves = _head_and_leaves(conn, tree_size)
+        if not 0 <= log_index < size:
+            raise ProofError(f"log index {log_index} is not in a tree of size {size}")
+        entry = conn.execute("SELECT payload FROM ingest_ledger WHERE log_index = ?",
+                             (log_index,)).fetchall()[0][0]
     if leaf_hash(entry) != leaves[log_index]:
         raise CorruptStoreError(f"ledger entry {log_index} does not hash to its leaf hash",
                                 hint="run 'evidence verify'", log_index=log_index)
@@ -479,12 +471,8 @@ def prove_inclusion(store: Store, attempt_id: str | None = None, *, log_index: i
 def prove_consistency(store: Store, from_size: int, to_size: int | None = None
                       ) -> ConsistencyProof:
     """Prove the log at ``from_size`` is a prefix of the log at ``to_size`` (default: now)."""
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            origin, size, leaves = _head_and_leaves(conn, to_size)
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        origin, size, leaves = _head_and_leaves(conn, to_size)
     if not 0 <= from_size <= size:
         raise ProofError(f"from size {from_size} is not in 0..{size}")
     return ConsistencyProof(version=PROOF_VERSION, origin=origin, old_size=from_size,

@@ -30,7 +30,7 @@ from .._model.http1 import derive_content
 from .._model.messages import format_time
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
-from .._store.db import Store, map_sqlite_errors
+from .._store.db import Store
 
 __all__ = ["ReplayedResponse", "parse_time", "replay"]
 
@@ -112,24 +112,20 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
     with ``content``, its decoded content too."""
     key = normalize_url(url)
     when = None if at is None else format_time(parse_time(at))
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            ids = conn.execute("SELECT url_id FROM url_identity WHERE normalizer_version = ? "
-                               "AND fetch_key = ?", (NORMALIZER_VERSION, key)).fetchall()
-            if run_id is not None and not conn.execute(
-                    "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
-                raise NotFoundError(f"no run {run_id!r} in the store",
-                                    hint="'evidence status' lists the runs", run_id=run_id)
-            seq = None if not ids else _choose(conn, ids[0][0], run_id, when)
-            if seq is None:
-                scope = f" in run {run_id}" if run_id else ""
-                since = f" started at or before {when}" if when else ""
-                raise NotFoundError(f"no attempt of {key}{scope}{since}",
-                                    hint="check the URL, the run and the time", url=url)
-            row = conn.execute(_ATTEMPT, (seq,)).fetchall()[0]
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        ids = conn.execute("SELECT url_id FROM url_identity WHERE normalizer_version = ? "
+                           "AND fetch_key = ?", (NORMALIZER_VERSION, key)).fetchall()
+        if run_id is not None and not conn.execute(
+                "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
+            raise NotFoundError(f"no run {run_id!r} in the store",
+                                hint="'evidence status' lists the runs", run_id=run_id)
+        seq = None if not ids else _choose(conn, ids[0][0], run_id, when)
+        if seq is None:
+            scope = f" in run {run_id}" if run_id else ""
+            since = f" started at or before {when}" if when else ""
+            raise NotFoundError(f"no attempt of {key}{scope}{since}",
+                                hint="check the URL, the run and the time", url=url)
+        row = conn.execute(_ATTEMPT, (seq,)).fetchall()[0]
     (attempt_id, run, requested, sequence, method, started_at, outcome, status, content_type,
      truncated, log_index, h_ns, h_digest, h_size, b_ns, b_digest, b_size, capture, c_ns,
      c_digest, c_size, transfer_coding, content_coding, content_truncated) = row

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from .._errors import NotFoundError
-from .._store.db import Store, map_sqlite_errors
+from .._store.db import Store
 
 __all__ = ["FailureEvidence", "FailureGroup", "RuleTally", "RunReport", "render_html",
            "render_json", "render_text", "report"]
@@ -104,48 +104,44 @@ WHERE e.run_id = ?
 
 def report(store: Store, run_id: str, *, max_failures: int | None = None) -> RunReport:
     """The rules report of ``run_id``, read in one snapshot. ``NotFoundError`` if no run."""
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            run = conn.execute("SELECT session_id, started_at, ended_at, outcome FROM crawl_run "
-                               "WHERE run_id = ?", (run_id,)).fetchall()
-            if not run:
-                raise NotFoundError(f"no run {run_id!r} in the store", run_id=run_id,
-                                    hint="'evidence status' lists the runs")
-            store_id = conn.execute("SELECT value FROM store_meta WHERE key = 'store_id'"
-                                    ).fetchall()
-            head = conn.execute("SELECT tree_size, root FROM commit_log "
-                                "ORDER BY batch_seq DESC LIMIT 1").fetchall()
-            pages = conn.execute(
-                "SELECT count(*) FROM url_current c JOIN fetch_attempt f "
-                "ON f.attempt_seq = c.attempt_seq WHERE c.run_id = ? "
-                "AND f.http_status IS NOT NULL AND f.response_headers_id IS NOT NULL",
-                (run_id,)).fetchall()[0][0]
-            counts = conn.execute(
-                "SELECT e.rule_id, e.rule_version, e.verdict, count(DISTINCT e.url_id)"
-                + _CURRENT + "GROUP BY 1, 2, 3", (run_id,)).fetchall()
-            judged = conn.execute(
-                "SELECT e.rule_id, e.rule_version, count(DISTINCT e.url_id)" + _CURRENT
-                + "GROUP BY 1, 2", (run_id,)).fetchall()
-            hashes = conn.execute(
-                "SELECT DISTINCT e.rule_id, e.rule_version, "
-                "json_extract(e.details, '$.rule_hash')" + _CURRENT
-                + "AND json_extract(e.details, '$.rule_hash') IS NOT NULL ORDER BY 1, 2, 3",
-                (run_id,)).fetchall()
-            failures = conn.execute(
-                "SELECT e.rule_id, e.rule_version, e.verdict, f.url, f.attempt_id, "
-                "f.http_status, f.started_at, e.input_hash, h.digest, b.digest, "
-                "e.evaluated_at, e.log_index, f.log_index, e.details "
-                "FROM rule_evaluation e "
-                "JOIN url_current c ON c.run_id = e.run_id AND c.url_id = e.url_id "
-                "AND c.attempt_seq = e.attempt_seq "
-                "JOIN fetch_attempt f ON f.attempt_seq = e.attempt_seq "
-                "LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id "
-                "LEFT JOIN artifact b ON b.artifact_id = f.body_id "
-                "WHERE e.run_id = ? AND e.verdict IN ('fail', 'error')",
-                (run_id,)).fetchall()
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        run = conn.execute("SELECT session_id, started_at, ended_at, outcome FROM crawl_run "
+                           "WHERE run_id = ?", (run_id,)).fetchall()
+        if not run:
+            raise NotFoundError(f"no run {run_id!r} in the store", run_id=run_id,
+                                hint="'evidence status' lists the runs")
+        store_id = conn.execute("SELECT value FROM store_meta WHERE key = 'store_id'"
+                                ).fetchall()
+        head = conn.execute("SELECT tree_size, root FROM commit_log "
+                            "ORDER BY batch_seq DESC LIMIT 1").fetchall()
+        pages = conn.execute(
+            "SELECT count(*) FROM url_current c JOIN fetch_attempt f "
+            "ON f.attempt_seq = c.attempt_seq WHERE c.run_id = ? "
+            "AND f.http_status IS NOT NULL AND f.response_headers_id IS NOT NULL",
+            (run_id,)).fetchall()[0][0]
+        counts = conn.execute(
+            "SELECT e.rule_id, e.rule_version, e.verdict, count(DISTINCT e.url_id)"
+            + _CURRENT + "GROUP BY 1, 2, 3", (run_id,)).fetchall()
+        judged = conn.execute(
+            "SELECT e.rule_id, e.rule_version, count(DISTINCT e.url_id)" + _CURRENT
+            + "GROUP BY 1, 2", (run_id,)).fetchall()
+        hashes = conn.execute(
+            "SELECT DISTINCT e.rule_id, e.rule_version, "
+            "json_extract(e.details, '$.rule_hash')" + _CURRENT
+            + "AND json_extract(e.details, '$.rule_hash') IS NOT NULL ORDER BY 1, 2, 3",
+            (run_id,)).fetchall()
+        failures = conn.execute(
+            "SELECT e.rule_id, e.rule_version, e.verdict, f.url, f.attempt_id, "
+            "f.http_status, f.started_at, e.input_hash, h.digest, b.digest, "
+            "e.evaluated_at, e.log_index, f.log_index, e.details "
+            "FROM rule_evaluation e "
+            "JOIN url_current c ON c.run_id = e.run_id AND c.url_id = e.url_id "
+            "AND c.attempt_seq = e.attempt_seq "
+            "JOIN fetch_attempt f ON f.attempt_seq = e.attempt_seq "
+            "LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id "
+            "LEFT JOIN artifact b ON b.artifact_id = f.body_id "
+            "WHERE e.run_id = ? AND e.verdict IN ('fail', 'error')",
+            (run_id,)).fetchall()
     tallies: dict[tuple[str, str], dict[str, int]] = {}
     for rule_id, version, verdict, n in counts:
         tallies.setdefault((rule_id, version), dict.fromkeys(VERDICTS, 0))[verdict] = n

@@ -15,7 +15,7 @@ from .._crawl.frontier import FrontierCounts, counts
 from .._model.merkle import root as merkle_root
 from .._model.messages import now_text
 from .._model.urls import NORMALIZER_VERSION
-from .._store.db import Store, map_sqlite_errors
+from .._store.db import Store
 from .._store.runlock import running_pid
 
 __all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status"]
@@ -78,35 +78,31 @@ class StoreStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
     """Counts, sessions, recent runs, the log head and the WAL size of ``store``."""
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            rows = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
-                    for t in COUNTED_TABLES}
-            sessions = [SessionStatus(session_id=s, mode=m, started_at=a, ended_at=e,
-                                      outcome=o, runs=n, frontier=counts(conn, s))
-                        for s, m, a, e, o, n in conn.execute(
-                "SELECT s.session_id, s.mode, s.started_at, s.ended_at, s.outcome, "
-                "(SELECT count(*) FROM crawl_run r WHERE r.session_id = s.session_id) "
-                "FROM crawl_session s ORDER BY s.started_at DESC, s.session_id LIMIT 20")]
-            runs = conn.execute(
-                "SELECT r.run_id, r.session_id, r.started_at, r.ended_at, r.outcome, "
-                "(SELECT count(*) FROM fetch_attempt f WHERE f.run_id = r.run_id), r.pid, "
-                "r.host FROM crawl_run r ORDER BY r.started_at DESC, r.run_id LIMIT ?",
-                (recent_runs,)).fetchall()
-            artifact_bytes = conn.execute(
-                "SELECT coalesce(sum(size), 0) FROM artifact").fetchall()[0][0]
-            conflicts = conn.execute(
-                "SELECT count(*) FROM quarantine WHERE reason_code = 'conflict'"
-            ).fetchall()[0][0]
-            head = conn.execute("SELECT tree_size, root, committed_at FROM commit_log "
-                                "ORDER BY batch_seq DESC LIMIT 1").fetchall()
-            meta = dict(conn.execute("SELECT key, value FROM store_meta"))
-            backoff = [f"{h} until {u} ({r})" for h, u, r in conn.execute(
-                "SELECT host, backoff_until, reason FROM host_state "
-                "WHERE backoff_until > ? ORDER BY host", (now_text(),))]
-        finally:
-            conn.execute("COMMIT")
+    with store.snapshot() as conn:
+        rows = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+                for t in COUNTED_TABLES}
+        sessions = [SessionStatus(session_id=s, mode=m, started_at=a, ended_at=e,
+                                  outcome=o, runs=n, frontier=counts(conn, s))
+                    for s, m, a, e, o, n in conn.execute(
+            "SELECT s.session_id, s.mode, s.started_at, s.ended_at, s.outcome, "
+            "(SELECT count(*) FROM crawl_run r WHERE r.session_id = s.session_id) "
+            "FROM crawl_session s ORDER BY s.started_at DESC, s.session_id LIMIT 20")]
+        runs = conn.execute(
+            "SELECT r.run_id, r.session_id, r.started_at, r.ended_at, r.outcome, "
+            "(SELECT count(*) FROM fetch_attempt f WHERE f.run_id = r.run_id), r.pid, "
+            "r.host FROM crawl_run r ORDER BY r.started_at DESC, r.run_id LIMIT ?",
+            (recent_runs,)).fetchall()
+        artifact_bytes = conn.execute(
+            "SELECT coalesce(sum(size), 0) FROM artifact").fetchall()[0][0]
+        conflicts = conn.execute(
+            "SELECT count(*) FROM quarantine WHERE reason_code = 'conflict'"
+        ).fetchall()[0][0]
+        head = conn.execute("SELECT tree_size, root, committed_at FROM commit_log "
+                            "ORDER BY batch_seq DESC LIMIT 1").fetchall()
+        meta = dict(conn.execute("SELECT key, value FROM store_meta"))
+        backoff = [f"{h} until {u} ({r})" for h, u, r in conn.execute(
+            "SELECT host, backoff_until, reason FROM host_state "
+            "WHERE backoff_until > ? ORDER BY host", (now_text(),))]
     tree_size, root, last = head[0] if head else (0, None, None)
     pid = running_pid(store.path)
     runs = [RunStatus(run_id=r, session_id=s, started_at=a, ended_at=e, outcome=o,

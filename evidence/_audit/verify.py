@@ -36,10 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import os
 import re
-import stat
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,16 +74,10 @@ from .._model.messages import (
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store import quarantine as _quarantine
-from .._store.db import (
-    DB_NAME,
-    Store,
-    _connect_writer,
-    apply_migrations,
-    load_migrations,
-    map_sqlite_errors,
-)
+from .._store.db import DB_NAME, Store
 from .._store.log import check_log, identity_bound
 from .._store.resync import SYNC_MARKER, read_marker
+from .._store.sqlite import apply_migrations, load_migrations
 from .verify_state import WorkingState
 
 __all__ = [
@@ -220,26 +211,22 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
                   "since: what is read here may not all be on the disk (" +
                   "; ".join(marker.strip().splitlines()[1:]) + "); opening it for writing "
                   "resyncs it", path=str(store.path / SYNC_MARKER))
-    with store.reader() as conn, map_sqlite_errors(store.db_path):
-        conn.execute("BEGIN")
-        try:
-            store_id = step(None, _meta, conn, "store_id") or ""
-            step("schema_objects", _check_schema, conn, found, store.schema_version)
-            step("sqlite_" + ("integrity_check" if full else "quick_check"), _check_sqlite,
-                 conn, found, full)
-            step("foreign_key_check", _check_foreign_keys, conn, found)
-            step("migration_rows", _check_migrations, conn, found, store.schema_version)
-            size, root = step("log_entries", _check_log, conn, found) or (0, EMPTY_ROOT)
-            state = _working_state(conn, store.schema_version)
-            step("ledger_entries", _check_rows, conn, found, state)
-            if state is not None:
-                step("working_state_rows", _compare_state, state, found)
-            step("projection_rows", _check_projection, conn, found)
-            step("interned_rows", _check_interned, conn, found)
-            step("quarantined", _quarantine.check_records, conn, found.add)
-            max_artifact = step(None, _max_artifact_id, conn) or 0
-        finally:
-            _end_read(conn)
+    with store.snapshot() as conn:
+        store_id = step(None, _meta, conn, "store_id") or ""
+        step("schema_objects", _check_schema, conn, found, store.schema_version)
+        step("sqlite_" + ("integrity_check" if full else "quick_check"), _check_sqlite,
+             conn, found, full)
+        step("foreign_key_check", _check_foreign_keys, conn, found)
+        step("migration_rows", _check_migrations, conn, found, store.schema_version)
+        size, root = step("log_entries", _check_log, conn, found) or (0, EMPTY_ROOT)
+        state = _working_state(conn, store.schema_version)
+        step("ledger_entries", _check_rows, conn, found, state)
+        if state is not None:
+            step("working_state_rows", _compare_state, state, found)
+        step("projection_rows", _check_projection, conn, found)
+        step("interned_rows", _check_interned, conn, found)
+        step("quarantined", _quarantine.check_records, conn, found.add)
+        max_artifact = step(None, _max_artifact_id, conn) or 0
         step("artifacts_rehashed" if full else "artifacts", _check_artifacts, store, conn,
              found, max_artifact, full)
         if full:
@@ -248,7 +235,7 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
     for ref, age in orphans:
         found.add("orphan", f"{ref.namespace}/{ref.digest} ({ref.size} bytes, "
                   f"{_age(age)} old) is referenced by no row",
-                  path=str(store.artifacts.path_for(ref)), digest=ref.digest)
+                  path=store.artifacts.location(ref), digest=ref.digest)
     checks["orphans"] = len(orphans)
     return VerifyReport(
         path=str(store.path), store_id=store_id, full=full, checked_at=now_text(),
@@ -256,16 +243,6 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
         findings=[Finding(kind=k, severity=s, location=loc, message=m)
                   for k, s, loc, m in found.items],
         omitted=dict(found.omitted))
-
-
-def _end_read(conn: apsw.Connection) -> None:
-    """End the read transaction; on a damaged database a cursor's pending error can surface
-    at the COMMIT, which then did not end it."""
-    with contextlib.suppress(apsw.Error):
-        conn.execute("COMMIT")
-    if not conn.get_autocommit():
-        with contextlib.suppress(apsw.Error):
-            conn.execute("ROLLBACK")
 
 
 def unreadable(path: Path | str, error: BaseException, *, full: bool = False) -> VerifyReport:
@@ -564,7 +541,7 @@ def _check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_i
     """Each artifact row's file: present with its size (full: BLAKE3 re-hashed), read-only."""
     n, after = 0, 0
     while after < max_id:
-        with map_sqlite_errors(store.db_path):  # one short snapshot per page
+        with store.errors():  # one short snapshot per page
             page = conn.execute(
                 "SELECT artifact_id, namespace, digest, size FROM artifact "
                 "WHERE artifact_id > ? AND artifact_id <= ? ORDER BY artifact_id LIMIT ?",
@@ -576,8 +553,7 @@ def _check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_i
             where = {"table": "artifact", "row_id": artifact_id, "digest": digest}
             try:
                 ref = ArtifactRef(namespace, digest, size)
-                path = store.artifacts.path_for(ref)
-                where["path"] = str(path)
+                where["path"] = store.artifacts.location(ref)
                 (store.artifacts.verify if full else store.artifacts.check)(ref)
             except ArtifactMissingError:
                 found.add("artifact_missing", f"artifact {namespace}/{digest} ({size} bytes) "
@@ -589,10 +565,9 @@ def _check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_i
             except ArtifactError as exc:
                 found.add("artifact_unreadable", str(exc), **where)
                 continue
-            with contextlib.suppress(OSError):
-                if os.stat(path).st_mode & 0o222:
-                    found.add("artifact_writable", f"artifact {path} is writable (the store "
-                              "makes every payload read-only)", **where)
+            if store.artifacts.is_writable(ref):
+                found.add("artifact_writable", f"artifact {where['path']} is writable (the "
+                          "store makes every payload read-only)", **where)
     return n
 
 
@@ -1004,7 +979,7 @@ def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int
     """Derive each wire attempt's content again from its head and body; compare."""
     n = after = 0
     while True:
-        with map_sqlite_errors(store.db_path):  # each page its own short snapshot
+        with store.errors():  # each page its own short snapshot
             page = conn.execute(_CONTENT_SQL, (after, _PAGE)).fetchall()
         if not page:
             return n
@@ -1064,20 +1039,17 @@ def _referenced(conn: apsw.Connection, ref: ArtifactRef) -> bool:
 
 def _orphans(store: Store, conn: apsw.Connection) -> Iterator[tuple[ArtifactRef, float]]:
     """(ref, age in seconds) of each file no row and no quarantined message references."""
-    with map_sqlite_errors(store.db_path):
+    with store.errors():
         quarantined, _ = _quarantined_refs(conn)
-    now = time.time()
     for ref in store.artifacts.iter_refs():
         if (ref.namespace, ref.digest) in quarantined:
             continue
-        with map_sqlite_errors(store.db_path):
+        with store.errors():
             if _referenced(conn, ref):
                 continue
-        try:
-            mtime = os.lstat(store.artifacts.path_for(ref)).st_mtime
-        except FileNotFoundError:
-            continue
-        yield ref, max(0.0, now - mtime)
+        age = store.artifacts.age(ref)
+        if age is not None:
+            yield ref, age
 
 
 def _age(seconds: float) -> str:
@@ -1125,17 +1097,18 @@ def reclaim_orphans(store: Store, grace_seconds: float, *,
                 candidates.append(ref)
     if not candidates:
         return report
-    with map_sqlite_errors(store.db_path):
+    with store.errors():
         # Its own connection: the store's write connection belongs to the writer.
-        conn = _connect_writer(store.db_path, store.sync, store.busy_timeout_ms)
+        conn = store.backend.connect_writer()
         try:
             quarantined, last_q = _quarantined_refs(conn)
             for ref in candidates:
                 if hooks.before_lock:
                     hooks.before_lock(ref)
                 try:
-                    conn.execute("BEGIN IMMEDIATE")  # the write lock: no commit can interleave
-                except apsw.BusyError:
+                    # The write lock: no commit can interleave.
+                    conn.execute(store.backend.dialect.begin_write)
+                except store.backend.BusyError:
                     report.skipped_busy += 1
                     continue
                 try:
@@ -1156,28 +1129,15 @@ def _reclaim_one(store: Store, conn: apsw.Connection, ref: ArtifactRef,
     if (ref.namespace, ref.digest) in quarantined or _referenced(conn, ref):
         report.kept_referenced += 1
         return
-    path = store.artifacts.path_for(ref)
-    st = _lstat(path)
-    if st is None or not stat.S_ISREG(st.st_mode):
+    age = store.artifacts.age(ref)
+    if age is None:
         return
-    if time.time() - st.st_mtime < grace_seconds:  # written again since the scan
+    if age < grace_seconds:  # written again since the scan
         report.kept_young += 1
         return
     if hooks.while_locked:
         hooks.while_locked(ref)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ArtifactError(f"could not delete orphan {path}: {exc.strerror}", path=path,
-                            hint="check permissions on the artifact directory") from exc
-    report.removed.append(str(path))
-    report.bytes_freed += st.st_size
-
-
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
+    freed = store.artifacts.remove(ref)
+    if freed is not None:
+        report.removed.append(store.artifacts.location(ref))
+        report.bytes_freed += freed

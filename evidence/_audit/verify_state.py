@@ -30,7 +30,7 @@ from .._model.messages import (
     SessionStarted,
 )
 from .._model.urls import NORMALIZER_VERSION
-from .._store.db import apply_migrations, load_migrations
+from .._store.sqlite import SQLITE, apply_migrations, load_migrations
 from .._write.apply import Applier, Interner, Rejected, fetch_keys
 
 __all__ = ["WorkingState"]
@@ -57,8 +57,13 @@ class _NoFiles:
     verify = check
 
 
+class _ScratchDatabase:
+    dialect = SQLITE  # the scratch database is an in-memory SQLite one
+
+
 class _Scratch:
     artifacts = _NoFiles()
+    backend = _ScratchDatabase()
 
 
 class _ReplayApplier(Applier):

@@ -521,6 +521,46 @@ class ArtifactStore:
         if not stat.S_ISREG(st.st_mode) or st.st_size != ref.size:
             self._check_stat(st, ref, self.path_for(ref))
 
+    def sync(self, refs: Iterable[ArtifactRef]) -> None:
+        """Make the listed payloads durable: nothing is left to do here, since a put in
+        this store is durable when it returns (``backend.ArtifactBackend``)."""
+
+    def location(self, ref: ArtifactRef) -> str:
+        """The payload's file, for findings and errors."""
+        return self._file(ref.namespace, ref.digest)
+
+    def age(self, ref: ArtifactRef) -> float | None:
+        """Seconds since the payload's file was last written or put again (a put of the
+        same content touches it); None if it is gone or not a regular file."""
+        st = _lstat(Path(self._file(ref.namespace, ref.digest)))
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return None
+        return max(0.0, time.time() - st.st_mtime)
+
+    def is_writable(self, ref: ArtifactRef) -> bool:
+        """Whether the file has a write bit (every put makes its file read-only)."""
+        try:
+            return bool(os.stat(self._file(ref.namespace, ref.digest)).st_mode & 0o222)
+        except OSError:
+            return False
+
+    def remove(self, ref: ArtifactRef) -> int | None:
+        """Delete the payload's file (reclaim, under the store's write lock); the bytes
+        freed, or None if it was gone or not a regular file. Directories stay: removing one
+        could race a put that has just created it."""
+        path = Path(self._file(ref.namespace, ref.digest))
+        st = _lstat(path)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            os.unlink(path)  # not a put's: the fault model's FileOps are the put's
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ArtifactError(f"could not delete orphan {path}: {exc.strerror}", path=path,
+                                hint="check permissions on the artifact directory") from exc
+        return st.st_size
+
     def exists(self, ref: ArtifactRef) -> bool:
         """True if the artifact is present with the right size (bytes are not re-hashed)."""
         try:

@@ -12,11 +12,11 @@ savepoint per message). Only the writer calls this module.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import apsw
 import msgspec
 
 from .._errors import ArtifactError, URLError
@@ -36,6 +36,7 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
+from .._store.backend import Connection, Dialect
 
 if TYPE_CHECKING:
     from .._store.db import Store
@@ -44,26 +45,12 @@ __all__ = ["Applier", "Interner", "Rejected", "fetch_keys"]
 
 _json = msgspec.json.Encoder(order="deterministic")
 
-# The hot statements, kept as constants: apsw caches prepared statements by their text.
-# An INSERT ... ON CONFLICT DO NOTHING followed by changes() and last_insert_rowid() (two
-# C calls) replaces RETURNING, which makes SQLite build an ephemeral table per execution.
-_URL_INSERT = ("INSERT INTO url_identity (normalizer_version, fetch_key) VALUES (?, ?) "
-               "ON CONFLICT (normalizer_version, fetch_key) DO NOTHING")
-_URL_SELECT = "SELECT url_id FROM url_identity WHERE normalizer_version = ? AND fetch_key = ?"
-# Many keys at once: the IN list probes the unique index once per key (written as a join
-# with json_each, the planner put url_identity outside, searched by version only: a scan).
-_URLS_SELECT = ("SELECT fetch_key, url_id FROM url_identity WHERE normalizer_version = ? "
-                "AND fetch_key IN (SELECT value FROM json_each(?))")
 _ATTEMPT_COLUMNS = (
     "attempt_id, run_id, url_id, url, sequence, method, started_at, elapsed_ms, outcome, "
     "http_status, request_headers_id, response_headers_id, body_id, body_truncated, "
     "content_type, error, log_index, capture, content_id, transfer_coding, content_coding, "
     "content_truncated, surplus_id, text_encoding, text_encoding_source")
 _ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
-_ATTEMPT_INSERT = (
-    f"INSERT INTO fetch_attempt ({_ATTEMPT_COLUMNS}) "
-    f"VALUES ({', '.join('?' * _ATTEMPT_WIDTH)}) "
-    "ON CONFLICT (attempt_id) DO NOTHING")
 
 
 class RowInsert:
@@ -80,12 +67,12 @@ class RowInsert:
 
     WIDE = 32
 
-    def __init__(self, head: str, columns: int, tail: str) -> None:
-        one = "(" + ", ".join("?" * columns) + ")"
+    def __init__(self, head: str, columns: int, tail: str, *, dialect: Dialect) -> None:
+        one = dialect.values(columns)
         self.single = f"{head} VALUES {one} {tail}"
         self.wide = f"{head} VALUES {', '.join([one] * self.WIDE)} {tail}"
 
-    def write(self, cursor: apsw.Cursor, rows: list[tuple[object, ...]]) -> None:
+    def write(self, cursor: Any, rows: list[tuple[object, ...]]) -> None:
         wide = self.WIDE
         full = len(rows) - len(rows) % wide
         if full:
@@ -96,20 +83,56 @@ class RowInsert:
             cursor.executemany(self.single, rows[full:])
 
 
-# Rule 5: a late or redelivered attempt never moves the projection backward.
-_CURRENT = RowInsert(
-    "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq)", 4,
-    "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
-    "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence")
-_ATTEMPTS = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})",
-                      _ATTEMPT_WIDTH + 1,
-                      "ON CONFLICT (attempt_id) DO NOTHING")
-# No conflict clause: intern_urls inserts only keys it has just found absent.
-_URLS = RowInsert("INSERT INTO url_identity (url_id, normalizer_version, fetch_key)", 3, "")
-_EDGES = RowInsert(
-    "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, position, "
-    "observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index)", 11,
-    "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING")
+class Statements:
+    """The write path's hot statements, spelled in one backend's dialect (built once per
+    dialect, ``statements``: apsw caches prepared statements by their text).
+
+    An INSERT ... ON CONFLICT DO NOTHING followed by changes() and last_insert_rowid() (two
+    C calls) replaces RETURNING, which makes SQLite build an ephemeral table per execution.
+    """
+
+    def __init__(self, d: Dialect) -> None:
+        p = d.param
+        self.encode_list = d.encode_list
+        self.url_insert = (f"INSERT INTO url_identity (normalizer_version, fetch_key) VALUES "
+                           f"{d.values(2)} ON CONFLICT (normalizer_version, fetch_key) DO NOTHING")
+        self.url_select = (f"SELECT url_id FROM url_identity WHERE normalizer_version = {p} "
+                           f"AND fetch_key = {p}")
+        # Many keys at once: the IN list probes the unique index once per key (written as a
+        # join with json_each, the planner put url_identity outside, searched by version
+        # only: a scan).
+        self.urls_select = (f"SELECT fetch_key, url_id FROM url_identity WHERE "
+                            f"normalizer_version = {p} AND {d.in_list('fetch_key')}")
+        self.attempt_insert = (f"INSERT INTO fetch_attempt ({_ATTEMPT_COLUMNS}) VALUES "
+                               f"{d.values(_ATTEMPT_WIDTH)} ON CONFLICT (attempt_id) DO NOTHING")
+        # Rule 5: a late or redelivered attempt never moves the projection backward.
+        self.current = RowInsert(
+            "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq)", 4,
+            "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
+            "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence",
+            dialect=d)
+        self.attempts = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})",
+                                  _ATTEMPT_WIDTH + 1, "ON CONFLICT (attempt_id) DO NOTHING",
+                                  dialect=d)
+        # No conflict clause: intern_urls inserts only keys it has just found absent.
+        self.urls = RowInsert("INSERT INTO url_identity (url_id, normalizer_version, fetch_key)",
+                              3, "", dialect=d)
+        self.edges = RowInsert(
+            "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, "
+            "position, observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index)", 11,
+            "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING",
+            dialect=d)
+        # The ledger insert is also the dedup lookup (the writer's): nothing inserted, a
+        # redelivery.
+        self.ledger = RowInsert(
+            "INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
+            "payload, batch_seq, received_at)", 8, "ON CONFLICT (message_id) DO NOTHING",
+            dialect=d)
+
+
+@functools.cache
+def statements(dialect: Dialect) -> Statements:
+    return Statements(dialect)
 
 
 class Rejected(Exception):
@@ -221,11 +244,15 @@ class Applier:
 
     __slots__ = ("_artifacts", "_attempt_rows", "_attempts", "_edges", "_next_attempt_seq",
                  "_projection", "_runs", "_urls", "conn", "cursor", "interner", "keys",
-                 "log_index", "store", "verify_artifacts")
+                 "log_index", "new_refs", "sql", "store", "verify_artifacts")
 
-    def __init__(self, conn: apsw.Connection, store: Store, interner: Interner, *,
+    def __init__(self, conn: Connection, store: Store, interner: Interner, *,
                  verify_artifacts: bool = False, defer: bool = False) -> None:
         self.conn = conn
+        self.sql = statements(store.backend.dialect)
+        # Payloads this batch references for the first time: the writer has the artifact
+        # store make them durable (``sync``) before the COMMIT that references them.
+        self.new_refs: list[ArtifactRef] = []
         # One cursor for the hot INSERTs (each runs to completion in one step): a new cursor
         # per statement, which is what Connection.execute makes, costs about 0.5 us.
         self.cursor = conn.cursor()
@@ -266,7 +293,7 @@ class Applier:
     def add_attempt(self, row: tuple[object, ...], what: What) -> int:
         """Append one fetch_attempt row (``_ATTEMPT_COLUMNS``); return its attempt_seq."""
         if self._attempt_rows is None:
-            self.cursor.execute(_ATTEMPT_INSERT, row)
+            self.cursor.execute(self.sql.attempt_insert, row)
             if not self.conn.changes():
                 raise Rejected(f"{_text(what)} is already recorded by another message",
                                conflict=True)
@@ -283,7 +310,7 @@ class Applier:
         rows = self._attempt_rows
         assert rows is not None
         before = self.conn.total_changes()
-        _ATTEMPTS.write(self.cursor, rows)
+        self.sql.attempts.write(self.cursor, rows)
         if self.conn.total_changes() - before != len(rows):
             # Which one is known only to the isolated path, which this sends the batch to.
             raise Rejected("an attempt of this batch is already recorded", conflict=True)
@@ -292,13 +319,13 @@ class Applier:
     def project(self, row: tuple[object, ...]) -> None:
         """Advance url_current for one attempt: (run_id, url_id, sequence, attempt_seq)."""
         if self._projection is None:
-            _CURRENT.write(self.cursor, [row])
+            self.sql.current.write(self.cursor, [row])
         else:
             self._projection.append(row)
 
     def add_edges(self, rows: list[tuple[object, ...]]) -> None:
         if self._edges is None:
-            _EDGES.write(self.cursor, rows)
+            self.sql.edges.write(self.cursor, rows)
         else:
             self._edges.extend(rows)
 
@@ -306,7 +333,8 @@ class Applier:
         """Write the deferred rows (``defer``), in the order the messages made them."""
         if self._attempt_rows:
             self._write_attempts()
-        for rows, insert in ((self._edges, _EDGES), (self._projection, _CURRENT)):
+        for rows, insert in ((self._edges, self.sql.edges),
+                             (self._projection, self.sql.current)):
             if rows:
                 insert.write(self.cursor, rows)
                 rows.clear()
@@ -328,11 +356,12 @@ class Applier:
         if url_id is not None:
             return url_id  # type: ignore[no-any-return]
         conn = self.conn
-        self.cursor.execute(_URL_INSERT, (NORMALIZER_VERSION, key))
+        self.cursor.execute(self.sql.url_insert, (NORMALIZER_VERSION, key))
         if conn.changes():
             url_id = conn.last_insert_rowid()
         else:  # known to the store, not (or no longer) to the cache
-            url_id = conn.execute(_URL_SELECT, (NORMALIZER_VERSION, key)).fetchall()[0][0]
+            url_id = conn.execute(self.sql.url_select,
+                                  (NORMALIZER_VERSION, key)).fetchall()[0][0]
         self.interner.put("url", key, url_id)
         return url_id  # type: ignore[no-any-return]
 
@@ -350,8 +379,8 @@ class Applier:
         if not missing:
             return
         put = self.interner.put
-        found = dict(self.conn.execute(_URLS_SELECT,
-                                       (NORMALIZER_VERSION, _json.encode(missing))))
+        found = dict(self.conn.execute(self.sql.urls_select,
+                                       (NORMALIZER_VERSION, self.sql.encode_list(missing))))
         for key, url_id in found.items():
             put("url", key, url_id)
         new = [key for key in missing if key not in found]
@@ -360,7 +389,7 @@ class Applier:
         last = self.conn.execute("SELECT max(url_id) FROM url_identity").fetchall()[0][0]
         rows = [(url_id, NORMALIZER_VERSION, key)
                 for url_id, key in enumerate(new, (last or 0) + 1)]
-        _URLS.write(self.cursor, rows)
+        self.sql.urls.write(self.cursor, rows)
         for url_id, _, key in rows:
             put("url", key, url_id)
 
@@ -387,6 +416,7 @@ class Applier:
         if row is not None:
             self.interner.put("artifact", key, row)
             return row[0]  # type: ignore[return-value]
+        self.new_refs.append(ref)
         artifact_id = self.conn.execute(
             "INSERT INTO artifact (namespace, digest, size) VALUES (?, ?, ?) "
             "RETURNING artifact_id", (ref.namespace, ref.digest, ref.size)).fetchall()[0][0]

@@ -45,10 +45,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import anyio
-import apsw
 import sniffio
 
-from .._errors import CommitError, MessageError, SyncError, WriterClosedError
+from .._errors import ArtifactError, CommitError, MessageError, SyncError, WriterClosedError
 from .._model.acks import Ack, WriterStatistics
 from .._model.merkle import CompactTree, leaf_hash
 from .._model.messages import (
@@ -59,10 +58,11 @@ from .._model.messages import (
     now_text,
     payload_hash,
 )
+from .._model.refs import ArtifactRef
 from .._store import quarantine as _quarantine
-from .._store.db import AUTOCHECKPOINT_FRAMES, Store, map_sqlite_errors
+from .._store.backend import Connection
+from .._store.db import Store
 from .._store.log import entry_hash, load_head
-from .._store.resync import describe, is_sync_failure
 from . import apply as _apply
 
 __all__ = ["Writer", "WriterHooks", "WriterLimits"]
@@ -87,10 +87,6 @@ _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
 _URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
          for kind in Message.__args__}  # type: ignore[attr-defined]
-_LEDGER = _apply.RowInsert(
-    "INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
-    "payload, batch_seq, received_at)", 8, "ON CONFLICT (message_id) DO NOTHING")
-_LEDGER_INSERT = _LEDGER.single
 
 
 class _Pending:
@@ -217,11 +213,12 @@ class Writer:
         store.check_writable()
         store.check_synced()  # a store whose fsync failed is resynced by opening it again
         self.store = store
+        self._db = store.backend  # the database seam: dialect, errors, upkeep
         self.limits = limits or WriterLimits()
         self._hooks = hooks or WriterHooks()
         # Read before anything that must be closed exists: a failing read (an I/O error on
         # a damaged disk) then leaves nothing behind.
-        with map_sqlite_errors(store.db_path):
+        with store.errors():
             self._head = load_head(store.connection)
         # Queue items are groups with their encoded size: (bytes, messages).
         self._send, self._receive = anyio.create_memory_object_stream[_Group](
@@ -518,6 +515,10 @@ class Writer:
             if not wrote:  # only duplicates: nothing to commit, no outcome to doubt
                 self._rollback(conn)
                 return acks, False
+            # Durable before referenced (DESIGN.md): whatever payloads the batch references
+            # for the first time are synced before its COMMIT (a no-op for a store whose
+            # put is durable when it returns; artifact packs sync here, once per batch).
+            self._sync_payloads(applier.new_refs, batch_seq)
             root = tree.root()
             quarantined = self._records.encode()
             chain = entry_hash(head.entry_hash, batch_seq, first_index, tree.size, root,
@@ -530,11 +531,12 @@ class Writer:
                  head.entry_hash, chain, quarantined))
             if self._hooks.before_commit:
                 self._hooks.before_commit(batch_seq)
-        except apsw.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
+        except self._db.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
             self._rollback(conn)
-            if is_sync_failure(exc):  # no fsync runs before COMMIT in WAL mode; if one did
+            # No fsync runs before COMMIT in WAL mode; if one did:
+            if self._db.is_sync_failure(exc):
                 self._stopping = self.store.mark_sync_failed(
-                    f"batch {batch_seq}, before its COMMIT: {describe(exc)}")
+                    f"batch {batch_seq}, before its COMMIT: {self._db.describe(exc)}")
             raise CommitError(
                 f"batch {batch_seq} failed before commit ({exc}); nothing of it was written",
                 hint="redeliver the messages; if the disk is full, free space first",
@@ -545,7 +547,7 @@ class Writer:
             raise
         try:
             conn.execute("COMMIT")
-        except apsw.Error as exc:
+        except self._db.Error as exc:
             return self._recover(batch_seq, acks, exc), False
         self._head = type(head)(tree, batch_seq, chain)
         if self._hooks.after_commit:
@@ -575,7 +577,7 @@ class Writer:
         leaves = [leaf_hash(pending.encoded) for pending in batch]
         try:
             before = conn.total_changes()
-            _LEDGER.write(applier.cursor, [
+            applier.sql.ledger.write(applier.cursor, [
                 (log_index, pending.message.message_id, _TAGS[type(pending.message)],
                  pending.payload_hash, leaf, pending.encoded, batch_seq, received_at)
                 for log_index, pending, leaf in zip(itertools.count(first_index), batch,
@@ -587,7 +589,7 @@ class Writer:
             for log_index, pending in enumerate(batch, first_index):
                 apply(pending.message, log_index, pending.keys)
             applier.flush()
-        except (_apply.Rejected, apsw.ConstraintError):
+        except (_apply.Rejected, self._db.ConstraintError):
             return None
         self._interner.message_done(keep=True)  # the batch's ids, kept if it commits
         tree.extend(leaves)
@@ -612,62 +614,57 @@ class Writer:
             acks.append(ack)
         return acks, tree, wrote
 
-    def _checkpoint(self, conn: apsw.Connection, batch_seq: int) -> None:
-        """Checkpoint where SQLite's auto-checkpoint would, and keep the WAL bounded.
-
-        SQLite's auto-checkpoint (a passive checkpoint once the WAL holds 1,000 frames) is
-        replaced by this one, because SQLite ignores its errors (``Store`` policy,
-        ``connection_checkpoints_seen``). It also never shrinks the file, and a long
-        reader stops it from restarting the WAL, which then grows: past
-        ``checkpoint_wal_bytes``, once a passive checkpoint has copied every frame (no
-        reader holds an old snapshot), a TRUNCATE resets the file to zero; with a zero busy
-        timeout it never waits on a reader.
-        """
-        large = self.store.wal_size() > self.limits.checkpoint_wal_bytes
-        if not large and self.store.wal_frames.frames < AUTOCHECKPOINT_FRAMES:
-            return
+    def _checkpoint(self, conn: Connection, batch_seq: int) -> None:
+        """The backend's upkeep after a commit (SQLite: the WAL checkpoint that replaces
+        its auto-checkpoint, ``SQLiteBackend.after_commit``), with every error seen."""
+        db = self._db
         try:
-            frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            self._counts["checkpoints"] += 1
-            if large and frames == copied:
-                conn.set_busy_timeout(0)
-                try:
-                    conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
-                    self._counts["wal_truncations"] += 1
-                finally:
-                    conn.set_busy_timeout(self.store.busy_timeout_ms)
-        except apsw.BusyError:
+            db.after_commit(conn, wal_limit_bytes=self.limits.checkpoint_wal_bytes,
+                            counted=self._count)
+        except db.BusyError:
             pass  # a reader is still using the WAL: the next commit tries again
-        except apsw.Error as exc:
+        except db.Error as exc:
             # The batch is committed and is acked either way (sync=full: its COMMIT synced
             # the WAL; sync=normal acks inside its documented window).
             self._counts["checkpoint_errors"] += 1
-            if is_sync_failure(exc):
+            if db.is_sync_failure(exc):
                 # The database file's fsync failed: pages an earlier partial checkpoint
                 # wrote may be lost though reads show them, and the next checkpoint that
                 # succeeds would reset the WAL that still holds them. Stop; resync first.
                 self._stopping = self.store.mark_sync_failed(
-                    f"the checkpoint after batch {batch_seq}: {describe(exc)}")
+                    f"the checkpoint after batch {batch_seq}: {db.describe(exc)}")
                 return
             # A full disk or a failed write leaves the WAL as it was, which is safe: retry
             # at a later commit.
             log.warning("WAL checkpoint failed after batch commit: %s", exc)
 
-    def _rollback(self, conn: apsw.Connection) -> None:
+    def _sync_payloads(self, refs: list[ArtifactRef], batch_seq: int) -> None:
+        try:
+            self.store.artifacts.sync(refs)
+        except ArtifactError as exc:
+            raise CommitError(
+                f"batch {batch_seq}: its payloads could not be made durable ({exc}); nothing "
+                "of it was written", hint="redeliver the messages once the artifact store "
+                "works again", batch_seq=batch_seq) from exc
+
+    def _count(self, name: str) -> None:
+        self._counts[name] += 1
+
+    def _rollback(self, conn: Connection) -> None:
         """Roll back the open transaction; a connection that cannot is replaced."""
         try:
             if not conn.get_autocommit():
                 conn.execute("ROLLBACK")
-        except apsw.Error:
+        except self._db.Error:
             self.store.reopen_connection()
 
-    def _begin(self, conn: apsw.Connection) -> None:
+    def _begin(self, conn: Connection) -> None:
         """BEGIN IMMEDIATE with a bounded retry on SQLITE_BUSY (each try waits busy_timeout)."""
         for attempt in range(self.limits.busy_retries + 1):
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(self._db.dialect.begin_write)
                 return
-            except apsw.BusyError as exc:
+            except self._db.BusyError as exc:
                 self._counts["busy_retries"] += 1
                 if attempt == self.limits.busy_retries:
                     raise CommitError(
@@ -677,19 +674,19 @@ class Writer:
                         sqlite_code=exc.extendedresult) from exc
                 time.sleep(min(0.05 * 2**attempt, 1.0))
 
-    def _recover(self, batch_seq: int, acks: list[Ack], exc: apsw.Error) -> list[Ack]:
+    def _recover(self, batch_seq: int, acks: list[Ack], exc: Exception) -> list[Ack]:
         """COMMIT failed: outcome unknown. Reopen and ask the commit log what happened.
 
         Unless an fsync failed: then the commit log read back may be the page cache's,
         never written, so nothing of the batch is acked and the writer stops (DESIGN.md
         rule 11 cannot hold after a failed fsync; docs/design.md, "The writer").
         """
-        if is_sync_failure(exc):
+        if self._db.is_sync_failure(exc):
             self._stopping = self.store.mark_sync_failed(
-                f"batch {batch_seq}'s COMMIT: {describe(exc)}")
+                f"batch {batch_seq}'s COMMIT: {self._db.describe(exc)}")
             raise CommitError(
-                f"batch {batch_seq}: an fsync failed at COMMIT ({describe(exc)}); none of its "
-                "messages "
+                f"batch {batch_seq}: an fsync failed at COMMIT ({self._db.describe(exc)}); "
+                "none of its messages "
                 "were acknowledged, and whether they reached the disk is known only once the "
                 "store is resynced",
                 hint="check the disk (dmesg); once it works, open the store again (it is "
@@ -708,7 +705,7 @@ class Writer:
             hint="redeliver the messages; if the disk is full, free space first",
             batch_seq=batch_seq, sqlite_code=getattr(exc, "extendedresult", None))
 
-    def _apply_one(self, conn: apsw.Connection, applier: _apply.Applier, pending: _Pending,
+    def _apply_one(self, conn: Connection, applier: _apply.Applier, pending: _Pending,
                    log_index: int, batch_seq: int,
                    received_at: str) -> tuple[Ack, bytes | None, bool]:
         """Dedup, validate and append one message; returns (ack, new leaf, wrote anything)."""
@@ -719,7 +716,7 @@ class Writer:
         try:
             leaf = leaf_hash(pending.encoded)
             # The ledger insert is also the dedup lookup: nothing inserted, a redelivery.
-            cursor.execute(_LEDGER_INSERT, (log_index, mid, _TAGS[type(message)],
+            cursor.execute(applier.sql.ledger.single, (log_index, mid, _TAGS[type(message)],
                                           pending.payload_hash, leaf, pending.encoded,
                                           batch_seq, received_at))
             inserted = conn.changes()
@@ -732,7 +729,7 @@ class Writer:
             status: Literal["conflict", "rejected"] = "conflict" if exc.conflict else "rejected"
             self._quarantine(conn, pending, status, str(exc), received_at)
             return Ack(message_id=mid, status=status, reason=str(exc)), None, True
-        except apsw.ConstraintError as exc:
+        except self._db.ConstraintError as exc:
             self._undo_message(conn)
             reason = f"violates a store constraint: {exc}"
             self._quarantine(conn, pending, "rejected", reason, received_at)
@@ -748,7 +745,7 @@ class Writer:
         ack = Ack(message_id=mid, status="committed", log_index=log_index, batch_seq=batch_seq)
         return ack, leaf, True
 
-    def _redelivered(self, conn: apsw.Connection, pending: _Pending,
+    def _redelivered(self, conn: Connection, pending: _Pending,
                      received_at: str) -> tuple[Ack, bytes | None, bool]:
         """A message id the ledger already has: same payload hash is a duplicate (acked with
         the original position); another hash is a conflict, quarantined whole (rule 4)."""
@@ -763,13 +760,13 @@ class Writer:
         self._quarantine(conn, pending, "conflict", reason, received_at)
         return Ack(message_id=mid, status="conflict", reason=reason), None, True
 
-    def _undo_message(self, conn: apsw.Connection) -> None:
+    def _undo_message(self, conn: Connection) -> None:
         """Roll back one message's savepoint: its rows, and the ids it cached, are gone."""
         conn.execute("ROLLBACK TO message")
         conn.execute("RELEASE message")
         self._interner.message_done(keep=False)
 
-    def _quarantine(self, conn: apsw.Connection, pending: _Pending, code: str, reason: str,
+    def _quarantine(self, conn: Connection, pending: _Pending, code: str, reason: str,
                     received_at: str) -> None:
         """Keep the message whole: a new record, or one more delivery of the same content
         refused for the same reason (counted, not another row); noted for the commit log."""
