@@ -175,6 +175,8 @@ def charset_param(content_type: str | None) -> str | None:
     """The ``charset`` parameter of a Content-Type value (the first one), unquoted."""
     if not content_type or "charset" not in content_type.lower():
         return None
+    name: str
+    value: str
     for name, value in _PARAM_RE.findall(content_type):
         if name.lower() == "charset":
             if value.startswith('"'):
@@ -429,7 +431,8 @@ def decode_document(data: bytes | bytearray | memoryview,
 
 # --- URL queries ------------------------------------------------------------------------
 
-def _url_error(exc: UnicodeEncodeError) -> tuple[str, int]:
+def _url_error(exc: UnicodeError) -> tuple[str, int]:
+    assert isinstance(exc, UnicodeEncodeError)  # registered for encoding only
     # The URL standard's "percent-encode after encoding": a code point the encoding cannot
     # represent is written as "&#N;", percent-encoded. ASCII: every encoder keeps it as is.
     bad = exc.object[exc.start:exc.end]

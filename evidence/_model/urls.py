@@ -313,7 +313,7 @@ def _clean_reference(text: str) -> str:
     text = text.strip(_C0_OR_SPACE).translate(_DROP_TAB_NEWLINE)
     # For http(s) browsers read '\\' as '/' before the query, and skip extra slashes
     # before the host ("///h" is "//h"); urljoin does neither, so do it here.
-    cut = re.search(r"[?#]|$", text).start()
+    cut = re.search(r"[?#]|$", text).start()  # type: ignore[union-attr] # "$" always matches
     text = text[:cut].replace("\\", "/") + text[cut:]
     return _EXTRA_SLASHES_RE.sub(r"\1", text, count=1)
 

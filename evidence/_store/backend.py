@@ -69,6 +69,8 @@ class Connection(Protocol):
 
     def execute(self, statement: str, binding: Any = ...) -> Any: ...
 
+    def executemany(self, statement: str, sequenceofbindings: Any) -> Any: ...
+
     def cursor(self) -> Any: ...
 
     def changes(self) -> int: ...
@@ -206,8 +208,8 @@ class ArtifactBackend(Protocol):
         """Seconds since the payload was last put (reclaim's grace period); None if gone."""
         ...
 
-    def remove(self, ref: ArtifactRef) -> int:
-        """Delete one payload; the bytes freed (0 if it was gone already)."""
+    def remove(self, ref: ArtifactRef) -> int | None:
+        """Delete one payload; the bytes freed (None if it was gone already)."""
         ...
 
     def location(self, ref: ArtifactRef) -> str:

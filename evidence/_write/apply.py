@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -72,7 +72,7 @@ class RowInsert:
         self.single = f"{head} VALUES {one} {tail}"
         self.wide = f"{head} VALUES {', '.join([one] * self.WIDE)} {tail}"
 
-    def write(self, cursor: Any, rows: list[tuple[object, ...]]) -> None:
+    def write(self, cursor: Any, rows: Sequence[tuple[object, ...]]) -> None:
         wide = self.WIDE
         full = len(rows) - len(rows) % wide
         if full:
@@ -205,9 +205,9 @@ class Interner:
 
     def __init__(self, limit: int = 500_000) -> None:
         self.limit = limit
-        self.caches: dict[str, dict] = {k: {} for k in self.KINDS}
-        self._message: list[tuple[dict, object]] = []  # added by the current message
-        self._batch: list[tuple[dict, object]] = []  # added by released messages
+        self.caches: dict[str, dict[Any, Any]] = {k: {} for k in self.KINDS}
+        self._message: list[tuple[dict[Any, Any], object]] = []  # by the current message
+        self._batch: list[tuple[dict[Any, Any], object]] = []  # added by released messages
 
     def put(self, kind: str, key: object, value: object) -> None:
         cache = self.caches[kind]
@@ -233,7 +233,7 @@ class Interner:
         self._batch.clear()
 
     @staticmethod
-    def _forget(added: list[tuple[dict, object]]) -> None:
+    def _forget(added: list[tuple[dict[Any, Any], object]]) -> None:
         for cache, key in added:
             cache.pop(key, None)
 
@@ -323,7 +323,7 @@ class Applier:
         else:
             self._projection.append(row)
 
-    def add_edges(self, rows: list[tuple[object, ...]]) -> None:
+    def add_edges(self, rows: Sequence[tuple[object, ...]]) -> None:
         if self._edges is None:
             self.sql.edges.write(self.cursor, rows)
         else:
@@ -339,9 +339,9 @@ class Applier:
                 insert.write(self.cursor, rows)
                 rows.clear()
 
-    def one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
+    def one(self, sql: str, args: tuple[object, ...]) -> tuple[Any, ...] | None:
         for row in self.conn.execute(sql, args):
-            return row
+            return tuple(row)
         return None
 
     def url_id(self, url: str, what: What) -> int:
@@ -354,7 +354,7 @@ class Applier:
                 raise Rejected(f"{_text(what)}: {exc}") from exc
         url_id = self._urls.get(key)
         if url_id is not None:
-            return url_id  # type: ignore[no-any-return]
+            return url_id
         conn = self.conn
         self.cursor.execute(self.sql.url_insert, (NORMALIZER_VERSION, key))
         if conn.changes():
@@ -363,7 +363,7 @@ class Applier:
             url_id = conn.execute(self.sql.url_select,
                                   (NORMALIZER_VERSION, key)).fetchall()[0][0]
         self.interner.put("url", key, url_id)
-        return url_id  # type: ignore[no-any-return]
+        return url_id
 
     def intern_urls(self, keys: Iterable[str]) -> None:
         """Intern many fetch keys with a few statements instead of one or two per key.
@@ -652,7 +652,7 @@ def _session_documents(ctx: Applier, m: SessionDocuments) -> None:
         "ON CONFLICT (session_id, url_id) DO NOTHING", rows)
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[Applier, Any], None]] = {
     SessionStarted: _session_started,
     SessionEnded: _session_ended,
     RunStarted: _run_started,
