@@ -8,10 +8,9 @@
     /logo.png     a 24x24 red PNG, gzip-free, Content-Length framed
     /style.css    chunked, gzip content coding
     /data.json    JSON
-    /hang         a page whose script never lets it settle: it loops forever
-    /crash        a page whose script crashes its renderer (chrome://crash is not
-                  reachable from a page; an infinite allocation is, but is slow: the
-                  test uses a hung page and the render timeout instead)
+    /hang         a page whose script loops forever once loaded (a hung renderer)
+    /slowpage     a page with an image, /slow.png, that is answered only once the test
+                  calls ``release()`` (``wait_for("/slow.png")`` says it was asked for)
 
 Every request is counted per path (``hits``), so a test can say what the browser asked for.
 """
@@ -65,6 +64,8 @@ PAGE = f"""<!doctype html><html><head><meta charset="utf-8"><title>Scripted page
   }});
 </script></body></html>""".encode()
 
+SLOWPAGE = b"""<!doctype html><title>Slow</title><img src="/slow.png">
+<a href="/">home</a>"""
 HIDDEN = b"<!doctype html><title>Hidden</title><p>only a browser finds me</p>"
 HANG = b"""<!doctype html><title>Hang</title><script>
 window.addEventListener('load', () => { while (true) {} });
@@ -80,6 +81,8 @@ class JsSite:
 
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
+        self._asked: dict[str, threading.Event] = {}
+        self._released = threading.Event()
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -91,10 +94,15 @@ class JsSite:
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 site.hits[path] += 1
+                site._asked.setdefault(path, threading.Event()).set()
+                if path == "/slow.png":
+                    site._released.wait(60)
+                    return self._send(200, LOGO, "image/png")
                 routes = {"/": (HOME, "text/html; charset=utf-8"),
                           "/page": (PAGE, "text/html; charset=utf-8"),
                           "/hidden": (HIDDEN, "text/html; charset=utf-8"),
                           "/hang": (HANG, "text/html; charset=utf-8"),
+                          "/slowpage": (SLOWPAGE, "text/html; charset=utf-8"),
                           "/logo.png": (LOGO, "image/png"),
                           "/data.json": (DATA, "application/json")}
                 if path == "/style.css":
@@ -129,11 +137,21 @@ class JsSite:
         self.url = f"http://127.0.0.1:{self.port}/"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
+    def wait_for(self, path: str, timeout: float = 60.0) -> None:
+        """Until ``path`` has been requested at least once."""
+        if not self._asked.setdefault(path, threading.Event()).wait(timeout):
+            raise TimeoutError(f"{path} was not requested within {timeout} s")
+
+    def release(self) -> None:
+        """Answer the held /slow.png requests (and every later one at once)."""
+        self._released.set()
+
     def __enter__(self) -> JsSite:
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(10)
