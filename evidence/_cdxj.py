@@ -32,6 +32,7 @@ import contextlib
 import ipaddress
 import json
 import re
+import socket
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 __all__ = ["index_line", "surt_key", "timestamp14"]
@@ -41,6 +42,8 @@ _SCHEME = re.compile(rb"^([a-zA-Z][a-zA-Z0-9+\-.]*):")
 # RFC 3986 appendix B: scheme, authority, path, query, fragment.
 _PARTS = re.compile(rb"^(([^:/?#]+):)?(//([^/?#]*))?([^?#]*)(\?([^#]*))?(#(.*))?")
 _WWW = re.compile(rb"^www\d*\.")
+_DECIMAL_IP = re.compile(rb"^([1-9][0-9]*)(\.[0-9]+)?(\.[0-9]+)?(\.[0-9]+)?$")
+_OCTAL_IP = re.compile(rb"^(0[0-7]*)(\.[0-7]+)?(\.[0-7]+)?(\.[0-7]+)?$")
 _DEFAULT_PORT = {b"http": 80, b"https": 443}
 _QUERY_SESSION_IDS = [re.compile(p, re.IGNORECASE) for p in (
     rb"^(.*)(?:jsessionid=[0-9a-zA-Z]{32})(?:&(.*))?$",
@@ -93,6 +96,11 @@ def _host(raw: bytes) -> bytes:
     host = host.replace(b"..", b".").strip(b".")
     if host.isdigit():  # a 32-bit number is an IPv4 address
         host = str(ipaddress.IPv4Address(int(host) & 0xFFFFFFFF)).encode()
+    elif _DECIMAL_IP.match(host) or _OCTAL_IP.match(host):
+        try:  # the numeric forms inet_aton reads (a.b, octal parts), as a resolver would
+            host = socket.inet_ntoa(socket.inet_aton(host.decode("ascii"))).encode()
+        except OSError:
+            host = _escape(host.lower())
     else:
         host = _escape(host.lower())
     host = host.lower()

@@ -75,7 +75,7 @@ def test_a_script_added_link_is_discovered_only_with_render(rendered) -> None:
 def test_the_banner_is_in_the_rendered_dom_and_the_page_is_settled_once(rendered) -> None:
     base, url, *_ = rendered
     with Store.open(base / "rendered") as store:
-        (render_id, outcome, settle, title, dom, digest, size), = store.connection.execute(
+        (_render_id, outcome, settle, title, dom, digest, size), = store.connection.execute(
             "SELECT r.render_id, r.outcome, r.settle, r.title, a.namespace, a.digest, a.size "
             "FROM render r JOIN artifact a ON a.artifact_id = r.dom_id WHERE r.url = ?",
             (url + "page",)).fetchall()
