@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import os
 import socket
@@ -59,7 +60,7 @@ from ._messages import (
 from ._pages import PageEffects, PageOrder, PageWorker, dedup
 from ._render import Renderer, RenderOptions
 from ._robots import ROBOTS_TTL, Robots
-from ._rules import check_rules
+from ._rules import check_rules, evaluate_page
 from ._service import Service
 from ._store import Store
 from ._urls import normalize_url, resolve_reference, url_host
@@ -238,6 +239,12 @@ class Crawler:
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group)
         self._renderer = None
+        if self._pages.rules is not None and self._pages.rules.rendered and not (
+                self._pages.render_scope.enabled):
+            rule = self._pages.rules.rendered[0]
+            raise EvidenceError(f"rule {rule.id!r} reads the rendered DOM, and this crawl "
+                                "does not render", hint="add --render (or --render-only), "
+                                "or give the rule input = 'response'")
         if self._pages.render_scope.enabled:  # the browser starts with the first render
             self._renderer = await stack.enter_async_context(Renderer(
                 artifacts=self.store.artifacts, client=client, run_id=self.run_id,
@@ -603,6 +610,15 @@ class Crawler:
             self._apply(job, await self._pages.retry(self._order(job), messages, what,
                                                      backoff=None))
             return
+        rules = self._pages.rules.rendered if self._pages.rules is not None else ()
+        if rules and rendered.dom is not None and render.dom is not None:
+            assert attempt.response_headers is not None
+            messages += await anyio.to_thread.run_sync(functools.partial(
+                evaluate_page, rules, url=attempt.url,
+                attempt_id=attempt.attempt_id if attempt.run_id == self.run_id else None,
+                run_id=self.run_id, headers_bytes=source.head, body_bytes=rendered.dom,
+                headers_ref=attempt.response_headers, body_ref=render.dom,
+                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True))
         queued = []
         if rendered.refs and render.dom is not None:
             messages.append(Discovery(

@@ -140,7 +140,7 @@ class PageWorker:
         if self.rules is not None and attempt.response_headers is not None:
             document = attempt.content or attempt.body  # the content: what rules read
             messages += await anyio.to_thread.run_sync(functools.partial(
-                evaluate_page, self.rules.rules, url=attempt.url,
+                evaluate_page, self.rules.response, url=attempt.url,
                 attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
                 body_bytes=result.body if document is not None else None,
                 headers_ref=attempt.response_headers, body_ref=document,

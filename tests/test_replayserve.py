@@ -40,9 +40,11 @@ def serve(source: Path) -> tuple[subprocess.Popen, dict]:
                             stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout is not None
     first = proc.stdout.readline()
-    if not first:
-        raise AssertionError(proc.communicate()[1].decode()[-3000:])
-    return proc, json.loads(first)
+    try:
+        return proc, json.loads(first)
+    except ValueError:
+        proc.kill()  # never leave a server behind
+        raise AssertionError(first.decode() + proc.communicate()[1].decode()[-3000:]) from None
 
 
 def stop(proc: subprocess.Popen) -> int:
