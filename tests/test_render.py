@@ -274,3 +274,53 @@ def test_a_crawl_without_a_browser_fails_before_it_starts(tmp_path: Path) -> Non
     assert "Traceback" not in done.stderr
     time.sleep(0)  # nothing was crawled: the store holds no session
     assert rows(tmp_path / "s", "SELECT count(*) FROM crawl_session") == [(0,)]
+
+
+RULES = """
+[[rule]]
+id = "consent-banner"
+version = 1
+type = "selector"
+selector = "#consent"
+input = "rendered"
+applies_to = { url = "/page$" }
+
+[[rule]]
+id = "consent-banner-served"
+version = 1
+type = "selector"
+selector = "#consent"
+applies_to = { url = "/page$" }
+"""
+
+
+def test_a_rule_reads_the_rendered_dom_and_its_input_hash_covers_it(
+        tmp_path: Path, chromium: str) -> None:
+    from evidence._rules import input_hash, parse_rules
+
+    rules = parse_rules(RULES)
+    with JsSite() as site:
+        crawl(tmp_path / "s", site.url, render=True, rules=rules.as_record())
+    found = {rule: (verdict, json.loads(details), digest) for rule, verdict, details, digest in
+             rows(tmp_path / "s", "SELECT r.rule_id, r.verdict, r.details, r.input_hash FROM "
+                  "rule_evaluation r WHERE r.url_id IN (SELECT url_id FROM fetch_attempt "
+                  "WHERE url LIKE '%/page')")}
+    rendered, served = found["consent-banner"], found["consent-banner-served"]
+    assert rendered[0] == "pass" and served[0] == "fail"  # only a script writes it
+    dom = rows(tmp_path / "s", "SELECT a.digest FROM render r JOIN artifact a ON "
+               "a.artifact_id = r.dom_id WHERE r.url LIKE '%/page'")[0][0]
+    assert rendered[1]["input"]["input"] == "rendered"
+    assert rendered[1]["input"]["body"]["digest"] == dom
+    assert input_hash(rendered[1]["input"]) == rendered[2]
+    assert "input" not in served[1]["input"]  # a response rule's description is as before
+    # A rule that reads no document cannot read the rendered one; a crawl that does not
+    # render refuses a rendered rule.
+    import pytest as _pytest
+
+    from evidence import EvidenceError, RulesError
+
+    with _pytest.raises(RulesError, match="reads no document"):
+        parse_rules('[[rule]]\nid = "h"\nversion = 1\ntype = "header"\nname = "x"\n'
+                    'input = "rendered"\n')
+    with _pytest.raises(EvidenceError, match="reads the rendered DOM"):
+        crawl(tmp_path / "t", "http://127.0.0.1:9/", rules=rules.as_record())
