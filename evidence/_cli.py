@@ -125,6 +125,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -361,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--render-timeout", type=_positive, default=30.0, metavar="SECONDS",
                    help="the longest one render may take; then it is a 'timeout' attempt "
                    "(default 30)")
-    p.add_argument("--render-tabs", type=int, default=2, metavar="N",
+    p.add_argument("--render-tabs", type=_at_least_one, default=2, metavar="N",
                    help="pages rendered at once (default 2)")
     p.add_argument("--render-mhtml", action="store_true",
                    help="also keep each rendered page as MHTML")

@@ -17,6 +17,8 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
 from evidence._messages import Render
@@ -324,3 +326,43 @@ def test_a_rule_reads_the_rendered_dom_and_its_input_hash_covers_it(
                     'input = "rendered"\n')
     with _pytest.raises(EvidenceError, match="reads the rendered DOM"):
         crawl(tmp_path / "t", "http://127.0.0.1:9/", rules=rules.as_record())
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(redeliveries=st.lists(st.integers(min_value=0, max_value=4), max_size=12))
+def test_any_redelivery_of_a_render_group_converges_and_never_moves_url_current(
+        tmp_path_factory: pytest.TempPathFactory, redeliveries: list[int]) -> None:
+    from evidence import Discovery, ObservedRef
+
+    with Store.create(tmp_path_factory.mktemp("redeliver") / "s") as store:
+        make = Factory(store)
+        head = store.artifacts.put("headers", b"HTTP/1.1 200 OK\r\n\r\n")
+        page = make.attempt("http://example.com/p", capture="wire", body=make.body(b"<p>"),
+                            response_headers=head, sequence=1)
+        dom = store.artifacts.put("dom", b'<html><body><a href="/js">x</a></body></html>')
+        render = Render(message_id=make.id("m"), render_id="r-1", run_id="r1",
+                        source_attempt_id=page.attempt_id, url=page.url, started_at=make.now,
+                        elapsed_ms=5.0, outcome="rendered", dom=dom, settle="quiet",
+                        requests=2)
+        requests = [make.attempt(u, sequence=RENDER_SEQUENCE + i, render_id="r-1")
+                    for i, u in enumerate(["http://example.com/p", "http://example.com/a.png"])]
+        links = Discovery(message_id=make.id("m"), run_id="r1",
+                          source_attempt_id=page.attempt_id, source_artifact=dom,
+                          refs=[ObservedRef(observed="/js", url="http://example.com/js",
+                                            position=3)], render_id="r-1")
+        group = [page, render, *requests, links]
+        first = submit_all(store, [make.session(), make.run(), *group])
+        assert {a.status for a in first} == {"committed"}
+        tables = ("fetch_attempt", "render", "discovery_edge", "url_current")
+        before = {t: store.connection.execute(f"SELECT * FROM {t}").fetchall() for t in tables}
+        again = submit_all(store, [group[i] for i in redeliveries])
+        assert all(a.status == "duplicate" for a in again)
+        after = {t: store.connection.execute(f"SELECT * FROM {t}").fetchall() for t in tables}
+        assert after == before
+        # The page's own attempt stays current, though a browser request of the same URL
+        # has a far higher sequence.
+        assert store.connection.execute(
+            "SELECT f.attempt_id FROM url_current c JOIN fetch_attempt f "
+            "ON f.attempt_seq = c.attempt_seq").fetchall() == [(page.attempt_id,)]
+        assert verify(store).ok
