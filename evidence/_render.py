@@ -45,6 +45,7 @@ from ._fetch import FetchResult, fetch
 from ._links import extract_links
 from ._messages import FetchAttempt, ObservedRef, Render, new_id, utc_now
 from ._renderproxy import BrowserRequest, RecordingProxy, SourceCapture
+from ._rendertls import RenderTLS
 
 __all__ = ["RENDER_SEQUENCE", "RenderOptions", "Rendered", "Renderer", "SourceCapture"]
 
@@ -100,6 +101,7 @@ class Renderer:
         self._browser: Browser | None = None
         self._browser_lock = anyio.Lock()
         self._tabs = anyio.Semaphore(self.options.tabs)
+        self._tls = RenderTLS()  # the browser's HTTPS goes through the proxy too
         self._tg: anyio.abc.TaskGroup
         self.starts = 0  # browsers started (a restart after a crash counts)
 
@@ -112,6 +114,7 @@ class Renderer:
         with anyio.CancelScope(shield=True):
             await self._close_browser()
         await self._tg.__aexit__(None, None, None)
+        self._tls.close()
 
     async def _close_browser(self) -> None:
         browser, self._browser = self._browser, None
@@ -125,7 +128,8 @@ class Renderer:
                 await self._close_browser()
             if self._browser is None:
                 browser = Browser(executable=self.options.executable,
-                                  user_agent=self.user_agent, timeout=self.options.timeout)
+                                  user_agent=self.user_agent, timeout=self.options.timeout,
+                                  extra_flags=self._tls.browser_flags())
                 await browser.start(self._tg)
                 self._browser = browser
                 self.starts += 1
@@ -143,7 +147,8 @@ class Renderer:
         started_at, t0 = utc_now(), time.monotonic()
         width, height = self.options.viewport
         proxy = RecordingProxy(source=source, max_body_bytes=self.max_body_bytes,
-                               forward=lambda request: self._forward(render_id, request))
+                               forward=lambda request: self._forward(render_id, request),
+                               tls=self._tls)
         captured = _Captured()
         async with anyio.create_task_group() as tg:
             await tg.start(proxy.serve)

@@ -19,9 +19,11 @@ never depends on what a keep-alive connection carried before.
 - Every other request is forwarded: method, URL and body as the browser sent them, its
   headers except hop-by-hop ones, and ``Accept-Encoding: gzip, deflate`` (the codings the
   crawler can remove; ``br`` or ``zstd`` would leave content it cannot derive).
-- ``CONNECT`` (HTTPS through a proxy) is refused: the tunnel would carry TLS this proxy
-  cannot record. The URL is listed in the render's ``not_recorded``; docs/replay.md says
-  so (rendering covers http: pages and resources).
+- ``CONNECT`` (HTTPS through a proxy): the proxy completes TLS with the browser itself,
+  as the host, with a certificate of the crawl's own authority that only this browser
+  trusts (``_rendertls``), reads the one request inside the tunnel and makes it as an
+  ``https:`` request like any other. Without that authority (``tls=None``) the tunnel is
+  refused (501) and listed in the render's ``not_recorded``.
 
 One request is read per connection (at most ``MAX_HEAD`` bytes of head and the crawl's
 body cap of body); a malformed request is answered 400 and recorded nowhere (nothing was
@@ -31,6 +33,7 @@ sent anywhere). ``in_flight`` and ``last_activity`` drive the settle rule.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,9 +42,11 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.abc
 import h11
+from anyio.streams.tls import TLSStream
 
 from ._errors import URLError
 from ._fetch import FetchResult
+from ._rendertls import RenderTLS
 from ._urls import normalize_url
 
 __all__ = ["BrowserRequest", "RecordingProxy", "SourceCapture"]
@@ -80,6 +85,7 @@ class RecordingProxy:
     source: SourceCapture
     forward: Forward
     max_body_bytes: int = 10 * 1024 * 1024
+    tls: RenderTLS | None = None
     port: int = 0
     in_flight: int = 0
     last_activity: float = field(default_factory=time.monotonic)
@@ -122,20 +128,40 @@ class RecordingProxy:
             if request is None:
                 return
             if request.method == "CONNECT":
-                self.not_recorded.append(f"CONNECT {request.url}: HTTPS is not recorded "
-                                         "through the render proxy")
-                with contextlib.suppress(anyio.BrokenResourceError, OSError):
-                    await stream.send(b"HTTP/1.1 501 Not Implemented\r\n"
-                                      b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+                await self._tunnel(stream, request.url)
                 return
-            self._begin()
-            try:
-                answer = await self._answer(request)
-            finally:
-                self._end()
-            if answer:
-                with contextlib.suppress(anyio.BrokenResourceError, OSError):
-                    await stream.send(answer)
+            await self._serve(stream, request)
+
+    async def _serve(self, stream: anyio.abc.ByteStream, request: BrowserRequest) -> None:
+        self._begin()
+        try:
+            answer = await self._answer(request)
+        finally:
+            self._end()
+        if answer:
+            with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                await stream.send(answer)
+
+    async def _tunnel(self, stream: anyio.abc.SocketStream, authority: str) -> None:
+        """Answer a CONNECT as the host itself (``_rendertls``), or refuse it."""
+        host, _, port = authority.rpartition(":")
+        if self.tls is None or not host or not port.isdigit():
+            self.not_recorded.append(f"CONNECT {authority}: HTTPS is not recorded through "
+                                     "the render proxy")
+            with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                await stream.send(b"HTTP/1.1 501 Not Implemented\r\n"
+                                  b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        try:
+            await stream.send(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            tls = await TLSStream.wrap(stream, server_side=True, standard_compatible=False,
+                                       ssl_context=self.tls.context_for(host))
+        except (anyio.BrokenResourceError, anyio.EndOfStream, ssl.SSLError, OSError):
+            return  # the browser gave up on the tunnel: no request was read, none made
+        origin = f"https://{host}" + ("" if port == "443" else f":{port}")
+        request = await self._read_request(tls, origin=origin)
+        if request is not None:
+            await self._serve(tls, request)
 
     async def _answer(self, request: BrowserRequest) -> bytes:
         if not self.source_served and request.method == "GET" and self._is_source(request.url):
@@ -151,8 +177,10 @@ class RecordingProxy:
         except URLError:
             return False
 
-    async def _read_request(self, stream: anyio.abc.SocketStream) -> BrowserRequest | None:
-        """One request in absolute form (or CONNECT), or None (answered 400, or gone)."""
+    async def _read_request(self, stream: anyio.abc.ByteStream, *,
+                            origin: str | None = None) -> BrowserRequest | None:
+        """One request in absolute form (or CONNECT; in origin form inside a tunnel to
+        ``origin``), or None (answered 400, or gone)."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         request: h11.Request | None = None
         body = bytearray()
@@ -174,7 +202,7 @@ class RecordingProxy:
                     return None
                 else:  # EndOfMessage (or PAUSED after it)
                     break
-        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError, ssl.SSLError):
             return None
         except h11.RemoteProtocolError:
             with contextlib.suppress(anyio.BrokenResourceError, OSError):
@@ -185,7 +213,11 @@ class RecordingProxy:
             return None
         target = request.target.decode("latin-1")
         method = request.method.decode("latin-1")
-        if method != "CONNECT" and not urlsplit(target).scheme:
+        if origin is not None:  # inside a tunnel: origin form
+            if not target.startswith("/"):
+                return None
+            target = origin + target
+        elif method != "CONNECT" and not urlsplit(target).scheme:
             return None  # origin-form: not a proxy request
         headers: dict[str, str] = {}
         for name, value in request.headers.raw_items():  # as the browser spelled them

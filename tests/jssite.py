@@ -18,6 +18,7 @@ Every request is counted per path (``hits``), so a test can say what the browser
 from __future__ import annotations
 
 import gzip
+import ssl
 import struct
 import threading
 import zlib
@@ -79,7 +80,7 @@ class JsSite:
 
     __test__ = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         self.hits: Counter[str] = Counter()
         self._asked: dict[str, threading.Event] = {}
         self._released = threading.Event()
@@ -133,8 +134,11 @@ class JsSite:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if tls is not None:  # HTTPS: the listening socket speaks TLS
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def wait_for(self, path: str, timeout: float = 60.0) -> None:
