@@ -1,4 +1,4 @@
--- 006_render: what a headless browser made of a stored capture (issue 17).
+-- 008_render: what a headless browser made of a stored capture (issue 17).
 --
 -- One render row is one load of one stored response in a browser: its outcome, the
 -- artifacts it left (the DOM once settled, a full-page screenshot, MHTML), and how many
