@@ -27,6 +27,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         ArtifactCorruptError,
         ArtifactError,
         ArtifactMissingError,
+        BrowserError,
         CommitError,
         CorruptStoreError,
         EvidenceError,
@@ -56,6 +57,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         Message,
         ObservedRef,
         QueuedUrl,
+        Render,
         RuleEvaluated,
         RunEnded,
         RunStarted,
@@ -75,13 +77,16 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         prove_consistency,
         prove_inclusion,
     )
+    from ._render import RenderOptions
     from ._replay import ReplayedResponse, replay
+    from ._replayserve import ReplayServer
     from ._report import RunReport, report
     from ._rules import EvaluationSummary, Rule, RuleSet, evaluate_page, evaluate_stored, load_rules
     from ._status import StoreStatus, status
     from ._store import Store
     from ._urls import NORMALIZER_VERSION, normalize_url, resolve_reference
     from ._verify import Finding, VerifyReport, reclaim_orphans, verify
+    from ._wacz import WaczExport, export_wacz
     from ._warc import export_warc
     from ._writer import Ack, Writer, WriterLimits, WriterStatistics
 
@@ -96,6 +101,7 @@ __all__ = [
     "ArtifactRef",
     "ArtifactStore",
     "BackupReport",
+    "BrowserError",
     "CommitError",
     "Comparison",
     "CorruptStoreError",
@@ -121,6 +127,9 @@ __all__ = [
     "PayloadTooLargeError",
     "ProofError",
     "QueuedUrl",
+    "Render",
+    "RenderOptions",
+    "ReplayServer",
     "ReplayedResponse",
     "RestoreReport",
     "Rule",
@@ -142,6 +151,7 @@ __all__ = [
     "SyncError",
     "URLError",
     "VerifyReport",
+    "WaczExport",
     "Writer",
     "WriterClosedError",
     "WriterError",
@@ -157,6 +167,7 @@ __all__ = [
     "evaluate_page",
     "evaluate_stored",
     "export",
+    "export_wacz",
     "export_warc",
     "load_rules",
     "new_id",
@@ -258,6 +269,12 @@ _WHERE = {
     "reclaim_orphans": "_verify",
     "verify": "_verify",
     "export_warc": "_warc",
+    "BrowserError": "_errors",
+    "Render": "_messages",
+    "RenderOptions": "_render",
+    "WaczExport": "_wacz",
+    "export_wacz": "_wacz",
+    "ReplayServer": "_replayserve",
     "Ack": "_writer",
     "Writer": "_writer",
     "WriterLimits": "_writer",
