@@ -22,6 +22,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         restore,
     )
     from ._archive.export import Manifest, export
+    from ._archive.replayserve import ReplayServer
+    from ._archive.wacz import WaczExport, export_wacz
     from ._archive.warc import export_warc
     from ._audit.proofs import (
         SignedCheckpoint,
@@ -36,6 +38,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._audit.verify import Finding, VerifyReport, reclaim_orphans, verify
     from ._crawl.crawler import Crawler, CrawlOptions, CrawlResult
     from ._crawl.frontier import CrawlConfig
+    from ._crawl.render import RenderOptions
     from ._crawl.rules import (
         EvaluationSummary,
         Rule,
@@ -48,6 +51,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         ArtifactCorruptError,
         ArtifactError,
         ArtifactMissingError,
+        BrowserError,
         CommitError,
         CorruptStoreError,
         EvidenceError,
@@ -75,6 +79,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         Message,
         ObservedRef,
         QueuedUrl,
+        Render,
         RuleEvaluated,
         RunEnded,
         RunStarted,
@@ -105,6 +110,7 @@ __all__ = [
     "ArtifactRef",
     "ArtifactStore",
     "BackupReport",
+    "BrowserError",
     "CommitError",
     "Comparison",
     "CorruptStoreError",
@@ -130,6 +136,9 @@ __all__ = [
     "PayloadTooLargeError",
     "ProofError",
     "QueuedUrl",
+    "Render",
+    "RenderOptions",
+    "ReplayServer",
     "ReplayedResponse",
     "RestoreReport",
     "Rule",
@@ -151,6 +160,7 @@ __all__ = [
     "SyncError",
     "URLError",
     "VerifyReport",
+    "WaczExport",
     "Writer",
     "WriterClosedError",
     "WriterError",
@@ -166,6 +176,7 @@ __all__ = [
     "evaluate_page",
     "evaluate_stored",
     "export",
+    "export_wacz",
     "export_warc",
     "load_rules",
     "new_id",
@@ -271,6 +282,12 @@ _WHERE = {
     "Writer": "_write.writer",
     "WriterLimits": "_write.writer",
     "WriterStatistics": "_model.acks",
+    "BrowserError": "_errors",
+    "Render": "_model.messages",
+    "RenderOptions": "_crawl.render",
+    "WaczExport": "_archive.wacz",
+    "export_wacz": "_archive.wacz",
+    "ReplayServer": "_archive.replayserve",
 }
 
 

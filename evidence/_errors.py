@@ -12,6 +12,7 @@
     │   ├── PayloadTooLargeError    a payload over the configured size limit
     │   ├── ArtifactMissingError    a referenced payload is not on disk
     │   └── ArtifactCorruptError    a payload whose bytes no longer match its digest
+    ├── BrowserError                headless Chromium (rendering): missing, crashed, hung
     ├── MessageError                a message that cannot be decoded or is not valid
     ├── NotFoundError               the store has no record of the attempt, URL or run asked for
     ├── ProofError                  a key, checkpoint or proof that cannot be read or made
@@ -36,6 +37,7 @@ __all__ = [
     "ArtifactCorruptError",
     "ArtifactError",
     "ArtifactMissingError",
+    "BrowserError",
     "CommitError",
     "CorruptStoreError",
     "EvidenceError",
@@ -127,6 +129,15 @@ class ArtifactMissingError(ArtifactError):
 
 class ArtifactCorruptError(ArtifactError):
     """A stored artifact's bytes do not hash to its digest."""
+
+
+class BrowserError(EvidenceError):
+    """Headless Chromium could not be found or started, crashed, or stopped answering.
+
+    ``gone`` is True when the browser process is no longer usable (it must be restarted).
+    """
+
+    gone: bool = False
 
 
 class MessageError(EvidenceError):

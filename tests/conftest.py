@@ -125,3 +125,83 @@ def reference_mth(leaves: list[bytes]) -> bytes:
         k *= 2
     return hashlib.sha256(b"\x01" + reference_mth(leaves[:k])
                           + reference_mth(leaves[k:])).digest()
+
+
+def need_chromium() -> str:
+    """The Chromium executable for a test that drives a browser.
+
+    In CI (the CI environment variable is set, as ``.ci/run`` runs) a missing browser FAILS
+    the test with the reason: ``.ci/run`` installs it, so its absence is a broken setup,
+    never a silent skip. On a developer machine without it, the test is skipped and says
+    how to install it.
+    """
+    import os
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    reason = "chromium is not installed (Debian: apt-get install chromium)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; .ci/run installs it, so CI must have it")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    return need_chromium()
+
+
+def png_pixels(data: bytes, max_rows: int | None = None) -> tuple[int, int, list[bytes], int]:
+    """Decode an 8-bit, non-interlaced RGB or RGBA PNG: (width, height, rows, channels).
+
+    Written for the tests from the PNG specification (chunks, zlib, the five scanline
+    filters), so a screenshot is checked by an implementation of its own. ``max_rows``:
+    decode only the first rows (pure Python is slow on a large screenshot).
+    """
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    assert header is not None, "no IHDR chunk"
+    width, height, depth, colour, _compression, _filter, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, header
+    channels = 3 if colour == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows: list[bytes] = []
+    prior = bytearray(stride)
+    for y in range(height if max_rows is None else min(height, max_rows)):
+        start = y * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        for x in range(stride):
+            left = line[x - channels] if x >= channels else 0
+            up, corner = prior[x], prior[x - channels] if x >= channels else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 0xFF
+            elif kind == 2:
+                line[x] = (line[x] + up) & 0xFF
+            elif kind == 3:
+                line[x] = (line[x] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc
+                                      else corner)) & 0xFF
+        rows.append(bytes(line))
+        prior = line
+    return width, height, rows, channels

@@ -29,6 +29,8 @@ EXPECTED = {
     "evaluate_stored", "load_rules", "RulesError",
     # the writer service (its client is the public module evidence.client)
     "ServiceError",
+    # rendered capture, WACZ, replay in a browser
+    "BrowserError", "Render", "RenderOptions", "WaczExport", "export_wacz", "ReplayServer",
 }
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -16,7 +15,7 @@ from evidence._audit.report import render_html, render_json, render_text, report
 from evidence._crawl.rules import evaluate_page, evaluate_stored, parse_rules
 from evidence._errors import NotFoundError
 
-from .conftest import Factory, submit_all
+from .conftest import Factory, need_chromium, submit_all
 from .test_rules import BAD, BAD_HEADERS, CASES, GOOD, GOOD_HEADERS, Pages, rules_text, run_cli
 
 HOSTILE = (b'<html><body><h1>x</h1><p>Copyright 2025</p><img src=x onerror="document.title='
@@ -143,10 +142,9 @@ class Tags(HTMLParser):
 
 
 def dump_dom(path: Path, tmp_path: Path) -> str:
-    """The DOM headless Chromium builds from ``path`` (Debian package: chromium)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    """The DOM headless Chromium builds from ``path`` (Debian package: chromium; a
+    missing browser fails in CI and skips elsewhere: conftest.need_chromium)."""
+    exe = need_chromium()
     done = subprocess.run(
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run",

@@ -22,6 +22,7 @@ from evidence import (
     CrawlConfig,
     Crawler,
     CrawlOptions,
+    Render,
     RuleEvaluated,
     Store,
     Writer,
@@ -59,8 +60,17 @@ def crawled(tmp_path_factory: pytest.TempPathFactory) -> Path:
                              rule_version="1", input_hash=digest, verdict="pass",
                              evaluated_at=utc_now(), attempt_id=attempt_id)
 
+        # A render of the first capture (what `crawl --render` records; written here
+        # without a browser, so the table has a row to attack wherever the suite runs).
+        render = Render(message_id="render-1", render_id="r-1", run_id=run_id,
+                        source_attempt_id=attempt_id, url=url, started_at=utc_now(),
+                        elapsed_ms=12.5, outcome="rendered", browser="test", title="t",
+                        viewport_width=800, viewport_height=600, settle="quiet",
+                        dom=store.artifacts.put("dom", b"<html><body>rendered</body></html>"))
+
         async def write() -> list[str]:
             async with Writer(store) as writer:
+                assert (await writer.submit(render)).status == "committed"
                 statuses = [(await writer.submit(rule)).status]
                 changed = msgspec.structs.replace(rule, verdict="fail")  # same id: conflict
                 for _ in range(3):
@@ -150,6 +160,13 @@ EDITS: dict[str, dict[str, str | tuple[str, dict[str, str]]]] = {
         "insert": copy_row("rule_evaluation", {"evaluation_id": "NULL",
                                                "input_hash": f"'{'1' * 64}'",
                                                "log_index": "log_index - 1"}),
+    },
+    "render": {
+        "update": "UPDATE render SET title = 'forged'",
+        "delete": "DELETE FROM render",
+        "insert": copy_row("render", {"render_seq": "NULL", "render_id": "'forged'",
+                                      "log_index": "(SELECT max(log_index) + 1000 "
+                                                   "FROM ingest_ledger)"}),
     },
     "url_current": {
         "update": "UPDATE url_current SET sequence = sequence + 5 WHERE (run_id, url_id) IN "

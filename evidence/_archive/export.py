@@ -504,13 +504,16 @@ _RUN_SCOPE = {
                 "run_id = :run UNION SELECT body_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT content_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
-                "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run)",
+                "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
+                "UNION SELECT dom_id FROM render WHERE run_id = :run "
+                "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
+                "UNION SELECT mhtml_id FROM render WHERE run_id = :run)",
     "commit_log": "batch_seq IN (SELECT batch_seq FROM ingest_ledger WHERE log_index IN "
                   "(SELECT log_index FROM temp.keep_ledger))",
     "ingest_ledger": "log_index IN (SELECT log_index FROM temp.keep_ledger)",
     "quarantine": "quarantine_id IN (SELECT quarantine_id FROM temp.keep_quarantine)",
 }
-_ROW_KINDS = ("fetch_attempt", "discovery", "rule_evaluated")  # found through their rows
+_ROW_KINDS = ("fetch_attempt", "discovery", "rule_evaluated", "render")  # through their rows
 
 
 def run_scope(conn: apsw.Connection, run_id: str) -> tuple[dict[str, str], list[str]]:
@@ -527,7 +530,8 @@ def run_scope(conn: apsw.Connection, run_id: str) -> tuple[dict[str, str], list[
         "WHERE c.baseline_session_id IS NOT NULL) INSERT INTO keep_session SELECT id FROM s;"
         "INSERT INTO keep_ledger SELECT log_index FROM fetch_attempt WHERE run_id = :run UNION "
         "SELECT log_index FROM discovery_edge WHERE run_id = :run UNION "
-        "SELECT log_index FROM rule_evaluation WHERE run_id = :run;", {"run": run_id})
+        "SELECT log_index FROM rule_evaluation WHERE run_id = :run UNION "
+        "SELECT log_index FROM render WHERE run_id = :run;", {"run": run_id})
     sessions = {s for (s,) in conn.execute("SELECT session_id FROM temp.keep_session")}
     kinds = ", ".join(_sql_text(k) for k in _ROW_KINDS)
     for table, key, sql in (

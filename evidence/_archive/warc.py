@@ -202,6 +202,7 @@ class _Record:
         self.head = head
         self.body = body
         self.payload_digest = payload_digest
+        self.payload: str | None = None
 
     def _header(self) -> bytes:
         block = hashlib.sha256(self.head)
@@ -211,8 +212,10 @@ class _Record:
                 block.update(chunk)
                 payload.update(chunk)
         fields = [*self.fields, ("WARC-Block-Digest", _b32(block.digest()))]
+        self.payload = None  # the WARC-Payload-Digest value, once written (CDXJ reads it)
         if self.payload_digest:
-            fields.append(("WARC-Payload-Digest", _b32(payload.digest())))
+            self.payload = _b32(payload.digest())
+            fields.append(("WARC-Payload-Digest", self.payload))
         length = len(self.head) + (self.body.ref.size if self.body is not None else 0)
         fields.append(("Content-Length", str(length)))
         return b"WARC/1.1\r\n" + b"".join(f"{k}: {v}".encode() + _CRLF for k, v in fields) + _CRLF

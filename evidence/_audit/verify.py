@@ -60,6 +60,7 @@ from .._model.messages import (
     DocumentRecord,
     FetchAttempt,
     Message,
+    Render,
     RuleEvaluated,
     RunEnded,
     RunStarted,
@@ -109,6 +110,8 @@ TABLE_COVERAGE = {
     "discovery_edge": "rebuilt from discovery entries, field by field",
     "rule_evaluation": "rebuilt from rule_evaluated entries, field by field",
     "session_document": "rebuilt from session_documents entries, field by field",
+    "render": "rebuilt from render entries, field by field; its request count against the "
+              "attempts naming it",
     "url_current": "rebuilt from fetch_attempt rows (highest sequence)",
     "url_identity": "keys compared through every row that references one; unreferenced "
                     "rows found",
@@ -504,7 +507,8 @@ def _check_foreign_keys(conn: apsw.Connection, found: Findings) -> None:
 
 _PROJECTION_SQL = """
 WITH latest AS (
-    SELECT run_id, url_id, max(sequence) AS sequence FROM fetch_attempt GROUP BY run_id, url_id
+    SELECT run_id, url_id, max(sequence) AS sequence FROM fetch_attempt
+    WHERE render_seq IS NULL GROUP BY run_id, url_id
 ), expected AS (
     SELECT l.run_id, l.url_id, l.sequence, f.attempt_seq FROM latest l JOIN fetch_attempt f
     ON f.run_id = l.run_id AND f.url_id = l.url_id AND f.sequence = l.sequence
@@ -514,7 +518,8 @@ FROM expected e LEFT JOIN url_current c ON c.run_id = e.run_id AND c.url_id = e.
 WHERE c.run_id IS NULL OR c.sequence IS NOT e.sequence OR c.attempt_seq IS NOT e.attempt_seq
 UNION ALL
 SELECT c.run_id, c.url_id, NULL, NULL, c.sequence, c.attempt_seq FROM url_current c
-WHERE NOT EXISTS (SELECT 1 FROM fetch_attempt f WHERE f.run_id = c.run_id AND f.url_id = c.url_id)
+WHERE NOT EXISTS (SELECT 1 FROM fetch_attempt f WHERE f.run_id = c.run_id AND f.url_id = c.url_id
+                  AND f.render_seq IS NULL)
 """
 
 
@@ -590,8 +595,9 @@ SELECT f.log_index, f.attempt_seq, f.attempt_id, f.run_id, f.url, f.sequence, f.
        f.body_truncated, f.content_type, f.error, u.normalizer_version, u.fetch_key,
        f.capture, f.content_id, c.namespace, c.digest, c.size, f.transfer_coding,
        f.content_coding, f.content_truncated, f.surplus_id, s.namespace, s.digest, s.size,
-       f.text_encoding, f.text_encoding_source
+       f.text_encoding, f.text_encoding_source, rr.render_id
 FROM fetch_attempt f
+LEFT JOIN render rr ON rr.render_seq = f.render_seq
 LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
@@ -603,8 +609,9 @@ ORDER BY f.log_index, f.attempt_seq
 _EDGE_SQL = """
 SELECT e.log_index, e.edge_id, e.run_id, a.attempt_id, e.source_attempt_seq,
        e.source_artifact_id, s.namespace, s.digest, s.size, e.position, e.observed_ref,
-       u.normalizer_version, u.fetch_key, e.edge_kind, e.tag, e.attr, e.rel
+       u.normalizer_version, u.fetch_key, e.edge_kind, e.tag, e.attr, e.rel, rr.render_id
 FROM discovery_edge e
+LEFT JOIN render rr ON rr.render_seq = e.render_seq
 LEFT JOIN fetch_attempt a ON a.attempt_seq = e.source_attempt_seq
 LEFT JOIN artifact s ON s.artifact_id = e.source_artifact_id
 LEFT JOIN url_identity u ON u.url_id = e.target_url_id
@@ -626,9 +633,24 @@ FROM session_document d
 LEFT JOIN url_identity u ON u.url_id = d.url_id
 ORDER BY d.log_index, d.session_id, d.url_id
 """
+_RENDER_SQL = """
+SELECT r.log_index, r.render_seq, r.render_id, r.run_id, f.attempt_id, r.url, r.started_at,
+       r.elapsed_ms, r.outcome, r.error, r.browser, r.viewport_width, r.viewport_height,
+       r.settle, r.final_url, r.title, r.dom_id, d.namespace, d.digest, d.size,
+       r.screenshot_id, s.namespace, s.digest, s.size, r.screenshot_truncated,
+       r.mhtml_id, h.namespace, h.digest, h.size, r.requests, r.not_recorded,
+       (SELECT count(*) FROM fetch_attempt a WHERE a.render_seq = r.render_seq)
+FROM render r
+LEFT JOIN fetch_attempt f ON f.attempt_seq = r.source_attempt_seq
+LEFT JOIN artifact d ON d.artifact_id = r.dom_id
+LEFT JOIN artifact s ON s.artifact_id = r.screenshot_id
+LEFT JOIN artifact h ON h.artifact_id = r.mhtml_id
+ORDER BY r.log_index, r.render_seq
+"""
 # ledger kind -> the table whose rows carry its log_index
 _LOGGED_TABLES = {"fetch_attempt": "fetch_attempt", "discovery": "discovery_edge",
-                  "rule_evaluated": "rule_evaluation", "session_documents": "session_document"}
+                  "rule_evaluated": "rule_evaluation", "render": "render",
+                  "session_documents": "session_document"}
 
 
 class _Cursor:
@@ -656,7 +678,8 @@ class _Cursor:
 def _check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | None) -> int:
     cursors = {"fetch_attempt": _Cursor(conn.execute(_ATTEMPT_SQL)),
                "discovery": _Cursor(conn.execute(_EDGE_SQL)),
-               "rule_evaluated": _Cursor(conn.execute(_RULE_SQL))}
+               "rule_evaluated": _Cursor(conn.execute(_RULE_SQL)),
+               "render": _Cursor(conn.execute(_RENDER_SQL))}
     if conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'session_document'").fetchall():
         cursors["session_documents"] = _Cursor(conn.execute(_DOCUMENT_SQL))
     sessions: dict[str, dict[str, tuple[object, int]]] = {}
@@ -684,6 +707,8 @@ def _check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | No
             _check_rule(found, message, index, rows)
         elif isinstance(message, SessionDocuments):
             _check_documents(found, conn, message, index, rows)
+        elif isinstance(message, Render):
+            _check_render(found, message, index, rows)
         elif message is not None:
             _expect_fact(sessions, runs, message, index)
         if state is not None and message is not None:
@@ -783,7 +808,7 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
      q_id, q_ns, q_digest, q_size, h_id, h_ns, h_digest, h_size, b_id, b_ns, b_digest, b_size,
      truncated, content_type, error, version, key, capture, c_id, c_ns, c_digest, c_size,
      transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
-     text_encoding, text_source) = rows[0]
+     text_encoding, text_source, render_id) = rows[0]
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
@@ -795,7 +820,7 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "content": _ref_text(m.content), "transfer_coding": m.transfer_coding,
         "content_coding": m.content_coding, "content_truncated": int(m.content_truncated),
         "surplus": _ref_text(m.surplus), "text_encoding": m.text_encoding,
-        "text_encoding_source": m.text_encoding_source}
+        "text_encoding_source": m.text_encoding_source, "render_id": m.render_id}
     actual = {
         "attempt_id": attempt_id, "run_id": run_id, "url": url, "sequence": sequence,
         "method": method, "started_at": started_at, "elapsed_ms": elapsed_ms,
@@ -807,7 +832,8 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "capture": capture, "content": _row_ref(c_id, c_ns, c_digest, c_size),
         "transfer_coding": transfer_coding, "content_coding": content_coding,
         "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
-        "text_encoding": text_encoding, "text_encoding_source": text_source}
+        "text_encoding": text_encoding, "text_encoding_source": text_source,
+        "render_id": render_id}
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
 
 
@@ -819,7 +845,7 @@ def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index
     seen: set[tuple[int, str]] = set()
     for row in rows:
         (_, edge_id, run_id, attempt_id, _seq, s_id, s_ns, s_digest, s_size, position,
-         observed, version, key, edge_kind, tag, attr, rel) = row
+         observed, version, key, edge_kind, tag, attr, rel, render_id) = row
         ref = wanted.get((position, observed))
         if ref is None or (position, observed) in seen:
             found.add("row_unlogged", f"discovery_edge row {edge_id} (position {position}, "
@@ -830,11 +856,11 @@ def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index
         expected = {"run_id": m.run_id, "source_attempt_id": m.source_attempt_id,
                     "source_artifact": _ref_text(m.source_artifact),
                     "target_fetch_key": _fetch_key(ref.url), "edge_kind": ref.edge_kind,
-                    "tag": ref.tag, "attr": ref.attr, "rel": ref.rel}
+                    "tag": ref.tag, "attr": ref.attr, "rel": ref.rel, "render_id": m.render_id}
         actual = {"run_id": run_id, "source_attempt_id": attempt_id,
                   "source_artifact": _row_ref(s_id, s_ns, s_digest, s_size),
                   "target_fetch_key": _row_key(ref.url, version, key), "edge_kind": edge_kind,
-                  "tag": tag, "attr": attr, "rel": rel}
+                  "tag": tag, "attr": attr, "rel": rel, "render_id": render_id}
         _compare(found, "discovery_edge", edge_id, f"discovery {m.message_id}", expected,
                  actual, index)
     missing = [anchor for anchor in wanted if anchor not in seen]
@@ -852,6 +878,39 @@ def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index
         found.add("row_missing", f"the discovery_edge of discovery {m.message_id} at position "
                   f"{position} ({observed!r}, log index {index}) is missing",
                   table="discovery_edge", log_index=index)
+
+
+def _check_render(found: Findings, m: Render, index: int, rows: list[tuple]) -> None:
+    if not rows:
+        found.add("row_missing", f"the render row of render {m.render_id} (log index "
+                  f"{index}) is missing", table="render", log_index=index)
+        return
+    for extra in rows[1:]:
+        _unlogged(found, "render", extra, "already the entry of another row")
+    (_, seq, render_id, run_id, source, url, started_at, elapsed_ms, outcome, error, browser,
+     width, height, settle, final_url, title, d_id, d_ns, d_digest, d_size, s_id, s_ns,
+     s_digest, s_size, shot_cut, h_id, h_ns, h_digest, h_size, requests, not_recorded,
+     made) = rows[0]
+    expected = {
+        "render_id": m.render_id, "run_id": m.run_id, "source_attempt_id": m.source_attempt_id,
+        "url": m.url, "started_at": format_time(m.started_at), "elapsed_ms": m.elapsed_ms,
+        "outcome": m.outcome, "error": m.error, "browser": m.browser,
+        "viewport_width": m.viewport_width, "viewport_height": m.viewport_height,
+        "settle": m.settle, "final_url": m.final_url, "title": m.title,
+        "dom": _ref_text(m.dom), "screenshot": _ref_text(m.screenshot),
+        "screenshot_truncated": int(m.screenshot_truncated), "mhtml": _ref_text(m.mhtml),
+        "requests": m.requests, "not_recorded": _JSON.encode(m.not_recorded).decode(),
+        "requests made": m.requests}
+    actual = {
+        "render_id": render_id, "run_id": run_id, "source_attempt_id": source, "url": url,
+        "started_at": started_at, "elapsed_ms": elapsed_ms, "outcome": outcome,
+        "error": error, "browser": browser, "viewport_width": width,
+        "viewport_height": height, "settle": settle, "final_url": final_url, "title": title,
+        "dom": _row_ref(d_id, d_ns, d_digest, d_size),
+        "screenshot": _row_ref(s_id, s_ns, s_digest, s_size),
+        "screenshot_truncated": shot_cut, "mhtml": _row_ref(h_id, h_ns, h_digest, h_size),
+        "requests": requests, "not_recorded": not_recorded, "requests made": made}
+    _compare(found, "render", seq, f"render {m.render_id}", expected, actual, index)
 
 
 def _check_rule(found: Findings, m: RuleEvaluated, index: int, rows: list[tuple]) -> None:
@@ -1022,6 +1081,8 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
                      message.content, message.surplus)
         elif isinstance(message, Discovery):
             named = (message.source_artifact,)
+        elif isinstance(message, Render):
+            named = (message.dom, message.screenshot, message.mhtml)
         else:
             named = ()
         refs.update((r.namespace, r.digest) for r in named if r is not None)

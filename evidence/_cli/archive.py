@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from .._errors import EvidenceError
+
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.archive import Comparison
     from .._archive.export import Manifest
@@ -52,6 +54,11 @@ def _print_json(value: object) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "wacz":  # one file for replay tools: WARC, CDXJ, pages, signed
+        return _cmd_export_wacz(args)
+    if args.key or args.new_key:
+        raise EvidenceError("--key and --new-key sign a WACZ export only",
+                            hint="add --format wacz, or leave the key out")
     if args.format == "warc":  # request and response records, not a restorable archive
         from .verify import _cmd_export_warc
 
@@ -65,6 +72,37 @@ def _cmd_export(args: argparse.Namespace) -> int:
         _print_json(manifest)
     else:
         print(_format_manifest(args.out, manifest))
+    return 0
+
+
+def _cmd_export_wacz(args: argparse.Namespace) -> int:
+    from .._archive.wacz import export_wacz, load_signing_key, new_signing_key
+    from .._store.db import Store
+
+    if args.run:
+        raise EvidenceError("a WACZ export holds the whole store; --run is not supported",
+                            hint="leave out --run (or export one run with --format warc)")
+    if args.key and args.new_key:
+        raise EvidenceError("give --key or --new-key, not both",
+                            hint="--key FILE signs with an existing key; --new-key FILE "
+                            "makes one")
+    if args.out.exists():
+        raise EvidenceError(f"{args.out} already exists; an export never overwrites a file",
+                            hint="remove it or choose another name", path=str(args.out))
+    key = load_signing_key(args.key) if args.key else None
+    with Store.open(args.store) as store:
+        if args.new_key:
+            key = new_signing_key(args.new_key)
+        report = export_wacz(store, args.out, key=key)
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"wacz      {report.path}  ({report.bytes} bytes, sha256 {report.sha256})\n"
+              f"warc      {report.records} records, {report.indexed} indexed; "
+              f"{report.renders} rendered pages\n"
+              f"pages     {report.pages}\n"
+              f"signed    " + (f"yes, ECDSA public key {report.public_key}" if report.signed
+                               else "no (give --key or --new-key to sign)"))
     return 0
 
 
@@ -161,10 +199,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, metavar="ARCHIVE",
                    help="the archive directory to create (must not exist, or be empty)")
     p.add_argument("--run", metavar="ID", help="only this run's rows and what they reference")
-    p.add_argument("--format", choices=("sql", "jsonl", "csv", "warc"), default="sql",
+    p.add_argument("--format", choices=("sql", "jsonl", "csv", "warc", "wacz"), default="sql",
                    help="sql (default; restorable), or jsonl/csv files per table for review "
                    "tools, in the same order; warc: a WARC/1.1 file of request and response "
-                   "records (--out names the file; .gz compresses each record)")
+                   "records (--out names the file; .gz compresses each record); wacz: a "
+                   "WACZ 1.1.1 file for replay tools (WARC, CDXJ index, page list, "
+                   "rendered screenshots and DOMs; see docs/replay.md)")
+    p.add_argument("--key", metavar="FILE",
+                   help="wacz: sign datapackage-digest.json with this ECDSA P-256/P-384 "
+                   "PEM key")
+    p.add_argument("--new-key", metavar="FILE",
+                   help="wacz: make an ECDSA P-384 key (FILE, mode 0600, and FILE.pub) and "
+                   "sign with it")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(func=_cmd_export)
 

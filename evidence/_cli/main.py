@@ -108,12 +108,14 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     _log_to(stderr)
     with Store.create(path, sync=args.sync) as store, crawl_lock(path):
         config = _crawl_config(args, store, rules)
+        render = _render_options(args, config)
         progress = _Progress(stderr)
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
             timeout=args.timeout, deadline=args.deadline, grace=args.grace,
             max_documents=args.max_documents, clean=args.clean, full=args.full,
-            processes=args.processes, progress=progress, progress_interval=1.0)
+            processes=args.processes, render=render, progress=progress,
+            progress_interval=1.0)
         crawler = Crawler(store, config, options)
 
         async def main() -> CrawlResult:
@@ -158,7 +160,33 @@ def _log_to(stream) -> None:  # type: ignore[no-untyped-def]
 
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
-                 "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules")
+                 "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules", "render",
+                 "render_only")
+
+
+def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
+    """How pages are rendered, when the session renders; the browser must exist first."""
+    if not (config.render or config.render_only):
+        return None
+    from .._crawl.cdp import find_browser
+    from .._crawl.render import RenderOptions
+
+    return RenderOptions(executable=find_browser(args.browser), timeout=args.render_timeout,
+                         tabs=args.render_tabs, mhtml=args.render_mhtml)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
 
 
 def _non_negative(text: str) -> int:
@@ -527,6 +555,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", metavar="FILE",
                    help="judge every page by these compliance rules (TOML, see docs/rules.md);"
                    " the definitions are recorded with the session (default: no rules)")
+    p.add_argument("--render", action="store_true", default=None,
+                   help="load each 2xx HTML page in headless Chromium and record the DOM, a "
+                   "full-page screenshot and every request the browser made; links in the "
+                   "rendered DOM are followed (see docs/replay.md)")
+    p.add_argument("--render-only", action="append", metavar="REGEX",
+                   help="render only pages whose fetch key matches (repeatable; implies "
+                   "--render)")
+    p.add_argument("--render-timeout", type=_positive, default=30.0, metavar="SECONDS",
+                   help="the longest one render may take; then it is a 'timeout' attempt "
+                   "(default 30)")
+    p.add_argument("--render-tabs", type=_at_least_one, default=2, metavar="N",
+                   help="pages rendered at once (default 2)")
+    p.add_argument("--render-mhtml", action="store_true",
+                   help="also keep each rendered page as MHTML")
+    p.add_argument("--browser", metavar="PATH",
+                   help="the Chromium executable (default: chromium on PATH)")
     p.add_argument("--full", action="store_true",
                    help="a new session crawls in full even when a completed one exists "
                    "(default: incremental against the last completed session)")

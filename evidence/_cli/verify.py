@@ -10,14 +10,16 @@ an error (printed by ``_cli.main`` as ``Error:`` / ``Try:``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from .._errors import ProofError
+from .._errors import EvidenceError, ProofError
 from .._store.db import Store
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
@@ -207,6 +209,11 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
 # --- replay and WARC -----------------------------------------------------------------
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    if args.serve:
+        return _cmd_replay_serve(args)
+    if args.url is None:
+        raise EvidenceError("replay needs a URL (or --serve to browse the capture)",
+                            hint="evidence replay STORE URL, or evidence replay STORE --serve")
     from .._audit.replay import replay
 
     with Store.open(args.store, read_only=True) as store:
@@ -233,6 +240,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
+    return 0
+
+
+def _cmd_replay_serve(args: argparse.Namespace) -> int:
+    from .._archive.replayserve import ReplayServer
+
+    with ReplayServer(args.store, port=args.port) as server:
+        if args.json:  # one line, printed once the server listens: a script reads it
+            sys.stdout.write(msgspec.json.encode({
+                "url": server.url, "port": server.port, "pages": [
+                    {"url": p.url, "ts": p.ts, "title": p.title, "replay_url": p.replay_url}
+                    for p in server.pages]}).decode() + "\n")
+        else:
+            print(f"serving {args.store} with pywb at {server.url} (127.0.0.1 only); "
+                  f"Ctrl-C stops it. {len(server.pages)} pages:")
+            for page in server.pages:
+                print(f"  {page.replay_url}  {page.title}")
+        sys.stdout.flush()
+        # SIGTERM as Ctrl-C: the server's temporary collection is removed either way.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.wait()
     return 0
 
 
@@ -326,12 +355,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.set_defaults(func=_cmd_check_proof)
 
     p = sub.add_parser(
-        "replay", help="the exact response bytes recorded for a URL",
+        "replay", help="the exact response bytes recorded for a URL, or browse a capture",
         description="Print the response head and body of the attempt current for URL (in a "
         "run, or at a time) byte for byte, as they came off the connection (chunk framing "
-        "and content coding included); --content prints the decoded content instead.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
-    p.add_argument("url", metavar="URL", help="the URL (compared by its normalized form)")
+        "and content coding included); --content prints the decoded content instead. "
+        "With --serve, serve the whole capture (a store or a WACZ file) for a web browser "
+        "through pywb on 127.0.0.1, and list each page's address (docs/replay.md).")
+    p.add_argument("store", metavar="STORE", help="the store directory (with --serve: or a "
+                   "WACZ file)")
+    p.add_argument("url", metavar="URL", nargs="?",
+                   help="the URL (compared by its normalized form)")
+    p.add_argument("--serve", action="store_true",
+                   help="serve the capture to a browser with pywb until Ctrl-C")
+    p.add_argument("--port", type=int, default=8080,
+                   help="--serve: the port on 127.0.0.1 (default 8080; 0: a free one)")
     p.add_argument("--run", metavar="ID", help="that run's current attempt")
     p.add_argument("--at", metavar="TIME",
                    help="the latest attempt started at or before TIME (ISO 8601, with Z or "

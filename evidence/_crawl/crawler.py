@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
+import functools
 import logging
 import os
 import socket
@@ -62,13 +63,15 @@ from .._store.db import Store
 from .._write.service import Service
 from .._write.writer import Writer, WriterLimits
 from . import frontier
+from .crawlrender import source_capture, unrendered_capture
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
 from .pages import PageEffects, PageOrder, PageWorker, dedup
+from .render import Renderer, RenderOptions
 from .robots import ROBOTS_TTL, Robots
-from .rules import check_rules
+from .rules import check_rules, evaluate_page
 from .workers import Setup, WorkerLost, WorkerPool
 
 __all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
@@ -99,6 +102,9 @@ class CrawlOptions:
     # Worker processes that fetch and parse (the writer runs as a service in this one);
     # 0: everything in this process. Concurrency stays ``workers`` in all.
     processes: int = 0
+    # How pages are rendered when the session renders (``CrawlConfig.render``): the
+    # browser, timeouts, tabs, MHTML. Rendering always happens in this process.
+    render: RenderOptions | None = None
 
 
 class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -333,6 +339,18 @@ class Crawler:
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
                                  deadline=self.options.deadline)
+        self._renderer = None
+        if self._pages.rules is not None and self._pages.rules.rendered and not (
+                self._pages.render_scope.enabled):
+            rule = self._pages.rules.rendered[0]
+            raise EvidenceError(f"rule {rule.id!r} reads the rendered DOM, and this crawl "
+                                "does not render", hint="add --render (or --render-only), "
+                                "or give the rule input = 'response'")
+        if self._pages.render_scope.enabled:  # the browser starts with the first render
+            self._renderer = await stack.enter_async_context(Renderer(
+                artifacts=self.store.artifacts, client=client, run_id=self.run_id,
+                user_agent=self.config.user_agent, max_body_bytes=self.config.max_body_bytes,
+                options=self.options.render))
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:
@@ -602,6 +620,13 @@ class Crawler:
         return not self._halt.is_set()
 
     async def _process(self, job: _Job) -> None:
+        if self._renderer is not None:  # a capture an earlier run fetched but did not render
+            stored = unrendered_capture(self._reader, self._pages.render_scope,
+                                        self.session_id, job.url)
+            if stored is not None:
+                self._documents -= 1  # never requested again
+                await self._render(job, stored)
+                return
         host = url_host(job.url)
         doc = self._baseline.lookup(job.url) if self._baseline is not None else None
         if doc is not None and normalize_url(job.url) not in self._sitemap_keys:
@@ -640,6 +665,8 @@ class Crawler:
                 conditional["If-Modified-Since"] = doc.last_modified
         effects = await self._execute(self._order(job, conditional, baseline=doc is not None))
         self._apply(job, effects)
+        if effects.render is not None:
+            await self._render(job, effects.render)
         if effects.unchanged is not None:
             assert doc is not None
             await self._unchanged(job, doc, "HTTP 304 (unchanged)", attempt=effects.unchanged)
@@ -684,6 +711,47 @@ class Crawler:
             url=order.url, state="queued", reason=f"requeued: {what} while fetching it "
             f"(attempt {attempts} of {self.config.max_attempts})")])])
         return PageEffects(requested=1, retry_in=0.0)
+
+    async def _render(self, job: _Job, attempt: FetchAttempt) -> None:
+        """Render a committed capture and settle its page with the render (_crawlrender)."""
+        assert self._renderer is not None
+        source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts, attempt)
+        rendered = await self._renderer.render(source)
+        render = rendered.render
+        messages: list[Message] = [render, *rendered.attempts]
+        if render.outcome != "rendered":
+            what = f"render {render.outcome}: {render.error}"
+            self._apply(job, await self._pages.retry(self._order(job), messages, what,
+                                                     backoff=None))
+            return
+        rules = self._pages.rules.rendered if self._pages.rules is not None else ()
+        if rules and rendered.dom is not None and render.dom is not None:
+            assert attempt.response_headers is not None
+            messages += await anyio.to_thread.run_sync(functools.partial(
+                evaluate_page, rules, url=attempt.url,
+                attempt_id=attempt.attempt_id if attempt.run_id == self.run_id else None,
+                run_id=self.run_id, headers_bytes=source.head, body_bytes=rendered.dom,
+                headers_ref=attempt.response_headers, body_ref=render.dom,
+                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True))
+        queued = []
+        if rendered.refs and render.dom is not None:
+            messages.append(Discovery(
+                message_id=new_id("m-"), run_id=self.run_id,
+                source_attempt_id=attempt.attempt_id, source_artifact=render.dom,
+                refs=rendered.refs, truncated=rendered.refs_truncated,
+                render_id=render.render_id))
+            for ref in rendered.refs:
+                via = "embed" if ref.edge_kind == "embed" else "link"
+                queued.append(QueuedUrl(url=ref.url, depth=job.depth + 1, via=via,
+                                        source_attempt_id=attempt.attempt_id,
+                                        skip=self._skip(ref.url, job.depth + 1)))
+        queued = dedup(queued)
+        messages.append(self._update(queued=queued, settled=[SettledUrl(
+            url=job.url, state="done",
+            reason=f"HTTP {attempt.http_status}, rendered ({render.settle})")]))
+        await self._commit(messages)
+        if any(q.skip is None for q in queued):
+            self._db_exhausted = False
 
     async def _unchanged(self, job: _Job, doc: BaselineDoc, reason: str, *,
                          attempt: FetchAttempt) -> None:

@@ -131,12 +131,15 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
                 extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes], Any] | None = None,
-                deadline: float | None = None) -> FetchResult:
+                deadline: float | None = None, method: str = "GET",
+                content: bytes | None = None, render_id: str | None = None) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
     ``parse(content_type, content)``, if given, runs on a 2xx response's non-empty content
     in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
     ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
+    ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
+    made while rendering a page (``evidence._renderproxy``): the attempt names its render.
     """
     started_at = utc_now()
     t0 = time.monotonic()
@@ -144,10 +147,14 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
                **(extra_headers or {})}
     common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
               "url": url, "sequence": sequence, "started_at": started_at}
-    request = client.build_request("GET", url, headers=headers)
+    if method != "GET":
+        common["method"] = method
+    if render_id is not None:
+        common["render_id"] = render_id
+    request = client.build_request(method, url, headers=headers, content=content)
     response: httpx.Response | None = None
     outcome, error, cut = "response", None, False
-    with record_exchange("GET") as exchange:
+    with record_exchange(method) as exchange:
         # The total deadline (connect, head, body): the client's timeout bounds each read
         # only, so a server sending a byte a second never trips it. Past the deadline the
         # attempt is a timeout that keeps what came.

@@ -46,6 +46,10 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     recrawl: dict[str, str] = {}
     # Compliance rules judged on every page: full definitions (RuleSet.as_record()).
     rules: list[dict[str, object]] = []
+    # Load each 2xx HTML page in headless Chromium and record what it shows (docs/replay.md);
+    # render_only: only pages whose fetch key matches one of these regular expressions.
+    render: bool = False
+    render_only: list[str] = []
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)

@@ -45,6 +45,7 @@ from .._model.messages import (
 from .._model.text import charset_param
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._store.artifacts import ArtifactStore
+from .crawlrender import RenderScope
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .links import extract_links
@@ -78,6 +79,9 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     sitemaps: list[str] = []  # fetch keys of sitemaps a sitemap index listed
     unchanged: FetchAttempt | None = None  # a 304 on a baseline document, not committed
     problem: str | None = None  # a failed fetch or a backoff, in words, for the operator
+    # A page to render (``evidence._crawlrender``): committed, links and all, but left in
+    # flight; the crawl process renders it and settles it with the render.
+    render: FetchAttempt | None = None
 
 
 class PageWorker:
@@ -89,6 +93,7 @@ class PageWorker:
         self.config = config
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
+        self.render_scope = RenderScope(config)
         self.session_id = session_id
         self.run_id = run_id
         self.artifacts = artifacts
@@ -138,7 +143,7 @@ class PageWorker:
         if self.rules is not None and attempt.response_headers is not None:
             document = attempt.content or attempt.body  # the content: what rules read
             messages += await anyio.to_thread.run_sync(functools.partial(
-                evaluate_page, self.rules.rules, url=attempt.url,
+                evaluate_page, self.rules.response, url=attempt.url,
                 attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
                 body_bytes=result.body if document is not None else None,
                 headers_ref=attempt.response_headers, body_ref=document,
@@ -188,11 +193,13 @@ class PageWorker:
             messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
                                       source_attempt_id=attempt.attempt_id,
                                       source_artifact=source, refs=refs, truncated=truncated))
-        messages.append(self.update(queued=queued, settled=[SettledUrl(
-            url=order.url, state="done", reason=f"HTTP {status}")]))
+        render = attempt if self.render_scope.wants(attempt) else None
+        settled = [] if render is not None else [SettledUrl(  # settled with its render
+            url=order.url, state="done", reason=f"HTTP {status}")]
+        messages.append(self.update(queued=queued, settled=settled))
         await self.commit(messages)
         return PageEffects(queued_links=any(q.skip is None for q in queued),
-                           sitemaps=sitemaps)
+                           sitemaps=sitemaps, render=render)
 
     async def retry(self, order: PageOrder, messages: list[Message], what: str, *,
                     backoff: float | None) -> PageEffects:

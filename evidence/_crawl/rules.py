@@ -136,7 +136,14 @@ class Rule:
     applies_to: AppliesTo = field(default_factory=AppliesTo)
     params: Mapping[str, Any] = field(default_factory=dict)
     definition_hash: str = ""
+    # "response": the document as the server sent it; "rendered": the DOM a browser
+    # rendered from it (docs/replay.md), for body rules of a crawl with --render.
+    input: str = "response"
     _compiled: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def reads_rendered(self) -> bool:
+        return self.input == "rendered"
 
     @property
     def reads_body(self) -> bool:
@@ -149,9 +156,10 @@ class Rule:
 
     def record(self) -> dict[str, Any]:
         """The definition as a rules-file table (``RuleSet.from_record`` reads it back)."""
+        rendered = {"input": self.input} if self.reads_rendered else {}
         return {"id": self.id, "version": self.version, "type": self.type,
                 "description": self.description, "applies_to": self.applies_to.record(),
-                **self.params}
+                **rendered, **self.params}
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,16 @@ class RuleSet:
 
     def __len__(self) -> int:
         return len(self.rules)
+
+    @property
+    def response(self) -> tuple[Rule, ...]:
+        """The rules that read the response (judged when a page is fetched)."""
+        return tuple(r for r in self.rules if not r.reads_rendered)
+
+    @property
+    def rendered(self) -> tuple[Rule, ...]:
+        """The rules that read a rendered DOM (judged with the page's render)."""
+        return tuple(r for r in self.rules if r.reads_rendered)
 
     def as_record(self) -> list[dict[str, Any]]:
         """Every definition in full, with its hash: what a crawl session should record."""
@@ -245,7 +263,7 @@ _TYPE_FIELDS: dict[str, tuple[str, ...]] = {
     "max_response_time": ("max_ms",),
     "link": ("url", "text", "expect"),
 }
-_COMMON = ("id", "version", "type", "description", "applies_to")
+_COMMON = ("id", "version", "type", "description", "applies_to", "input")
 
 
 class _Parser:
@@ -293,10 +311,22 @@ class _Parser:
         compiled: dict[str, Any] = {}
         applies_to = self.applies_to(t.get("applies_to", {}), compiled)
         params = getattr(self, f"_{kind}")(t, compiled)
+        source = t.get("input", "response")
+        if source not in ("response", "rendered"):
+            self.fail("input", f"must be 'response' or 'rendered', not {source!r}",
+                      "'response': the document the server sent (default); 'rendered': "
+                      "the DOM a browser rendered (crawl with --render)")
         semantic = {"id": ident, "version": version, "type": kind,
                     "applies_to": applies_to.record(), **params}
+        if source == "rendered":  # absent by default: older definitions keep their hash
+            if not (kind in ("selector", "link") or (kind == "regex" and
+                                                    params.get("header") is None)):
+                self.fail("input", f"a {kind!r} rule reads no document, so it cannot read "
+                          "the rendered one", "only selector, link and body regex rules "
+                          "take input = 'rendered'")
+            semantic["input"] = source
         return Rule(id=ident, version=version, type=kind, description=description,
-                    applies_to=applies_to, params=params,
+                    applies_to=applies_to, params=params, input=source,
                     definition_hash=blake3.blake3(_json.encode(semantic)).hexdigest(),
                     _compiled=compiled)
 
@@ -426,6 +456,8 @@ def input_description(rule: Rule, *, url: str, headers_ref: ArtifactRef,
     """
     description: dict[str, Any] = {"format": INPUT_FORMAT, "url": url,
                                    "response_headers": _ref(headers_ref)}
+    if rule.reads_rendered:  # body_ref is a render's DOM (UTF-8, read as it is)
+        description["input"] = "rendered"
     if rule.reads_body:
         body = _ref(body_ref)
         if body is not None:
@@ -497,8 +529,9 @@ class _Page:
 
     def __init__(self, url: str, head: bytes, body: bytes | None, body_truncated: bool,
                  elapsed_ms: float, decoded: bool = False,
-                 content_coding: str | None = None) -> None:
+                 content_coding: str | None = None, rendered: bool = False) -> None:
         self.url, self.raw_body, self.body_truncated = url, body, body_truncated
+        self.rendered = rendered
         self.elapsed_ms = float(elapsed_ms)
         self.status, self.headers = _parse_head(head)
         self.decoded, self.content_coding = decoded, content_coding
@@ -510,6 +543,8 @@ class _Page:
         """The document's content: as the crawler derived it (wire capture), or the stored
         body with its content codings removed (attempts recorded before wire capture)."""
         assert self.raw_body is not None
+        if self.rendered:  # a serialized DOM: no coding to remove
+            return self.raw_body
         if not self.decoded:
             return _decode_body(self.raw_body, self.headers.get("content-encoding", ""))
         named = _codings(self.headers.get("content-encoding", ""))
@@ -523,7 +558,8 @@ class _Page:
 
     @cached_property
     def decoded_text(self) -> tuple[str, Sniffed]:
-        return decode_document(self.body, self.headers.get("content-type"))
+        kind = "text/html; charset=utf-8" if self.rendered else self.headers.get("content-type")
+        return decode_document(self.body, kind)
 
     @property
     def text(self) -> str:
@@ -699,20 +735,22 @@ def _check_bytes(data: bytes | None, ref: ArtifactRef | None, what: str) -> None
                          digest=ref.digest)
 
 
-def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str, run_id: str,
+def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id: str,
                   headers_bytes: bytes, body_bytes: bytes | None, headers_ref: ArtifactRef,
                   body_ref: ArtifactRef | None, elapsed_ms: float,
                   body_truncated: bool = False,
                   evaluated_at: dt.datetime | None = None, decoded: bool = False,
-                  content_coding: str | None = None) -> list[RuleEvaluated]:
+                  content_coding: str | None = None,
+                  rendered: bool = False) -> list[RuleEvaluated]:
     """Judge one attempt by every rule: one ``RuleEvaluated`` per rule, nothing written.
 
     ``headers_bytes`` and ``body_bytes`` are the stored artifact bytes (the response head
     as recorded; the document) and must hash to ``headers_ref`` and ``body_ref``; ``url``
     is the URL as requested. For a wire capture (``decoded``) the document is the
     attempt's content and ``content_coding`` the codings the crawler removed; otherwise
-    it is the stored body, still content-coded (``input_description``). Submit the result
-    in the page's writer group.
+    it is the stored body, still content-coded (``input_description``). ``rendered``: the
+    document is a render's DOM (UTF-8) and ``rules`` are the ones that read it. Submit the
+    result in the page's (or render's) writer group.
     """
     if (body_bytes is None) != (body_ref is None):
         raise RulesError("body_bytes and body_ref must be given together (or both None)",
@@ -723,14 +761,17 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str, run_id: s
                      head=headers_bytes, body=body_bytes,
                      headers_ref=headers_ref, body_ref=body_ref, elapsed_ms=elapsed_ms,
                      body_truncated=body_truncated, evaluated_at=evaluated_at or utc_now(),
-                     decoded=decoded, content_coding=content_coding)
+                     decoded=decoded, content_coding=content_coding, rendered=rendered)
 
 
-def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str, run_id: str, head: bytes,
+def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id: str,
+              head: bytes,
               body: bytes | None, headers_ref: ArtifactRef, body_ref: ArtifactRef | None,
               elapsed_ms: float, body_truncated: bool, evaluated_at: dt.datetime,
-              decoded: bool = False, content_coding: str | None = None) -> list[RuleEvaluated]:
-    page = _Page(url, head, body, body_truncated, elapsed_ms, decoded, content_coding)
+              decoded: bool = False, content_coding: str | None = None,
+              rendered: bool = False) -> list[RuleEvaluated]:
+    page = _Page(url, head, body, body_truncated, elapsed_ms, decoded, content_coding,
+                 rendered)
     messages = []
     for rule in rules:
         description = input_description(rule, url=url, headers_ref=headers_ref,
@@ -815,7 +856,7 @@ def evaluate_stored(store: Store, rules: RuleSet | Sequence[Rule], *,
     rows are never changed. Holds the store's crawl lock: no crawl may write meanwhile.
     Synchronous (it runs its own event loop); from async code, call it in a thread.
     """
-    rules = tuple(rules)
+    rules = tuple(r for r in rules if not r.reads_rendered)  # judged with their renders
     with crawl_lock(store.path), store.reader() as conn, store.errors():
         if run_id is not None and not conn.execute(
                 "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():

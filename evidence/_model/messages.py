@@ -41,6 +41,7 @@ __all__ = [
     "Message",
     "ObservedRef",
     "QueuedUrl",
+    "Render",
     "RuleEvaluated",
     "RunEnded",
     "RunStarted",
@@ -174,6 +175,9 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     surplus: ArtifactRef | None = None
     text_encoding: Name | None = None
     text_encoding_source: TextSource | None = None
+    # A request a browser made while rendering a page (a ``render`` message with this id,
+    # in the same run): not the crawler's attempt of the URL, so never in url_current.
+    render_id: Id | None = None
 
 
 class ObservedRef(msgspec.Struct, **_STRUCT | {"tag_field": None}):
@@ -197,6 +201,9 @@ class Discovery(msgspec.Struct, tag="discovery", **_STRUCT):
     source_artifact: ArtifactRef
     refs: list[ObservedRef]
     truncated: bool = False  # more references existed than the extractor keeps
+    # Found in the DOM of this render (its ``dom`` artifact is the source artifact; the
+    # source attempt is the render's source): links a browser's rendering showed.
+    render_id: Id | None = None
 
 
 class RuleEvaluated(msgspec.Struct, tag="rule_evaluated", **_STRUCT):
@@ -212,6 +219,48 @@ class RuleEvaluated(msgspec.Struct, tag="rule_evaluated", **_STRUCT):
     evaluated_at: UtcTime
     attempt_id: Id | None = None
     details: dict[str, object] = {}
+
+
+RenderOutcome = Literal[
+    "rendered",  # loaded, settled, serialized: the artifacts are there
+    "timeout",  # no result within the render timeout (the browser may have hung)
+    "crashed",  # the page's renderer or the whole browser died
+    "error",  # the browser refused the page (navigation error, protocol error)
+]
+
+
+class Render(msgspec.Struct, tag="render", **_STRUCT):
+    """A stored capture loaded in a headless browser, and what the browser made of it.
+
+    ``source_attempt_id`` is the attempt whose stored response the browser was given for
+    ``url`` (any run of the session: a render can arrive after a restart). Every request
+    the browser made is a ``fetch_attempt`` of this run naming this render (``requests``
+    of them, in the same writer group); links found in the DOM are a ``discovery`` naming
+    it. ``dom`` is the document serialized once it settled (``settle``: ``quiet`` or
+    ``deadline``, docs/replay.md), ``screenshot`` a full-page PNG, ``mhtml`` optional.
+    """
+
+    message_id: Id
+    render_id: Id
+    run_id: Id
+    source_attempt_id: Id
+    url: Url
+    started_at: UtcTime
+    elapsed_ms: Annotated[float, msgspec.Meta(ge=0)]
+    outcome: RenderOutcome
+    error: Text | None = None
+    browser: Text = ""
+    viewport_width: NonNegative = 0
+    viewport_height: NonNegative = 0
+    settle: Literal["quiet", "deadline"] | None = None
+    final_url: Url | None = None  # location.href when serialized (scripts may change it)
+    title: Text = ""
+    dom: ArtifactRef | None = None
+    screenshot: ArtifactRef | None = None
+    screenshot_truncated: bool = False  # the page was taller than the screenshot limit
+    mhtml: ArtifactRef | None = None
+    requests: NonNegative = 0
+    not_recorded: list[Text] = []  # requests the browser asked for that were not made
 
 
 class QueuedUrl(msgspec.Struct, **_STRUCT | {"tag_field": None}):
@@ -284,7 +333,7 @@ class SessionDocuments(msgspec.Struct, tag="session_documents", **_STRUCT):
 
 Message = (
     SessionStarted | SessionEnded | RunStarted | RunEnded | FetchAttempt | Discovery
-    | RuleEvaluated | FrontierUpdate | HostUpdate | SessionDocuments
+    | RuleEvaluated | FrontierUpdate | HostUpdate | SessionDocuments | Render
 )
 
 _FREE_FORM = {SessionStarted: "config", RuleEvaluated: "details"}  # the JSON-like fields

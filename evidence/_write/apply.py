@@ -26,6 +26,7 @@ from .._model.messages import (
     FrontierUpdate,
     HostUpdate,
     Message,
+    Render,
     RuleEvaluated,
     RunEnded,
     RunStarted,
@@ -49,7 +50,7 @@ _ATTEMPT_COLUMNS = (
     "attempt_id, run_id, url_id, url, sequence, method, started_at, elapsed_ms, outcome, "
     "http_status, request_headers_id, response_headers_id, body_id, body_truncated, "
     "content_type, error, log_index, capture, content_id, transfer_coding, content_coding, "
-    "content_truncated, surplus_id, text_encoding, text_encoding_source")
+    "content_truncated, surplus_id, text_encoding, text_encoding_source, render_seq")
 _ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
 
 
@@ -119,7 +120,8 @@ class Statements:
                               3, "", dialect=d)
         self.edges = RowInsert(
             "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, "
-            "position, observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index)", 11,
+            "position, observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index, "
+            "render_seq)", 12,
             "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING",
             dialect=d)
         # The ledger insert is also the dedup lookup (the writer's): nothing inserted, a
@@ -431,6 +433,19 @@ class Applier:
                            "first)")
         self.interner.put("run", run_id, True)
 
+    def render(self, render_id: str, run_id: str, what: What) -> tuple[int, int, str]:
+        """(render_seq, source attempt_seq, source attempt_id) of a render of ``run_id``."""
+        row = self.one("SELECT r.render_seq, r.run_id, r.source_attempt_seq, f.attempt_id "
+                       "FROM render r JOIN fetch_attempt f ON f.attempt_seq = "
+                       "r.source_attempt_seq WHERE r.render_id = ?", (render_id,))
+        if row is None:
+            raise Rejected(f"{_text(what)}: render {render_id} is not recorded (its render "
+                           "message comes first in the group)")
+        if row[1] != run_id:
+            raise Rejected(f"{_text(what)}: render {render_id} belongs to run {row[1]}, "
+                           f"not {run_id}")
+        return row[0], row[2], row[3]  # type: ignore[return-value]
+
     def attempt_seq(self, attempt_id: str, run_id: str, what: What) -> int:
         row = self._attempts.get(attempt_id) or self.one(
             "SELECT attempt_seq, run_id FROM fetch_attempt WHERE attempt_id = ?", (attempt_id,))
@@ -511,6 +526,7 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
     if (m.text_encoding is None) != (m.text_encoding_source is None):
         raise Rejected(f"{_text(what)}: text_encoding and text_encoding_source go together")
     url_id = ctx.url_id(m.url, what)
+    render_seq = None if m.render_id is None else ctx.render(m.render_id, m.run_id, what)[0]
     request_headers, response_headers, body = m.request_headers, m.response_headers, m.body
     content, surplus = m.content, m.surplus
     attempt_seq = ctx.add_attempt((
@@ -525,16 +541,24 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         None if content is None else ctx.artifact_id(content, (what, "content")),
         m.transfer_coding, m.content_coding, int(m.content_truncated),
         None if surplus is None else ctx.artifact_id(surplus, (what, "surplus")),
-        m.text_encoding, m.text_encoding_source), what)
+        m.text_encoding, m.text_encoding_source, render_seq), what)
     ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
-    ctx.project((m.run_id, url_id, m.sequence, attempt_seq))
+    if render_seq is None:  # a browser's request is not the crawler's attempt of its URL
+        ctx.project((m.run_id, url_id, m.sequence, attempt_seq))
 
 
 def _discovery(ctx: Applier, m: Discovery) -> None:
     what = ("discovery", m.message_id)
     run_id, index = m.run_id, ctx.log_index
     ctx.open_run(run_id, what)
-    source = ctx.attempt_seq(m.source_attempt_id, run_id, what)
+    render_seq = None
+    if m.render_id is None:
+        source = ctx.attempt_seq(m.source_attempt_id, run_id, what)
+    else:  # links of a rendered DOM: the source is the render's source, of any run
+        render_seq, source, source_id = ctx.render(m.render_id, run_id, what)
+        if source_id != m.source_attempt_id:
+            raise Rejected(f"{_text(what)}: render {m.render_id} rendered attempt "
+                           f"{source_id}, not {m.source_attempt_id}")
     artifact = ctx.artifact_id(m.source_artifact, (what, "source artifact"))
     keys, cached = ctx.keys, ctx._urls
     rows = []
@@ -544,7 +568,7 @@ def _discovery(ctx: Applier, m: Discovery) -> None:
         if target is None:
             target = ctx.url_id(ref.url, (what, "reference at position", ref.position))
         rows.append((run_id, source, artifact, ref.position, ref.observed, target,
-                     ref.edge_kind, ref.tag, ref.attr, ref.rel, index))
+                     ref.edge_kind, ref.tag, ref.attr, ref.rel, index, render_seq))
     ctx.add_edges(rows)
 
 
@@ -652,6 +676,39 @@ def _session_documents(ctx: Applier, m: SessionDocuments) -> None:
         "ON CONFLICT (session_id, url_id) DO NOTHING", rows)
 
 
+def _render(ctx: Applier, m: Render) -> None:
+    what = ("render", m.render_id)
+    ctx.open_run(m.run_id, what)
+    row = ctx.one(
+        "SELECT f.attempt_seq, f.url, f.render_seq, a.session_id = b.session_id "
+        "FROM fetch_attempt f JOIN crawl_run a ON a.run_id = f.run_id "
+        "JOIN crawl_run b ON b.run_id = ? WHERE f.attempt_id = ?",
+        (m.run_id, m.source_attempt_id))
+    if row is None:
+        raise Rejected(f"{_text(what)}: source attempt {m.source_attempt_id} is not recorded")
+    source, url, of_render, same_session = row
+    if of_render is not None or not same_session or url != m.url:
+        raise Rejected(f"{_text(what)}: source attempt {m.source_attempt_id} is not a "
+                       f"crawler's attempt of {m.url} in this run's session")
+    if (m.outcome == "rendered") != (m.dom is not None):
+        raise Rejected(f"{_text(what)}: a rendered page has a DOM, and only a rendered one")
+    refs = [None if ref is None else ctx.artifact_id(ref, (what, name))
+            for name, ref in (("dom", m.dom), ("screenshot", m.screenshot),
+                              ("mhtml", m.mhtml))]
+    ctx.cursor.execute(
+        "INSERT INTO render (render_id, run_id, source_attempt_seq, url, started_at, "
+        "elapsed_ms, outcome, error, browser, viewport_width, viewport_height, settle, "
+        "final_url, title, dom_id, screenshot_id, screenshot_truncated, mhtml_id, requests, "
+        "not_recorded, log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+        "?, ?, ?, ?) ON CONFLICT (render_id) DO NOTHING",
+        (m.render_id, m.run_id, source, m.url, format_time(m.started_at), m.elapsed_ms,
+         m.outcome, m.error, m.browser, m.viewport_width, m.viewport_height, m.settle,
+         m.final_url, m.title, refs[0], refs[1], int(m.screenshot_truncated), refs[2],
+         m.requests, _json.encode(m.not_recorded).decode(), ctx.log_index))
+    if not ctx.conn.changes():
+        raise Rejected(f"{_text(what)} is already recorded by another message", conflict=True)
+
+
 _HANDLERS: dict[type, Callable[[Applier, Any], None]] = {
     SessionStarted: _session_started,
     SessionEnded: _session_ended,
@@ -663,4 +720,5 @@ _HANDLERS: dict[type, Callable[[Applier, Any], None]] = {
     FrontierUpdate: _frontier,
     HostUpdate: _host,
     SessionDocuments: _session_documents,
+    Render: _render,
 }
