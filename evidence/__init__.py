@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 if _TYPE_CHECKING:  # what type checkers and IDEs see
-    from ._archive import (
+    from ._archive.archive import (
         BackupReport,
         Comparison,
         Difference,
@@ -21,8 +21,32 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         compare,
         restore,
     )
-    from ._artifacts import ArtifactRef, ArtifactStore, validate_namespace
-    from ._crawl import Crawler, CrawlOptions, CrawlResult
+    from ._archive.export import Manifest, export
+    from ._archive.replayserve import ReplayServer
+    from ._archive.wacz import WaczExport, export_wacz
+    from ._archive.warc import export_warc
+    from ._audit.proofs import (
+        SignedCheckpoint,
+        check_proof,
+        checkpoint,
+        prove_consistency,
+        prove_inclusion,
+    )
+    from ._audit.replay import ReplayedResponse, replay
+    from ._audit.report import RunReport, report
+    from ._audit.status import StoreStatus, status
+    from ._audit.verify import Finding, VerifyReport, reclaim_orphans, verify
+    from ._crawl.crawler import Crawler, CrawlOptions, CrawlResult
+    from ._crawl.frontier import CrawlConfig
+    from ._crawl.render import RenderOptions
+    from ._crawl.rules import (
+        EvaluationSummary,
+        Rule,
+        RuleSet,
+        evaluate_page,
+        evaluate_stored,
+        load_rules,
+    )
     from ._errors import (
         ArtifactCorruptError,
         ArtifactError,
@@ -46,10 +70,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         WriterClosedError,
         WriterError,
     )
-    from ._export import Manifest, export
-    from ._frontier import CrawlConfig
-    from ._log import check_log
-    from ._messages import (
+    from ._model.acks import Ack, WriterStatistics
+    from ._model.messages import (
         Discovery,
         FetchAttempt,
         FrontierUpdate,
@@ -70,25 +92,12 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
         payload_hash,
         utc_now,
     )
-    from ._proofs import (
-        SignedCheckpoint,
-        check_proof,
-        checkpoint,
-        prove_consistency,
-        prove_inclusion,
-    )
-    from ._render import RenderOptions
-    from ._replay import ReplayedResponse, replay
-    from ._replayserve import ReplayServer
-    from ._report import RunReport, report
-    from ._rules import EvaluationSummary, Rule, RuleSet, evaluate_page, evaluate_stored, load_rules
-    from ._status import StoreStatus, status
-    from ._store import Store
-    from ._urls import NORMALIZER_VERSION, normalize_url, resolve_reference
-    from ._verify import Finding, VerifyReport, reclaim_orphans, verify
-    from ._wacz import WaczExport, export_wacz
-    from ._warc import export_warc
-    from ._writer import Ack, Writer, WriterLimits, WriterStatistics
+    from ._model.refs import ArtifactRef, validate_namespace
+    from ._model.urls import NORMALIZER_VERSION, normalize_url, resolve_reference
+    from ._store.artifacts import ArtifactStore
+    from ._store.db import Store
+    from ._store.log import check_log
+    from ._write.writer import Writer, WriterLimits
 
 __version__ = "0.1.0"
 
@@ -188,19 +197,19 @@ __all__ = [
 
 # The module of each public name: imported when the name is first looked up.
 _WHERE = {
-    "BackupReport": "_archive",
-    "Comparison": "_archive",
-    "Difference": "_archive",
-    "RestoreReport": "_archive",
-    "backup": "_archive",
-    "compare": "_archive",
-    "restore": "_archive",
-    "ArtifactRef": "_artifacts",
-    "ArtifactStore": "_artifacts",
-    "validate_namespace": "_artifacts",
-    "CrawlOptions": "_crawl",
-    "CrawlResult": "_crawl",
-    "Crawler": "_crawl",
+    "BackupReport": "_archive.archive",
+    "Comparison": "_archive.archive",
+    "Difference": "_archive.archive",
+    "RestoreReport": "_archive.archive",
+    "backup": "_archive.archive",
+    "compare": "_archive.archive",
+    "restore": "_archive.archive",
+    "ArtifactRef": "_model.refs",
+    "ArtifactStore": "_store.artifacts",
+    "validate_namespace": "_model.refs",
+    "CrawlOptions": "_crawl.crawler",
+    "CrawlResult": "_crawl.crawler",
+    "Crawler": "_crawl.crawler",
     "ArtifactCorruptError": "_errors",
     "ArtifactError": "_errors",
     "ArtifactMissingError": "_errors",
@@ -221,64 +230,64 @@ _WHERE = {
     "URLError": "_errors",
     "WriterClosedError": "_errors",
     "WriterError": "_errors",
-    "Manifest": "_export",
-    "export": "_export",
-    "CrawlConfig": "_frontier",
-    "check_log": "_log",
-    "Discovery": "_messages",
-    "FetchAttempt": "_messages",
-    "FrontierUpdate": "_messages",
-    "HostUpdate": "_messages",
-    "Message": "_messages",
-    "ObservedRef": "_messages",
-    "QueuedUrl": "_messages",
-    "RuleEvaluated": "_messages",
-    "RunEnded": "_messages",
-    "RunStarted": "_messages",
-    "SessionEnded": "_messages",
-    "SessionStarted": "_messages",
-    "SettledUrl": "_messages",
-    "canonical_encode": "_messages",
-    "decode_message": "_messages",
-    "new_id": "_messages",
-    "payload_hash": "_messages",
-    "utc_now": "_messages",
-    "SignedCheckpoint": "_proofs",
-    "check_proof": "_proofs",
-    "checkpoint": "_proofs",
-    "prove_consistency": "_proofs",
-    "prove_inclusion": "_proofs",
-    "ReplayedResponse": "_replay",
-    "replay": "_replay",
-    "RunReport": "_report",
-    "report": "_report",
-    "EvaluationSummary": "_rules",
-    "Rule": "_rules",
-    "RuleSet": "_rules",
-    "evaluate_page": "_rules",
-    "evaluate_stored": "_rules",
-    "load_rules": "_rules",
-    "StoreStatus": "_status",
-    "status": "_status",
-    "Store": "_store",
-    "NORMALIZER_VERSION": "_urls",
-    "normalize_url": "_urls",
-    "resolve_reference": "_urls",
-    "Finding": "_verify",
-    "VerifyReport": "_verify",
-    "reclaim_orphans": "_verify",
-    "verify": "_verify",
-    "export_warc": "_warc",
+    "Manifest": "_archive.export",
+    "export": "_archive.export",
+    "CrawlConfig": "_crawl.frontier",
+    "check_log": "_store.log",
+    "Discovery": "_model.messages",
+    "FetchAttempt": "_model.messages",
+    "FrontierUpdate": "_model.messages",
+    "HostUpdate": "_model.messages",
+    "Message": "_model.messages",
+    "ObservedRef": "_model.messages",
+    "QueuedUrl": "_model.messages",
+    "RuleEvaluated": "_model.messages",
+    "RunEnded": "_model.messages",
+    "RunStarted": "_model.messages",
+    "SessionEnded": "_model.messages",
+    "SessionStarted": "_model.messages",
+    "SettledUrl": "_model.messages",
+    "canonical_encode": "_model.messages",
+    "decode_message": "_model.messages",
+    "new_id": "_model.messages",
+    "payload_hash": "_model.messages",
+    "utc_now": "_model.messages",
+    "SignedCheckpoint": "_audit.proofs",
+    "check_proof": "_audit.proofs",
+    "checkpoint": "_audit.proofs",
+    "prove_consistency": "_audit.proofs",
+    "prove_inclusion": "_audit.proofs",
+    "ReplayedResponse": "_audit.replay",
+    "replay": "_audit.replay",
+    "RunReport": "_audit.report",
+    "report": "_audit.report",
+    "EvaluationSummary": "_crawl.rules",
+    "Rule": "_crawl.rules",
+    "RuleSet": "_crawl.rules",
+    "evaluate_page": "_crawl.rules",
+    "evaluate_stored": "_crawl.rules",
+    "load_rules": "_crawl.rules",
+    "StoreStatus": "_audit.status",
+    "status": "_audit.status",
+    "Store": "_store.db",
+    "NORMALIZER_VERSION": "_model.urls",
+    "normalize_url": "_model.urls",
+    "resolve_reference": "_model.urls",
+    "Finding": "_audit.verify",
+    "VerifyReport": "_audit.verify",
+    "reclaim_orphans": "_audit.verify",
+    "verify": "_audit.verify",
+    "export_warc": "_archive.warc",
+    "Ack": "_model.acks",
+    "Writer": "_write.writer",
+    "WriterLimits": "_write.writer",
+    "WriterStatistics": "_model.acks",
     "BrowserError": "_errors",
-    "Render": "_messages",
-    "RenderOptions": "_render",
-    "WaczExport": "_wacz",
-    "export_wacz": "_wacz",
-    "ReplayServer": "_replayserve",
-    "Ack": "_writer",
-    "Writer": "_writer",
-    "WriterLimits": "_writer",
-    "WriterStatistics": "_writer",
+    "Render": "_model.messages",
+    "RenderOptions": "_crawl.render",
+    "WaczExport": "_archive.wacz",
+    "export_wacz": "_archive.wacz",
+    "ReplayServer": "_archive.replayserve",
 }
 
 

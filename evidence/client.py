@@ -46,8 +46,9 @@ import anyio.lowlevel
 import msgspec
 
 from ._errors import CommitError, MessageError
-from ._messages import MAX_MESSAGE_BYTES, Message, canonical_encode
-from ._wire import (
+from ._model.acks import Ack
+from ._model.messages import MAX_MESSAGE_BYTES, Message, canonical_encode
+from ._write.wire import (
     PROTOCOL_VERSION,
     AckFrame,
     ErrorFrame,
@@ -66,7 +67,6 @@ from ._wire import (
     encode_frame,
     parse_loopback,
 )
-from ._writer import Ack
 
 __all__ = [
     "AsyncClient",

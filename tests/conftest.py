@@ -115,7 +115,7 @@ def populated_store(store: Store, make: Factory) -> Store:
 
 
 def reference_mth(leaves: list[bytes]) -> bytes:
-    """RFC 9162 2.1.1 Merkle tree hash, transcribed independently of evidence._merkle."""
+    """RFC 9162 2.1.1 Merkle tree hash, transcribed independently of evidence._model.merkle."""
     if not leaves:
         return hashlib.sha256(b"").digest()
     if len(leaves) == 1:

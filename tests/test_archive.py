@@ -41,17 +41,17 @@ from evidence import (
     Writer,
     check_log,
 )
-from evidence._archive import backup, compare, load_dump, restore
-from evidence._cli_archive import add_commands
-from evidence._export import (
+from evidence._archive.archive import backup, compare, load_dump, restore
+from evidence._archive.export import (
     TABLE_ORDER,
     Output,
     dump,
     export,
     read_manifest,
-    snapshot,
     sql_literal,
 )
+from evidence._cli.archive import add_commands
+from evidence._store.sqlite import copy_snapshot
 
 from .conftest import Factory, submit_all
 
@@ -356,7 +356,7 @@ async def test_snapshot_steps_read_one_state_while_the_writer_commits_between_th
                 f"http://example.com/x{done}", body=body))
             assert ack.status == "committed"
 
-        pages = await anyio.to_thread.run_sync(lambda: snapshot(
+        pages = await anyio.to_thread.run_sync(lambda: copy_snapshot(
             store.db_path, tmp_path / "copy.db", step_pages=1, progress=between_steps))
     assert pages == len(steps) > 10  # the writer committed between every step
     copy = apsw.Connection(str(tmp_path / "copy.db"))

@@ -21,19 +21,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence._artifacts import (
-    DEFAULT_MAX_PAYLOAD,
-    ArtifactRef,
-    ArtifactStore,
-    FileOps,
-    validate_namespace,
-)
 from evidence._errors import (
     ArtifactCorruptError,
     ArtifactError,
     ArtifactMissingError,
     NamespaceError,
     PayloadTooLargeError,
+)
+from evidence._store.artifacts import (
+    DEFAULT_MAX_PAYLOAD,
+    ArtifactRef,
+    ArtifactStore,
+    FileOps,
+    validate_namespace,
 )
 
 MiB = 1024 * 1024

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from evidence import Store, Writer, WriterLimits, canonical_encode, check_log, payload_hash
-from evidence._quarantine import check_records
+from evidence._store.quarantine import check_records
 
 from .conftest import Factory
 

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, Store, check_log
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 ROOT = Path(__file__).resolve().parent.parent
 

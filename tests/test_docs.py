@@ -16,7 +16,7 @@ def test_command_reference_is_current() -> None:
 
 
 def test_every_command_is_documented_in_the_guides() -> None:
-    from evidence._cli import build_parser
+    from evidence._cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")

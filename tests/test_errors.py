@@ -21,7 +21,7 @@ import apsw
 import pytest
 
 from evidence import RunStarted, SessionStarted, Store, Writer, utc_now
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]

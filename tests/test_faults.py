@@ -44,10 +44,10 @@ from evidence import (
     status,
     verify,
 )
-from evidence._cli import main as cli_main
-from evidence._export import export
-from evidence._store import _connect_writer
-from evidence._writer import WriterHooks
+from evidence._archive.export import export
+from evidence._cli.main import main as cli_main
+from evidence._store.sqlite import connect_writer
+from evidence._write.writer import WriterHooks
 from evidence.testing.faults import (
     FIXED_TIME,
     CrashFileOps,
@@ -251,7 +251,7 @@ def test_store_policy_makes_the_switch_to_wal_durable(fast_dir: Path) -> None:
     disk = SimulatedDisk(fast_dir)
     disk.capture()
     vfs = CrashVFS("policy", disk=disk)
-    conn = _connect_writer(fast_dir / "db", "full", 1000, create=True, vfs=vfs.name)
+    conn = connect_writer(fast_dir / "db", "full", 1000, create=True, vfs=vfs.name)
     conn.execute("CREATE TABLE t (x)")
     conn.execute("INSERT INTO t VALUES (1)")
     disk.power_loss("drop")
@@ -521,7 +521,7 @@ def test_interruption_between_commit_and_ack_redelivers_as_a_duplicate(
 
 EXPORT_CHILD = r"""
 import os, signal, sys
-from evidence._export import export
+from evidence._archive.export import export
 
 def progress(phase, done, total):
     if phase == sys.argv[3] and done >= int(sys.argv[4]):

@@ -15,8 +15,8 @@ from evidence import (
     Writer,
     WriterLimits,
 )
-from evidence._frontier import Scope, counts, in_flight, queued_after
-from evidence._writer import WriterHooks
+from evidence._crawl.frontier import Scope, counts, in_flight, queued_after
+from evidence._write.writer import WriterHooks
 
 from .conftest import Factory, asubmit
 

@@ -8,7 +8,7 @@ import threading
 import anyio
 import pytest
 
-from evidence._http import _Backend, _readable, crawl_client
+from evidence._crawl.http import _Backend, _readable, crawl_client
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, check_log
-from evidence._incremental import diff_sessions, parse_frequency
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._crawl.incremental import diff_sessions, parse_frequency
+from evidence._demo.site import SiteConfig, TestSite
 
 from .test_crawl import path_of
 

@@ -1,4 +1,4 @@
-"""Tests for evidence._links: link extraction with the stdlib HTML tokenizer."""
+"""Tests for evidence._crawl.links: link extraction with the stdlib HTML tokenizer."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence import _links
+from evidence._crawl import links as _links
+from evidence._crawl.links import LinkExtraction, extract_links
 from evidence._errors import URLError
-from evidence._links import LinkExtraction, extract_links
-from evidence._messages import ObservedRef
-from evidence._urls import MAX_URL_LENGTH, resolve_reference
+from evidence._model.messages import ObservedRef
+from evidence._model.urls import MAX_URL_LENGTH, resolve_reference
 
 DOC = "http://h.example/dir/page.html"
 

@@ -1,4 +1,4 @@
-"""Tests for evidence._merkle: published CT vectors, an independent RFC transcription, and
+"""Tests for evidence._model.merkle: published CT vectors, an independent RFC transcription, and
 Hypothesis properties over random trees (every index, every old size, every mutation)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evidence._merkle import (
+from evidence._model.merkle import (
     EMPTY_ROOT,
     HASH_SIZE,
     CompactTree,

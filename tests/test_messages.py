@@ -20,7 +20,7 @@ from evidence import (
     new_id,
     payload_hash,
 )
-from evidence._messages import MAX_MESSAGE_BYTES
+from evidence._model.messages import MAX_MESSAGE_BYTES
 
 NOW = dt.datetime(2026, 3, 3, 12, 0, tzinfo=dt.UTC)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from evidence import CrawlConfig, Store, check_log, decode_message
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 from .test_crawl import (
     _crawl_process,
@@ -222,9 +222,9 @@ def test_a_worker_process_that_cannot_start_fails_the_pool_without_a_hang(
     store it is given does not exist) makes ``page`` raise, never wait forever."""
     import anyio
 
+    from evidence._crawl.pages import PageOrder
+    from evidence._crawl.workers import Setup, WorkerPool
     from evidence._errors import EvidenceError
-    from evidence._pages import PageOrder
-    from evidence._workers import Setup, WorkerPool
 
     setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
                   config=CrawlConfig(seeds=["http://127.0.0.1:9/"]).as_record(),

@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import CorruptStoreError, RuleEvaluated, Store
-from evidence._errors import NotFoundError, ProofError
-from evidence._proofs import (
+from evidence._audit.proofs import (
     ConsistencyProof,
     InclusionProof,
     SignedCheckpoint,
@@ -28,6 +27,7 @@ from evidence._proofs import (
     prove_consistency,
     prove_inclusion,
 )
+from evidence._errors import NotFoundError, ProofError
 
 from .conftest import Factory, reference_mth, submit_all
 from .test_verify import run_cli

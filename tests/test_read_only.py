@@ -28,8 +28,8 @@ from evidence import (
     StoreError,
     Writer,
 )
-from evidence._cli import main as cli_main
-from evidence._resync import mark_sync_failed
+from evidence._cli.main import main as cli_main
+from evidence._store.resync import mark_sync_failed
 from evidence.testing.faults import FIXED_TIME
 
 NOBODY = 65534

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
-from evidence._messages import Render
-from evidence._render import RENDER_SEQUENCE, Renderer, RenderOptions, SourceCapture
+from evidence._crawl.render import RENDER_SEQUENCE, Renderer, RenderOptions, SourceCapture
+from evidence._model.messages import Render
 
 from .conftest import Factory, png_pixels, submit_all
 from .jssite import BANNER, LOGO, STYLE, JsSite
@@ -206,8 +206,8 @@ def test_a_browser_that_dies_mid_render_is_a_crashed_render_and_is_restarted(
 
     with JsSite() as site, Store.create(tmp_path / "s") as store:
         async def main() -> tuple[list[str], int]:
-            from evidence._fetch import fetch
-            from evidence._http import crawl_client
+            from evidence._crawl.fetch import fetch
+            from evidence._crawl.http import crawl_client
 
             async with crawl_client(connections=4, timeout=10) as client, Renderer(
                     artifacts=store.artifacts, client=client, run_id="r1", user_agent="t",
@@ -299,7 +299,7 @@ applies_to = { url = "/page$" }
 
 def test_a_rule_reads_the_rendered_dom_and_its_input_hash_covers_it(
         tmp_path: Path, chromium: str) -> None:
-    from evidence._rules import input_hash, parse_rules
+    from evidence._crawl.rules import input_hash, parse_rules
 
     rules = parse_rules(RULES)
     with JsSite() as site:

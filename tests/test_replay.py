@@ -12,9 +12,9 @@ import pytest
 from warcio.archiveiterator import ArchiveIterator
 
 from evidence import ArtifactCorruptError, EvidenceError, Store
+from evidence._archive.warc import export_warc
+from evidence._audit.replay import replay
 from evidence._errors import NotFoundError
-from evidence._replay import replay
-from evidence._warc import export_warc
 
 from .conftest import Factory, submit_all
 from .test_verify import run_cli

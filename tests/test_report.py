@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from evidence import Store
+from evidence._audit.report import render_html, render_json, render_text, report
+from evidence._crawl.rules import evaluate_page, evaluate_stored, parse_rules
 from evidence._errors import NotFoundError
-from evidence._report import render_html, render_json, render_text, report
-from evidence._rules import evaluate_page, evaluate_stored, parse_rules
 
 from .conftest import Factory, need_chromium, submit_all
 from .test_rules import BAD, BAD_HEADERS, CASES, GOOD, GOOD_HEADERS, Pages, rules_text, run_cli

@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, FetchAttempt, Store
-from evidence._cli_rules import add_commands
-from evidence._fetch import fetch
-from evidence._http import crawl_client
-from evidence._rules import (
+from evidence._cli.rules import add_commands
+from evidence._crawl.fetch import fetch
+from evidence._crawl.http import crawl_client
+from evidence._crawl.rules import (
     INPUT_FORMAT,
     RulesError,
     RuleSet,
@@ -26,7 +26,7 @@ from evidence._rules import (
     load_rules,
     parse_rules,
 )
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 from .conftest import Factory, asubmit, submit_all
 

@@ -46,8 +46,8 @@ from evidence import (
     check_log,
     payload_hash,
 )
-from evidence._service import ServiceLimits, prometheus_text
-from evidence._wire import (
+from evidence._write.service import ServiceLimits, prometheus_text
+from evidence._write.wire import (
     HEADER,
     PROTOCOL_VERSION,
     Hello,
@@ -749,8 +749,8 @@ def test_client_gives_up_after_reconnect_timeout(short_dir: Path) -> None:
 
 
 def test_prometheus_text_is_well_formed() -> None:
-    from evidence._wire import ServiceStatistics
-    from evidence._writer import WriterStatistics
+    from evidence._model.acks import WriterStatistics
+    from evidence._write.wire import ServiceStatistics
 
     fields: dict[str, object] = dict.fromkeys(WriterStatistics.__struct_fields__, 0)
     fields.update(queue_depth=3, oldest_pending_age=0.25, batches=2,
@@ -808,8 +808,8 @@ def test_wait_gone_returns_once_what_a_vanished_client_sent_has_committed(
         store_path: Path, short_dir: Path) -> None:
     # A crawl whose worker process dies settles that worker's pages from the store, after
     # Service.wait_gone: so everything the worker had sent must be committed by then.
-    from evidence._service import Service
-    from evidence._writer import WriterLimits
+    from evidence._write.service import Service
+    from evidence._write.writer import WriterLimits
 
     socket_path = short_dir / "s.sock"
     message = attempt("victim", 1)

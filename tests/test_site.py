@@ -1,4 +1,4 @@
-"""Tests for evidence.testing.site: the local website crawler tests are run against."""
+"""Tests for evidence._demo.site: the local website crawler tests are run against."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from urllib.robotparser import RobotFileParser
 import httpx
 import pytest
 
-from evidence.testing.site import DEFAULT_ROBOTS_TXT, SiteConfig, TestSite
+from evidence._demo.site import DEFAULT_ROBOTS_TXT, SiteConfig, TestSite
 
 N = 20
 HREF = re.compile(r'href="([^"]+)"')
@@ -333,7 +333,7 @@ def test_many_requests_on_one_connection(site: TestSite, client: httpx.Client) -
 
 
 def test_cli_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "evidence.testing.site", "--help"],
+    out = subprocess.run([sys.executable, "-m", "evidence._demo.site", "--help"],
                          capture_output=True, text=True, timeout=30, check=True)
     assert "--pages" in out.stdout and "--port" in out.stdout
     assert out.stderr == ""
@@ -341,7 +341,7 @@ def test_cli_help() -> None:
 
 def test_cli_serves_until_interrupted() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evidence.testing.site", "--port", "0", "--pages", "7"],
+        [sys.executable, "-m", "evidence._demo.site", "--port", "0", "--pages", "7"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

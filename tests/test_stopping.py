@@ -21,9 +21,9 @@ import anyio
 import pytest
 
 from evidence import ArtifactStore, CrawlConfig, Crawler, CrawlOptions, Store
-from evidence._fetch import fetch
-from evidence._http import crawl_client
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._crawl.fetch import fetch
+from evidence._crawl.http import crawl_client
+from evidence._demo.site import SiteConfig, TestSite
 
 from .test_crawl import frontier_states, path_of
 

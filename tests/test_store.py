@@ -14,7 +14,7 @@ from evidence import (
     Store,
     StoreError,
 )
-from evidence._store import apply_migrations, check_sqlite_version, load_migrations
+from evidence._store.sqlite import apply_migrations, check_sqlite_version, load_migrations
 
 
 @pytest.mark.parametrize("version", ["3.51.2", "3.50.6", "3.44.5", "3.45.0", "3.49.9",

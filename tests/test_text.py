@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store
-from evidence._artifacts import ArtifactRef
-from evidence._links import extract_links
-from evidence._pages import _page_links
-from evidence._rules import _Page, evaluate_page, parse_rules
-from evidence._text import (
+from evidence._crawl.links import extract_links
+from evidence._crawl.pages import _page_links
+from evidence._crawl.rules import _Page, evaluate_page, parse_rules
+from evidence._model.refs import ArtifactRef
+from evidence._model.text import (
     charset_param,
     decode,
     decode_document,
@@ -24,7 +24,7 @@ from evidence._text import (
     percent_encode_query,
     sniff,
 )
-from evidence._urls import normalize_url, resolve_reference
+from evidence._model.urls import normalize_url, resolve_reference
 
 from .rawserver import RawServer, Reply
 

@@ -1,4 +1,4 @@
-"""Tests for evidence._urls: the fetch-key normalizer, url_host and resolve_reference."""
+"""Tests for evidence._model.urls: the fetch-key normalizer, url_host and resolve_reference."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence import _urls
 from evidence._errors import EvidenceError, URLError
-from evidence._urls import (
+from evidence._model import urls as _urls
+from evidence._model.urls import (
     MAX_URL_LENGTH,
     NORMALIZER_VERSION,
     normalize_url,
@@ -415,7 +415,7 @@ _simple_chars = st.sampled_from(list("abcxyz019-._~!$&'()*+,;=:@/?%AZ"))
        query=st.one_of(st.none(), st.text(_simple_chars, max_size=30)))
 def test_fast_path_agrees_with_the_full_normalizer(host: str, scheme: str, port: str,
                                                    path: str, query: str | None) -> None:
-    from evidence._urls import _checked, _simple_key
+    from evidence._model.urls import _checked, _simple_key
 
     url = f"{scheme}://{host}{port}/{path}" + ("" if query is None else f"?{query}")
     try:
@@ -449,7 +449,7 @@ _ref_chars = st.sampled_from(list("ab19/.:?#%-_~@!$&'()*+,;= \t\\AZ"))
            st.builds(lambda p: f"http://h.example/{p}", st.text(_ref_chars, max_size=20))))
 def test_the_plain_reference_path_agrees_with_urljoin(base: str, href: str) -> None:
     """resolve_reference's fast path gives exactly what the full resolution gives."""
-    from evidence._urls import _resolve, _resolve_plain
+    from evidence._model.urls import _resolve, _resolve_plain
 
     fast = _resolve_plain(base, href)
     try:

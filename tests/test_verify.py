@@ -12,9 +12,9 @@ import apsw
 import pytest
 
 from evidence import ArtifactRef, EvidenceError, Store
-from evidence._cli import build_parser
-from evidence._cli_verify import parse_duration
-from evidence._verify import ReclaimHooks, reclaim_orphans, verify
+from evidence._audit.verify import ReclaimHooks, reclaim_orphans, verify
+from evidence._cli.main import build_parser
+from evidence._cli.verify import parse_duration
 
 from .conftest import Factory, submit_all
 
@@ -406,7 +406,7 @@ def test_verify_reports_a_database_it_cannot_read_at_all(populated_store: Store,
     assert "the database cannot be read at all" in out and "FAILED: 1 error(s)" in out
     assert run_cli("verify", path, "--json") == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
-    from evidence._cli import main as cli_main
+    from evidence._cli.main import main as cli_main
 
     assert cli_main(["status", str(path)]) == 2
     err = capsys.readouterr().err
@@ -421,21 +421,21 @@ def legacy_store(path: Path) -> None:
     import msgspec
 
     from evidence import SessionStarted, canonical_encode, payload_hash, utc_now
-    from evidence._log import GENESIS_HASH, entry_hash
-    from evidence._merkle import CompactTree, leaf_hash
-    from evidence._store import (
-        _connect_writer,
-        _ensure_store_id,
+    from evidence._model.merkle import CompactTree, leaf_hash
+    from evidence._store.log import GENESIS_HASH, entry_hash
+    from evidence._store.sqlite import (
         apply_migrations,
+        connect_writer,
+        ensure_store_id,
         load_migrations,
     )
 
     path.mkdir()
     (path / "artifacts").mkdir()
-    conn = _connect_writer(path / "evidence.db", "full", 1000, create=True)
+    conn = connect_writer(path / "evidence.db", "full", 1000, create=True)
     try:
         apply_migrations(conn, load_migrations()[:4])
-        _ensure_store_id(conn)
+        ensure_store_id(conn)
         message = SessionStarted(message_id="m1", session_id="s1", started_at=utc_now())
         payload = canonical_encode(message)
         at = "2025-03-03T12:00:00.000000Z"
@@ -462,7 +462,7 @@ def legacy_store(path: Path) -> None:
 
 def test_a_new_store_binds_its_identity_and_an_edit_of_it_is_found(store: Store,
                                                                    make: Factory) -> None:
-    from evidence._log import identity_bound, identity_genesis
+    from evidence._store.log import identity_bound, identity_genesis
 
     submit_all(store, [make.session()])
     assert identity_bound(store.connection) is True

@@ -29,9 +29,9 @@ from evidence import (
     utc_now,
     verify,
 )
-from evidence._store import load_migrations
-from evidence._verify import TABLE_COVERAGE
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._audit.verify import TABLE_COVERAGE
+from evidence._demo.site import SiteConfig, TestSite
+from evidence._store.sqlite import load_migrations
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 
@@ -244,7 +244,7 @@ def test_every_table_is_covered_by_verify_and_its_docs() -> None:
     # A table a migration adds fails here until verify checks it or says it is not evidence.
     import apsw
 
-    from evidence._store import apply_migrations
+    from evidence._store.sqlite import apply_migrations
 
     conn = apsw.Connection(":memory:")
     apply_migrations(conn, load_migrations())

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store
-from evidence._cdxj import surt_key
-from evidence._wacz import export_wacz, load_signing_key, new_signing_key
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._archive.cdxj import surt_key
+from evidence._archive.wacz import export_wacz, load_signing_key, new_signing_key
+from evidence._demo.site import SiteConfig, TestSite
 
 from .jssite import JsSite
 

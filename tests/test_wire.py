@@ -19,11 +19,11 @@ from warcio.archiveiterator import ArchiveIterator
 from warcio.checker import Checker
 
 from evidence import Store, verify
-from evidence._fetch import FetchResult, fetch
-from evidence._http import crawl_client
-from evidence._http1 import derive_content, split_response
-from evidence._replay import replay
-from evidence._warc import export_warc
+from evidence._archive.warc import export_warc
+from evidence._audit.replay import replay
+from evidence._crawl.fetch import FetchResult, fetch
+from evidence._crawl.http import crawl_client
+from evidence._model.http1 import derive_content, split_response
 
 from .conftest import Factory, submit_all
 from .rawserver import RawServer, Reply
@@ -318,8 +318,8 @@ def test_any_chunking_splits_exactly_and_derives_the_content(
 def test_old_attempts_keep_their_encoding_and_hash() -> None:
     """An attempt as the previous version recorded it: no new key, the same bytes."""
     from evidence import FetchAttempt
-    from evidence._artifacts import ArtifactRef
-    from evidence._messages import canonical_encode, decode_message, utc_now
+    from evidence._model.messages import canonical_encode, decode_message, utc_now
+    from evidence._model.refs import ArtifactRef
 
     ref = ArtifactRef("body", "0" * 64, 1)
     old = FetchAttempt(message_id="m1", attempt_id="a1", run_id="r1", url="http://h/",
@@ -342,7 +342,8 @@ def test_a_store_made_before_wire_capture_upgrades_with_its_evidence_unchanged(
 
     import apsw
 
-    from evidence import _store, export
+    from evidence import export
+    from evidence._store import sqlite as _store
 
     with Store.create(tmp_path / "new") as new:  # the messages as the old version wrote them
         make = Factory(new)

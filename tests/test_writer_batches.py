@@ -16,7 +16,8 @@ import msgspec
 import pytest
 
 from evidence import RuleEvaluated, Store, Writer, WriterLimits
-from evidence._apply import RowInsert
+from evidence._store.sqlite import SQLITE
+from evidence._write.apply import RowInsert
 
 from .conftest import Factory, asubmit
 
@@ -154,7 +155,8 @@ def test_row_insert_writes_rows_in_order_as_one_by_one_would(count: int) -> None
     conn = apsw.Connection(":memory:")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k TEXT UNIQUE, v INTEGER)")
     insert = RowInsert("INSERT INTO t (k, v)", 2,
-                       "ON CONFLICT (k) DO UPDATE SET v = excluded.v WHERE excluded.v > t.v")
+                       "ON CONFLICT (k) DO UPDATE SET v = excluded.v WHERE excluded.v > t.v",
+                       dialect=SQLITE)
     rows = [(f"k{i % 40}", i % 7) for i in range(count)]
     insert.write(conn.cursor(), rows)
     expected = apsw.Connection(":memory:")

@@ -76,8 +76,8 @@ from evidence import (
     new_id,
     utc_now,
 )
-from evidence._archive import compare, restore
-from evidence._export import export
+from evidence._archive.archive import compare, restore
+from evidence._archive.export import export
 
 HOST = "https://www.example.org"
 MIB = 1024 * 1024
@@ -373,7 +373,7 @@ def bench(args: argparse.Namespace, work: Path, show: Callable) -> dict:
     op("restore", lambda: restore(work / "archive", work / "restored", progress=show))
     op("load dbdump output", lambda: load_sql(work / "dbdump.sql", work / "loaded.db"))
     try:
-        from evidence._verify import verify
+        from evidence._audit.verify import verify
     except ImportError:
         verify = None
     if verify is not None:

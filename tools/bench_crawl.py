@@ -489,8 +489,8 @@ def fill_frontier(store: Path, base_url: str, count: int) -> dict:
     import anyio
 
     from evidence import Store, Writer
-    from evidence._frontier import last_session
-    from evidence._messages import (
+    from evidence._crawl.frontier import last_session
+    from evidence._model.messages import (
         FrontierUpdate,
         QueuedUrl,
         RunEnded,

@@ -50,7 +50,7 @@ from evidence import (  # noqa: E402
     Writer,
     utc_now,
 )
-from evidence._report import (  # noqa: E402
+from evidence._audit.report import (  # noqa: E402
     _CSS,
     VERDICTS,
     RunReport,

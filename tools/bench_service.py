@@ -228,7 +228,7 @@ def run_inproc(path: Path, workload: str, count: int, args: argparse.Namespace) 
 
 def serve_command() -> list[str]:
     """``evidence serve`` once the CLI has it; its module directly until then."""
-    from evidence._cli import build_parser
+    from evidence._cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions
                if isinstance(a, argparse._SubParsersAction))

@@ -105,8 +105,8 @@ from evidence import (
     payload_hash,
     utc_now,
 )
-from evidence._merkle import leaf_hash
-from evidence._messages import format_time, now_text
+from evidence._model.merkle import leaf_hash
+from evidence._model.messages import format_time, now_text
 
 NAMESPACE = "html"
 HOST = "https://www.example.org"

@@ -4,7 +4,7 @@
     python tools/crashloop.py --quick            # 10 kills on a small site, ~20 s
     python tools/crashloop.py --processes 2 --worker-kills 50   # kill worker processes too
 
-A real ``evidence crawl`` process crawls a site served on 127.0.0.1 (evidence.testing.site);
+A real ``evidence crawl`` process crawls a site served on 127.0.0.1 (evidence._demo.site);
 each round waits until the crawler is fetching, sleeps a random time, and kills it with
 SIGKILL; the next round resumes the same session. After ``--kills`` kills a last round runs
 to completion. Then the invariants of issue 3 are checked against the server's own request
@@ -36,7 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from evidence import Store, verify
-from evidence.testing.site import SiteConfig, TestSite
+from evidence._demo.site import SiteConfig, TestSite
 
 
 def _path(url: str) -> str:

@@ -11,7 +11,7 @@ Targets (each states the property every input must keep):
            decodes back, and every ref's URL keys or raises URLError
   writer   decode, then submit through a real writer into one store: an ack or a
            MessageError; every 500 inputs verify(store) must find nothing wrong
-  frame    the service's framing (evidence._wire, new and still changing): a client frame
+  frame    the service's framing (evidence._write.wire, new and still changing): a client frame
            decodes or raises ProtocolError, and every message a submit frame carries
            decodes or raises MessageError. Its stream side (length prefixes, truncation,
            slow senders) needs a socket-level harness still to be written.
@@ -53,10 +53,10 @@ def _imports() -> None:
     import msgspec
 
     import evidence
-    from evidence._links import extract_links
+    from evidence._crawl.links import extract_links
 
     with contextlib.suppress(ImportError):  # the service may not be in this checkout
-        import evidence._wire  # instrumented with the rest
+        import evidence._write.wire  # instrumented with the rest
 
 
 def target_decode(data: bytes) -> None:
@@ -137,7 +137,7 @@ class _WriterTarget:
 
 
 def target_frame(data: bytes) -> None:
-    from evidence import _wire
+    from evidence._write import wire as _wire
 
     try:
         frame = _wire.decode_client_frame(data)
@@ -174,7 +174,7 @@ def seeds() -> list[bytes]:
     out += [msgspec.json.encode(m) for m in messages]
     out += [b'<a href="/x">', b"<base href='//o.example/'><a href=y>", b"http://\xc3\xa9.com/a/../b"]
     with contextlib.suppress(ImportError, AttributeError, TypeError):  # the service's frames
-        from evidence import _wire
+        from evidence._write import wire as _wire
 
         raw = [msgspec.Raw(encoded) for encoded in out[:2]]
         out += [_wire.encode_frame(frame)[_wire.HEADER.size:] for frame in (

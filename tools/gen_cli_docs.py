@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from evidence._cli import build_parser
+from evidence._cli.main import build_parser
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 

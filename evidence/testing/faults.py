@@ -19,7 +19,7 @@ it, so the database and the artifacts share one disk and one operation counter:
   SQLite passes ``syncDir`` (which it does for the rollback journal only under
   ``synchronous=EXTRA``: DESIGN.md writer rule 12). The ``-shm`` file is not modelled:
   SQLite rebuilds it after a crash.
-- ``CrashFileOps``, an ``evidence._artifacts.FileOps`` for ``ArtifactStore(file_ops=...)``.
+- ``CrashFileOps``, an ``evidence._store.artifacts.FileOps`` for ``ArtifactStore(file_ops=...)``.
 
 A ``Fault`` names the N-th counted operation (read, write, sync, truncate, meta: create,
 rename, delete, mkdir), optionally only on some kinds of file (the database, its WAL, an
@@ -61,9 +61,10 @@ import anyio
 import apsw
 import blake3
 
-from .._artifacts import ArtifactRef, FileOps
+from .._audit.verify import verify
 from .._errors import EvidenceError, StoreError
-from .._messages import (
+from .._model.acks import Ack
+from .._model.messages import (
     Discovery,
     FetchAttempt,
     Message,
@@ -74,9 +75,10 @@ from .._messages import (
     canonical_encode,
     payload_hash,
 )
-from .._store import Store
-from .._verify import verify
-from .._writer import Ack, Writer, WriterLimits
+from .._model.refs import ArtifactRef
+from .._store.artifacts import FileOps
+from .._store.db import Store
+from .._write.writer import Writer, WriterLimits
 
 __all__ = [
     "CrashFileOps",

@@ -1,0 +1,732 @@
+"""Canonical exports: one consistent snapshot of a store, written as bytes that depend only
+on its logical content (docs/archives.md has the format rules and the manifest fields).
+
+    snapshot   SQLite's online backup API copies the store's pages inside one read
+               transaction into a private file; the writer is never blocked, and the WAL
+               can only grow for as long as the page copy runs (disk speed).
+    dump       every section is formatted from that private copy: schema first, then every
+               table in a fixed order, rows ordered by primary key, one literal per type.
+    export     an archive directory: the dump, the artifacts its rows reference, and a
+               manifest with counts, a BLAKE3 hash per section, the log head and the gaps.
+
+Invariants: nothing in a dump or a manifest depends on when, where or by whom it was
+written (no dates, hosts or paths), so a store, its backup, its ``VACUUM INTO`` copy and its
+restore all export to the same bytes. An archive appears under its name only when complete
+(it is built in a hidden sibling directory and renamed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import apsw
+import blake3
+import msgspec
+
+from .._errors import (
+    ArtifactError,
+    ArtifactMissingError,
+    CorruptStoreError,
+    MigrationError,
+    StoreError,
+)
+from .._model.refs import ArtifactRef
+from .._store.artifacts import ArtifactStore
+from .._store.backend import StoreBackend
+from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
+from .._store.log import check_log, load_head
+from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
+
+__all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest",
+           "stale_builds"]
+
+log = logging.getLogger("evidence.archive")
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SNAPSHOT = ".snapshot.db"
+Format = Literal["sql", "jsonl", "csv"]
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+Source = Store | str | os.PathLike[str]
+
+# The fixed table order; tables a later migration adds follow, sorted by name.
+TABLE_ORDER = ("schema_migration", "store_meta", "crawl_session", "crawl_run", "url_identity",
+               "artifact", "commit_log", "ingest_ledger", "fetch_attempt", "discovery_edge",
+               "rule_evaluation", "url_current", "quarantine")
+_ROWS_PER_CHUNK = 4096
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_LINE_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
+# --- literals: one fixed spelling per type --------------------------------------------
+
+def _sql_text(value: str) -> str:
+    """'...' with '' doubled; control characters as char(n, ...) so a row stays one line."""
+    if "'" in value:
+        value = value.replace("'", "''")
+    # isprintable() is False for every control character and runs in C: the common case
+    # never reaches the regex (1.6x faster dumps).
+    if value.isprintable() or not _CONTROL.search(value):
+        return f"'{value}'"
+    parts, pos = [], 0
+    for run in _CONTROL.finditer(value):
+        if run.start() > pos:
+            parts.append(f"'{value[pos:run.start()]}'")
+        parts.append("char(" + ",".join(str(ord(c)) for c in run.group()) + ")")
+        pos = run.end()
+    if pos < len(value):
+        parts.append(f"'{value[pos:]}'")
+    return "||".join(parts)
+
+
+def _real(value: float, infinities: tuple[str, str]) -> str:
+    """Python's shortest round-trip repr; -0.0 keeps its sign. SQLite turns NaN into NULL."""
+    if math.isfinite(value):
+        return repr(value)
+    if math.isnan(value):
+        raise CorruptStoreError("a REAL value is NaN, which SQLite cannot store")
+    return infinities[value < 0]
+
+
+def _json_text(value: str) -> str:
+    """JSON string; also escapes the three line breaks JSON allows raw, so one row stays one
+    line for every line splitter (Python's ``splitlines`` breaks at U+0085, U+2028, U+2029)."""
+    text = msgspec.json.encode(value).decode()
+    if _LINE_BREAKS.search(text):
+        text = _LINE_BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
+
+
+_Spell = dict[type, Callable[[Any], str]]
+_SQL: _Spell = {int: int.__repr__, float: lambda v: _real(v, ("1e999", "-1e999")),
+                str: _sql_text, bytes: lambda v: f"X'{v.hex()}'", type(None): lambda v: "NULL"}
+_JSON: _Spell = {int: int.__repr__, float: lambda v: _real(v, ('"Infinity"', '"-Infinity"')),
+                 str: _json_text,
+                 bytes: lambda v: f'"{v.hex()}"', type(None): lambda v: "null"}
+_CSV: _Spell = {int: int.__repr__, float: lambda v: _real(v, ("Infinity", "-Infinity")),
+                str: lambda v: '"' + v.replace('"', '""') + '"', bytes: lambda v: v.hex(),
+                type(None): lambda v: ""}
+
+
+def sql_literal(value: object) -> str:
+    """The dump's literal for one SQLite value (int, float, str, bytes or None)."""
+    return _SQL[type(value)](value)
+
+
+def ident(name: str) -> str:
+    """An identifier, double-quoted only when it must be."""
+    if _NAME.fullmatch(name) and name.upper() not in apsw.keywords:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+# --- the schema, in a fixed order --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[str, ...]  # dumped columns: generated (hidden) columns are left out
+    order: tuple[str, ...]  # primary key columns (all columns for a table without one)
+    generated: bool  # a generated column exists, so INSERTs name their columns
+
+
+def tables(conn: apsw.Connection) -> list[Table]:
+    names = [n for (n,) in conn.execute(
+        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+        "ESCAPE '\\'")]
+    for name in names:
+        if _CONTROL.search(name):
+            raise StoreError(f"table name {name!r} holds control characters; cannot dump it")
+    known = [n for n in TABLE_ORDER if n in names]
+    result = []
+    for name in known + sorted(set(names) - set(known)):
+        info = conn.execute("SELECT name, pk, hidden FROM pragma_table_xinfo(?) ORDER BY cid",
+                            (name,)).fetchall()
+        columns = tuple(c for c, _pk, hidden in info if hidden == 0)
+        pk = tuple(c for c, n, _h in sorted((r for r in info if r[1]), key=lambda r: r[1]))
+        result.append(Table(name, columns, pk or columns, len(columns) < len(info)))
+    return result
+
+
+def schema_sql(conn: apsw.Connection, order: list[Table]) -> list[str]:
+    """Each table's CREATE, then its indexes and triggers by name; then views and theirs."""
+    objects = conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE sql IS NOT NULL "
+        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name").fetchall()
+    by_table: dict[str, list[str]] = {}
+    for kind, _name, table, sql in objects:
+        if kind in ("index", "trigger"):
+            by_table.setdefault(table, []).append(sql)
+    head = {name: sql for kind, name, _t, sql in objects if kind in ("table", "view")}
+    views = sorted(n for kind, n, _t, _s in objects if kind == "view")
+    result = []
+    for name in [t.name for t in order] + views:
+        result += [head[name], *by_table.get(name, [])]
+    return result
+
+
+# --- the dump ------------------------------------------------------------------------------
+
+class Section(msgspec.Struct, frozen=True, kw_only=True):
+    """A contiguous byte range of one file: the schema, or one table's rows."""
+
+    file: str
+    offset: int
+    bytes: int
+    rows: int
+    blake3: str
+
+
+class FileEntry(msgspec.Struct, frozen=True, kw_only=True):
+    bytes: int
+    blake3: str
+
+
+class Output:
+    """Where dump bytes go: files under ``directory``, or nowhere (hashes only)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._files: dict[str, tuple[BinaryIO | None, blake3.blake3, list[int]]] = {}
+
+    def write(self, name: str, data: bytes) -> None:
+        if name not in self._files:
+            handle = None
+            if self.directory is not None:
+                (self.directory / name).parent.mkdir(parents=True, exist_ok=True)
+                handle = open(self.directory / name, "xb")  # noqa: SIM115 - closed in finish
+            self._files[name] = (handle, blake3.blake3(max_threads=1), [0])
+        handle, hasher, size = self._files[name]
+        if handle is not None:
+            handle.write(data)
+        hasher.update(data)
+        size[0] += len(data)
+
+    def offset(self, name: str) -> int:
+        return self._files[name][2][0] if name in self._files else 0
+
+    def finish(self) -> dict[str, FileEntry]:
+        """Flush, fsync and close every file (and its subdirectory); sizes and hashes."""
+        entries, subdirs = {}, set()
+        for name in sorted(self._files):
+            handle, hasher, size = self._files[name]
+            if handle is not None:
+                handle.flush()
+                os.fsync(handle.fileno())
+                handle.close()
+                subdirs.add(Path(handle.name).parent)
+            entries[name] = FileEntry(bytes=size[0], blake3=hasher.hexdigest())
+        for subdir in subdirs - {self.directory}:  # the directory itself: its owner's job
+            fsync_path(subdir)
+        return entries
+
+
+def dump(conn: apsw.Connection, out: Output, *, fmt: Format = "sql",
+         where: dict[str, str] | None = None, params: dict[str, object] | None = None,
+         header: str = "", per_run: dict[tuple[str, str], list] | None = None,
+         progress: Progress | None = None) -> tuple[Section, dict[str, Section]]:
+    """Write the canonical dump of ``conn``; return the schema section and one per table.
+
+    ``where`` maps a table to the condition its rows must meet (a table mapped to ``"0"``
+    is empty); ``per_run`` collects [rows, hasher] per (run_id, table) for tables with a
+    ``run_id`` column, from the same SQL lines (``compare`` uses it).
+    """
+    where, params = where or {}, params or {}
+    order = tables(conn)
+    main = "dump.sql" if fmt == "sql" else "schema.sql"
+    version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    statements = [f"PRAGMA user_version={version};", *(s + ";" for s in schema_sql(conn, order))]
+    if fmt == "sql":
+        out.write(main, (f"-- evidence canonical dump, format {FORMAT_VERSION}\n{header}"
+                         "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\n").encode())
+    schema = _section(out, main, "-- @section schema\n", statements, len(statements) - 1)
+    counts = {t.name: conn.execute(f"SELECT count(*) FROM {ident(t.name)} WHERE "
+                                   f"{where.get(t.name, '1')}", params).fetchall()[0][0]
+              for t in order}
+    total, done, sections = sum(counts.values()), 0, {}
+    for table in order:
+        name = f"tables/{table.name}.{fmt}" if fmt != "sql" else main
+        if fmt != "sql" and not _NAME.fullmatch(table.name):
+            raise StoreError(f"table {table.name!r} cannot be a file name; export as sql")
+        start, hasher, rows = out.offset(name), blake3.blake3(max_threads=1), 0
+        first = {"sql": f"-- @section table {ident(table.name)}\n",
+                 "csv": ",".join(_CSV[str](c) for c in table.columns) + "\r\n", "jsonl": ""}
+        head = first[fmt].encode()
+        out.write(name, head)
+        hasher.update(head)
+        line = _line_format(table, fmt)
+        run_at = table.columns.index("run_id") if "run_id" in table.columns else None
+        cols = ", ".join(ident(c) for c in table.columns)
+        cursor = conn.execute(
+            f"SELECT {cols} FROM {ident(table.name)} WHERE {where.get(table.name, '1')} "
+            f"ORDER BY {', '.join(ident(c) for c in table.order)}", params)
+        try:
+            while chunk := list(itertools.islice(cursor, _ROWS_PER_CHUNK)):
+                lines = [line(row) for row in chunk]
+                data = "".join(lines).encode()
+                out.write(name, data)
+                hasher.update(data)
+                rows += len(lines)
+                if per_run is not None and run_at is not None:
+                    for row, text in zip(chunk, lines, strict=True):
+                        entry = per_run.setdefault((row[run_at], table.name),
+                                                   [0, blake3.blake3(max_threads=1)])
+                        entry[0] += 1
+                        entry[1].update(text.encode())
+                done += len(chunk)
+                if progress:
+                    progress("dump", done, total)
+        except UnicodeDecodeError as exc:
+            raise CorruptStoreError(f"table {table.name} holds TEXT that is not UTF-8 ({exc})",
+                                    hint="run 'evidence verify' on the store") from exc
+        sections[table.name] = Section(file=name, offset=start, bytes=out.offset(name) - start,
+                                       rows=rows, blake3=hasher.hexdigest())
+    if fmt == "sql":
+        out.write(main, b"-- @end\nCOMMIT;\n")
+    return schema, sections
+
+
+def _section(out: Output, name: str, marker: str, lines: list[str], rows: int) -> Section:
+    data = (marker + "".join(s + "\n" for s in lines)).encode()
+    start = out.offset(name)
+    out.write(name, data)
+    return Section(file=name, offset=start, bytes=len(data), rows=rows,
+                   blake3=blake3.blake3(data).hexdigest())
+
+
+def _line_format(table: Table, fmt: Format) -> Callable[[tuple], str]:
+    if fmt == "sql":
+        names = f"({', '.join(ident(c) for c in table.columns)})" if table.generated else ""
+        prefix, sql = f"INSERT INTO {ident(table.name)}{names} VALUES(", _SQL
+        return lambda row: prefix + ",".join([sql[type(v)](v) for v in row]) + ");\n"
+    if fmt == "jsonl":
+        keys, js = [msgspec.json.encode(c).decode() + ":" for c in table.columns], _JSON
+        return lambda row: "{" + ",".join([k + js[type(v)](v) for k, v in zip(
+            keys, row, strict=True)]) + "}\n"
+    csv = _CSV
+    return lambda row: ",".join([csv[type(v)](v) for v in row]) + "\r\n"
+
+
+# --- one consistent snapshot, without blocking the writer ----------------------------------
+
+def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
+    """(database backend, artifact store) of a Store or a store directory."""
+    if isinstance(source, Store):
+        return source.backend, source.artifacts
+    root = Path(source)
+    if not (root / DB_NAME).is_file():
+        if (root / MANIFEST).is_file():
+            raise StoreError(f"{root} is an archive, not a store", path=str(root),
+                             hint=f"restore it first: evidence restore {root} --store NEW")
+        raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
+                         hint="pass a store directory (or a backup of one)", path=str(root))
+    backend = SQLiteBackend(root / DB_NAME)
+    _check_schema_version(backend)
+    return backend, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True)
+
+
+def _check_schema_version(backend: StoreBackend) -> None:
+    """Refuse a store written by a newer program, as opening it for status or verify does:
+    its dump could not be restored by this one, and its rows may mean other things."""
+    newest = len(load_migrations())
+    with backend.snapshot() as conn:  # read-only: works on read-only media
+        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    if version > newest:
+        raise MigrationError(f"the store has schema version {version}, newer than this "
+                             f"program supports ({newest})", schema_version=version,
+                             hint="upgrade evidence to export this store")
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory entry is durable only after this)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_BUILD_KINDS = ("exporting", "restoring", "backup")
+
+
+def _build_name(target: Path) -> re.Pattern[str]:
+    kinds = "|".join(_BUILD_KINDS)
+    return re.compile(rf"\.{re.escape(target.name)}\.({kinds})-[0-9a-f]{{8}}")
+
+
+def stale_builds(target: os.PathLike[str] | str) -> list[Path]:
+    """Hidden build directories next to ``target`` left by a killed export, restore or
+    backup: ones no live build holds its lock on."""
+    target = Path(target)
+    pattern = _build_name(target)
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if pattern.fullmatch(p.name) and p.is_dir()
+                  and not _held(p))
+
+
+def _held(directory: Path) -> bool:
+    """Whether a live build holds ``directory``'s lock (the kernel drops it at death)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
+    """Build in a hidden sibling directory; rename it onto ``target`` only when complete.
+
+    ``target`` must not exist or be an empty directory (rename replaces an empty one).
+    On any error the partial build is removed and ``target`` is left as it was. The build
+    directory is flock'ed while it is built, so one left by a killed process is known for
+    what it is: the next build to the same target removes it (saying so).
+    """
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise StoreError(f"{target} is a file; refusing to replace it",
+                         hint="choose a new or empty directory", path=str(target))
+    if target.exists() and any(target.iterdir()):
+        raise StoreError(f"{target} is not empty; refusing to write into it",
+                         hint="choose a new or empty directory", path=str(target))
+    for stale in stale_builds(target):
+        log.warning("removing %s: a partial build left by a killed export, restore or "
+                    "backup", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{what}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        lock = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise StoreError(f"cannot create {target}: {exc}", path=str(target)) from exc
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield tmp
+        fsync_path(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:
+            raise StoreError(f"cannot move the finished {what} into place at {target}: {exc}",
+                             hint="was something written there meanwhile?",
+                             path=str(target)) from exc
+        fsync_path(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(lock)
+
+
+def copy_artifacts(refs: list[ArtifactRef], src: ArtifactStore, dst: ArtifactStore,
+                   progress: Progress | None = None, *, workers: int = 8
+                   ) -> tuple[int, list[Gap]]:
+    """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what failed).
+
+    Each put fsyncs its file and directories; a few threads overlap those waits (the
+    artifact store is thread-safe). Results come back in ``refs`` order.
+    """
+    def one(ref: ArtifactRef) -> Gap | None:
+        subject = f"{ref.namespace}/{ref.digest}"
+        try:
+            with src.open(ref) as handle:
+                got = dst.put(ref.namespace, handle)
+        except ArtifactMissingError as exc:
+            return Gap(kind="artifact_missing", subject=subject, detail=str(exc))
+        except ArtifactError as exc:
+            return Gap(kind="artifact_corrupt", subject=subject, detail=str(exc))
+        if got.digest == ref.digest:
+            return None
+        if got not in wanted:  # the bytes on disk are not the ones referenced: no stray copy
+            with contextlib.suppress(ArtifactError):
+                dst.remove(got)
+        return Gap(kind="artifact_corrupt", subject=subject,
+                   detail=f"the file hashes to {got.digest}")
+
+    wanted, copied, gaps = set(refs), 0, []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for i, (ref, gap) in enumerate(zip(refs, pool.map(one, refs), strict=True), 1):
+            if gap is None:
+                copied += ref.size
+            else:
+                gaps.append(gap)
+            if progress:
+                progress("artifacts", i, len(refs))
+    with contextlib.suppress(OSError):
+        (dst.root / ".tmp").rmdir()
+    return copied, gaps
+
+
+def artifact_refs(conn: apsw.Connection, condition: str = "1",
+                  params: dict[str, object] | None = None) -> list[ArtifactRef]:
+    rows = conn.execute(f"SELECT namespace, digest, size FROM artifact WHERE {condition} "
+                        "ORDER BY artifact_id", params or {}).fetchall()
+    try:
+        return [ArtifactRef(ns, digest, size) for ns, digest, size in rows]
+    except ArtifactError as exc:
+        raise CorruptStoreError(f"an artifact row is not a valid reference: {exc}") from exc
+
+
+# --- what --run includes -----------------------------------------------------------------
+
+_OF_RUN = "run_id = :run"
+_RUN_SCOPE = {
+    "crawl_session": "session_id IN (SELECT session_id FROM temp.keep_session)",
+    "url_identity": "url_id IN (SELECT url_id FROM fetch_attempt WHERE run_id = :run UNION "
+                    "SELECT target_url_id FROM discovery_edge WHERE run_id = :run UNION "
+                    "SELECT url_id FROM rule_evaluation WHERE run_id = :run UNION "
+                    "SELECT url_id FROM url_current WHERE run_id = :run)",
+    "artifact": "artifact_id IN (SELECT request_headers_id FROM fetch_attempt WHERE "
+                "run_id = :run UNION SELECT response_headers_id FROM fetch_attempt WHERE "
+                "run_id = :run UNION SELECT body_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT content_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
+                "UNION SELECT dom_id FROM render WHERE run_id = :run "
+                "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
+                "UNION SELECT mhtml_id FROM render WHERE run_id = :run)",
+    "commit_log": "batch_seq IN (SELECT batch_seq FROM ingest_ledger WHERE log_index IN "
+                  "(SELECT log_index FROM temp.keep_ledger))",
+    "ingest_ledger": "log_index IN (SELECT log_index FROM temp.keep_ledger)",
+    "quarantine": "quarantine_id IN (SELECT quarantine_id FROM temp.keep_quarantine)",
+}
+_ROW_KINDS = ("fetch_attempt", "discovery", "rule_evaluated", "render")  # through their rows
+
+
+def run_scope(conn: apsw.Connection, run_id: str) -> tuple[dict[str, str], list[str]]:
+    """The row conditions of ``--run`` (docs/archives.md lists them) and excluded tables."""
+    if not conn.execute("SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
+        raise StoreError(f"run {run_id!r} is not in the store",
+                         hint="'evidence status STORE' lists the runs")
+    conn.execute(
+        "CREATE TEMP TABLE keep_session (session_id TEXT PRIMARY KEY);"
+        "CREATE TEMP TABLE keep_ledger (log_index INTEGER PRIMARY KEY);"
+        "CREATE TEMP TABLE keep_quarantine (quarantine_id INTEGER PRIMARY KEY);"
+        "WITH RECURSIVE s(id) AS (SELECT session_id FROM crawl_run WHERE run_id = :run "
+        "UNION SELECT c.baseline_session_id FROM crawl_session c JOIN s ON c.session_id = s.id "
+        "WHERE c.baseline_session_id IS NOT NULL) INSERT INTO keep_session SELECT id FROM s;"
+        "INSERT INTO keep_ledger SELECT log_index FROM fetch_attempt WHERE run_id = :run UNION "
+        "SELECT log_index FROM discovery_edge WHERE run_id = :run UNION "
+        "SELECT log_index FROM rule_evaluation WHERE run_id = :run UNION "
+        "SELECT log_index FROM render WHERE run_id = :run;", {"run": run_id})
+    sessions = {s for (s,) in conn.execute("SELECT session_id FROM temp.keep_session")}
+    kinds = ", ".join(_sql_text(k) for k in _ROW_KINDS)
+    for table, key, sql in (
+            ("keep_ledger", "log_index", f"FROM ingest_ledger WHERE kind NOT IN ({kinds})"),
+            ("keep_quarantine", "quarantine_id", "FROM quarantine")):
+        for rowid, payload in conn.execute(f"SELECT {key}, payload {sql}").fetchall():
+            if _names(payload, run_id, sessions):
+                conn.execute(f"INSERT INTO temp.{table} VALUES (?)", (rowid,))
+    where, excluded = dict.fromkeys(("crawl_run", "fetch_attempt", "discovery_edge",
+                                     "rule_evaluation", "url_current"), _OF_RUN), []
+    where.update(_RUN_SCOPE)
+    for table in tables(conn):
+        if table.name in where or table.name in ("schema_migration", "store_meta"):
+            continue
+        if "run_id" in table.columns:
+            where[table.name] = _OF_RUN
+        else:  # session working state (frontier, host_state): the ledger has its history
+            where[table.name] = "0"
+            excluded.append(table.name)
+    return where, excluded
+
+
+def _names(payload: bytes, run_id: str, sessions: set[str]) -> bool:
+    """Does this message (decoded generically: any kind, any version) concern the run?"""
+    try:
+        message = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return False
+    if not isinstance(message, dict):
+        return False
+    if "run_id" in message:
+        return message["run_id"] == run_id
+    return message.get("session_id") in sessions
+
+
+# --- the manifest ---------------------------------------------------------------------------
+
+class Gap(msgspec.Struct, frozen=True, kw_only=True, order=True):
+    """Something the archive knows it lacks or cannot vouch for."""
+
+    kind: str  # run_not_completed, session_open, artifact_missing, artifact_corrupt, log
+    subject: str
+    detail: str
+
+
+class SessionEntry(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    mode: str
+    started_at: str
+    ended_at: str | None
+    outcome: str | None
+
+
+class RunEntry(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    session_id: str
+    started_at: str
+    ended_at: str | None
+    outcome: str | None
+    reason: str | None
+
+
+class LogHeadEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """The commit-log head of the store at the snapshot, and whether check_log agrees."""
+
+    tree_size: int
+    root: str
+    batch_seq: int
+    entry_hash: str
+    verified: bool
+    findings: list[str]
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    format_version: int
+    format: str
+    run_id: str | None  # None: the whole store; else what --run includes
+    excluded_tables: list[str]
+    store_id: str
+    schema_version: int
+    normalizer_versions: list[int]
+    sessions: list[SessionEntry]
+    runs: list[RunEntry]
+    log: LogHeadEntry
+    schema: Section
+    tables: dict[str, Section]
+    files: dict[str, FileEntry]
+    artifacts: int
+    artifact_bytes: int
+    quarantined: int
+    gaps: list[Gap]
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n"
+
+
+def read_manifest(archive: os.PathLike[str] | str) -> Manifest:
+    path = Path(archive) / MANIFEST
+    try:
+        manifest = msgspec.json.decode(path.read_bytes(), type=Manifest)
+    except FileNotFoundError as exc:
+        raise StoreError(f"{archive}: not an archive ({MANIFEST} not found)",
+                         hint="pass the directory 'evidence export' wrote",
+                         path=str(archive)) from exc
+    except (OSError, msgspec.DecodeError) as exc:
+        raise CorruptStoreError(f"{path}: unreadable manifest ({exc})", path=str(path)) from exc
+    if manifest.format_version != FORMAT_VERSION:
+        raise StoreError(f"{archive}: archive format {manifest.format_version}, this program "
+                         f"reads format {FORMAT_VERSION}", hint="use a matching evidence")
+    return manifest
+
+
+def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, object]) -> dict:
+    """Identity, versions, sessions, runs, log head and the gaps of runs and sessions."""
+    def rows(table: str, cols: str) -> list[tuple]:
+        return conn.execute(f"SELECT {cols} FROM {table} WHERE {where.get(table, '1')} "
+                            f"ORDER BY 1", params).fetchall()
+    meta = dict(conn.execute("SELECT key, value FROM store_meta"))
+    sessions = [SessionEntry(session_id=r[0], mode=r[1], started_at=r[2], ended_at=r[3],
+                             outcome=r[4]) for r in rows(
+        "crawl_session", "session_id, mode, started_at, ended_at, outcome")]
+    runs = [RunEntry(run_id=r[0], session_id=r[1], started_at=r[2], ended_at=r[3],
+                     outcome=r[4], reason=r[5]) for r in rows(
+        "crawl_run", "run_id, session_id, started_at, ended_at, outcome, reason")]
+    gaps = [Gap(kind="session_open", subject=s.session_id, detail="the session has not ended")
+            for s in sessions if s.outcome is None]
+    gaps += [Gap(kind="run_not_completed", subject=r.run_id,
+                 detail=f"the run ended {r.outcome!r}" + (f": {r.reason}" if r.reason else "")
+                 if r.outcome else "the run has no recorded end (running or killed)")
+             for r in runs if r.outcome != "completed"]
+    head = load_head(conn)
+    size, root, findings = check_log(conn)
+    notes = [f.detail for f in findings]
+    if (size, root) != (head.tree.size, head.tree.root()):
+        notes.append(f"the commit-log head (size {head.tree.size}) differs from the tree "
+                     f"recomputed from the ledger (size {size})")
+    gaps += [Gap(kind="log", subject="commit_log", detail=n) for n in notes]
+    return {
+        "store_id": meta.get("store_id", ""),
+        "schema_version": conn.execute("SELECT coalesce(max(version), 0) FROM "
+                                       "schema_migration").fetchall()[0][0],
+        "normalizer_versions": [v for (v,) in rows("url_identity", "DISTINCT normalizer_version")],
+        "sessions": sessions, "runs": runs, "gaps": gaps,
+        "quarantined": conn.execute(f"SELECT count(*) FROM quarantine WHERE "
+                                    f"{where.get('quarantine', '1')}", params).fetchall()[0][0],
+        "log": LogHeadEntry(tree_size=head.tree.size, root=head.tree.root().hex(),
+                            batch_seq=head.batch_seq, entry_hash=head.entry_hash.hex(),
+                            verified=not notes, findings=notes),
+    }
+
+
+# --- export ----------------------------------------------------------------------------------
+
+def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
+           format: Format = "sql", progress: Progress | None = None) -> Manifest:
+    """Write an archive of ``source`` (a Store or a store directory) to the new directory ``out``.
+
+    The archive holds the canonical dump (``dump.sql``; or ``schema.sql`` and
+    ``tables/*.jsonl|csv``), ``artifacts/`` with exactly the referenced payloads, and
+    ``manifest.json``. ``run_id`` limits it to one run and what that run references.
+    Missing or corrupt artifacts, runs not completed and log findings are recorded as
+    gaps, not raised: an archive of a damaged store still says what it holds.
+    """
+    if format not in ("sql", "jsonl", "csv"):
+        raise StoreError(f"format must be 'sql', 'jsonl' or 'csv', not {format!r}")
+    backend, artifacts = open_source(source)
+    with building(out, "exporting") as tmp:
+        scratch = tmp / SNAPSHOT
+        backend.copy_snapshot(scratch, progress=progress)
+        with map_sqlite_errors(scratch):
+            conn = apsw.Connection(str(scratch))
+            try:
+                where, excluded = run_scope(conn, run_id) if run_id else ({}, [])
+                params = {"run": run_id}
+                info = describe(conn, where, params)
+                output = Output(tmp)
+                scope = f"run {_sql_text(run_id)}" if run_id else "store"
+                schema, sections = dump(conn, output, fmt=format, where=where, params=params,
+                                        header=f"-- scope: {scope}\n", progress=progress)
+                files = output.finish()
+                refs = artifact_refs(conn, where.get("artifact", "1"), params)
+            finally:
+                conn.close()
+        for name in (SNAPSHOT, SNAPSHOT + "-wal", SNAPSHOT + "-shm"):
+            (tmp / name).unlink(missing_ok=True)
+        _copied, gaps = copy_artifacts(refs, artifacts, ArtifactStore(
+            tmp / ARTIFACTS_DIR, max_payload=2**62), progress)
+        manifest = Manifest(
+            format_version=FORMAT_VERSION, format=format, run_id=run_id,
+            excluded_tables=excluded, schema=schema, tables=sections, files=files,
+            artifacts=len(refs), artifact_bytes=sum(r.size for r in refs),
+            **{**info, "gaps": sorted(info["gaps"] + gaps)})
+        with open(tmp / MANIFEST, "xb") as handle:
+            handle.write(encode_manifest(manifest))
+            handle.flush()
+            os.fsync(handle.fileno())
+    return manifest

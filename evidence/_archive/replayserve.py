@@ -1,0 +1,186 @@
+"""Serving a capture to a person's browser, through pywb, on 127.0.0.1.
+
+    with ReplayServer("site.evidence") as server:     # or a .wacz file
+        print(server.pages[0].replay_url)             # http://127.0.0.1:PORT/evidence/<ts>/<url>
+
+Which replay system, and why pywb: it installs from PyPI with the rest of the project
+(``pip install -e '.[replay]'``, also in the ``test`` extra), runs as a local server with
+no network of its own (live-web proxying is off unless asked), and replays a WARC with a
+CDXJ index as they are: the files of our WACZ export are its collection, unchanged.
+ReplayWeb.page, the other candidate, replays the WACZ itself inside the browser (a service
+worker), so it needs its JavaScript bundle from the npm registry and a browser session to
+run; it opens the same WACZ file (``evidence export --format wacz``) for anyone who has it.
+
+What happens: a store is exported to a WACZ in a temporary directory (a WACZ is used as
+given), its ``archive/data.warc.gz`` and ``indexes/index.cdx`` become the pywb collection
+``evidence`` (index renamed ``index.cdxj``, which is how pywb finds it), and pywb's
+``wayback`` server runs in a child process bound to 127.0.0.1 only. Pages come from the
+WACZ's ``pages/pages.jsonl``; each replays at ``/evidence/<14-digit time>/<url>`` (framed
+replay: pywb's banner above the page). pywb is GPL-3.0; it runs as a separate program and
+is not part of this package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._errors import EvidenceError
+from .cdxj import timestamp14
+
+__all__ = ["ReplayPage", "ReplayServer"]
+
+COLLECTION = "evidence"
+_CONFIG = """# Written by evidence replay --serve: collections/evidence, replay only, no live web.
+framed_replay: true
+"""
+# The child ends with its parent, even a killed one: Linux's PR_SET_PDEATHSIG (prctl
+# option 1) sends it SIGTERM; a parent already gone before that is seen by getppid().
+_START = "\n".join([
+    "import ctypes, os, signal, sys",
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)",
+    "if os.getppid() != int(sys.argv.pop(1)): sys.exit(0)",
+    "from pywb.apps.cli import wayback",
+    "sys.argv[0] = 'wayback'",
+    "sys.exit(wayback())"])
+
+
+@dataclass(frozen=True)
+class ReplayPage:
+    url: str
+    ts: str
+    title: str
+    replay_url: str
+
+
+@dataclass
+class ReplayServer:
+    """pywb serving one store or WACZ on 127.0.0.1 (``port`` 0: a free one)."""
+
+    source: str | os.PathLike[str]
+    port: int = 0
+    start_timeout: float = 60.0
+    pages: list[ReplayPage] = field(default_factory=list)
+    _dir: Path | None = None
+    _process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{COLLECTION}/"
+
+    def __enter__(self) -> ReplayServer:
+        try:
+            import pywb  # noqa: F401 - only to say so early when it is missing
+        except ImportError:
+            raise EvidenceError("replay --serve needs pywb, which is not installed",
+                                hint="pip install -e '.[replay]' (or pip install pywb)"
+                                ) from None
+        self._dir = Path(tempfile.mkdtemp(prefix="evidence-replay-"))
+        try:
+            wacz = self._wacz()
+            self._collection(wacz)
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def wait(self) -> int:
+        """Until the server exits (Ctrl-C ends it); its exit status."""
+        assert self._process is not None
+        return self._process.wait()
+
+    def _wacz(self) -> Path:
+        source = Path(self.source)
+        if source.is_file():
+            if not zipfile.is_zipfile(source):
+                raise EvidenceError(f"{source} is neither a store directory nor a WACZ file",
+                                    hint="give a store, or a file made by evidence export "
+                                    "--format wacz", path=str(source))
+            return source
+        from .._store.db import Store
+        from .wacz import export_wacz
+
+        assert self._dir is not None
+        with Store.open(source) as store:
+            export_wacz(store, self._dir / "replay.wacz")
+        return self._dir / "replay.wacz"
+
+    def _collection(self, wacz: Path) -> None:
+        assert self._dir is not None
+        home = self._dir / "collections" / COLLECTION
+        (home / "archive").mkdir(parents=True)
+        (home / "indexes").mkdir()
+        (self._dir / "config.yaml").write_text(_CONFIG)
+        with zipfile.ZipFile(wacz) as zf:
+            names = set(zf.namelist())
+            if "indexes/index.cdx" not in names or "pages/pages.jsonl" not in names:
+                raise EvidenceError(f"{wacz} has no indexes/index.cdx or pages/pages.jsonl",
+                                    hint="replay a WACZ made by evidence export --format wacz",
+                                    path=str(wacz))
+            for name in sorted(names):
+                if name.startswith("archive/") and name.endswith((".warc", ".warc.gz")):
+                    with zf.open(name) as src, open(home / "archive" / Path(name).name,
+                                                    "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+            with zf.open("indexes/index.cdx") as src, open(home / "indexes" / "index.cdxj",
+                                                           "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            lines = zf.read("pages/pages.jsonl").decode("utf-8").splitlines()
+        for line in lines[1:]:
+            page = json.loads(line)
+            ts = timestamp14(page["ts"])
+            self.pages.append(ReplayPage(url=page["url"], ts=ts, title=page.get("title", ""),
+                                         replay_url=""))
+
+    def _start(self) -> None:
+        assert self._dir is not None
+        if not self.port:
+            with socket.socket() as probe:  # a free port (pywb cannot report one it picked)
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
+        log = open(self._dir / "pywb.log", "wb")  # noqa: SIM115 - the child owns it
+        with log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _START, str(os.getpid()), "--bind", "127.0.0.1", "--port",
+                 str(self.port), "--directory", str(self._dir)],
+                cwd=self._dir, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self._process.poll() is not None:
+                tail = (self._dir / "pywb.log").read_text(errors="replace")[-2000:]
+                raise EvidenceError(f"pywb exited with status {self._process.returncode}: "
+                                    f"{tail}", hint="is the port free? try --port")
+            with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", self.port), timeout=1):
+                break
+            if time.monotonic() > deadline:
+                raise EvidenceError(f"pywb did not start listening within "
+                                    f"{self.start_timeout:g} s", hint="see its log above")
+            time.sleep(0.1)
+        self.pages = [ReplayPage(p.url, p.ts, p.title, f"{self.url}{p.ts}/{p.url}")
+                      for p in self.pages]

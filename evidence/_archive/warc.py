@@ -1,0 +1,343 @@
+"""WARC/1.1 export: every attempt that got a response, as a request and a response record.
+
+The file starts with a ``warcinfo`` record; then, per attempt in store order (attempt_seq),
+a ``response`` record and a ``request`` record pointing at it with ``WARC-Concurrent-To``.
+The record blocks are ``application/http`` messages built from the stored artifacts,
+byte for byte:
+
+    response block = response head artifact + body artifact
+    request block  = request head artifact
+
+For an attempt captured from the wire (``capture="wire"``) these are the bytes that crossed
+the connection: the request as written, the response head as read, and the message body
+as read, chunk framing and content coding included, so a reader that de-chunks and
+decompresses by the headers gets the content (``Evidence-Content-BLAKE3`` names the
+crawler's own copy of it). Attempts recorded before wire capture have heads rebuilt from
+parsed headers and a de-chunked body; for a head stored without its first line (an older
+producer) the line is rebuilt from the attempt (method and URL; status code and its
+standard reason phrase, as HTTP/1.1) and the record says so in ``Evidence-Reconstructed``.
+No other byte is added or changed.
+
+Digests: ``WARC-Block-Digest`` and ``WARC-Payload-Digest`` are SHA-256 in base32
+(``sha256:<52 chars + padding>``); SHA-1, the older convention, is not collision-resistant.
+The payload digest is over the body artifact as it is in the block, transfer coding
+included: that is how warcio computes and checks it (its checker digests the record's
+bytes after the HTTP head, before any de-chunking), and how most crawlers write it.
+Each body is also re-hashed with BLAKE3 against its artifact digest while it is exported,
+so a damaged payload stops the export instead of being sealed into an archive with fresh
+digests.
+
+The export is deterministic: record ids are UUIDv5 of (store id, attempt id, record type),
+dates come from the store (``WARC-Date`` is the attempt's ``started_at``, to the
+microsecond as WARC/1.1 allows), and a ``.gz`` output is one gzip member per record with no
+timestamp. The same store gives the same bytes. Rows are read in short pages (the
+evidence tables are append-only, so paging up to the max id read at the start is one
+consistent set) to keep the WAL from growing during a long export.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import hashlib
+import http
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import apsw
+import blake3
+import msgspec
+
+from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
+from .._model.refs import ArtifactRef
+from .._store.artifacts import CHUNK_SIZE
+from .._store.db import Store
+
+__all__ = ["WarcExport", "export_warc"]
+
+_NAMESPACE = uuid.UUID("6f1c8d52-3c39-4f0e-9d7a-0f4d8b1e2a61")  # this package's UUIDv5 space
+_CRLF = b"\r\n"
+_PAGE = 500
+_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} \S+ HTTP/\d(\.\d)?\r?\n")
+_STATUS_LINE = re.compile(rb"HTTP/\d(\.\d)? \d{3}")
+
+_ATTEMPTS = """
+SELECT f.attempt_seq, f.attempt_id, f.run_id, f.url, f.method, f.started_at, f.http_status,
+       f.body_truncated, f.log_index,
+       q.namespace, q.digest, q.size, h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
+       c.digest
+FROM fetch_attempt f
+LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
+LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
+LEFT JOIN artifact b ON b.artifact_id = f.body_id
+LEFT JOIN artifact c ON c.artifact_id = f.content_id
+WHERE f.attempt_seq > ? AND f.attempt_seq <= ? AND f.http_status IS NOT NULL
+  AND (? IS NULL OR f.run_id = ?)
+ORDER BY f.attempt_seq LIMIT ?
+"""
+
+
+class WarcExport(msgspec.Struct, kw_only=True):
+    path: str
+    records: int
+    responses: int
+    skipped: int  # attempts without a response (timeouts, errors, robots): no record
+    bytes: int
+    sha256: str  # of the whole file, to note beside it
+
+
+def export_warc(store: Store, out_path: str | os.PathLike[str], *,
+                run_id: str | None = None, compress: bool | None = None) -> WarcExport:
+    """Write the store's (or one run's) responses to a new WARC/1.1 file at ``out_path``.
+
+    ``compress`` defaults to whether the name ends in ``.gz``. An existing file is never
+    overwritten; the file appears complete or not at all (temp file, fsync, rename).
+    """
+    out = Path(out_path)
+    if out.exists():
+        raise EvidenceError(f"{out} already exists; an export never overwrites a file",
+                            hint="remove it or choose another name", path=str(out))
+    compress = out.name.endswith(".gz") if compress is None else compress
+    with store.snapshot() as conn:
+        store_id = _one(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
+        last_seq = _one(conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
+        head = conn.execute("SELECT committed_at, tree_size FROM commit_log "
+                            "ORDER BY batch_seq DESC LIMIT 1").fetchall()
+        date, tree_size = head[0] if head else ("1970-01-01T00:00:00.000000Z", 0)
+        total = _one(conn, "SELECT count(*) FROM fetch_attempt WHERE attempt_seq <= ? AND "
+                     "(? IS NULL OR run_id = ?)", (last_seq, run_id, run_id))
+        if run_id is not None and not _one(conn, "SELECT 1 FROM crawl_run WHERE run_id = ?",
+                                           (run_id,)):
+            raise NotFoundError(f"no run {run_id!r} in the store",
+                                hint="'evidence status' lists the runs", run_id=run_id)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        digest = hashlib.sha256()
+        records = responses = 0
+        try:
+            with open(tmp, "xb") as raw:
+                sink = _HashingWriter(raw, digest)
+                info_id = _record_id(store_id, run_id or "*", str(tree_size), "warcinfo")
+                _write(sink, compress, _warcinfo(store_id, run_id, info_id, date))
+                records += 1
+                for row in _pages(store, conn, last_seq, run_id):
+                    for record in _attempt_records(store, store_id, row):
+                        _write(sink, compress, record)
+                        records += 1
+                    responses += 1
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.rename(tmp, out)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    _fsync_dir(out.parent)
+    return WarcExport(path=str(out), records=records, responses=responses,
+                      skipped=total - responses, bytes=out.stat().st_size,
+                      sha256=digest.hexdigest())
+
+
+def _one(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> object:
+    rows = conn.execute(sql, args).fetchall()
+    return rows[0][0] if rows else None
+
+
+def _pages(store: Store, conn: apsw.Connection, last_seq: int,
+           run_id: str | None) -> Iterator[tuple]:
+    after = 0
+    while True:
+        with store.errors():  # each page is its own short snapshot
+            page = conn.execute(_ATTEMPTS, (after, last_seq, run_id, run_id, _PAGE)).fetchall()
+        if not page:
+            return
+        yield from page
+        after = page[-1][0]
+
+
+def _record_id(*parts: str) -> str:
+    return f"<urn:uuid:{uuid.uuid5(_NAMESPACE, '/'.join(parts))}>"
+
+
+def _b32(digest: bytes) -> str:
+    return "sha256:" + base64.b32encode(digest).decode()
+
+
+def _header_value(text: str) -> str:
+    """WARC header values are one line: percent-encode anything but visible ASCII."""
+    return "".join(c if "!" <= c <= "~" else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in text)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("evidence")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _warcinfo(store_id: str, run_id: str | None, record_id: str, date: str) -> _Record:
+    fields = [("software", f"evidence/{_version()}"), ("format", "WARC File Format 1.1"),
+              ("conformsTo", "https://iipc.github.io/warc-specifications/specifications/"
+               "warc-format/warc-1.1/"), ("isPartOf", f"evidence/{store_id}")]
+    if run_id is not None:
+        fields.append(("description", f"run {run_id}"))
+    block = b"".join(f"{k}: {v}".encode() + _CRLF for k, v in fields)
+    return _Record([("WARC-Type", "warcinfo"), ("WARC-Record-ID", record_id),
+                    ("WARC-Date", date), ("Content-Type", "application/warc-fields")], block)
+
+
+class _Record:
+    """Header fields (digests and Content-Length are added), a head, and an optional body."""
+
+    def __init__(self, fields: list[tuple[str, str]], head: bytes,
+                 body: _Body | None = None, *, payload_digest: bool = False) -> None:
+        self.fields = fields
+        self.head = head
+        self.body = body
+        self.payload_digest = payload_digest
+        self.payload: str | None = None
+
+    def _header(self) -> bytes:
+        block = hashlib.sha256(self.head)
+        payload = hashlib.sha256()
+        if self.body is not None:
+            for chunk in self.body.chunks():  # first pass: digests
+                block.update(chunk)
+                payload.update(chunk)
+        fields = [*self.fields, ("WARC-Block-Digest", _b32(block.digest()))]
+        self.payload = None  # the WARC-Payload-Digest value, once written (CDXJ reads it)
+        if self.payload_digest:
+            self.payload = _b32(payload.digest())
+            fields.append(("WARC-Payload-Digest", self.payload))
+        length = len(self.head) + (self.body.ref.size if self.body is not None else 0)
+        fields.append(("Content-Length", str(length)))
+        return b"WARC/1.1\r\n" + b"".join(f"{k}: {v}".encode() + _CRLF for k, v in fields) + _CRLF
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self._header()
+        yield self.head
+        if self.body is not None:
+            yield from self.body.chunks()  # second pass: the bytes, checked again
+        yield _CRLF + _CRLF
+
+
+class _Body:
+    """A body artifact streamed from disk; checked against its BLAKE3 digest on every pass."""
+
+    def __init__(self, store: Store, ref: ArtifactRef) -> None:
+        self.store = store
+        self.ref = ref
+
+    def chunks(self) -> Iterator[bytes]:
+        hasher, size = blake3.blake3(), 0
+        with self.store.artifacts.open(self.ref) as f:
+            while chunk := f.read(CHUNK_SIZE):
+                hasher.update(chunk)
+                size += len(chunk)
+                yield chunk
+        if hasher.hexdigest() != self.ref.digest or size != self.ref.size:
+            raise ArtifactCorruptError(
+                f"artifact {self.ref.namespace}/{self.ref.digest} is corrupt; the export "
+                "stopped rather than archive it", digest=self.ref.digest,
+                hint="run 'evidence verify --full' and restore the payload from a backup")
+
+
+def _attempt_records(store: Store, store_id: str, row: tuple) -> list[_Record]:
+    """A response and a request record; the same attempt always gives the same bytes."""
+    (_seq, attempt_id, run_id, url, method, started_at, status, truncated, log_index,
+     q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size, c_digest) = row
+    response_id = _record_id(store_id, attempt_id, "response")
+    common = [("WARC-Date", started_at), ("WARC-Target-URI", _header_value(url))]
+    evidence = [("Evidence-Attempt-ID", _header_value(attempt_id)),
+                ("Evidence-Run-ID", _header_value(run_id)),
+                ("Evidence-Log-Index", str(log_index))]
+
+    head = b"" if h_ns is None else store.artifacts.read(ArtifactRef(h_ns, h_digest, h_size),
+                                                         verify=True)
+    fields = [("WARC-Type", "response"), ("WARC-Record-ID", response_id), *common,
+              ("Content-Type", "application/http;msgtype=response")]
+    if not _STATUS_LINE.match(head):
+        head = f"HTTP/1.1 {status} {_reason(status)}".encode() + _CRLF + head
+        fields.append(("Evidence-Reconstructed", "status-line"))
+    if truncated:
+        fields.append(("WARC-Truncated", "length"))
+    body = None
+    if b_ns is not None:
+        body = _Body(store, ArtifactRef(b_ns, b_digest, b_size))
+        fields.append(("Evidence-Body-BLAKE3", b_digest))
+    if c_digest is not None:
+        fields.append(("Evidence-Content-BLAKE3", c_digest))
+    response = _Record([*fields, *evidence], _terminated(head), body, payload_digest=True)
+
+    request = b"" if q_ns is None else store.artifacts.read(ArtifactRef(q_ns, q_digest, q_size),
+                                                            verify=True)
+    fields = [("WARC-Type", "request"),
+              ("WARC-Record-ID", _record_id(store_id, attempt_id, "request")), *common,
+              ("WARC-Concurrent-To", response_id),
+              ("Content-Type", "application/http;msgtype=request")]
+    if not _REQUEST_LINE.match(request):
+        request = f"{method} {_target(url)} HTTP/1.1".encode() + _CRLF + request
+        fields.append(("Evidence-Reconstructed", "request-line"))
+    return [response, _Record([*fields, *evidence], _terminated(request))]
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _target(url: str) -> str:
+    parts = urlsplit(url)
+    target = parts.path or "/"
+    return _header_value(target + (f"?{parts.query}" if parts.query else ""))
+
+
+def _terminated(head: bytes) -> bytes:
+    """A head ends in its blank line; add it only if the stored head lacks it."""
+    if head.endswith((b"\r\n\r\n", b"\n\n")):
+        return head
+    return head + (_CRLF if head.endswith(b"\n") else _CRLF + _CRLF)
+
+
+class _HashingWriter:
+    """The output file, hashed as it is written (a file-like sink for GzipFile too)."""
+
+    def __init__(self, raw: BinaryIO, digest: hashlib._Hash) -> None:
+        self.raw = raw
+        self.digest = digest
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.raw.write(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _write(sink: _HashingWriter, compress: bool, record: _Record) -> None:
+    """One record; compressed, it is its own gzip member (no name, no time: reproducible)."""
+    if not compress:
+        for chunk in record.chunks():
+            sink.write(chunk)
+        return
+    with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0,  # type: ignore[arg-type]
+                       compresslevel=6) as gz:
+        for chunk in record.chunks():
+            gz.write(chunk)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,254 @@
+"""The archive commands: ``export``, ``backup``, ``restore``, ``compare``.
+
+Each is a few lines over the library function of the same name (``_export.export``,
+``_archive.backup``, ``restore``, ``compare``). Long work shows progress on stderr when
+stderr is a terminal; ``--json`` prints the library's report for scripts. ``_cli.main``
+prints any ``EvidenceError`` (exit 2); ``backup`` exits 1 on findings, ``compare`` exits 1
+when the two sides differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from .._errors import EvidenceError
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._archive.archive import Comparison
+    from .._archive.export import Manifest
+
+__all__ = ["add_commands"]
+
+
+class _Progress:
+    """One line on stderr, redrawn at most 4 times a second, only on a terminal."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._last = 0.0
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.enabled and (now - self._last >= 0.25 or done == total):
+            self._last = now
+            sys.stderr.write(f"\r\x1b[K  {phase}: {done:,}/{total:,}")
+            sys.stderr.flush()
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(value).decode()) + "\n")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "wacz":  # one file for replay tools: WARC, CDXJ, pages, signed
+        return _cmd_export_wacz(args)
+    if args.key or args.new_key:
+        raise EvidenceError("--key and --new-key sign a WACZ export only",
+                            hint="add --format wacz, or leave the key out")
+    if args.format == "warc":  # request and response records, not a restorable archive
+        from .verify import _cmd_export_warc
+
+        return _cmd_export_warc(args)
+    from .._archive.export import export
+
+    with _Progress() as progress:
+        manifest = export(args.store, args.out, run_id=args.run, format=args.format,
+                          progress=progress)
+    if args.json:
+        _print_json(manifest)
+    else:
+        print(_format_manifest(args.out, manifest))
+    return 0
+
+
+def _cmd_export_wacz(args: argparse.Namespace) -> int:
+    from .._archive.wacz import export_wacz, load_signing_key, new_signing_key
+    from .._store.db import Store
+
+    if args.run:
+        raise EvidenceError("a WACZ export holds the whole store; --run is not supported",
+                            hint="leave out --run (or export one run with --format warc)")
+    if args.key and args.new_key:
+        raise EvidenceError("give --key or --new-key, not both",
+                            hint="--key FILE signs with an existing key; --new-key FILE "
+                            "makes one")
+    if args.out.exists():
+        raise EvidenceError(f"{args.out} already exists; an export never overwrites a file",
+                            hint="remove it or choose another name", path=str(args.out))
+    key = load_signing_key(args.key) if args.key else None
+    with Store.open(args.store) as store:
+        if args.new_key:
+            key = new_signing_key(args.new_key)
+        report = export_wacz(store, args.out, key=key)
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"wacz      {report.path}  ({report.bytes} bytes, sha256 {report.sha256})\n"
+              f"warc      {report.records} records, {report.indexed} indexed; "
+              f"{report.renders} rendered pages\n"
+              f"pages     {report.pages}\n"
+              f"signed    " + (f"yes, ECDSA public key {report.public_key}" if report.signed
+                               else "no (give --key or --new-key to sign)"))
+    return 0
+
+
+def _format_manifest(path: Path, m: Manifest) -> str:
+    rows = sum(s.rows for s in m.tables.values())
+    lines = [
+        f"archive   {path}  ({m.format}, {'run ' + m.run_id if m.run_id else 'whole store'})",
+        f"store     {m.store_id}  (schema v{m.schema_version}, normalizer "
+        f"v{', v'.join(map(str, m.normalizer_versions)) or '-'})",
+        f"rows      {rows} in {len(m.tables)} tables; {len(m.runs)} runs, "
+        f"{len(m.sessions)} sessions, {m.quarantined} quarantined",
+        f"artifacts {m.artifacts} ({m.artifact_bytes} bytes)",
+        f"log       tree size {m.log.tree_size}, root {m.log.root[:16]}…, "
+        f"{'verified' if m.log.verified else 'NOT VERIFIED'}",
+    ]
+    lines += [f"gap       {g.kind}: {g.subject}: {g.detail}" for g in m.gaps]
+    return "\n".join(lines)
+
+
+def _cmd_backup(args: argparse.Namespace) -> int:
+    from .._archive.archive import backup
+
+    with _Progress() as progress:
+        report = backup(args.store, args.out, progress=progress)
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"backup    {report.path}  (store {report.store_id})\n"
+              f"rows      {sum(report.tables.values())} in {len(report.tables)} tables, "
+              f"{report.pages} pages\n"
+              f"artifacts {report.artifacts} ({report.artifact_bytes} bytes)\n"
+              f"log       tree size {report.tree_size}, root {report.root[:16]}…")
+        for finding in report.findings:
+            print(f"FINDING   {finding}")
+        print("verified: integrity_check, check_log, every referenced artifact present"
+              if not report.findings else f"{len(report.findings)} findings")
+    return 1 if report.findings else 0
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from .._archive.archive import restore
+
+    with _Progress() as progress:
+        report = restore(args.archive, args.store, progress=progress)
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"restored  {args.archive} -> {report.path}  (store {report.store_id}"
+              f"{', run ' + report.run_id if report.run_id else ''})\n"
+              f"rows      {sum(report.tables.values())} in {len(report.tables)} tables; "
+              f"artifacts {report.artifacts}\n"
+              f"log       tree size {report.tree_size}, root {report.root[:16]}…")
+        print("matched   " + "; ".join(report.checks))
+        for finding in report.findings:
+            print(f"note      {finding}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .._archive.archive import compare
+
+    with _Progress() as progress:
+        result = compare(args.a, args.b, rows_per_table=args.rows, scratch=args.scratch,
+                         progress=progress)
+    if args.json:
+        _print_json(result)
+    else:
+        print(_format_comparison(result))
+    return 0 if result.equal else 1
+
+
+def _format_comparison(c: Comparison) -> str:
+    lines = [f"a  {c.a.kind} {c.a.source}  (store {c.a.store_id}, {c.a.rows} rows, "
+             f"tree size {c.a.tree_size})",
+             f"b  {c.b.kind} {c.b.source}  (store {c.b.store_id}, {c.b.rows} rows, "
+             f"tree size {c.b.tree_size})"]
+    lines += [f"DIFF {d}" for d in c.differences]
+    verdict = "equal" if c.equal else f"{len(c.differences)} differences"
+    lines.append(f"{verdict}: compared {c.tables} tables, {c.runs} run(s), "
+                 f"{c.report_rows} report rows")
+    return "\n".join(lines)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Add export, backup, restore and compare to the ``evidence`` command's subparsers."""
+    p = sub.add_parser(
+        "export", help="write a canonical archive (dump, artifacts, manifest)",
+        description="Write an archive of STORE to the new directory ARCHIVE: dump.sql (the "
+        "same logical content always gives the same bytes), artifacts/ with every payload "
+        "its rows reference, and manifest.json (counts, a BLAKE3 hash per section, the "
+        "Merkle root, the gaps). Reads one snapshot taken with SQLite's backup API: the "
+        "writer is never blocked. See docs/archives.md.")
+    p.add_argument("store", metavar="STORE", help="the store directory (or a backup of one)")
+    p.add_argument("--out", required=True, type=Path, metavar="ARCHIVE",
+                   help="the archive directory to create (must not exist, or be empty)")
+    p.add_argument("--run", metavar="ID", help="only this run's rows and what they reference")
+    p.add_argument("--format", choices=("sql", "jsonl", "csv", "warc", "wacz"), default="sql",
+                   help="sql (default; restorable), or jsonl/csv files per table for review "
+                   "tools, in the same order; warc: a WARC/1.1 file of request and response "
+                   "records (--out names the file; .gz compresses each record); wacz: a "
+                   "WACZ 1.1.1 file for replay tools (WARC, CDXJ index, page list, "
+                   "rendered screenshots and DOMs; see docs/replay.md)")
+    p.add_argument("--key", metavar="FILE",
+                   help="wacz: sign datapackage-digest.json with this ECDSA P-256/P-384 "
+                   "PEM key")
+    p.add_argument("--new-key", metavar="FILE",
+                   help="wacz: make an ECDSA P-384 key (FILE, mode 0600, and FILE.pub) and "
+                   "sign with it")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser(
+        "backup", help="copy a store online, with its artifacts, then verify the copy",
+        description="Copy STORE into the new directory DIR while it is being written: "
+        "SQLite's online backup API for the database, then every artifact its rows "
+        "reference, then integrity_check, check_log and an artifact check on the copy. "
+        "Exit status 1 if the copy has findings.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="the backup directory to create (must not exist, or be empty)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_backup)
+
+    p = sub.add_parser(
+        "restore", help="build a new store from an archive and prove it matches",
+        description="Build a store at NEW (which must not exist, or be empty) from ARCHIVE, "
+        "then check row counts, section hashes, the Merkle root, the schema and every "
+        "artifact against the manifest. On any mismatch nothing is left at NEW.")
+    p.add_argument("archive", metavar="ARCHIVE", help="a directory written by evidence export")
+    p.add_argument("--store", required=True, type=Path, metavar="NEW",
+                   help="where to create the store")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_restore)
+
+    p = sub.add_parser(
+        "compare", help="compare two stores or archives; exit 0 only when equal",
+        description="Compare A and B (each a store or an archive): per-table and per-run "
+        "row counts and hashes, the fixed report queries (pages per status per run, rule "
+        "verdicts per rule, artifacts per media type, edges per run) and the rows that "
+        "differ. Exit status 0 when equal, 1 when anything differs.")
+    p.add_argument("a", metavar="A", help="a store directory or an archive")
+    p.add_argument("b", metavar="B", help="a store directory or an archive")
+    p.add_argument("--rows", type=int, default=20, metavar="N",
+                   help="list at most N differing rows per table (default 20)")
+    p.add_argument("--scratch", type=Path, metavar="DIR",
+                   help="where to put the two temporary copies (default: the system's "
+                   "temporary directory)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_cmd_compare)

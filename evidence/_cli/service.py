@@ -1,0 +1,169 @@
+"""CLI command for the writer service: ``evidence serve``, a few lines over ``Service``.
+
+``add_commands(subparsers)`` adds ``serve`` to the ``evidence`` parser; ``_cli.main`` runs
+it (``Error:`` / ``Try:`` on stderr and exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from .._errors import EvidenceError
+from .._store.db import Store
+from .._store.runlock import crawl_lock, running_pid
+from .._write.service import Service, ServiceLimits
+from .._write.wire import ServiceError, ServiceStatistics, read_token
+from .._write.writer import WriterLimits
+
+__all__ = ["add_commands"]
+
+log = logging.getLogger("evidence.service")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.socket is None and args.listen is None:
+        raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
+                           "--listen 127.0.0.1:PORT --token-file FILE")
+    token = read_token(args.token_file) if args.token_file else None
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    path = Path(args.store)
+    with Store.open(path, sync=args.sync) as store:
+        # Built (and so checked) before the lock is taken: a refused configuration changes
+        # nothing, not even the lock file.
+        service = Service(
+            store, socket_path=args.socket, listen=args.listen, token=token,
+            metrics=args.metrics,
+            limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
+                                 max_in_flight=args.max_in_flight,
+                                 max_pending_bytes=args.max_pending_bytes,
+                                 connection_in_flight=args.connection_in_flight,
+                                 max_connections=args.max_connections,
+                                 max_unauthenticated=args.max_unauthenticated,
+                                 send_timeout=args.send_timeout,
+                                 handshake_timeout=args.handshake_timeout,
+                                 body_timeout=args.body_timeout,
+                                 idle_timeout=args.idle_timeout),
+            writer_limits=WriterLimits(queue_size=args.queue_size,
+                                       max_batch_messages=args.batch_messages,
+                                       max_batch_delay=args.batch_delay))
+        pid = running_pid(path)
+        if pid is not None:
+            raise EvidenceError(f"{path}: a crawl or service (pid {pid}) is writing this store",
+                                hint=f"stop it first: evidence stop {path}", path=str(path))
+        with crawl_lock(path):  # one writer per store: 'evidence stop' sends us SIGTERM
+            stats = anyio.run(_serve, service, args)
+    w = stats.writer
+    summary = (f"stopped: {stats.connections_total} connections, {w.committed} committed, "
+               f"{w.duplicates} duplicates, {w.conflicts} conflicts, {w.rejections} rejected, "
+               f"{w.batches} batches, log size {w.tree_size}")
+    if args.json:
+        _print_json({"event": "stopped", "statistics": stats})
+    print(summary, file=sys.stderr)
+    return 0
+
+
+async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistics:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with service:
+            where = []
+            if service.socket_path is not None:
+                where.append(f"unix:{service.socket_path}")
+            if service.tcp_address is not None:
+                where.append("tcp:{}:{}".format(*service.tcp_address))
+            metrics = ("http://{}:{}/metrics".format(*service.metrics_address)
+                       if service.metrics_address else None)
+            log.info("serving %s on %s%s (pid %d); SIGTERM drains and stops", args.store,
+                     ", ".join(where), f", metrics at {metrics}" if metrics else "",
+                     os.getpid())
+            if args.json:
+                _print_json({"event": "ready", "pid": os.getpid(),
+                             "socket": None if service.socket_path is None
+                             else str(service.socket_path),
+                             "listen": "{}:{}".format(*service.tcp_address)
+                             if service.tcp_address else None, "metrics": metrics})
+            async for signum in signals:
+                log.info("%s: stopping: no new connections; committing and acknowledging "
+                         "what was read", signal.Signals(signum).name)
+                break
+        return service.statistics()
+
+
+def _print_json(data: object) -> None:
+    sys.stdout.write(msgspec.json.encode(data).decode() + "\n")
+    sys.stdout.flush()
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve", help="run the writer service: many producer processes, one writer",
+        description="Run STORE's serialized writer as a service: producer processes connect "
+        "with evidence.client and submit messages; each is acknowledged after its batch "
+        "commits. When the writer falls behind, the service stops reading from sockets "
+        "(clients block). SIGTERM or 'evidence stop STORE' stops accepting, commits and "
+        "acknowledges what was read, and exits 0.")
+    p.add_argument("store", metavar="STORE", help="the store directory (see 'evidence init')")
+    p.add_argument("--socket", metavar="PATH",
+                   help="listen on a Unix socket, created with mode 0600")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="also listen on a loopback TCP address, e.g. 127.0.0.1:7400 (port 0 "
+                   "picks one); needs --token-file")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="a file (mode 600) holding the token every client must present")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only)")
+    p.add_argument("--sync", choices=("full", "normal"), default="full",
+                   help="durability of commits (see 'evidence init --help')")
+    limits, writer = ServiceLimits(), WriterLimits()
+    p.add_argument("--max-frame-bytes", metavar="N", type=int, default=limits.max_frame_bytes,
+                   help="largest request (one message or group) accepted, in bytes "
+                   "(default %(default)s)")
+    p.add_argument("--max-in-flight", metavar="N", type=int, default=limits.max_in_flight,
+                   help="requests read and not yet acknowledged, all clients together; at "
+                   "the bound reads pause (default %(default)s)")
+    p.add_argument("--connection-in-flight", metavar="N", type=int,
+                   default=limits.connection_in_flight,
+                   help="the same bound for one client (default %(default)s)")
+    p.add_argument("--max-pending-bytes", metavar="N", type=int,
+                   default=limits.max_pending_bytes,
+                   help="bytes read from clients and not yet committed, all clients together, "
+                   "counted as they arrive; at the bound reads pause (default %(default)s)")
+    p.add_argument("--max-connections", metavar="N", type=int, default=limits.max_connections,
+                   help="clients connected after a valid hello; more are refused, retryably "
+                   "(default %(default)s)")
+    p.add_argument("--max-unauthenticated", metavar="N", type=int,
+                   default=limits.max_unauthenticated,
+                   help="connections that have not said hello yet; a newer one drops the oldest "
+                   "(they never take a client's slot) (default %(default)s)")
+    p.add_argument("--send-timeout", metavar="SECONDS", type=float, default=limits.send_timeout,
+                   help="seconds a client may leave its acknowledgements unread before it is "
+                   "disconnected (default %(default)s)")
+    p.add_argument("--handshake-timeout", metavar="SECONDS", type=float,
+                   default=limits.handshake_timeout,
+                   help="seconds from connecting to a valid hello (default %(default)s)")
+    p.add_argument("--body-timeout", metavar="SECONDS", type=float,
+                   default=limits.body_timeout,
+                   help="seconds of sending time a client has for one frame, from its length "
+                   "prefix to its last byte; a slower one is disconnected (default %(default)s)")
+    p.add_argument("--idle-timeout", metavar="SECONDS", type=float,
+                   default=limits.idle_timeout,
+                   help="seconds a client with nothing in flight may stay connected without "
+                   "sending; then it is disconnected and reconnects when it needs to "
+                   "(default %(default)s)")
+    p.add_argument("--queue-size", metavar="N", type=int, default=writer.queue_size,
+                   help="the writer's queue, in submissions (default %(default)s)")
+    p.add_argument("--batch-messages", metavar="N", type=int, default=writer.max_batch_messages,
+                   help="messages per batch at most (default %(default)s)")
+    p.add_argument("--batch-delay", metavar="SECONDS", type=float, default=0.002,
+                   help="seconds a batch waits for more messages (default %(default)s)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON line when ready (with the ports) and one when stopped")
+    p.set_defaults(func=_cmd_serve)

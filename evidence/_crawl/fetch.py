@@ -1,0 +1,254 @@
+"""One HTTP request, its bytes stored durably, described as a ``FetchAttempt``.
+
+Order matters (DESIGN.md data flow): every payload is put in the artifact store (fsync'd)
+*before* the attempt message that references it exists. What is stored is what crossed the
+connection, recorded by the tap in the network stream (``_http.record_exchange``):
+
+- the request exactly as written (request line, header block);
+- the response's status line and header block exactly as read;
+- the message body exactly as read: chunk framing, extensions and trailers included, a
+  gzip body gzipped; cut at ``max_body_bytes`` (``too_large``, ``body_truncated``);
+- bytes read after the body's end, if any (``surplus``; the connection is then closed);
+- the content (``_http1.derive_content``: transfer coding, then content codings removed)
+  as its own artifact where its bytes differ from the body's, with the codings removed.
+
+A timeout, a connection cut short or a malformed response keeps what came: the attempt
+records the error and references the bytes read before it (``body_truncated``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+
+from .._errors import EvidenceError
+from .._model.http1 import Split, derive_content, head_length
+from .._model.messages import FetchAttempt, new_id, utc_now
+from .._model.refs import ArtifactRef
+from .._model.text import charset_param, is_html, sniff
+from .._store.artifacts import ArtifactStore
+from .http import Exchange, record_exchange
+
+__all__ = ["FetchResult", "fetch", "parse_retry_after"]
+
+HEADERS_NS = "headers"
+BODY_NS = "body"
+CONTENT_NS = "content"
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    attempt: FetchAttempt
+    status: int | None
+    headers: httpx.Headers | None
+    body: bytes  # the content: the body decoded (transfer and content codings removed)
+    elapsed: float
+    head: bytes = b""  # the stored response head, as read
+    raw_body: bytes = b""  # the stored body, as read (transfer coding included)
+    parsed: Any = None  # what fetch's ``parse`` made of a 2xx content, or None
+
+
+def _put_each(artifacts: ArtifactStore, items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
+    return [artifacts.put(namespace, data) for namespace, data in items]
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """What one exchange stored: the payloads to put, and the attempt fields they fill."""
+
+    items: list[tuple[str, bytes]]  # (namespace, bytes), in the order of ``fields``
+    fields: list[str]  # the FetchAttempt field each item's ref goes to
+    extra: dict[str, Any]  # other FetchAttempt fields (codings, encoding, truncation)
+    split: Split
+    body: bytes  # the body as stored (cut at the cap)
+    content: bytes
+
+
+def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
+    """The exchange's bytes as payloads: request, head, body (cut at ``cap``), surplus,
+    and the content derived from them where it differs from the body."""
+    split = exchange.split()
+    items: list[tuple[str, bytes]] = []
+    fields: list[str] = []
+    if exchange.sent:
+        items.append((HEADERS_NS, bytes(exchange.sent)))
+        fields.append("request_headers")
+    extra: dict[str, Any] = {"capture": "wire"}
+    body = content = b""
+    if exchange.received:
+        items.append((HEADERS_NS, split.head))
+        fields.append("response_headers")
+    if head_length(split.head) is not None:  # a whole head: the rest is the body
+        body = split.body[:cap]
+        derived = derive_content(split.head, body, cap)
+        content = derived.data
+        items.append((BODY_NS, body))
+        fields.append("body")
+        if content != body:
+            items.append((CONTENT_NS, content))
+            fields.append("content")
+        extra.update(transfer_coding=derived.transfer_coding,
+                     content_coding=derived.content_coding,
+                     content_truncated=derived.truncated or len(split.body) > cap
+                     or not split.complete, content_problem=derived.problem)
+        if split.surplus:
+            items.append((BODY_NS, split.surplus))
+            fields.append("surplus")
+        if content and is_html(content_type):
+            sniffed = sniff(content, charset_param(content_type))
+            extra.update(text_encoding=sniffed.encoding, text_encoding_source=sniffed.source)
+    return _Wire(items, fields, extra, split, body, content)
+
+
+async def _read_body(response: httpx.Response, exchange: Exchange,
+                     cap: int) -> tuple[str, str | None, bool]:
+    """Read the body off the connection (the tap records it) until its end or the cap;
+    (outcome, error, cut at the cap)."""
+    head = head_length(bytes(exchange.received)) or 0
+    try:
+        async for _ in response.aiter_raw():
+            if len(exchange.received) - head > cap:
+                return "too_large", f"body cut at the cap of {cap} bytes", True
+    except httpx.TimeoutException as exc:
+        return "timeout", f"body read: {type(exc).__name__}: {exc}", False
+    except httpx.TransportError as exc:
+        return "network_error", f"body read: {type(exc).__name__}: {exc}", False
+    finally:
+        with anyio.CancelScope(shield=True):  # closed even past the deadline
+            await response.aclose()
+    return "response", None, False
+
+
+async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
+                run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
+                extra_headers: dict[str, str] | None = None,
+                parse: Callable[[str, bytes], Any] | None = None,
+                deadline: float | None = None, method: str = "GET",
+                content: bytes | None = None, render_id: str | None = None) -> FetchResult:
+    """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
+
+    ``parse(content_type, content)``, if given, runs on a 2xx response's non-empty content
+    in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
+    ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
+    ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
+    made while rendering a page (``evidence._renderproxy``): the attempt names its render.
+    """
+    started_at = utc_now()
+    t0 = time.monotonic()
+    headers = {"User-Agent": user_agent, "Accept-Encoding": "gzip, deflate",
+               **(extra_headers or {})}
+    common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
+              "url": url, "sequence": sequence, "started_at": started_at}
+    if method != "GET":
+        common["method"] = method
+    if render_id is not None:
+        common["render_id"] = render_id
+    request = client.build_request(method, url, headers=headers, content=content)
+    response: httpx.Response | None = None
+    outcome, error, cut = "response", None, False
+    with record_exchange(method) as exchange:
+        # The total deadline (connect, head, body): the client's timeout bounds each read
+        # only, so a server sending a byte a second never trips it. Past the deadline the
+        # attempt is a timeout that keeps what came.
+        with anyio.move_on_after(math.inf if deadline is None else deadline) as scope:
+            try:
+                response = await client.send(request, stream=True, follow_redirects=False)
+            except httpx.TimeoutException as exc:
+                outcome, error = "timeout", f"{type(exc).__name__}: {exc}"
+            except (httpx.TransportError, httpx.InvalidURL) as exc:
+                outcome, error = "network_error", f"{type(exc).__name__}: {exc}"
+            if response is not None:
+                if not exchange.received:
+                    await response.aclose()
+                    raise EvidenceError(
+                        "the HTTP client does not record what crosses its connections",
+                        hint="make the client with evidence._crawl.http.crawl_client()")
+                outcome, error, cut = await _read_body(response, exchange, max_body_bytes)
+    if scope.cancelled_caught:
+        if response is None:
+            came = "no response head had come"
+        else:
+            head = head_length(bytes(exchange.received)) or 0
+            came = f"{len(exchange.received) - head} bytes of the body had come"
+        outcome, error, cut = "timeout", \
+            f"deadline: the fetch took longer than {deadline:g} s; {came}", False
+    if response is None:
+        return await _failed(artifacts, common, outcome, error or "", exchange, t0,
+                             max_body_bytes)
+    exchange.surplus()  # settled here, on the loop: the pool's idle check reads it too
+    elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
+    content_type = response.headers.get("content-type")
+    ok = 200 <= response.status_code < 300 and parse is not None
+
+    def store() -> tuple[_Wire, list[ArtifactRef], Any]:
+        # One trip to a worker thread: splitting, decoding and parsing are CPU work that
+        # must stay off the event loop, and the puts fsync.
+        wire = _wire(exchange, max_body_bytes, content_type=content_type)
+        exchange.close()
+        refs = _put_each(artifacts, wire.items)
+        usable = wire.extra.get("content_problem") is None
+        parsed = (parse(content_type or "", wire.content)  # type: ignore[misc]
+                  if ok and usable and wire.content else None)
+        return wire, refs, parsed
+
+    wire, refs, parsed = await anyio.to_thread.run_sync(store)
+    if cut and wire.split.complete and len(wire.split.body) <= max_body_bytes:
+        # The last read brought the body's end and bytes after it past the cap: whole.
+        outcome, error, cut = "response", None, False
+    extra = dict(wire.extra)
+    problem = extra.pop("content_problem", None)
+    if problem is not None and error is None:
+        error = f"content: {problem}"
+    attempt = FetchAttempt(
+        **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
+        http_status=response.status_code, **dict(zip(wire.fields, refs, strict=True)),
+        body_truncated=cut or outcome != "response", content_type=content_type,
+        error=error, **extra)
+    return FetchResult(attempt, response.status_code, response.headers, wire.content, elapsed,
+                       wire.split.head, wire.body, parsed)
+
+
+async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: str,
+                  exchange: Exchange, t0: float, cap: int) -> FetchResult:
+    """No response the client accepted: whatever was written and read is still stored."""
+    elapsed = time.monotonic() - t0
+    exchange.surplus()  # settled on the loop, before the thread drops the bytes
+
+    def store() -> tuple[_Wire, list[ArtifactRef]]:
+        wire = _wire(exchange, cap, content_type=None)
+        exchange.close()
+        return wire, _put_each(artifacts, wire.items)  # before the attempt names them
+
+    wire, refs = await anyio.to_thread.run_sync(store)
+    named = dict(zip(wire.fields, refs, strict=True))
+    extra = {k: v for k, v in wire.extra.items() if k != "content_problem"}
+    if named.get("body") is None:  # no whole head: nothing was derived from it
+        extra = {"capture": "wire"}
+    attempt = FetchAttempt(**common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
+                           error=error[:2000], body_truncated="body" in named,
+                           **named, **extra)
+    return FetchResult(attempt, None, None, b"", elapsed, wire.split.head, wire.body)
+
+
+def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - now).total_seconds())

@@ -1,0 +1,314 @@
+"""One claimed page, from request to evidence: what a crawl worker does with a URL.
+
+    effects = await PageWorker(config=..., submit=writer.submit_group, ...).page(order)
+
+The scheduler decides *whether* a URL is requested (claims, politeness, robots.txt, an
+incremental session's baseline); a ``PageWorker`` does the rest: it fetches (payloads
+durable before the attempt that names them), extracts links in a thread, judges the page
+by the session's rules, and submits the page's attempt, links and settlement as one group
+through ``submit``, so a page is never done without its links. ``submit`` is the writer in
+a single-process crawl, or the writer service's client in a worker process
+(``evidence crawl --processes N``): the same code either way.
+
+What the scheduler must learn back (a retry to queue, a host backoff, whether new links
+were queued) returns as ``PageEffects``, a plain struct that crosses a process boundary as
+msgpack. A 304 on a baseline document is not settled here: the attempt goes back to the
+scheduler, which owns the baseline.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import re
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import httpx
+import msgspec
+
+from .._errors import EvidenceError, URLError
+from .._model.acks import Ack
+from .._model.messages import (
+    Discovery,
+    FetchAttempt,
+    FrontierUpdate,
+    HostUpdate,
+    Message,
+    ObservedRef,
+    QueuedUrl,
+    SettledUrl,
+    new_id,
+    utc_now,
+)
+from .._model.text import charset_param
+from .._model.urls import normalize_url, resolve_reference, url_host
+from .._store.artifacts import ArtifactStore
+from .crawlrender import RenderScope
+from .fetch import FetchResult, fetch, parse_retry_after
+from .frontier import CrawlConfig, Scope
+from .links import extract_links
+from .rules import RuleSet, evaluate_page
+
+__all__ = ["PageEffects", "PageOrder", "PageWorker"]
+
+log = logging.getLogger("evidence.crawl")
+
+Submit = Callable[[Sequence[Message]], Awaitable[list[Ack]]]
+
+
+class PageOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """A claimed URL a worker may request now."""
+
+    url: str
+    depth: int
+    attempts: int  # claims before this one: the request is attempt ``attempts + 1``
+    via: str
+    headers: dict[str, str] = {}  # conditional request headers from the baseline
+    baseline: bool = False  # the URL has a baseline document: a 304 goes back unsettled
+
+
+class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler learns from a page its worker settled."""
+
+    requested: int = 0  # HTTP requests made
+    retry_in: float | None = None  # requeued: claim it again after this many seconds
+    backoff: float | None = None  # the host backs off for this many seconds
+    queued_links: bool = False  # URLs were queued that the scheduler has not read yet
+    sitemaps: list[str] = []  # fetch keys of sitemaps a sitemap index listed
+    unchanged: FetchAttempt | None = None  # a 304 on a baseline document, not committed
+    problem: str | None = None  # a failed fetch or a backoff, in words, for the operator
+    # A page to render (``evidence._crawlrender``): committed, links and all, but left in
+    # flight; the crawl process renders it and settles it with the render.
+    render: FetchAttempt | None = None
+
+
+class PageWorker:
+    """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
+
+    def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
+                 artifacts: ArtifactStore, client: httpx.AsyncClient, submit: Submit,
+                 deadline: float | None = None) -> None:
+        self.config = config
+        self.scope = Scope(config)
+        self.rules = RuleSet.from_record(config.rules) if config.rules else None
+        self.render_scope = RenderScope(config)
+        self.session_id = session_id
+        self.run_id = run_id
+        self.artifacts = artifacts
+        self.client = client
+        self.deadline = deadline  # seconds one fetch may take in all (connect, head, body)
+        self._submit = submit
+
+    # --- shared with the scheduler -----------------------------------------------------
+
+    async def commit(self, messages: Sequence[Message]) -> None:
+        acks = await self._submit(messages)
+        bad = [a for a in acks if a.status not in ("committed", "duplicate")]
+        if bad:
+            raise EvidenceError(f"the store refused crawl state: {bad[0].reason}",
+                                message_id=bad[0].message_id)
+
+    def update(self, **changes: list) -> FrontierUpdate:
+        return FrontierUpdate(message_id=new_id("m-"), session_id=self.session_id,
+                              run_id=self.run_id, at=utc_now(), **changes)
+
+    def skip(self, url: str, depth: int) -> str | None:
+        try:
+            return self.scope.reason_to_skip(url, depth)
+        except URLError as exc:
+            return f"invalid URL: {exc}"
+
+    async def fetch(self, url: str, sequence: int,
+                    headers: dict[str, str] | None = None) -> FetchResult:
+        return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
+                           sequence=sequence, user_agent=self.config.user_agent,
+                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers,
+                           parse=functools.partial(_page_links, url), deadline=self.deadline)
+
+    # --- one page ----------------------------------------------------------------------
+
+    async def page(self, order: PageOrder) -> PageEffects:
+        """Request the page once and settle it (or hand back a baseline 304)."""
+        result = await self.fetch(order.url, order.attempts + 1, order.headers or None)
+        if result.status == 304 and order.baseline:
+            return PageEffects(requested=1, unchanged=result.attempt)
+        effects = await self.settle(order, result)
+        return msgspec.structs.replace(effects, requested=1)
+
+    async def settle(self, order: PageOrder, result: FetchResult) -> PageEffects:
+        attempt, status = result.attempt, result.status
+        messages: list[Message] = [attempt]
+        if self.rules is not None and attempt.response_headers is not None:
+            document = attempt.content or attempt.body  # the content: what rules read
+            messages += await anyio.to_thread.run_sync(functools.partial(
+                evaluate_page, self.rules.response, url=attempt.url,
+                attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
+                body_bytes=result.body if document is not None else None,
+                headers_ref=attempt.response_headers, body_ref=document,
+                elapsed_ms=attempt.elapsed_ms,
+                body_truncated=attempt.body_truncated or attempt.content_truncated,
+                decoded=True, content_coding=attempt.content_coding))
+        # A timeout or a broken connection is transient even after the head came (the body
+        # is incomplete): retried like a 5xx, never settled as done on a partial body.
+        transient = attempt.outcome in ("timeout", "network_error")
+        if transient or status is None or status in (429, 503) or status >= 500:
+            retry_after = None
+            if status in (429, 503) and result.headers is not None:
+                retry_after = parse_retry_after(result.headers.get("retry-after"), utc_now())
+            what = (f"{attempt.outcome.replace('_', ' ')} ({(attempt.error or '')[:300]})"
+                    if transient else f"HTTP {status}")
+            return await self.retry(order, messages, what, backoff=retry_after)
+        queued: list[QueuedUrl] = []
+        refs: list[ObservedRef] = []
+        sitemaps: list[str] = []
+        truncated = False
+        source = attempt.content or attempt.body  # links are found in the content
+        if 300 <= status < 400 and result.headers.get("location"):
+            location = result.headers["location"]
+            source = attempt.response_headers
+            try:
+                target = resolve_reference(order.url, location)
+                refs.append(ObservedRef(observed=location, url=target, position=0,
+                                        tag="http", attr="location", edge_kind="redirect"))
+                queued.append(QueuedUrl(url=target, depth=order.depth, via="redirect",
+                                        source_attempt_id=attempt.attempt_id,
+                                        skip=self.skip(target, order.depth)))
+            except URLError as exc:
+                log.info("redirect from %s to an unusable location: %s", order.url, exc)
+        elif 200 <= status < 300 and result.parsed is not None:
+            # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
+            # the event loop, so a page that is slow to tokenize never stalls the others).
+            refs, truncated, sitemaps = result.parsed
+            truncated = truncated or attempt.body_truncated or attempt.content_truncated
+            for ref in refs:
+                via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
+                depth = order.depth if via == "sitemap" else order.depth + 1
+                queued.append(QueuedUrl(url=ref.url, depth=depth, via=via,
+                                        source_attempt_id=attempt.attempt_id,
+                                        skip=self.skip(ref.url, depth)))
+            queued = dedup(queued)
+        if refs and source is not None:
+            messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
+                                      source_attempt_id=attempt.attempt_id,
+                                      source_artifact=source, refs=refs, truncated=truncated))
+        render = attempt if self.render_scope.wants(attempt) else None
+        settled = [] if render is not None else [SettledUrl(  # settled with its render
+            url=order.url, state="done", reason=f"HTTP {status}")]
+        messages.append(self.update(queued=queued, settled=settled))
+        await self.commit(messages)
+        return PageEffects(queued_links=any(q.skip is None for q in queued),
+                           sitemaps=sitemaps, render=render)
+
+    async def retry(self, order: PageOrder, messages: list[Message], what: str, *,
+                    backoff: float | None) -> PageEffects:
+        """A transient failure: requeue with a delay, or fail once attempts are used up."""
+        attempts = order.attempts + 1
+        now = utc_now()
+        if backoff is not None:
+            messages = [*messages, HostUpdate(
+                message_id=new_id("m-"), run_id=self.run_id, host=url_host(order.url),
+                backoff_until=now + dt.timedelta(seconds=backoff),
+                reason=f"{what}: back off {backoff:g} s")]
+        if attempts >= self.config.max_attempts:
+            settled = SettledUrl(url=order.url, state="failed",
+                                 reason=f"{what} on attempt {attempts} of "
+                                 f"{self.config.max_attempts}: attempts exhausted")
+            await self.commit([*messages, self.update(settled=[settled])])
+            return PageEffects(backoff=backoff, problem=_problem(
+                order.url, f"{settled.reason}; failed", backoff))
+        wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
+        settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
+                             f"{attempts + 1} of {self.config.max_attempts}",
+                             not_before=now + dt.timedelta(seconds=wait))
+        await self.commit([*messages, self.update(settled=[settled])])
+        return PageEffects(backoff=backoff, retry_in=wait, problem=_problem(
+            order.url, f"{what}: retry {attempts + 1} of {self.config.max_attempts} in "
+            f"{wait:g} s", backoff))
+
+
+def _problem(url: str, what: str, backoff: float | None) -> str:
+    """A failed fetch in words, e.g. for the crawl's log and progress line."""
+    text = f"{url}: {what}"
+    if backoff is not None:
+        text += f"; host {url_host(url)} backs off {backoff:g} s"
+    return text
+
+
+def _page_links(url: str, content_type: str,
+                body: bytes) -> tuple[list[ObservedRef], bool, list[str]]:
+    """The page's references (bounded), whether they were cut, and sitemap fetch keys."""
+    content_type = content_type.lower()
+    sitemaps: list[str] = []
+    if "xml" in content_type and _SITEMAP_ROOT.search(body[:4096]):
+        refs, truncated = _sitemap_refs(url, body)
+        # Sitemaps listed by a sitemap index are sitemaps too: always fetched.
+        sitemaps = [normalize_url(r.url) for r in refs if r.tag == "sitemap"]
+    elif "html" in content_type:
+        extraction = extract_links(body, url, encoding=charset_param(content_type))
+        refs, truncated = extraction.refs, extraction.truncated
+    else:
+        return [], False, []
+    refs, truncated = _bounded(refs, truncated)
+    return refs, truncated, sitemaps
+
+
+_SITEMAP_ROOT = re.compile(rb"<(urlset|sitemapindex)[\s>]", re.IGNORECASE)
+_SITEMAP_URL = re.compile(rb"<(url|sitemap)>(.{0,20000}?)</\1>", re.IGNORECASE | re.DOTALL)
+_SITEMAP_FIELD = re.compile(rb"<(loc|lastmod|changefreq)>\s*([^<]{1,8192}?)\s*</\1>",
+                            re.IGNORECASE)
+_SITEMAP_MAX = 50_000  # the sitemaps.org limit of URLs per file
+
+
+def _sitemap_refs(url: str, body: bytes) -> tuple[list[ObservedRef], bool]:
+    """<url> entries of a sitemap (or <sitemap> entries of an index, tag "sitemap"): the
+    location, with lastmod and changefreq kept in ``rel`` (the recrawl eligibility of
+    incremental sessions reads them from there)."""
+    refs: list[ObservedRef] = []
+    entries = _SITEMAP_URL.findall(body[:50 * 1024 * 1024])
+    for position, (kind, entry) in enumerate(entries[:_SITEMAP_MAX]):
+        fields = {k.lower().decode(): v.decode("utf-8", "replace").strip()
+                  for k, v in _SITEMAP_FIELD.findall(entry)}
+        if "loc" not in fields:
+            continue
+        try:
+            target = resolve_reference(url, fields["loc"])
+        except URLError:
+            continue
+        rel = " ".join(f"{k}={fields[k]}" for k in ("lastmod", "changefreq")
+                       if k in fields and " " not in fields[k])
+        refs.append(ObservedRef(observed=fields["loc"], url=target, position=position,
+                                tag=kind.decode().lower(), attr="loc", rel=rel,
+                                edge_kind="sitemap"))
+    return refs, len(entries) > _SITEMAP_MAX
+
+
+# A page's links travel in one Discovery and one FrontierUpdate, each under the writer's
+# 4 MiB message limit: past this many bytes of references the rest are dropped and the
+# discovery is recorded as truncated (never a failed page).
+_MAX_REF_BYTES = 1536 * 1024
+
+
+def _bounded(refs: list[ObservedRef], truncated: bool) -> tuple[list[ObservedRef], bool]:
+    size = 0
+    for i, ref in enumerate(refs):
+        size += len(ref.observed) + len(ref.url) + len(ref.rel) + len(ref.tag) + 64
+        if size > _MAX_REF_BYTES:
+            return refs[:i], True
+    return refs, truncated
+
+
+def dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:
+    """One entry per fetch key (the first), so a page linking twice queues once."""
+    seen: set[str] = set()
+    out = []
+    for q in queued:
+        try:
+            key = normalize_url(q.url)
+        except URLError:
+            continue
+        if key not in seen:
+            seen.add(key)
+            out.append(q)
+    return out

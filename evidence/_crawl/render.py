@@ -1,0 +1,326 @@
+"""Rendering a stored capture in headless Chromium, as evidence.
+
+    async with Renderer(artifacts=..., client=..., run_id=..., options=RenderOptions()) as r:
+        rendered = await r.render(source)     # a Rendered: messages and the DOM's links
+
+A render gives the browser the stored response of one attempt (``SourceCapture``) through
+a recording proxy of its own (``_renderproxy``), lets the page run, and records:
+
+- every request the browser made, each a ``FetchAttempt`` with its wire bytes, naming the
+  render (``render_id``), with a sequence number unique in the run (``RENDER_SEQUENCE``
+  plus the request's ordinal among the run's browser requests);
+- the DOM once it settled (namespace ``dom``, UTF-8), a full-page PNG screenshot
+  (``screenshot``), optionally MHTML (``mhtml``), the title and the final URL;
+- a ``Render`` message with the outcome: ``rendered``, ``timeout``, ``crashed`` (the
+  page's renderer or the browser died) or ``error`` (the browser refused the page).
+
+The settle rule. After the load event, the page is settled once, for ``quiet`` seconds
+(0.5), no request has been in flight through the proxy and the serialized DOM has not
+changed (it is sampled every 100 ms); at the latest ``settle_max`` seconds (10) after the
+load event (``settle = "deadline"``). The DOM is serialized then, and the screenshot taken.
+
+One browser serves every render of a crawl (``tabs`` pages at a time, each in a browser
+context of its own: no cookies or cache shared). A browser that dies or stops answering is
+killed and started again for the next render; the render it was doing is ``crashed`` or
+``timeout``. The caller bounds retries (``--max-attempts``, docs/replay.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import httpx
+
+from .._errors import BrowserError
+from .._model.messages import FetchAttempt, ObservedRef, Render, new_id, utc_now
+from .._model.refs import ArtifactRef
+from .._store.artifacts import ArtifactStore
+from .cdp import Browser, Page
+from .fetch import FetchResult, fetch
+from .links import extract_links
+from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
+from .rendertls import RenderTLS
+
+__all__ = ["RENDER_SEQUENCE", "RenderOptions", "Rendered", "Renderer", "SourceCapture"]
+
+#: Browser requests are numbered from here in their run: above any crawler sequence
+#: (claims count from 1), so the run's (url, sequence) pairs never collide.
+RENDER_SEQUENCE = 1 << 40
+DOM_NS = "dom"
+SCREENSHOT_NS = "screenshot"
+MHTML_NS = "mhtml"
+_SAMPLE = 0.1  # seconds between DOM samples while settling
+_SERIALIZE = ("(document.doctype ? new XMLSerializer().serializeToString(document.doctype)"
+              " + '\\n' : '') + document.documentElement.outerHTML")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderOptions:
+    """How pages are rendered. Recorded in each ``Render`` message where it matters."""
+
+    executable: str | None = None  # the browser (default: chromium on PATH)
+    timeout: float = 30.0  # one render, from navigation to screenshot
+    quiet: float = 0.5  # the settle rule's quiet period, seconds
+    settle_max: float = 10.0  # the settle rule's deadline after the load event
+    viewport: tuple[int, int] = (1280, 800)
+    max_screenshot_height: int = 16384  # pixels; a taller page is cut (recorded)
+    mhtml: bool = False
+    tabs: int = 2  # pages rendered at once
+
+
+@dataclass
+class Rendered:
+    """One render's evidence: ``render`` first, then ``attempts``, in one writer group."""
+
+    render: Render
+    attempts: list[FetchAttempt]
+    dom: bytes | None = None
+    refs: list[ObservedRef] = field(default_factory=list)
+    refs_truncated: bool = False
+
+
+class Renderer:
+    """Renders stored captures of one run in one shared browser. Use ``async with``."""
+
+    def __init__(self, *, artifacts: ArtifactStore, client: httpx.AsyncClient, run_id: str,
+                 user_agent: str, max_body_bytes: int,
+                 options: RenderOptions | None = None) -> None:
+        self.artifacts = artifacts
+        self.client = client
+        self.run_id = run_id
+        self.user_agent = user_agent
+        self.max_body_bytes = max_body_bytes
+        self.options = options or RenderOptions()
+        self._sequence = itertools.count(RENDER_SEQUENCE)
+        self._browser: Browser | None = None
+        self._browser_lock = anyio.Lock()
+        self._tabs = anyio.Semaphore(self.options.tabs)
+        self._tls = RenderTLS()  # the browser's HTTPS goes through the proxy too
+        self._tg: anyio.abc.TaskGroup
+        self.starts = 0  # browsers started (a restart after a crash counts)
+
+    async def __aenter__(self) -> Renderer:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._close_browser()
+        await self._tg.__aexit__(None, None, None)
+        self._tls.close()
+
+    async def _close_browser(self) -> None:
+        browser, self._browser = self._browser, None
+        if browser is not None:
+            await browser.close()
+
+    async def browser(self) -> Browser:
+        """The shared browser, started (again) if there is none or it died."""
+        async with self._browser_lock:
+            if self._browser is not None and self._browser.gone:
+                await self._close_browser()
+            if self._browser is None:
+                browser = Browser(executable=self.options.executable,
+                                  user_agent=self.user_agent, timeout=self.options.timeout,
+                                  extra_flags=self._tls.browser_flags())
+                await browser.start(self._tg)
+                self._browser = browser
+                self.starts += 1
+            return self._browser
+
+    async def render(self, source: SourceCapture) -> Rendered:
+        """Render one stored capture; never raises for what the page or browser did (that
+        is the outcome), only for a browser that cannot be started at all."""
+        async with self._tabs:
+            browser = await self.browser()
+            return await self._render(browser, source)
+
+    async def _render(self, browser: Browser, source: SourceCapture) -> Rendered:
+        render_id = new_id("r-")
+        started_at, t0 = utc_now(), time.monotonic()
+        width, height = self.options.viewport
+        proxy = RecordingProxy(source=source, max_body_bytes=self.max_body_bytes,
+                               forward=lambda request: self._forward(render_id, request),
+                               tls=self._tls)
+        captured = _Captured()
+        async with anyio.create_task_group() as tg:
+            await tg.start(proxy.serve)
+            with anyio.move_on_after(self.options.timeout) as deadline:
+                try:
+                    async with browser.page(proxy=f"http://127.0.0.1:{proxy.port}") as page:
+                        await self._capture(page, source, captured, proxy)
+                except BrowserError as exc:
+                    captured.fail("crashed" if exc.gone or browser.gone else "error", str(exc))
+            if deadline.cancelled_caught:
+                captured.fail("timeout", f"no result within {self.options.timeout:g} s "
+                              f"(while {captured.step})")
+                await self._check_alive(browser)
+            with anyio.move_on_after(max(1.0, self.options.timeout / 2)) as drain:
+                await proxy.wait_idle()  # requests made are recorded, not dropped
+            if drain.cancelled_caught:
+                proxy.not_recorded.append(f"{proxy.in_flight} request(s) still in flight "
+                                          "when the render ended were cancelled")
+            tg.cancel_scope.cancel()
+        stored = await anyio.to_thread.run_sync(self._store, captured, source.url)
+        attempts = [r.attempt for r in proxy.results]
+        render = Render(
+            message_id=new_id("m-"), render_id=render_id, run_id=self.run_id,
+            source_attempt_id=source.attempt_id, url=source.url, started_at=started_at,
+            elapsed_ms=round((time.monotonic() - t0) * 1000, 3), outcome=captured.outcome,
+            error=captured.error, browser=browser.version, viewport_width=width,
+            viewport_height=height, settle=captured.settle, final_url=captured.final_url,
+            title=captured.title[:65536], dom=stored.dom, screenshot=stored.screenshot,
+            screenshot_truncated=captured.screenshot_truncated, mhtml=stored.mhtml,
+            requests=len(attempts), not_recorded=[t[:2000] for t in proxy.not_recorded[:1000]])
+        return Rendered(render, attempts, captured.dom, stored.refs, stored.refs_truncated)
+
+    async def _forward(self, render_id: str, request: BrowserRequest) -> FetchResult:
+        return await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
+                           sequence=next(self._sequence), user_agent=self.user_agent,
+                           max_body_bytes=self.max_body_bytes, extra_headers=request.headers,
+                           method=request.method, content=request.body, render_id=render_id)
+
+    async def _check_alive(self, browser: Browser) -> None:
+        """After a timeout: a browser that does not answer at once is hung; kill it."""
+        if browser.gone:
+            return
+        with contextlib.suppress(BrowserError):
+            await browser.send("Browser.getVersion", timeout=5.0)
+            return
+        browser.kill()
+
+    async def _capture(self, page: Page, source: SourceCapture, out: _Captured,
+                       proxy: RecordingProxy) -> None:
+        width, height = self.options.viewport
+        out.step = "opening the page"
+        await page.send("Page.enable")
+        await page.send("Inspector.enable")
+        await page.send("Emulation.setDeviceMetricsOverride", {
+            "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        out.step = "loading"
+        navigated = await page.send("Page.navigate", {"url": source.url})
+        if navigated.get("errorText"):
+            out.fail("error", f"navigation failed: {navigated['errorText']}")
+            return
+        if not await _wait_for(page, "Page.loadEventFired", out):
+            return
+        out.step = "settling"
+        out.settle = await self._settle(page, out, proxy)
+        if out.outcome != "rendered":
+            return
+        out.step = "serializing"
+        out.title = str(await page.evaluate("document.title") or "")
+        out.final_url = str(await page.evaluate("location.href") or "") or None
+        dom = await page.evaluate(_SERIALIZE)
+        out.dom = str(dom).encode("utf-8", "surrogatepass")
+        out.step = "taking the screenshot"
+        metrics = await page.send("Page.getLayoutMetrics")
+        size = metrics.get("cssContentSize") or metrics.get("contentSize") or {}
+        full_width = max(1, min(int(size.get("width", width)), 4 * width))
+        full_height = max(1, int(size.get("height", height)))
+        if full_height > self.options.max_screenshot_height:
+            full_height, out.screenshot_truncated = self.options.max_screenshot_height, True
+        shot = await page.send("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True, "fromSurface": True,
+            "clip": {"x": 0, "y": 0, "width": full_width, "height": full_height,
+                     "scale": 1}})
+        out.screenshot = base64.b64decode(shot["data"])
+        if self.options.mhtml:
+            out.step = "saving MHTML"
+            snapshot = await page.send("Page.captureSnapshot", {"format": "mhtml"})
+            out.mhtml = str(snapshot["data"]).encode("utf-8", "surrogatepass")
+
+    async def _settle(self, page: Page, out: _Captured, proxy: RecordingProxy) -> str | None:
+        """The settle rule (module docstring): 'quiet', or 'deadline'."""
+        quiet = self.options.quiet
+        end = time.monotonic() + self.options.settle_max
+        last_digest, stable_since = b"", time.monotonic()
+        while True:
+            dom = await page.evaluate(_SERIALIZE)
+            digest = hashlib.sha256(str(dom).encode("utf-8", "surrogatepass")).digest()
+            now = time.monotonic()
+            if digest != last_digest:
+                last_digest, stable_since = digest, now
+            network_quiet = proxy.in_flight == 0 and now - proxy.last_activity >= quiet
+            if network_quiet and now - stable_since >= quiet:
+                return "quiet"
+            if now >= end:
+                return "deadline"
+            if _crashed(page, out):
+                return None
+            await anyio.sleep(_SAMPLE)
+
+    def _store(self, captured: _Captured, url: str) -> _Stored:
+        """Put the artifacts (durable before the message names them); find the DOM's links."""
+        stored = _Stored()
+        if captured.dom is not None:
+            stored.dom = self.artifacts.put(DOM_NS, captured.dom)
+            extraction = extract_links(captured.dom, captured.final_url or url,
+                                       encoding="utf-8")
+            stored.refs, stored.refs_truncated = extraction.refs, extraction.truncated
+        if captured.screenshot is not None:
+            stored.screenshot = self.artifacts.put(SCREENSHOT_NS, captured.screenshot)
+        if captured.mhtml is not None:
+            stored.mhtml = self.artifacts.put(MHTML_NS, captured.mhtml)
+        return stored
+
+
+@dataclass
+class _Captured:
+    outcome: str = "rendered"
+    error: str | None = None
+    step: str = "starting"
+    settle: str | None = None
+    title: str = ""
+    final_url: str | None = None
+    dom: bytes | None = None
+    screenshot: bytes | None = None
+    screenshot_truncated: bool = False
+    mhtml: bytes | None = None
+
+    def fail(self, outcome: str, error: str) -> None:
+        if self.outcome == "rendered":  # the first failure is the one that counts
+            self.outcome, self.error = outcome, error[:2000]
+            self.dom = self.screenshot = self.mhtml = None
+
+
+@dataclass
+class _Stored:
+    dom: ArtifactRef | None = None
+    screenshot: ArtifactRef | None = None
+    mhtml: ArtifactRef | None = None
+    refs: list[ObservedRef] = field(default_factory=list)
+    refs_truncated: bool = False
+
+
+def _crashed(page: Page, out: _Captured) -> bool:
+    """Drain the page's events; a renderer crash fails the render."""
+    while True:
+        try:
+            event = page.events.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return out.outcome != "rendered"
+        if event.get("method") == "Inspector.targetCrashed":
+            out.fail("crashed", "the page's renderer process crashed")
+            return True
+
+
+async def _wait_for(page: Page, name: str, out: _Captured) -> bool:
+    """Until the event ``name``; False if the page crashed or its session ended first."""
+    async for event in page.events:
+        method = event.get("method")
+        if method == name:
+            return True
+        if method == "Inspector.targetCrashed":
+            out.fail("crashed", "the page's renderer process crashed")
+            return False
+    out.fail("crashed", "the page's DevTools session ended (the browser died)")
+    return False

@@ -1,0 +1,946 @@
+"""Compliance rules: a TOML file of named, versioned rules, and their verdicts as evidence.
+
+This module owns the rules file format (strict validation, errors naming the rule and the
+field), the *rule input* of a page and its hash, judging one page (``evaluate_page``, pure:
+bytes in, ``RuleEvaluated`` messages out) and judging stored captures again without
+refetching (``evaluate_stored``, through the writer). docs/rules.md is the long form.
+
+Invariants:
+
+- A rule reads only its declared inputs: the response head artifact and the URL (every
+  rule: applicability reads the status line and Content-Type), plus the document, the
+  attempt's content (``selector``, ``link``, body ``regex``), or the attempt's
+  ``elapsed_ms`` (``max_response_time``). Text is decoded by ``evidence._model.text``, the
+  decoder links use too. ``input_hash`` is BLAKE3 over the canonical JSON description
+  of exactly those inputs (``input_description``), so it can be computed from the
+  database alone, before any byte is read, and anyone can recompute it from the row's
+  ``details["input"]``.
+- Bytes handed to ``evaluate_page`` must hash to the refs given with them; a mismatch
+  raises instead of recording a verdict on other bytes than the hash names.
+- A verdict and its ``details`` are a function of (rule definition, input) only: no
+  clock, no randomness. So re-judging the same rule version on the same input restates
+  recorded evidence (the writer acks it ``duplicate``) and a different answer is a
+  ``conflict``, quarantined and reported, never an overwrite.
+- ``details`` (its human ``reason`` included) is part of the verdict, so its wording is
+  frozen with ``INPUT_FORMAT``: to change what a check writes, change the format, which
+  gives every input a new hash (new rows), never a conflict with recorded ones.
+- ``details["rule_hash"]`` pins the definition a verdict came from. ``check_rules``
+  refuses a rule whose id and version were recorded with another definition: edit a
+  rule, bump its version.
+- Which attempts are pages: for every (run, URL), the run's current attempt
+  (``url_current``), if it got an HTTP response. Superseded attempts (a 500 that was
+  retried) are not judged by ``evaluate_stored``, and the report ignores them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tomllib
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+import anyio
+import apsw
+import blake3
+import msgspec
+from selectolax.lexbor import LexborHTMLParser, SelectolaxError
+
+from .._errors import (
+    ArtifactCorruptError,
+    ArtifactMissingError,
+    NotFoundError,
+    RulesError,
+)
+from .._errors import URLError as _URLError
+from .._model.http1 import parse_head
+from .._model.messages import RuleEvaluated, new_id, utc_now
+from .._model.refs import ArtifactRef
+from .._model.text import Sniffed, decode_document
+from .._model.urls import resolve_reference
+from .._store.runlock import crawl_lock
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from .._store.db import Store
+
+__all__ = [
+    "INPUT_FORMAT",
+    "RULE_TYPES",
+    "AppliesTo",
+    "EvaluationSummary",
+    "Rule",
+    "RuleSet",
+    "RulesError",
+    "check_rules",
+    "evaluate_page",
+    "evaluate_stored",
+    "input_description",
+    "input_hash",
+    "load_rules",
+    "parse_rules",
+]
+
+log = logging.getLogger("evidence.rules")
+
+#: Names how inputs are described and read (body decoding included). Part of every hash:
+#: a change to either is a new format, so old and new verdicts can never collide.
+#: 2: the document is the attempt's content (wire capture), its text decoded as a browser
+#: does (``evidence._model.text``: default windows-1252, WHATWG labels), heads read as h11 reads
+#: them (bare LF, obs-fold), and a text-reading verdict names the encoding it read.
+INPUT_FORMAT = "evidence-rule-input/2"
+RULE_TYPES = ("selector", "regex", "header", "max_response_time", "link")
+#: Decompressed bodies larger than this are not judged (verdict ``error``): a gzip bomb.
+MAX_DECODED_BYTES = 32 * 1024 * 1024
+_SNIPPET = 200
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+_TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+_MEDIA_RE = re.compile(r"[a-z0-9!#$&^_.+-]+/(\*|[a-z0-9!#$&^_.+-]+)")
+_STATUS_CLASS_RE = re.compile(r"[1-5]xx")
+_json = msgspec.json.Encoder(order="sorted")
+
+Verdict = Literal["pass", "fail", "error", "not_applicable"]
+
+
+# --- the rules file ----------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class AppliesTo:
+    """Which pages a rule judges; the others get ``not_applicable``."""
+
+    url: str | None = None  # a regular expression searched in the URL as requested
+    content_type: tuple[str, ...] = ()  # media types, "type/*" allowed; () means any
+    status: tuple[int | str, ...] = ("2xx",)  # codes, "Nxx" classes or "any"
+
+    def record(self) -> dict[str, Any]:
+        return {"url": self.url, "content_type": list(self.content_type),
+                "status": list(self.status)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """One validated rule. ``params`` are its type's fields, with defaults filled in."""
+
+    id: str
+    version: str
+    type: str
+    description: str = ""
+    applies_to: AppliesTo = field(default_factory=AppliesTo)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    definition_hash: str = ""
+    # "response": the document as the server sent it; "rendered": the DOM a browser
+    # rendered from it (docs/replay.md), for body rules of a crawl with --render.
+    input: str = "response"
+    _compiled: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def reads_rendered(self) -> bool:
+        return self.input == "rendered"
+
+    @property
+    def reads_body(self) -> bool:
+        return self.type in ("selector", "link") or (
+            self.type == "regex" and self.params["header"] is None)
+
+    @property
+    def reads_elapsed(self) -> bool:
+        return self.type == "max_response_time"
+
+    def record(self) -> dict[str, Any]:
+        """The definition as a rules-file table (``RuleSet.from_record`` reads it back)."""
+        rendered = {"input": self.input} if self.reads_rendered else {}
+        return {"id": self.id, "version": self.version, "type": self.type,
+                "description": self.description, "applies_to": self.applies_to.record(),
+                **rendered, **self.params}
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules of one file, in file order. Iterable; ``as_record`` is JSON-ready."""
+
+    rules: tuple[Rule, ...]
+    source: str = "<rules>"
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    @property
+    def response(self) -> tuple[Rule, ...]:
+        """The rules that read the response (judged when a page is fetched)."""
+        return tuple(r for r in self.rules if not r.reads_rendered)
+
+    @property
+    def rendered(self) -> tuple[Rule, ...]:
+        """The rules that read a rendered DOM (judged with the page's render)."""
+        return tuple(r for r in self.rules if r.reads_rendered)
+
+    def as_record(self) -> list[dict[str, Any]]:
+        """Every definition in full, with its hash: what a crawl session should record."""
+        return [r.record() | {"definition_hash": r.definition_hash} for r in self.rules]
+
+    @classmethod
+    def from_record(cls, records: Sequence[Mapping[str, Any]],
+                    source: str = "<recorded rules>") -> RuleSet:
+        tables = [{k: v for k, v in r.items() if k != "definition_hash" and v is not None}
+                  for r in records]
+        for table in tables:
+            if isinstance(table.get("applies_to"), Mapping):
+                table["applies_to"] = {k: v for k, v in table["applies_to"].items()
+                                       if v is not None}
+        rules = _parse_tables(tables, source)
+        for rule, record in zip(rules, records, strict=True):
+            recorded = record.get("definition_hash")
+            if recorded is not None and recorded != rule.definition_hash:
+                raise RulesError(
+                    f"{source}: rule {rule.id!r} version {rule.version!r} was recorded with "
+                    f"hash {recorded}; its definition now hashes to {rule.definition_hash}",
+                    path=source, rule=rule.id, field="definition_hash",
+                    hint="the recorded rules were edited, or this version of evidence reads "
+                    "them differently")
+        return rules
+
+
+def load_rules(path: str | Path) -> RuleSet:
+    """Read and validate a rules file; any defect is a ``RulesError`` naming rule and field."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RulesError(f"cannot read rules file {path}: {exc.strerror}", path=str(path),
+                         hint="check the path given to --rules") from None
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})",
+                         path=str(path), hint="save the rules file as UTF-8") from None
+    return parse_rules(text, source=str(path))
+
+
+def parse_rules(text: str, *, source: str = "<rules>") -> RuleSet:
+    """Validate rules given as TOML text (``source`` names them in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RulesError(f"{source}: not valid TOML: {exc}", path=source,
+                         hint="fix the syntax at the line and column given") from None
+    unknown = sorted(set(data) - {"rule"})
+    if unknown:
+        raise RulesError(f"{source}: unknown top-level key {unknown[0]!r}", path=source,
+                         field=unknown[0], hint="each rule is a [[rule]] table")
+    tables = data.get("rule")
+    if not isinstance(tables, list) or not tables:
+        raise RulesError(f"{source}: defines no rules", path=source,
+                         hint="add at least one [[rule]] table with id, version and type")
+    return _parse_tables(tables, source)
+
+
+def _parse_tables(tables: Sequence[Any], source: str) -> RuleSet:
+    rules: list[Rule] = []
+    seen: set[tuple[str, str]] = set()
+    for number, table in enumerate(tables, 1):
+        rule = _Parser(table, number, source).rule()
+        if (rule.id, rule.version) in seen:
+            raise RulesError(f"{source}: rule {rule.id!r} (#{number}): version "
+                             f"{rule.version!r} is defined twice", path=source, rule=rule.id,
+                             field="version", hint="give each definition its own version")
+        seen.add((rule.id, rule.version))
+        rules.append(rule)
+    return RuleSet(tuple(rules), source)
+
+
+_TYPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "selector": ("selector", "expect"),
+    "regex": ("pattern", "header", "expect"),
+    "header": ("name",),
+    "max_response_time": ("max_ms",),
+    "link": ("url", "text", "expect"),
+}
+_COMMON = ("id", "version", "type", "description", "applies_to", "input")
+
+
+class _Parser:
+    """Validates one [[rule]] table; every error names the rule and the field."""
+
+    def __init__(self, table: Any, number: int, source: str) -> None:
+        self.source, self.number = source, number
+        self.name = f"rule #{number}"
+        self.rule_id: str | None = None
+        if not isinstance(table, Mapping):
+            self.fail(None, "not a table", "write each rule as a [[rule]] table")
+        self.table = table
+        ident = table.get("id")
+        if isinstance(ident, str) and _ID_RE.fullmatch(ident):
+            self.rule_id = ident
+            self.name = f"rule {ident!r} (#{number})"
+
+    def fail(self, field_name: str | None, problem: str, hint: str) -> NoReturn:
+        where = f"{self.source}: {self.name}" + (f": field {field_name!r}" if field_name else "")
+        raise RulesError(f"{where}: {problem}", path=self.source, rule=self.rule_id,
+                         field=field_name, hint=hint)
+
+    def rule(self) -> Rule:
+        t = self.table
+        for key in ("id", "version", "type"):
+            if key not in t:
+                self.fail(key, "missing", f"every rule needs {', '.join(_COMMON[:3])}")
+        ident = t["id"]
+        if not isinstance(ident, str) or not _ID_RE.fullmatch(ident):
+            self.fail("id", f"{ident!r} is not a rule id",
+                      "use 1-128 characters of letters, digits, '.', '_' and '-'")
+        version = self.version(t["version"])
+        kind = t["type"]
+        if kind not in RULE_TYPES:
+            self.fail("type", f"unknown rule type {kind!r}",
+                      f"use one of: {', '.join(RULE_TYPES)}")
+        allowed = set(_COMMON) | set(_TYPE_FIELDS[kind])
+        unknown = sorted(set(t) - allowed)
+        if unknown:
+            self.fail(unknown[0], f"not a field of a {kind!r} rule",
+                      f"its fields: {', '.join(sorted(allowed))}")
+        description = t.get("description", "")
+        if not isinstance(description, str):
+            self.fail("description", "must be a string", "quote it")
+        compiled: dict[str, Any] = {}
+        applies_to = self.applies_to(t.get("applies_to", {}), compiled)
+        params = getattr(self, f"_{kind}")(t, compiled)
+        source = t.get("input", "response")
+        if source not in ("response", "rendered"):
+            self.fail("input", f"must be 'response' or 'rendered', not {source!r}",
+                      "'response': the document the server sent (default); 'rendered': "
+                      "the DOM a browser rendered (crawl with --render)")
+        semantic = {"id": ident, "version": version, "type": kind,
+                    "applies_to": applies_to.record(), **params}
+        if source == "rendered":  # absent by default: older definitions keep their hash
+            if not (kind in ("selector", "link") or (kind == "regex" and
+                                                    params.get("header") is None)):
+                self.fail("input", f"a {kind!r} rule reads no document, so it cannot read "
+                          "the rendered one", "only selector, link and body regex rules "
+                          "take input = 'rendered'")
+            semantic["input"] = source
+        return Rule(id=ident, version=version, type=kind, description=description,
+                    applies_to=applies_to, params=params, input=source,
+                    definition_hash=blake3.blake3(_json.encode(semantic)).hexdigest(),
+                    _compiled=compiled)
+
+    def version(self, value: Any) -> str:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            self.fail("version", f"must be an integer or a string, not {value!r}",
+                      'write version = 3 or version = "3.1" (a float is ambiguous)')
+        text = str(value)
+        if (isinstance(value, int) and value < 0) or not _VERSION_RE.fullmatch(text):
+            self.fail("version", f"{value!r} is not a version",
+                      "use a non-negative integer or 1-64 of letters, digits, '.', '_', "
+                      "'+' and '-'")
+        return text
+
+    def regex(self, name: str, value: Any, compiled: dict[str, Any], key: str) -> str:
+        if not isinstance(value, str) or not value:
+            self.fail(name, "must be a non-empty string (a regular expression)",
+                      "use a TOML literal string: pattern = '\\d+'")
+        try:
+            compiled[key] = re.compile(value)
+        except re.error as exc:
+            self.fail(name, f"invalid regular expression {value!r}: {exc.msg} at position "
+                      f"{exc.pos}", "Python 're' syntax; inline flags like (?i) work")
+        return value
+
+    def expect(self, t: Mapping[str, Any]) -> str:
+        value = t.get("expect", "match")
+        if value not in ("match", "no_match"):
+            self.fail("expect", f"must be 'match' or 'no_match', not {value!r}",
+                      "'match': must be found; 'no_match': must not be found")
+        return value
+
+    def applies_to(self, value: Any, compiled: dict[str, Any]) -> AppliesTo:
+        if not isinstance(value, Mapping):
+            self.fail("applies_to", "must be a table", "applies_to = { url = '^https://' }")
+        unknown = sorted(set(value) - {"url", "content_type", "status"})
+        if unknown:
+            self.fail(f"applies_to.{unknown[0]}", "not a field of applies_to",
+                      "its fields: url, content_type, status")
+        url = None
+        if "url" in value:
+            url = self.regex("applies_to.url", value["url"], compiled, "applies_to.url")
+        types = value.get("content_type", [])
+        types = [types] if isinstance(types, str) else types
+        if not isinstance(types, list) or not all(
+                isinstance(x, str) and _MEDIA_RE.fullmatch(x.strip().lower()) for x in types):
+            self.fail("applies_to.content_type", f"{types!r} is not a list of media types",
+                      'content_type = ["text/html", "text/*"] (no parameters)')
+        status = value.get("status", ["2xx"])
+        status = [status] if isinstance(status, int | str) else status
+        if not isinstance(status, list) or not status or not all(
+                (isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599)
+                or (isinstance(s, str) and (s == "any" or _STATUS_CLASS_RE.fullmatch(s)))
+                for s in status):
+            self.fail("applies_to.status", f"{status!r} is not a list of statuses",
+                      'status = [200, "3xx"] or "any" (default ["2xx"])')
+        return AppliesTo(url=url, content_type=tuple(x.strip().lower() for x in types),
+                         status=tuple(status))
+
+    def _selector(self, t: Mapping[str, Any], compiled: dict[str, Any]) -> dict[str, Any]:
+        selector = t.get("selector")
+        if not isinstance(selector, str) or not selector.strip():
+            self.fail("selector", "must be a non-empty string (a CSS selector)",
+                      "selector = 'a[href*=privacy]'")
+        try:
+            LexborHTMLParser("<html></html>").css(selector)
+        except SelectolaxError:
+            self.fail("selector", f"invalid CSS selector {selector!r}",
+                      "CSS Selectors level 4 as parsed by lexbor (selectolax)")
+        return {"selector": selector, "expect": self.expect(t)}
+
+    def _regex(self, t: Mapping[str, Any], compiled: dict[str, Any]) -> dict[str, Any]:
+        if "pattern" not in t:
+            self.fail("pattern", "missing", "pattern = '...' (a regular expression)")
+        pattern = self.regex("pattern", t["pattern"], compiled, "pattern")
+        header = t.get("header")
+        if header is not None and (not isinstance(header, str)
+                                   or not _TOKEN_RE.fullmatch(header)):
+            self.fail("header", f"{header!r} is not a header name",
+                      "omit it to search the body; header = 'Cache-Control' for a header")
+        return {"pattern": pattern, "header": header and header.lower(),
+                "expect": self.expect(t)}
+
+    def _header(self, t: Mapping[str, Any], compiled: dict[str, Any]) -> dict[str, Any]:
+        name = t.get("name")
+        if not isinstance(name, str) or not _TOKEN_RE.fullmatch(name):
+            self.fail("name", f"{name!r} is not a header name",
+                      "name = 'Strict-Transport-Security'")
+        return {"name": name.lower()}
+
+    def _max_response_time(self, t: Mapping[str, Any],
+                           compiled: dict[str, Any]) -> dict[str, Any]:
+        value = t.get("max_ms")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                0 < value < float("inf")):
+            self.fail("max_ms", f"must be a positive number of milliseconds, not {value!r}",
+                      "max_ms = 2000")
+        return {"max_ms": float(value)}
+
+    def _link(self, t: Mapping[str, Any], compiled: dict[str, Any]) -> dict[str, Any]:
+        if "url" not in t and "text" not in t:
+            self.fail("url", "missing (a link rule needs url, text or both)",
+                      "url = '/privacy' matches the link's absolute URL; text = '(?i)privacy' "
+                      "its text")
+        url = self.regex("url", t["url"], compiled, "url") if "url" in t else None
+        text = self.regex("text", t["text"], compiled, "text") if "text" in t else None
+        return {"url": url, "text": text, "expect": self.expect(t)}
+
+
+# --- the input of a rule -----------------------------------------------------------------
+
+def _ref(ref: ArtifactRef | None) -> dict[str, Any] | None:
+    return None if ref is None else {"namespace": ref.namespace, "digest": ref.digest,
+                                     "size": ref.size}
+
+
+def input_description(rule: Rule, *, url: str, headers_ref: ArtifactRef,
+                      body_ref: ArtifactRef | None, body_truncated: bool,
+                      elapsed_ms: float, decoded: bool = False,
+                      content_coding: str | None = None) -> dict[str, Any]:
+    """What ``rule`` reads of one attempt: the objects whose canonical JSON is hashed.
+
+    ``body_ref`` is the document: for a wire capture (``decoded``) the attempt's content
+    (its ``content``, or its body when they are the same bytes), with the content codings
+    the crawler removed; for an attempt recorded before wire capture, its stored body,
+    whose content codings the reader removes.
+    """
+    description: dict[str, Any] = {"format": INPUT_FORMAT, "url": url,
+                                   "response_headers": _ref(headers_ref)}
+    if rule.reads_rendered:  # body_ref is a render's DOM (UTF-8, read as it is)
+        description["input"] = "rendered"
+    if rule.reads_body:
+        body = _ref(body_ref)
+        if body is not None:
+            body |= {"truncated": body_truncated}
+            if decoded:
+                body |= {"decoded": True, "content_coding": content_coding}
+        description["body"] = body
+    if rule.reads_elapsed:
+        description["elapsed_ms"] = float(elapsed_ms)
+    return description
+
+
+def input_hash(description: Mapping[str, Any]) -> str:
+    """BLAKE3 of the description as JSON: keys sorted, no whitespace, UTF-8."""
+    return blake3.blake3(_json.encode(description)).hexdigest()
+
+
+# --- judging one page --------------------------------------------------------------------
+
+def _parse_head(head: bytes) -> tuple[int | None, dict[str, str]]:
+    """Status and headers of a stored response head (names lowercased, repeats joined)."""
+    status, fields = parse_head(head)
+    headers: dict[str, str] = {}
+    for name, value in fields:
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            text = value.decode("latin-1")
+        key = name.decode("latin-1").lower()
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return status, headers
+
+
+def _decode_body(raw: bytes, encoding: str) -> bytes:
+    """Undo Content-Encoding (gzip, deflate; applied last first); ValueError if unable."""
+    data = raw
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        if coding not in ("gzip", "x-gzip", "deflate"):
+            raise ValueError(f"unsupported Content-Encoding {coding!r}")
+        wbits = 16 + zlib.MAX_WBITS if "gzip" in coding else zlib.MAX_WBITS
+        try:
+            inflater = zlib.decompressobj(wbits)
+            out = inflater.decompress(data, MAX_DECODED_BYTES + 1)
+        except zlib.error as exc:
+            raise ValueError(f"the {coding} body does not decompress: {exc}") from None
+        if len(out) > MAX_DECODED_BYTES or inflater.unconsumed_tail:
+            raise ValueError(f"the decoded body exceeds {MAX_DECODED_BYTES} bytes")
+        if not inflater.eof:
+            raise ValueError(f"the {coding} body is incomplete")
+        data = out
+    return data
+
+
+def _codings(value: str) -> list[str]:
+    """Content codings named in a header value, in order ("identity" means none)."""
+    codings = [c.strip().lower() for c in value.split(",")]
+    return [c for c in codings if c and c != "identity"]
+
+
+def _snippet(text: str) -> str:
+    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"
+
+
+class _Page:
+    """One attempt's inputs, parsed lazily: each view is built once, for every rule."""
+
+    def __init__(self, url: str, head: bytes, body: bytes | None, body_truncated: bool,
+                 elapsed_ms: float, decoded: bool = False,
+                 content_coding: str | None = None, rendered: bool = False) -> None:
+        self.url, self.raw_body, self.body_truncated = url, body, body_truncated
+        self.rendered = rendered
+        self.elapsed_ms = float(elapsed_ms)
+        self.status, self.headers = _parse_head(head)
+        self.decoded, self.content_coding = decoded, content_coding
+        media, _, _params = self.headers.get("content-type", "").partition(";")
+        self.media_type = media.strip().lower()
+
+    @cached_property
+    def body(self) -> bytes:
+        """The document's content: as the crawler derived it (wire capture), or the stored
+        body with its content codings removed (attempts recorded before wire capture)."""
+        assert self.raw_body is not None
+        if self.rendered:  # a serialized DOM: no coding to remove
+            return self.raw_body
+        if not self.decoded:
+            return _decode_body(self.raw_body, self.headers.get("content-encoding", ""))
+        named = _codings(self.headers.get("content-encoding", ""))
+        removed = _codings(self.content_coding or "")
+        left = named[:len(named) - len(removed)] if named[len(named) - len(removed):] == (
+            removed) else named
+        if left:
+            raise ValueError(f"its content coding {', '.join(left)!r} was not removed by the "
+                             "crawler (unsupported or damaged)")
+        return self.raw_body
+
+    @cached_property
+    def decoded_text(self) -> tuple[str, Sniffed]:
+        kind = "text/html; charset=utf-8" if self.rendered else self.headers.get("content-type")
+        return decode_document(self.body, kind)
+
+    @property
+    def text(self) -> str:
+        return self.decoded_text[0]
+
+    @property
+    def encoding(self) -> Sniffed:
+        return self.decoded_text[1]
+
+    @cached_property
+    def dom(self) -> LexborHTMLParser:
+        return LexborHTMLParser(self.text)
+
+    @cached_property
+    def links(self) -> list[tuple[str, str]]:
+        """(absolute URL, text) of every a[href] and area[href], in document order."""
+        base, encoding = self.url, self.encoding.encoding
+        first_base = self.dom.css_first("base[href]")
+        if first_base is not None:
+            base = _resolve(self.url, first_base.attributes.get("href") or "",
+                            encoding) or self.url
+        links = []
+        for node in self.dom.css("a[href], area[href]"):
+            target = _resolve(base, node.attributes.get("href") or "", encoding)
+            if target is None:
+                continue
+            text = " ".join(node.text(deep=True, separator="").split())
+            if not text:
+                img = node.css_first("img[alt]")
+                text = " ".join((node.attributes.get("aria-label")
+                                 or node.attributes.get("title")
+                                 or node.attributes.get("alt")
+                                 or (img.attributes.get("alt") if img is not None else "")
+                                 or "").split())
+            links.append((target, text))
+        return links
+
+
+def _resolve(base: str, href: str, encoding: str | None = None) -> str | None:
+    try:
+        return resolve_reference(base, href, encoding=encoding)
+    except (_URLError, ValueError):
+        return None
+
+
+def _status_matches(status: int | None, wanted: Iterable[int | str]) -> bool:
+    for w in wanted:
+        if w == "any" or status == w or (
+                isinstance(w, str) and status is not None and str(status)[0] == w[0]):
+            return True
+    return False
+
+
+def _not_applicable(rule: Rule, page: _Page) -> str | None:
+    scope = rule.applies_to
+    if not _status_matches(page.status, scope.status):
+        return f"status {page.status} is not in {', '.join(map(str, scope.status))}"
+    if scope.url is not None and not rule._compiled["applies_to.url"].search(page.url):
+        return f"the URL does not match `{scope.url}`"
+    media = page.media_type or "none"
+    if scope.content_type and not any(
+            media == t or (t.endswith("/*") and media.startswith(t[:-1]))
+            for t in scope.content_type):
+        return f"Content-Type {media} is not in {', '.join(scope.content_type)}"
+    if rule.type in ("selector", "link") and page.media_type not in _HTML_TYPES:
+        return f"not an HTML document (Content-Type {media})"
+    return None
+
+
+def _expected(found: bool, expect: str, what: str, where: str) -> tuple[Verdict, str]:
+    if expect == "match":
+        return ("pass", f"{what} found {where}") if found else (
+            "fail", f"{what} not found {where}; it must be")
+    return ("fail", f"{what} found {where}; it must not be") if found else (
+        "pass", f"{what} not found {where}")
+
+
+def _check_selector(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+    nodes = page.dom.css(rule.params["selector"])
+    verdict, reason = _expected(bool(nodes), rule.params["expect"],
+                                f"selector `{rule.params['selector']}`", "in the document")
+    details: dict[str, Any] = {"reason": reason, "matches": len(nodes)}
+    if nodes:
+        details["first"] = _snippet(nodes[0].html or "")
+    return verdict, details
+
+
+def _check_regex(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+    name = rule.params["header"]
+    what = f"pattern `{rule.params['pattern']}`"
+    if name is None:
+        subject, where = page.text, "in the body"
+    else:
+        subject, where = page.headers.get(name), f"in header {name}"
+        if subject is None:
+            verdict, reason = _expected(False, rule.params["expect"], what, where)
+            return verdict, {"reason": f"{reason} (the header is absent)", "header": None}
+    match = rule._compiled["pattern"].search(subject)
+    verdict, reason = _expected(match is not None, rule.params["expect"], what, where)
+    details: dict[str, Any] = {"reason": reason}
+    if match is not None:
+        details |= {"match": _snippet(match.group(0)), "offset": match.start()}
+    return verdict, details
+
+
+def _check_header(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+    name = rule.params["name"]
+    value = page.headers.get(name)
+    if value is None:
+        return "fail", {"reason": f"required header {name} is absent", "value": None}
+    return "pass", {"reason": f"header {name} is present", "value": _snippet(value)}
+
+
+def _check_time(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+    limit = rule.params["max_ms"]
+    ok = page.elapsed_ms <= limit
+    return ("pass" if ok else "fail"), {
+        "reason": f"the response took {page.elapsed_ms:g} ms; the limit is {limit:g} ms",
+        "elapsed_ms": page.elapsed_ms, "max_ms": limit}
+
+
+def _check_link(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+    url_re, text_re = rule._compiled.get("url"), rule._compiled.get("text")
+    found = next(((u, t) for u, t in page.links
+                  if (url_re is None or url_re.search(u))
+                  and (text_re is None or text_re.search(t))), None)
+    wanted = " and ".join(f"{k} `{rule.params[k]}`" for k in ("url", "text")
+                          if rule.params[k] is not None)
+    verdict, reason = _expected(found is not None, rule.params["expect"],
+                                f"a link with {wanted}", f"among {len(page.links)} links")
+    details: dict[str, Any] = {"reason": reason, "links": len(page.links)}
+    if found is not None:
+        details["found"] = {"url": _snippet(found[0]), "text": _snippet(found[1])}
+    return verdict, details
+
+
+_CHECKS = {"selector": _check_selector, "regex": _check_regex, "header": _check_header,
+           "max_response_time": _check_time, "link": _check_link}
+
+
+def _judge(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+    reason = _not_applicable(rule, page)
+    if reason is not None:
+        return "not_applicable", {"reason": reason}
+    if rule.reads_body:
+        if page.raw_body is None:
+            return "error", {"reason": "no body was stored for this attempt"}
+        if page.body_truncated:
+            return "error", {"reason": "the stored body is truncated (size cap or a failed "
+                             "read): a verdict on part of a document would mislead"}
+        try:
+            page.body  # noqa: B018 - decode now, so a decoding problem is this rule's error
+        except ValueError as exc:
+            return "error", {"reason": f"the body cannot be read: {exc}"}
+    try:
+        verdict, details = _CHECKS[rule.type](rule, page)
+        if rule.reads_body and not (rule.type == "regex" and rule.params["header"]):
+            details |= {"encoding": page.encoding.encoding,
+                        "encoding_source": page.encoding.source}
+        return verdict, details
+    except Exception as exc:  # recorded as the verdict, and logged: never a crashed crawl
+        log.warning("rule %s v%s failed on %s", rule.id, rule.version, page.url,
+                    exc_info=True)
+        return "error", {"reason": f"the check failed: {type(exc).__name__}: {exc}"}
+
+
+def _check_bytes(data: bytes | None, ref: ArtifactRef | None, what: str) -> None:
+    if ref is None or data is None:
+        return
+    if len(data) != ref.size or blake3.blake3(data).hexdigest() != ref.digest:
+        raise RulesError(f"{what} bytes do not match {ref.namespace}/{ref.digest}",
+                         hint="pass the exact stored bytes of the artifact the ref names",
+                         digest=ref.digest)
+
+
+def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id: str,
+                  headers_bytes: bytes, body_bytes: bytes | None, headers_ref: ArtifactRef,
+                  body_ref: ArtifactRef | None, elapsed_ms: float,
+                  body_truncated: bool = False,
+                  evaluated_at: dt.datetime | None = None, decoded: bool = False,
+                  content_coding: str | None = None,
+                  rendered: bool = False) -> list[RuleEvaluated]:
+    """Judge one attempt by every rule: one ``RuleEvaluated`` per rule, nothing written.
+
+    ``headers_bytes`` and ``body_bytes`` are the stored artifact bytes (the response head
+    as recorded; the document) and must hash to ``headers_ref`` and ``body_ref``; ``url``
+    is the URL as requested. For a wire capture (``decoded``) the document is the
+    attempt's content and ``content_coding`` the codings the crawler removed; otherwise
+    it is the stored body, still content-coded (``input_description``). ``rendered``: the
+    document is a render's DOM (UTF-8) and ``rules`` are the ones that read it. Submit the
+    result in the page's (or render's) writer group.
+    """
+    if (body_bytes is None) != (body_ref is None):
+        raise RulesError("body_bytes and body_ref must be given together (or both None)",
+                         hint="pass the stored body bytes with the ref that names them")
+    _check_bytes(headers_bytes, headers_ref, "response head")
+    _check_bytes(body_bytes, body_ref, "body")
+    return _evaluate(rules, url=url, attempt_id=attempt_id, run_id=run_id,
+                     head=headers_bytes, body=body_bytes,
+                     headers_ref=headers_ref, body_ref=body_ref, elapsed_ms=elapsed_ms,
+                     body_truncated=body_truncated, evaluated_at=evaluated_at or utc_now(),
+                     decoded=decoded, content_coding=content_coding, rendered=rendered)
+
+
+def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id: str,
+              head: bytes,
+              body: bytes | None, headers_ref: ArtifactRef, body_ref: ArtifactRef | None,
+              elapsed_ms: float, body_truncated: bool, evaluated_at: dt.datetime,
+              decoded: bool = False, content_coding: str | None = None,
+              rendered: bool = False) -> list[RuleEvaluated]:
+    page = _Page(url, head, body, body_truncated, elapsed_ms, decoded, content_coding,
+                 rendered)
+    messages = []
+    for rule in rules:
+        description = input_description(rule, url=url, headers_ref=headers_ref,
+                                        body_ref=body_ref, body_truncated=body_truncated,
+                                        elapsed_ms=elapsed_ms, decoded=decoded,
+                                        content_coding=content_coding)
+        verdict, details = _judge(rule, page)
+        messages.append(RuleEvaluated(
+            message_id=new_id("m-"), run_id=run_id, url=url, rule_id=rule.id,
+            rule_version=rule.version, input_hash=input_hash(description), verdict=verdict,
+            evaluated_at=evaluated_at, attempt_id=attempt_id,
+            details=details | {"input": description, "rule_hash": rule.definition_hash}))
+    return messages
+
+
+# --- judging stored captures -------------------------------------------------------------
+
+class EvaluationSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``evaluate_stored`` did. ``added`` counts rows written by this call."""
+
+    rules: list[str]  # "id@version"
+    runs: list[str]  # runs that had pages to judge
+    pages: int  # current attempts with an HTTP response that were considered
+    added: int
+    already_recorded: int  # same rule version, same input: present, not judged again
+    duplicates: int  # judged again (recheck) and found identical to the recorded verdict
+    conflicts: int  # judged again with another verdict: quarantined, the old row stands
+    rejected: int
+    unreadable: int  # pages skipped: an artifact is missing or does not match its digest
+    verdicts: dict[str, dict[str, int]]  # "id@version" -> verdict -> added rows
+    problems: list[str]  # the first conflicts, rejections and unreadable artifacts
+
+    @property
+    def ok(self) -> bool:
+        return not (self.conflicts or self.rejected or self.unreadable)
+
+
+def check_rules(conn: apsw.Connection, rules: Iterable[Rule]) -> None:
+    """Refuse rules whose id and version were recorded with a different definition."""
+    wanted = {(r.id, r.version): r.definition_hash for r in rules}
+    ids = sorted({rule_id for rule_id, _ in wanted})
+    rows = conn.execute(
+        "SELECT DISTINCT rule_id, rule_version, json_extract(details, '$.rule_hash') "
+        "FROM rule_evaluation WHERE rule_id IN (SELECT value FROM json_each(?))",
+        (_json.encode(ids).decode(),)).fetchall()
+    for rule_id, version, recorded in rows:
+        mine = wanted.get((rule_id, version))
+        if mine is not None and recorded is not None and recorded != mine:
+            raise RulesError(
+                f"rule {rule_id!r} version {version!r} was recorded with another definition "
+                f"(hash {recorded}); this file defines it differently (hash {mine})",
+                rule=rule_id, field="version",
+                hint="a changed rule needs a new version: bump 'version' in the rules file")
+
+
+_PAGES = """
+SELECT f.attempt_seq FROM url_current c JOIN fetch_attempt f ON f.attempt_seq = c.attempt_seq
+WHERE f.http_status IS NOT NULL AND f.response_headers_id IS NOT NULL
+  AND (?1 IS NULL OR c.run_id = ?1)
+ORDER BY f.attempt_seq
+"""
+_ATTEMPTS = """
+SELECT f.attempt_id, f.run_id, f.url_id, f.url, f.elapsed_ms,
+       f.body_truncated OR f.content_truncated, f.capture = 'wire', f.content_coding,
+       h.namespace, h.digest, h.size, b.namespace, b.digest, b.size
+FROM fetch_attempt f JOIN artifact h ON h.artifact_id = f.response_headers_id
+LEFT JOIN artifact b ON b.artifact_id = coalesce(f.content_id, f.body_id)
+WHERE f.attempt_seq IN (SELECT value FROM json_each(?)) ORDER BY f.attempt_seq
+"""
+_CHUNK = 256
+_MAX_PROBLEMS = 50
+
+
+def evaluate_stored(store: Store, rules: RuleSet | Sequence[Rule], *,
+                    run_id: str | None = None, recheck: bool = False) -> EvaluationSummary:
+    """Judge stored captures again, without refetching; new verdicts go through the writer.
+
+    Pages are each run's current attempts with an HTTP response (only ``run_id``'s when
+    given). A rule version whose input is already judged is skipped (``already_recorded``)
+    unless ``recheck``: then it is judged and submitted again, and the writer acks an
+    identical verdict ``duplicate`` and quarantines a different one (``conflict``). Old
+    rows are never changed. Holds the store's crawl lock: no crawl may write meanwhile.
+    Synchronous (it runs its own event loop); from async code, call it in a thread.
+    """
+    rules = tuple(r for r in rules if not r.reads_rendered)  # judged with their renders
+    with crawl_lock(store.path), store.reader() as conn, store.errors():
+        if run_id is not None and not conn.execute(
+                "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
+            raise NotFoundError(f"no run {run_id!r} in the store", run_id=run_id,
+                                hint="'evidence status' lists the runs")
+        check_rules(conn, rules)
+        seqs = [s for (s,) in conn.execute(_PAGES, (run_id,))]
+        return anyio.run(_evaluate_stored, store, conn, rules, seqs, recheck)
+
+
+async def _evaluate_stored(store: Store, conn: apsw.Connection, rules: tuple[Rule, ...],
+                           seqs: list[int], recheck: bool) -> EvaluationSummary:
+    from .._write.writer import Writer
+
+    counts: Counter[str] = Counter()
+    verdicts: dict[str, Counter[str]] = {f"{r.id}@{r.version}": Counter() for r in rules}
+    problems: list[str] = []
+    runs: set[str] = set()
+
+    def problem(text: str) -> None:
+        if len(problems) < _MAX_PROBLEMS:
+            problems.append(text)
+
+    async with Writer(store) as writer:
+        pending: list[RuleEvaluated] = []
+
+        async def flush() -> None:
+            acks = await writer.submit_group(pending)
+            for message, ack in zip(pending, acks, strict=True):
+                counts[ack.status] += 1
+                if ack.status == "committed":
+                    verdicts[f"{message.rule_id}@{message.rule_version}"][message.verdict] += 1
+                elif ack.status in ("conflict", "rejected"):
+                    problem(f"{ack.status}: {message.url} rule {message.rule_id} "
+                            f"v{message.rule_version}: {ack.reason}")
+            pending.clear()
+
+        for start in range(0, len(seqs), _CHUNK):
+            chunk = _json.encode(seqs[start:start + _CHUNK]).decode()
+            for row in conn.execute(_ATTEMPTS, (chunk,)).fetchall():
+                (attempt_id, run, url_id, url, elapsed_ms, truncated, wire, coding,
+                 h_ns, h_digest, h_size, b_ns, b_digest, b_size) = row
+                decoded = bool(wire)
+                runs.add(run)
+                counts["pages"] += 1
+                head_ref = ArtifactRef(h_ns, h_digest, h_size)
+                body_ref = None if b_ns is None else ArtifactRef(b_ns, b_digest, b_size)
+                recorded = set() if recheck else set(conn.execute(
+                    "SELECT rule_id, rule_version, input_hash FROM rule_evaluation "
+                    "WHERE run_id = ? AND url_id = ?", (run, url_id)))
+                todo = []
+                for rule in rules:
+                    description = input_description(
+                        rule, url=url, headers_ref=head_ref, body_ref=body_ref,
+                        body_truncated=bool(truncated), elapsed_ms=elapsed_ms,
+                        decoded=decoded, content_coding=coding)
+                    if (rule.id, rule.version, input_hash(description)) in recorded:
+                        counts["already_recorded"] += 1
+                    else:
+                        todo.append(rule)
+                if not todo:
+                    continue
+                try:
+                    head = store.artifacts.read(head_ref, verify=True)
+                    body = None
+                    if body_ref is not None and any(r.reads_body for r in todo):
+                        body = store.artifacts.read(body_ref, verify=True)
+                except (ArtifactMissingError, ArtifactCorruptError) as exc:
+                    counts["unreadable"] += 1
+                    problem(f"unreadable: {url} attempt {attempt_id}: {exc}")
+                    continue
+                pending += _evaluate(
+                    todo, url=url, attempt_id=attempt_id, run_id=run, head=head, body=body,
+                    headers_ref=head_ref, body_ref=body_ref, elapsed_ms=elapsed_ms,
+                    body_truncated=bool(truncated), evaluated_at=utc_now(), decoded=decoded,
+                    content_coding=coding)
+                if len(pending) >= _CHUNK:
+                    await flush()
+        if pending:
+            await flush()
+    return EvaluationSummary(
+        rules=list(verdicts), runs=sorted(runs), pages=counts["pages"],
+        added=counts["committed"], already_recorded=counts["already_recorded"],
+        duplicates=counts["duplicate"], conflicts=counts["conflict"],
+        rejected=counts["rejected"], unreadable=counts["unreadable"],
+        verdicts={k: dict(sorted(v.items())) for k, v in verdicts.items()},
+        problems=problems)

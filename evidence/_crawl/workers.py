@@ -1,0 +1,384 @@
+"""Worker processes for ``evidence crawl --processes N``.
+
+The parent process keeps everything that reads the store: the scheduler and its frontier
+claims, robots.txt, an incremental session's baseline; and it runs the writer as a service
+on a private Unix socket. Each of N child processes (``main`` below, a new interpreter)
+runs a ``PageWorker``: it requests the pages it is handed, stores their payloads in the artifact
+store (files: no child opens the database) and submits each page's evidence through
+``evidence.client``. The parent learns a page's ``PageEffects`` only once its group has
+committed.
+
+Parent and child talk over a socketpair in length-prefixed msgpack frames: ``Setup`` and
+``Order`` go down, ``Ready``, ``Done`` and ``Failed`` come up. A child ends when its channel
+does: the parent closing it (the run is over) or dying. A child never outlives its crawl,
+so a restarted crawl never races an orphan still submitting results.
+
+A child that dies (SIGKILL, OOM) loses only what it had in flight: each of its orders
+raises ``WorkerLost`` in the parent, which settles the URL from what the store holds (see
+``Crawler._lost``), and a replacement child is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from .._errors import EvidenceError
+from .._store.artifacts import ArtifactStore
+from .._store.db import ARTIFACTS_DIR
+from .._write.wire import FrameReader, encode_frame
+from .frontier import CrawlConfig
+from .http import crawl_client
+from .pages import PageEffects, PageOrder, PageWorker
+
+__all__ = ["Setup", "WorkerLost", "WorkerPool"]
+
+log = logging.getLogger("evidence.crawl")
+
+_MAX_FRAME = 16 * 1024 * 1024
+# Not ``-m evidence._crawl.workers``: the package imports this module, and runpy warns.
+_CHILD_MAIN = "import sys; from evidence._crawl.workers import main; sys.exit(main())"
+_START_TIMEOUT = 60.0  # seconds for a child to import, connect to the service and say ready
+
+
+class Setup(msgspec.Struct, tag="setup", kw_only=True):
+    store: str  # the store directory: payloads go to its artifact store
+    socket: str  # the writer service
+    config: dict[str, Any]  # the session's CrawlConfig record
+    session_id: str
+    run_id: str
+    connections: int  # HTTP connections the child may keep open
+    timeout: float
+    name: str = ""  # how the service knows this child's connection
+    deadline: float | None = None  # seconds one fetch may take in all
+
+
+class Order(msgspec.Struct, tag="order"):
+    id: int
+    page: PageOrder
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    pid: int
+
+
+class Done(msgspec.Struct, tag="done"):
+    id: int
+    effects: PageEffects
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    id: int
+    error: str
+
+
+_down = msgspec.msgpack.Decoder(Setup | Order)
+_up = msgspec.msgpack.Decoder(Ready | Done | Failed)
+
+
+async def _read(reader: FrameReader, decoder: msgspec.msgpack.Decoder) -> Any:
+    """The next frame, or None when the channel has ended."""
+    size = await reader.read_header()
+    if size is None:
+        return None
+    if size > _MAX_FRAME:
+        raise EvidenceError(f"a {size}-byte frame on a worker channel (at most {_MAX_FRAME})")
+    return decoder.decode(await reader.read_body(size))
+
+
+class WorkerLost(Exception):
+    """The worker process holding an order died before answering it."""
+
+    def __init__(self, name: str, how: str) -> None:
+        super().__init__(f"{name} {how}")
+        self.name = name  # its connection's name at the writer service
+        self.how = how
+
+
+# --- the parent's side -----------------------------------------------------------------
+
+class _Waiter:
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.result: PageEffects | BaseException | None = None
+
+    def resolve(self, result: PageEffects | BaseException) -> None:
+        if not self.event.is_set():
+            self.result = result
+            self.event.set()
+
+
+class _Child:
+    def __init__(self, index: int, name: str, process: anyio.abc.Process,
+                 stream: anyio.abc.SocketStream) -> None:
+        self.index = index
+        self.name = name
+        self.process = process
+        self.stream = stream
+        self.pending: dict[int, _Waiter] = {}
+        self.send_lock = anyio.Lock()
+        self.alive = False  # set once it said ready; cleared when its channel ends
+
+
+class WorkerPool:
+    """N worker processes running orders for one run. Use ``async with``.
+
+    ``page`` hands an order to the least busy live child and returns its effects once the
+    child's group has committed; it raises ``WorkerLost`` if the child dies first. A dead
+    child is replaced; a child that fails to start fails the run: ``page`` raises its error
+    from then on, and so does leaving the pool.
+
+    Entering the pool starts the children without waiting for them (a new interpreter takes
+    ~0.5 s to import and connect): the parent meanwhile fetches robots.txt and claims the
+    first pages, and ``page`` waits for the first child that is ready.
+    """
+
+    def __init__(self, processes: int, setup: Setup) -> None:
+        if processes < 1:
+            raise ValueError("a worker pool needs at least one process")
+        self.processes = processes
+        self.setup = setup
+        self._children: dict[int, _Child] = {}
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._failure: EvidenceError | None = None  # a replacement that did not start
+        self._tg: anyio.abc.TaskGroup
+        self._changed: anyio.Event
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.process.pid for c in self._children.values() if c.alive]
+
+    async def __aenter__(self) -> WorkerPool:
+        self._changed = anyio.Event()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        for index in range(self.processes):
+            self._tg.start_soon(self._start, index)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: object) -> bool | None:
+        """Close every channel (a child exits when its channel ends) and reap the children.
+
+        Shielded: when the run's in-flight work is cancelled (a second Ctrl-C), the children
+        are killed and reaped all the same, never left behind.
+        """
+        self._closing = True
+        with anyio.CancelScope(shield=True):
+            for child in list(self._children.values()):
+                with contextlib.suppress(OSError, anyio.BrokenResourceError,
+                                         anyio.ClosedResourceError):
+                    await child.stream.send_eof()
+            if exc is not None:
+                await self._kill_all()
+            with anyio.move_on_after(30):
+                for child in list(self._children.values()):
+                    await child.process.wait()
+        # Nothing is in flight any more: stop a start still waiting for its child.
+        self._tg.cancel_scope.cancel()
+        await self._kill_all()
+        await self._tg.__aexit__(None, None, None)  # the body's error goes on as is
+        if exc is None and self._failure is not None:
+            raise self._failure
+        return None
+
+    async def _kill_all(self) -> None:
+        for child in list(self._children.values()):
+            if child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
+                with anyio.CancelScope(shield=True):
+                    await child.process.wait()
+
+    async def page(self, order: PageOrder) -> PageEffects:
+        child = await self._pick()
+        request_id = next(self._ids)
+        waiter = _Waiter()
+        child.pending[request_id] = waiter  # no await since _pick: the child is alive
+        try:
+            try:
+                async with child.send_lock:
+                    await child.stream.send(encode_frame(Order(id=request_id, page=order)))
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the child died: its receiver resolves every pending order
+            await waiter.event.wait()
+        finally:
+            child.pending.pop(request_id, None)
+        if isinstance(waiter.result, BaseException):
+            raise waiter.result
+        assert waiter.result is not None
+        return waiter.result
+
+    async def _pick(self) -> _Child:
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            live = [c for c in self._children.values() if c.alive]
+            if live:
+                return min(live, key=lambda c: len(c.pending))
+            self._changed = anyio.Event() if self._changed.is_set() else self._changed
+            await self._changed.wait()  # a child is starting
+
+    async def _spawn(self, index: int) -> None:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_root, *filter(None, [env.get("PYTHONPATH")])])
+        try:
+            process = await anyio.open_process(
+                [sys.executable, "-c", _CHILD_MAIN, "--channel-fd", str(child_end.fileno())],
+                stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
+                pass_fds=[child_end.fileno()])
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            child_end.close()
+        name = f"crawl worker {index} pid {process.pid}"
+        stream = await anyio.abc.UNIXSocketStream.from_socket(parent_end)
+        child = _Child(index, name, process, stream)
+        self._children[index] = child
+        reader = FrameReader(stream)
+        try:
+            await stream.send(encode_frame(msgspec.structs.replace(self.setup, name=name)))
+            ready = await _read(reader, _up)
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream, msgspec.DecodeError,
+                EvidenceError) as exc:
+            ready = exc
+        if not isinstance(ready, Ready):
+            with contextlib.suppress(OSError):
+                await stream.aclose()
+            code = await process.wait()
+            raise EvidenceError(f"worker process {index} (pid {process.pid}) did not start: "
+                                f"exit status {code}; see its messages above",
+                                hint="run with --processes 0 to crawl in one process")
+        log.info("worker process %d started: pid %d", index, process.pid)
+        child.alive = True
+        self._changed.set()
+        self._tg.start_soon(self._receive, child, reader)
+
+    async def _receive(self, child: _Child, reader: FrameReader) -> None:
+        """Answers from one child until its channel ends; then it is lost or done."""
+        try:
+            while True:
+                frame = await _read(reader, _up)
+                if frame is None:
+                    break
+                waiter = child.pending.get(frame.id)
+                if waiter is None:
+                    continue
+                if isinstance(frame, Done):
+                    waiter.resolve(frame.effects)
+                elif isinstance(frame, Failed):
+                    waiter.resolve(EvidenceError(f"{child.name}: {frame.error}"))
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                msgspec.DecodeError, EvidenceError) as exc:
+            log.warning("%s: channel broken: %s", child.name, exc)
+        child.alive = False
+        with contextlib.suppress(OSError):
+            await child.stream.aclose()
+        code = await child.process.wait()
+        how = (f"was killed by signal {-code}" if code is not None and code < 0
+               else f"exited with status {code}")
+        for waiter in list(child.pending.values()):
+            waiter.resolve(WorkerLost(child.name, how))
+        if self._closing:
+            return
+        log.warning("%s %s; its in-flight pages are settled from the store, and a new "
+                    "worker process starts", child.name, how)
+        await self._start(child.index)
+
+    async def _start(self, index: int) -> None:
+        """Start child ``index``. A failure is kept in ``_failure``: ``page`` raises it from
+        then on (waking any caller waiting for a child), and so does ``__aexit__``."""
+        try:
+            with anyio.fail_after(_START_TIMEOUT):
+                await self._spawn(index)
+        except (EvidenceError, OSError, TimeoutError) as exc:
+            if self._failure is None:
+                self._failure = exc if isinstance(exc, EvidenceError) else EvidenceError(
+                    f"worker process {index} did not start: {type(exc).__name__}: {exc}",
+                    hint="run with --processes 0 to crawl in one process")
+            self._changed.set()
+
+
+# --- the child's side ------------------------------------------------------------------
+
+async def _child(fd: int) -> None:
+    stream = await anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd))
+    async with stream:
+        reader = FrameReader(stream)
+        setup = await _read(reader, _down)
+        if not isinstance(setup, Setup):
+            raise SystemExit("evidence worker: the channel did not start with a setup frame")
+        config = msgspec.convert(setup.config, CrawlConfig)
+        artifacts = ArtifactStore(Path(setup.store) / ARTIFACTS_DIR, create=False)
+        http = crawl_client(connections=setup.connections, timeout=setup.timeout)
+        from ..client import AsyncClient  # here: the package imports this module
+
+        async with AsyncClient(setup.socket, name=setup.name) as service, http:
+            pages = PageWorker(config=config, session_id=setup.session_id,
+                               run_id=setup.run_id, artifacts=artifacts, client=http,
+                               submit=service.submit_group, deadline=setup.deadline)
+            lock = anyio.Lock()
+
+            async def answer(frame: msgspec.Struct) -> None:
+                async with lock:
+                    await stream.send(encode_frame(frame))
+
+            async def run(order: Order) -> None:
+                try:
+                    effects = await pages.page(order.page)
+                except Exception as exc:  # the parent fails the run with this reason
+                    log.exception("%s: %s", setup.name, order.page.url)
+                    await answer(Failed(id=order.id, error=f"{type(exc).__name__}: {exc}"))
+                else:
+                    await answer(Done(id=order.id, effects=effects))
+
+            await answer(Ready(pid=os.getpid()))
+            async with anyio.create_task_group() as tg:
+                while (order := await _read(reader, _down)) is not None:
+                    tg.start_soon(run, order)
+                tg.cancel_scope.cancel()  # the parent is gone: so is this run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="evidence worker",
+        description="A crawl worker process, started by 'evidence crawl --processes N' "
+        "with one end of a socketpair; not for direct use.")
+    parser.add_argument("--channel-fd", type=int, required=True,
+                        help="the file descriptor of this worker's channel to the crawl")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the crawl, which stops us
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s [worker pid %(process)d] "
+                        "%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        anyio.run(_child, args.channel_fd)
+    except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
+        return 1  # the crawl went away mid-answer
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The store: a directory holding its database (``evidence.db``) and ``artifacts/``.
+
+This module owns opening and closing a store and the contexts everything else reads and
+writes it through: ``snapshot()`` (one read transaction, errors translated), ``errors()``
+(the translation boundary, for the writer's connection) and ``write_transaction()``. What
+is particular to SQLite (pragmas, migrations, connections, error codes) is in the backend,
+``_store/sqlite.py``; the payload files are ``_store/artifacts.py``. Invariants:
+  - a store marked after a failed fsync is resynced before it is opened for writing
+    (``_store/resync.py``), and an fsync that fails while opening marks it;
+  - nothing is written to a path that is not (and cannot become) a store: a file, an
+    archive, a directory of other things (``_check_store_path``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+
+from .._errors import CorruptStoreError, StoreError, SyncError
+from .artifacts import ArtifactStore, FileOps
+from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
+from .sqlite import (
+    AUTOCHECKPOINT_FRAMES,
+    DB_NAME,
+    DEFAULT_BUSY_TIMEOUT_MS,
+    SQLiteBackend,
+    Sync,
+    WalFrames,
+    applied_version,
+    check_sqlite_version,
+    connect_reader,
+    load_migrations,
+    map_sqlite_errors,
+)
+
+ARTIFACTS_DIR = "artifacts"
+
+__all__ = ["ARTIFACTS_DIR", "AUTOCHECKPOINT_FRAMES", "DB_NAME", "Store"]
+
+# --- the store -----------------------------------------------------------------------
+
+class Store:
+    """An open store: one write connection (owned by the writer) and its artifact store.
+
+    Use ``Store.open(path)`` (or ``Store.create(path)``), and close it when done; it is a
+    context manager. Not thread-safe for concurrent writes: exactly one ``Writer`` uses
+    ``connection``; readers call ``reader()`` for their own short-lived connections.
+    """
+
+    def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactStore,
+                 *, sync: Sync, busy_timeout_ms: int, schema_version: int,
+                 vfs: str | None = None, file_ops: FileOps | None = None,
+                 wal_frames: WalFrames | None = None, read_only: bool = False) -> None:
+        self.path = path
+        self.db_path = path / DB_NAME
+        self.connection = connection
+        self.artifacts = artifacts
+        self.sync = sync
+        self.busy_timeout_ms = busy_timeout_ms
+        self.schema_version = schema_version
+        self.vfs = vfs
+        self.file_ops = file_ops or FileOps()
+        self.wal_frames = wal_frames or WalFrames()  # frames in the WAL after the last commit
+        # The database seam (backend.StoreBackend): what differs by engine goes through it.
+        self.backend = SQLiteBackend(self.db_path, sync=sync, busy_timeout_ms=busy_timeout_ms,
+                                     vfs=vfs, wal_frames=self.wal_frames)
+        self.sync_failed: str | None = None  # why, once an fsync failed in this process
+        self.read_only = read_only  # opened with read_only=True: ``connection`` cannot write
+
+    @classmethod
+    def open(cls, path: os.PathLike[str] | str, *, create: bool = False, sync: Sync = "full",
+             busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+             max_payload: int | None = None, vfs: str | None = None,
+             sqlite_version: str | None = None, file_ops: FileOps | None = None,
+             read_only: bool = False) -> Store:
+        """Open (or with ``create=True``, create) the store at ``path``.
+
+        ``read_only=True`` opens a store on read-only media or someone else's for reading:
+        nothing is created, migrated, resynced or written (``sqlite.connect_reader``), the
+        artifact store refuses puts, and a ``Writer`` refuses the store.
+
+        ``sync="normal"`` survives a process crash but may lose the last commits on power
+        loss. ``vfs`` names a registered SQLite VFS and ``file_ops`` replaces the file
+        operations of the store's own files and its artifacts (the fault-injection tests
+        use both). ``sqlite_version`` overrides the version checked (for tests of the gate).
+
+        A store marked after a failed fsync (``sync-failed``) is resynced first; if that
+        fails, ``SyncError`` and nothing is opened.
+        """
+        check_sqlite_version(sqlite_version)
+        if sync not in ("full", "normal"):
+            raise StoreError(f"sync must be 'full' or 'normal', not {sync!r}")
+        root = Path(path)
+        db_path = root / DB_NAME
+        ops = file_ops or FileOps()
+        _check_store_path(root, create=create and not read_only)
+        if read_only:
+            return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
+                                       max_payload=max_payload, vfs=vfs)
+        if create:
+            for directory in ops.makedirs(root):  # each new entry durable in its parent
+                ops.fsync_dir(directory.parent)
+        elif not (root / ARTIFACTS_DIR).is_dir():
+            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
+        if (root / SYNC_MARKER).exists():
+            resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs)
+        hook = WalFrames()
+        backend = SQLiteBackend(db_path, sync=sync, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+                                wal_frames=hook)
+        with _marking_sync_failures(root, ops), backend.errors():
+            conn = backend.connect_writer(create=create)
+            try:
+                # Opening created the WAL. SQLite fsyncs its directory entry at its first
+                # sync but ignores a failure there; this fsync's failure is seen.
+                ops.fsync_dir(root)
+                version = backend.migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
+        kwargs = {} if max_payload is None else {"max_payload": max_payload}
+        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops, **kwargs)
+        if create:
+            ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
+        return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
+                   schema_version=version, vfs=vfs, file_ops=ops, wal_frames=hook)
+
+    @classmethod
+    def _open_read_only(cls, root: Path, *, busy_timeout_ms: int, max_payload: int | None,
+                        vfs: str | None) -> Store:
+        if not (root / ARTIFACTS_DIR).is_dir():
+            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
+        db_path = root / DB_NAME
+        with map_sqlite_errors(db_path):
+            conn = connect_reader(db_path, busy_timeout_ms, vfs=vfs)
+            try:
+                version = applied_version(conn, load_migrations())
+            except BaseException:
+                conn.close()
+                raise
+        kwargs = {} if max_payload is None else {"max_payload": max_payload}
+        try:
+            artifacts = ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True,
+                                      **kwargs)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(root, conn, artifacts, sync="full", busy_timeout_ms=busy_timeout_ms,
+                   schema_version=version, vfs=vfs, read_only=True)
+
+    @classmethod
+    def create(cls, path: os.PathLike[str] | str, **options: object) -> Store:
+        """Create a store (or open an existing one) at ``path``."""
+        return cls.open(path, create=True, **options)  # type: ignore[arg-type]
+
+    @property
+    def store_id(self) -> str:
+        return self.meta("store_id")
+
+    def meta(self, key: str) -> str:
+        rows = self.connection.execute(
+            "SELECT value FROM store_meta WHERE key = ?", (key,)).fetchall()
+        return rows[0][0] if rows else ""
+
+    @contextlib.contextmanager
+    def write_transaction(self) -> Iterator[apsw.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the write connection; rollback on error."""
+        self.check_writable()
+        conn = self.connection
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            if not conn.get_autocommit():
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def reader(self) -> contextlib.AbstractContextManager[apsw.Connection]:
+        """A read-only connection for one short snapshot; closed on exit."""
+        return self.backend.reader()
+
+    def snapshot(self) -> contextlib.AbstractContextManager[apsw.Connection]:
+        """One consistent read: a read-only connection inside one read transaction, with
+        errors translated (``StoreError`` and its kin); the transaction ends on exit."""
+        return self.backend.snapshot()
+
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        """The translation boundary for work on a connection of this store (the writer's,
+        or a reader's between its snapshots): apsw errors become ``StoreError`` and kin."""
+        return self.backend.errors()
+
+    def check_writable(self) -> None:
+        """Raise ``StoreError`` if the store was opened read-only."""
+        if self.read_only:
+            raise StoreError(f"{self.path} was opened read-only",
+                             hint="open it without read_only to write", path=str(self.path))
+
+    def reopen_connection(self) -> None:
+        """Close and reopen the write connection (after a COMMIT whose outcome is unknown).
+
+        Refused (``SyncError``) once an fsync failed: what a new connection reads is then
+        no evidence of what is on the disk.
+        """
+        self.check_writable()
+        with contextlib.suppress(apsw.Error):
+            self.connection.close()  # never checkpoints on close (the policy)
+        self.check_synced()
+        with self.errors():
+            self.connection = self.backend.connect_writer()
+
+    def mark_sync_failed(self, reason: str) -> SyncError:
+        """An fsync of this store failed: mark it (``sync-failed``) so that nothing is
+        acknowledged from it until it is resynced; return the error that says so."""
+        if self.sync_failed is None:
+            self.sync_failed = reason
+            mark_sync_failed(self.path, self.file_ops, reason)
+        return self._sync_error()
+
+    def check_synced(self) -> None:
+        """Raise ``SyncError`` if an fsync of this store failed and it is not resynced yet
+        (in this process, or in another one that left the marker)."""
+        if self.sync_failed is not None or (self.path / SYNC_MARKER).exists():
+            self.sync_failed = self.sync_failed or "the store is marked sync-failed"
+            raise self._sync_error()
+
+    def _sync_error(self) -> SyncError:
+        return SyncError(
+            f"{self.path}: an fsync of the store failed ({self.sync_failed}); nothing more is "
+            "acknowledged from it until it is resynced",
+            hint="check the disk (dmesg); once it works, open the store again (opening it "
+            "for writing makes it durable first) and redeliver what was not acknowledged",
+            path=str(self.path))
+
+    def wal_size(self) -> int:
+        """Bytes in the WAL file now (0 when absent)."""
+        try:
+            return (self.path / (DB_NAME + "-wal")).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def close(self) -> None:
+        """Checkpoint (seeing the result), then close. The WAL is removed only after a
+        checkpoint that copied all of it and fsynced the database file."""
+        conn = self.connection
+        if self.sync_failed is None and not self.read_only:
+            try:
+                frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            except apsw.ConnectionClosedError:
+                return
+            except apsw.Error as exc:  # busy (a reader), full disk: the WAL stays, safely
+                if is_sync_failure(exc):
+                    self.mark_sync_failed(f"the checkpoint at close: {describe(exc)}")
+            else:
+                if frames == copied:  # all of it, fsynced: the close may delete the WAL
+                    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0)
+        conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# What a store directory may hold before its database exists (a start that was cut short).
+_STORE_ENTRIES = {ARTIFACTS_DIR, "crawl.lock", "live-stats.json", DB_NAME + "-journal",
+                  DB_NAME + "-wal", DB_NAME + "-shm"}
+
+
+def _check_store_path(root: Path, *, create: bool) -> None:
+    """Refuse, before anything is written, a path that is not (and cannot become) a store:
+    a file, an archive (following "evidence init" there would put a database inside it), a
+    directory of other things, or a missing store when not creating one."""
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"{root} is a file, not a store directory", path=str(root),
+                         hint="give the store's directory (a new one is created by "
+                         "'evidence init DIR')")
+    if (root / DB_NAME).exists():
+        return
+    if (root / "manifest.json").exists():
+        raise StoreError(f"{root} is an archive written by 'evidence export', not a store",
+                         path=str(root), hint=f"restore it into a new store first: "
+                         f"evidence restore {root} --store NEW")
+    if not create:
+        raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
+                         hint=f"check the path, or create a store with 'evidence init {root}'",
+                         path=str(root))
+    other = sorted(p.name for p in root.iterdir() if p.name not in _STORE_ENTRIES) \
+        if root.is_dir() else []
+    if other:
+        raise StoreError(f"{root} holds other files ({', '.join(other[:3])}"
+                         f"{', ...' if len(other) > 3 else ''}), not a store",
+                         path=str(root), hint="give a new or empty directory for a new store")
+
+
+@contextlib.contextmanager
+def _marking_sync_failures(root: Path, ops: FileOps) -> Iterator[None]:
+    """An fsync failure while opening (a migration's COMMIT, the WAL's directory) marks the
+    store, as one in the writer does, and is raised as ``SyncError``."""
+    try:
+        yield
+    except OSError as exc:
+        mark_sync_failed(root, ops, f"fsync of {root} failed while opening it: {exc}")
+        raise SyncError(f"{root}: an fsync failed while opening the store ({exc})",
+                        hint="check the disk (dmesg), then open the store again",
+                        path=str(root)) from exc
+    except StoreError as exc:
+        cause = exc.__cause__
+        if cause is None or not is_sync_failure(cause):
+            raise
+        mark_sync_failed(root, ops, f"opening the store: {describe(cause)}")
+        raise SyncError(f"{root}: an fsync failed while opening the store ({describe(cause)})",
+                        hint="check the disk (dmesg), then open the store again",
+                        path=str(root)) from cause

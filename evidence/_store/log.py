@@ -1,0 +1,180 @@
+"""The tamper-evident log inside the store: ledger leaves and the commit-log chain.
+
+Every accepted message is a leaf of an RFC 9162 Merkle tree (``ingest_ledger.log_index``
+is its 0-based leaf index, contiguous). Each committed batch appends one ``commit_log`` row
+with the tree size and root after it, the compact frontier (so reopening costs O(log n)),
+and ``entry_hash``, which chains the row to the previous one:
+
+    entry_hash = SHA-256(prev_hash || u64 batch_seq || u64 first_index || u64 tree_size
+                         || root || committed_at as UTF-8
+                         [|| "quarantined" || u64 length || quarantined])
+
+The bracketed part is there only when the batch quarantined something: ``quarantined``
+records which quarantine records it wrote or counted (``_quarantine``), so a row of that
+table edited, deleted or forged no longer adds up (rows from before it existed hash as
+they always did).
+
+The first row's ``prev_hash`` is the store's identity: SHA-256("evidence store id\n" ||
+store_id), so editing ``store_meta.store_id`` (the origin of every signed checkpoint)
+breaks the chain at its first link. Stores whose first batch was committed before issue
+12 start from 32 zero bytes; their identity is not bound (``identity_bound`` says so).
+Editing any ledger payload changes a leaf and so every later root; editing a commit-log
+row breaks the chain. ``check_log`` recomputes both from the ledger alone, independently
+of the writer's in-memory state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import apsw
+
+from .._model.merkle import CompactTree, leaf_hash
+
+__all__ = ["GENESIS_HASH", "LogFinding", "LogHead", "check_log", "entry_hash",
+           "identity_bound", "identity_genesis", "load_head"]
+
+GENESIS_HASH = bytes(32)  # the first prev_hash of stores made before issue 12
+
+
+def identity_genesis(store_id: str) -> bytes:
+    """The first row's ``prev_hash``: the store's identity, bound into the chain."""
+    return hashlib.sha256(b"evidence store id\n" + store_id.encode()).digest()
+
+
+def entry_hash(prev_hash: bytes, batch_seq: int, first_index: int, tree_size: int,
+               root: bytes, committed_at: str, quarantined: bytes | None = None) -> bytes:
+    """The chain hash of one commit-log row (see the module docstring for the layout)."""
+    h = hashlib.sha256(prev_hash)
+    for number in (batch_seq, first_index, tree_size):
+        h.update(number.to_bytes(8, "big"))
+    h.update(root)
+    h.update(committed_at.encode())
+    if quarantined is not None:
+        h.update(b"quarantined")
+        h.update(len(quarantined).to_bytes(8, "big"))
+        h.update(quarantined)
+    return h.digest()
+
+
+def _store_id(conn: apsw.Connection) -> str:
+    rows = conn.execute("SELECT value FROM store_meta WHERE key = 'store_id'").fetchall()
+    return rows[0][0] if rows else ""
+
+
+def _has_column(conn: apsw.Connection, table: str, column: str) -> bool:
+    return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def identity_bound(conn: apsw.Connection) -> bool | None:
+    """Whether the chain starts from the store's identity: True; from zeros (a store made
+    before issue 12): False; None when the log is empty."""
+    rows = conn.execute("SELECT prev_hash FROM commit_log WHERE batch_seq = 1").fetchall()
+    return None if not rows else rows[0][0] != GENESIS_HASH
+
+
+@dataclass
+class LogHead:
+    """Where the log stands after the last committed batch."""
+
+    tree: CompactTree
+    batch_seq: int
+    entry_hash: bytes
+
+
+def load_head(conn: apsw.Connection) -> LogHead:
+    """Read the last commit-log row: O(log n), no scan of the ledger."""
+    rows = conn.execute(
+        "SELECT batch_seq, tree_size, frontier, entry_hash FROM commit_log "
+        "ORDER BY batch_seq DESC LIMIT 1").fetchall()
+    if not rows:
+        return LogHead(CompactTree(), 0, identity_genesis(_store_id(conn)))
+    batch_seq, tree_size, frontier, chain = rows[0]
+    return LogHead(CompactTree.from_bytes(tree_size, frontier), batch_seq, chain)
+
+
+@dataclass(frozen=True)
+class LogFinding:
+    """One way the stored log disagrees with a recomputation from the ledger."""
+
+    what: str  # 'leaf', 'index_gap', 'root', 'chain', 'frontier', 'batch', 'identity'
+    detail: str
+    log_index: int | None = None
+    batch_seq: int | None = None
+
+
+def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
+    """Recompute every leaf, root and chain link from the ledger; return (size, root, findings).
+
+    Streams the ledger in log order, so memory stays O(log n) whatever its size.
+    """
+    findings: list[LogFinding] = []
+    quarantined = ("quarantined" if _has_column(conn, "commit_log", "quarantined")
+                   else "NULL")  # a store opened read-only may predate the column
+    commits = conn.execute(
+        "SELECT batch_seq, committed_at, first_index, tree_size, root, frontier, prev_hash, "
+        f"entry_hash, {quarantined} FROM commit_log ORDER BY batch_seq").fetchall()
+    tree = CompactTree()
+    genesis = identity_genesis(_store_id(conn))
+    prev = genesis
+    if commits and commits[0][6] == GENESIS_HASH:
+        prev = GENESIS_HASH  # the first batch predates issue 12: identity not bound
+    elif commits and commits[0][0] == 1 and commits[0][6] != genesis:
+        findings.append(LogFinding(
+            "identity", "batch 1 does not start from this store's identity: store_meta's "
+            "store_id was changed, or the log comes from another store", batch_seq=1))
+        prev = commits[0][6]  # check the rest of the chain from where it starts
+    leaves = conn.execute("SELECT log_index, payload, leaf_hash, batch_seq, received_at "
+                          "FROM ingest_ledger ORDER BY log_index")
+    pending = next(leaves, None)
+    expected_seq = 1
+    for seq, committed_at, first_index, size, root, frontier, prev_hash, chain, quarantine \
+            in commits:
+        if seq != expected_seq:
+            findings.append(LogFinding("batch", f"commit log jumps to batch {seq}",
+                                       batch_seq=seq))
+        expected_seq = seq + 1
+        if first_index != tree.size:
+            findings.append(LogFinding(
+                "batch", f"batch {seq} starts at {first_index}, the log was at {tree.size}",
+                batch_seq=seq))
+        while pending is not None and pending[0] < size:
+            index, payload, stored_leaf, leaf_batch, received_at = pending
+            if index != tree.size:
+                findings.append(LogFinding(
+                    "index_gap", f"leaf {tree.size} is missing (next is {index})",
+                    log_index=tree.size))
+            computed = leaf_hash(payload)
+            if computed != stored_leaf:
+                findings.append(LogFinding(
+                    "leaf", f"leaf {index}: payload does not hash to its stored leaf hash",
+                    log_index=index))
+            if leaf_batch != seq:
+                findings.append(LogFinding(
+                    "batch", f"leaf {index} says batch {leaf_batch}, the log says {seq}",
+                    log_index=index, batch_seq=seq))
+            elif received_at != committed_at:  # the writer gives both the batch's time
+                findings.append(LogFinding(
+                    "batch", f"leaf {index} says it was received at {received_at!r}, its "
+                    f"batch {seq} was committed at {committed_at!r}", log_index=index,
+                    batch_seq=seq))
+            tree.append(computed)
+            pending = next(leaves, None)
+        if tree.size != size or tree.root() != root:
+            findings.append(LogFinding(
+                "root", f"batch {seq}: recomputed tree (size {tree.size}) does not match the "
+                f"stored root of size {size}", batch_seq=seq))
+        if frontier != tree.to_bytes():
+            findings.append(LogFinding("frontier", f"batch {seq}: stored frontier differs",
+                                       batch_seq=seq))
+        if prev_hash != prev or chain != entry_hash(prev, seq, first_index, size, root,
+                                                    committed_at, quarantine):
+            findings.append(LogFinding("chain", f"batch {seq}: hash chain broken",
+                                       batch_seq=seq))
+        prev = chain
+    if pending is not None:
+        findings.append(LogFinding(
+            "batch", f"leaf {pending[0]} is beyond the last committed tree size {tree.size}",
+            log_index=pending[0]))
+    return tree.size, tree.root(), findings

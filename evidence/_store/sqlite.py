@@ -1,0 +1,475 @@
+"""The SQLite store backend: every pragma we set and why, migrations, connections, errors.
+
+This module owns how a store's database is opened and read (``SQLiteBackend``, the one
+implementation of ``backend.StoreBackend`` today). Invariants:
+  - every write transaction is ``BEGIN IMMEDIATE`` (``SQLITE.begin_write``), so a writer
+    learns it cannot write before it has done any work, never at COMMIT;
+  - a new database reaches WAL mode under ``synchronous=EXTRA`` (DESIGN.md writer rule 12),
+    then runs at ``FULL`` (default) or ``NORMAL`` (explicit opt-in);
+  - no checkpoint runs where its error goes unseen (``connection_checkpoints_seen``);
+  - migrations are applied in order, each in its own transaction, and recorded with a
+    SHA-256 checksum; an edited or unknown migration is refused;
+  - apsw errors become ``StoreError`` and its kin at one boundary, ``map_sqlite_errors``
+    (``SQLiteBackend.errors``), keeping the SQLite codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import socket
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+import apsw
+
+from .._errors import (
+    CorruptStoreError,
+    EvidenceError,
+    MigrationError,
+    SQLiteVersionError,
+    StoreError,
+)
+from .._model.messages import new_id, now_text
+from .backend import Dialect, Progress
+from .resync import describe, is_sync_failure
+
+__all__ = ["DB_NAME", "SQLITE", "SQLiteBackend", "apply_migrations", "check_sqlite_version",
+           "copy_snapshot", "load_migrations", "map_sqlite_errors"]
+
+SQLITE = Dialect(name="sqlite", begin_write="BEGIN IMMEDIATE", begin_read="BEGIN")
+
+DB_NAME = "evidence.db"
+DEFAULT_BUSY_TIMEOUT_MS = 5_000
+
+Sync = Literal["full", "normal"]
+
+# The WAL-reset bug (fixed in 3.51.3, backported to 3.44.6 and 3.50.7): a database
+# that is checkpointed and reset while another connection writes can lose commits.
+_MIN_VERSION = (3, 51, 3)
+_BACKPORTS = {(3, 44): (3, 44, 6), (3, 50): (3, 50, 7)}
+
+
+def check_sqlite_version(version: str | None = None) -> tuple[int, int, int]:
+    """Refuse an SQLite library with the WAL-reset bug. ``version`` defaults to the linked one."""
+    text = version if version is not None else apsw.sqlite_lib_version()
+    parts = tuple(int(p) for p in text.split(".")[:3])
+    parts = (*parts, 0, 0, 0)[:3]
+    floor = _BACKPORTS.get(parts[:2], _MIN_VERSION)
+    if parts < floor:
+        raise SQLiteVersionError(
+            f"SQLite {text} is too old: versions before 3.51.3 (or the backports 3.44.6 "
+            "and 3.50.7) have the WAL-reset bug, which can silently lose committed "
+            "transactions",
+            hint="upgrade apsw (pip install -U apsw); its wheels bundle a current SQLite",
+            sqlite_version=text,
+        )
+    return parts  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def map_sqlite_errors(path: os.PathLike[str] | str) -> Iterator[None]:
+    """Translate apsw errors at the store boundary, keeping the SQLite codes."""
+    try:
+        yield
+    except EvidenceError:
+        raise
+    except (apsw.CorruptError, apsw.NotADBError) as exc:
+        raise CorruptStoreError(
+            f"{path}: the database is damaged or not an evidence store ({exc})",
+            hint="'evidence verify STORE --full' says what is damaged; then restore the "
+            "store from a backup (evidence restore) or an archive",
+            path=str(path), sqlite_code=getattr(exc, "extendedresult", None),
+        ) from exc
+    except apsw.FullError as exc:
+        raise StoreError(
+            f"{path}: the disk is full ({exc})", hint="free disk space and retry",
+            path=str(path), sqlite_code=getattr(exc, "extendedresult", None),
+        ) from exc
+    except apsw.Error as exc:
+        raise StoreError(
+            f"{path}: {exc}", path=str(path), sqlite_code=getattr(exc, "extendedresult", None),
+        ) from exc
+
+
+# --- SQLite policy: every pragma we set, and why -------------------------------------
+
+def connection_busy_timeout(conn: apsw.Connection, ms: int) -> None:
+    """Bounded waiting on locks; set before anything else touches the file (even WAL)."""
+    conn.set_busy_timeout(ms)
+
+
+def connection_foreign_keys(conn: apsw.Connection) -> None:
+    """Foreign keys are off by default in SQLite; our references must hold."""
+    conn.execute("PRAGMA foreign_keys = ON")
+
+
+def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
+    """WAL so readers never block the writer; EXTRA until WAL so the switch is durable.
+
+    Under FULL the rollback journal of the switch to WAL is deleted without syncing its
+    directory: power loss can undo the switch and every commit after it (DESIGN.md rule 12).
+    """
+    mode = conn.execute("PRAGMA journal_mode").fetchall()[0][0]
+    if mode != "wal":
+        conn.execute("PRAGMA synchronous = EXTRA")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
+        if mode != "wal":
+            raise StoreError(f"could not switch the database to WAL (mode is {mode!r})")
+    # FULL: a commit is durable when COMMIT returns. NORMAL: survives a process crash,
+    # may lose the last commits on power loss (the WAL is synced only at checkpoints).
+    conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'full' else 'NORMAL'}")
+
+
+def connection_cache(conn: apsw.Connection, mib: int = 64) -> None:
+    """A page cache for the writer's indexes: SQLite's default (2 MiB) makes inserts into a
+    growing store's unique indexes read pages back from the OS on almost every message."""
+    conn.execute(f"PRAGMA cache_size = {-mib * 1024}")
+
+
+def connection_temp_memory(conn: apsw.Connection) -> None:
+    """Savepoint journals and sorts in memory: a savepoint per message costs 1.1x, not 1.3x."""
+    conn.execute("PRAGMA temp_store = MEMORY")
+
+
+AUTOCHECKPOINT_FRAMES = 1000  # SQLite's default wal_autocheckpoint, kept by the writer
+
+
+class WalFrames:
+    """The WAL hook of a write connection: notes the frames in the WAL after each commit.
+
+    Installing a WAL hook replaces SQLite's auto-checkpoint, whose errors SQLite drops; the
+    writer checkpoints itself once ``frames`` reaches ``AUTOCHECKPOINT_FRAMES`` (as the
+    auto-checkpoint did) and sees every error.
+    """
+
+    __slots__ = ("frames",)
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    def __call__(self, conn: apsw.Connection, name: str, frames: int) -> int:
+        self.frames = frames
+        return apsw.SQLITE_OK
+
+
+def connection_checkpoints_seen(conn: apsw.Connection, hook: WalFrames | None = None) -> None:
+    """No checkpoint whose error nobody sees.
+
+    SQLite's auto-checkpoint ignores its own errors, and so does the checkpoint a connection
+    runs when it closes. After an fsync of the database file fails, that silence loses
+    data: a checkpoint that runs later and succeeds resets the WAL, although pages an
+    earlier (partial) checkpoint wrote were dropped by the failed fsync and never reached
+    the disk. So a write connection checkpoints only when the writer or ``Store.close``
+    asks, and both look at the result (docs/design.md, "The writer").
+    """
+    conn.set_wal_hook(hook or WalFrames())
+    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+
+
+def connect_writer(db_path: Path, sync: Sync, busy_timeout_ms: int, *,
+                    create: bool = False, vfs: str | None = None,
+                    wal_frames: WalFrames | None = None) -> apsw.Connection:
+    """A read-write connection with the whole policy applied, in the order that matters."""
+    flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if create else 0)
+    conn = apsw.Connection(str(db_path), flags=flags, vfs=vfs)
+    try:
+        connection_busy_timeout(conn, busy_timeout_ms)  # before WAL: the switch takes locks
+        connection_wal(conn, sync)
+        connection_foreign_keys(conn)
+        connection_temp_memory(conn)
+        connection_cache(conn)
+        connection_checkpoints_seen(conn, wal_frames)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_reader(db_path: Path, busy_timeout_ms: int, *,
+                    vfs: str | None = None) -> apsw.Connection:
+    """A read-only connection (``mode=ro``, ``query_only``) that never writes the store.
+
+    A reader of a WAL database needs the WAL index (``-shm``): SQLite uses the existing
+    one (read-only is enough: it then keeps a private copy), or creates it where the
+    directory allows. On read-only media, or in someone else's directory, after the writer
+    closed cleanly there is neither a WAL nor an index and none can be made: then the
+    database file holds everything, and it is opened ``immutable=1`` (no WAL, no locks:
+    see docs/store.md for what that assumes). A WAL that still holds commits, without an
+    index that can be read or made, is refused: immutable would silently skip them.
+    """
+    uri = "file:" + urllib.parse.quote(str(db_path.absolute())) + "?mode=ro"
+    flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
+    try:
+        return _probe(apsw.Connection(uri, flags=flags, vfs=vfs), busy_timeout_ms)
+    except (apsw.CantOpenError, apsw.ReadOnlyError) as exc:
+        wal = Path(f"{db_path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"{db_path.parent}: cannot read this store read-only: its WAL holds commits "
+                f"and its index ({DB_NAME}-shm) can neither be read nor created here ({exc})",
+                hint="copy the store directory somewhere you can write (cp -a) and read the "
+                "copy, or have its owner open and close it once", path=str(db_path.parent),
+            ) from exc
+    return _probe(apsw.Connection(uri + "&immutable=1", flags=flags, vfs=vfs), busy_timeout_ms)
+
+
+def _probe(conn: apsw.Connection, busy_timeout_ms: int) -> apsw.Connection:
+    """Apply the reader policy and read once (that is when SQLite opens the WAL index)."""
+    try:
+        connection_busy_timeout(conn, busy_timeout_ms)
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# --- migrations ----------------------------------------------------------------------
+
+_MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+
+
+def schema_dir() -> Path:
+    """Migrations ship inside the wheel as ``evidence/schema``; in a checkout, ``schema/``."""
+    package = Path(__file__).parent.parent
+    packaged = package / "schema"
+    return packaged if packaged.is_dir() else package.parent / "schema"
+
+
+def load_migrations(directory: Path | None = None) -> list[tuple[int, str, str, str]]:
+    """(version, name, checksum, sql) for each ``NNN_name.sql``, ordered and gap-free."""
+    directory = directory or schema_dir()
+    found = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _MIGRATION_NAME.match(path.name)
+        if not match:
+            raise MigrationError(f"{path}: migration names are NNN_name.sql", path=str(path))
+        sql = path.read_bytes()
+        found.append((int(match[1]), match[2], hashlib.sha256(sql).hexdigest(), sql.decode()))
+    for expected, (version, *_rest) in enumerate(found, start=1):
+        if version != expected:
+            raise MigrationError(f"migration {expected:03d} is missing from {directory}")
+    return found
+
+
+def apply_migrations(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> int:
+    """Check applied migrations, apply the new ones; return the schema version."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migration (version INTEGER PRIMARY KEY, "
+        "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT"
+    )
+    applied = {v: (n, c) for v, n, c in conn.execute(
+        "SELECT version, name, checksum FROM schema_migration ORDER BY version")}
+    known = {v: (n, c) for v, n, c, _ in migrations}
+    newest_known = max(known, default=0)
+    if applied and max(applied) > newest_known:
+        raise MigrationError(
+            f"the store has schema version {max(applied)}, newer than this program "
+            f"supports ({newest_known})",
+            hint="upgrade evidence to open this store", schema_version=max(applied),
+        )
+    for version, (name, checksum) in applied.items():
+        if known[version][1] != checksum:
+            raise MigrationError(
+                f"migration {version:03d}_{name} was edited after it was applied "
+                f"(store has checksum {checksum[:12]}, file has {known[version][1][:12]})",
+                hint="never edit an applied migration; add a new NNN_name.sql instead",
+                schema_version=version,
+            )
+    for version, name, checksum, sql in migrations:
+        if version in applied:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(sql)
+            conn.execute(
+                "INSERT INTO schema_migration VALUES (?, ?, ?, ?)",
+                (version, name, checksum, now_text()),
+            )
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if not conn.get_autocommit():  # an I/O error at COMMIT has rolled back already
+                conn.execute("ROLLBACK")
+            raise
+    return newest_known
+
+
+def applied_version(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> int:
+    """The schema version of a store opened read-only (nothing is applied); a store newer
+    than this program is refused. Edited migrations are not refused here: ``verify``
+    reports every schema object that differs from its migration."""
+    # Each migration sets user_version in its own transaction; it lives in the header, so
+    # a damaged schema_migration page cannot hide the version (verify checks that table).
+    version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    newest_known = max((v for v, *_ in migrations), default=0)
+    if (version or 0) > newest_known:
+        raise MigrationError(
+            f"the store has schema version {version}, newer than this program supports "
+            f"({newest_known})", hint="upgrade evidence to open this store",
+            schema_version=version)
+    return version or 0
+
+
+def ensure_store_id(conn: apsw.Connection) -> None:
+    """Give a new store its identity (used in checkpoints and archives) once."""
+    if conn.execute("SELECT 1 FROM store_meta WHERE key = 'store_id'").fetchall():
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "INSERT INTO store_meta (key, value) VALUES ('store_id', ?), ('created_at', ?), "
+            "('created_on', ?) ON CONFLICT (key) DO NOTHING",
+            (new_id("store-"), now_text(), socket.gethostname()),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise
+
+
+def copy_snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+                  step_pages: int = 4096, progress: Progress | None = None) -> int:
+    """Copy one consistent snapshot of ``db_path`` into the new file ``dest``; return pages.
+
+    The source connection takes a read transaction *before* the first backup step and keeps
+    it until the last, so every step reads the same snapshot. Without it each step takes a
+    fresh read lock, and a commit by any other connection between steps restarts the copy:
+    with a crawler committing every few milliseconds it would never finish. In WAL mode the
+    read transaction never blocks the writer; it only keeps checkpoints from recycling the
+    WAL while the pages are copied (seconds), never while the dump is formatted.
+    """
+    check_sqlite_version()
+    with map_sqlite_errors(db_path):
+        src = connect_reader(db_path, busy_timeout_ms)  # read-only media included
+        try:
+            dst = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READWRITE
+                                  | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_EXCLUSIVE)
+            try:
+                dst.execute("PRAGMA synchronous = OFF")  # fsynced by the caller when it keeps it
+                src.execute(SQLITE.begin_read)
+                src.execute("SELECT count(*) FROM sqlite_schema").fetchall()  # the snapshot
+                with dst.backup("main", src, "main") as backup:
+                    while not backup.done:
+                        backup.step(step_pages)
+                        if progress:
+                            progress("snapshot", backup.page_count - backup.remaining,
+                                     backup.page_count)
+                    pages = backup.page_count
+                src.execute("COMMIT")
+            finally:
+                dst.close()
+        finally:
+            src.close()
+    return pages
+
+
+def end_read(conn: apsw.Connection) -> None:
+    """End a read transaction; on a damaged database a cursor's pending error can surface
+    at the COMMIT, which then did not end it."""
+    with contextlib.suppress(apsw.Error):
+        conn.execute("COMMIT")
+    if not conn.get_autocommit():
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+
+
+# --- the backend ---------------------------------------------------------------------
+
+class SQLiteBackend:
+    """A store's database as one SQLite file in WAL mode (``backend.StoreBackend``)."""
+
+    dialect = SQLITE
+    Error = apsw.Error
+    BusyError = apsw.BusyError
+    ConstraintError = apsw.ConstraintError
+
+    def __init__(self, db_path: Path, *, sync: Sync = "full",
+                 busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, vfs: str | None = None,
+                 wal_frames: WalFrames | None = None) -> None:
+        self.db_path = db_path
+        self.location = str(db_path)
+        self.sync = sync
+        self.busy_timeout_ms = busy_timeout_ms
+        self.vfs = vfs
+        self.wal_frames = wal_frames or WalFrames()  # frames in the WAL after the last commit
+
+    def connect_writer(self, *, create: bool = False) -> apsw.Connection:
+        return connect_writer(self.db_path, self.sync, self.busy_timeout_ms, create=create,
+                               vfs=self.vfs, wal_frames=self.wal_frames)
+
+    def migrate(self, conn: apsw.Connection) -> int:
+        version = apply_migrations(conn, load_migrations())
+        ensure_store_id(conn)
+        return version
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[apsw.Connection]:
+        with map_sqlite_errors(self.db_path):
+            conn = connect_reader(self.db_path, self.busy_timeout_ms, vfs=self.vfs)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[apsw.Connection]:
+        with self.reader() as conn, map_sqlite_errors(self.db_path):
+            conn.execute(SQLITE.begin_read)
+            try:
+                yield conn
+            finally:
+                end_read(conn)
+
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        return map_sqlite_errors(self.db_path)
+
+    def is_sync_failure(self, exc: BaseException) -> bool:
+        return is_sync_failure(exc)
+
+    def describe(self, exc: BaseException) -> str:
+        return describe(exc)
+
+    def copy_snapshot(self, dest: Path, *, progress: Progress | None = None) -> int:
+        return copy_snapshot(self.db_path, dest, busy_timeout_ms=self.busy_timeout_ms,
+                             progress=progress)
+
+    def wal_size(self) -> int:
+        """Bytes in the WAL file now (0 when absent)."""
+        try:
+            return Path(f"{self.db_path}-wal").stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def after_commit(self, conn: apsw.Connection, *, wal_limit_bytes: int,
+                     counted: Callable[[str], None]) -> None:
+        """Checkpoint where SQLite's auto-checkpoint would, and keep the WAL bounded.
+
+        SQLite's auto-checkpoint (a passive checkpoint once the WAL holds 1,000 frames) is
+        replaced by this one, because SQLite ignores its errors
+        (``connection_checkpoints_seen``): here they are raised to the writer. It also
+        never shrinks the file, and a long reader stops it from restarting the WAL, which
+        then grows: past ``wal_limit_bytes``, once a passive checkpoint has copied every
+        frame (no reader holds an old snapshot), a TRUNCATE resets the file to zero; with a
+        zero busy timeout it never waits on a reader. ``counted`` is told each
+        ``checkpoints`` and ``wal_truncations`` as it happens.
+        """
+        large = self.wal_size() > wal_limit_bytes
+        if not large and self.wal_frames.frames < AUTOCHECKPOINT_FRAMES:
+            return
+        frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+        counted("checkpoints")
+        if large and frames == copied:
+            conn.set_busy_timeout(0)
+            try:
+                conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                counted("wal_truncations")
+            finally:
+                conn.set_busy_timeout(self.busy_timeout_ms)

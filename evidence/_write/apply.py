@@ -1,0 +1,724 @@
+"""Applying one validated message to the evidence tables, inside the writer's savepoint.
+
+One function per message kind. Each checks what the database cannot (the run exists and is
+open, artifacts are on disk, the attempt's fields agree with its outcome), then appends with
+``INSERT ... ON CONFLICT(<named target>) DO NOTHING`` (never ``INSERT OR REPLACE``) and
+moves the ``url_current`` projection forward only (``WHERE excluded.sequence >
+url_current.sequence``). A problem with the message raises ``Rejected``; the writer rolls
+back the savepoint and quarantines the message whole (or, on its optimistic path without a
+savepoint per message, rolls back the whole attempt and applies the batch again one
+savepoint per message). Only the writer calls this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .._errors import ArtifactError, URLError
+from .._model.messages import (
+    Discovery,
+    FetchAttempt,
+    FrontierUpdate,
+    HostUpdate,
+    Message,
+    Render,
+    RuleEvaluated,
+    RunEnded,
+    RunStarted,
+    SessionDocuments,
+    SessionEnded,
+    SessionStarted,
+    format_time,
+)
+from .._model.refs import ArtifactRef
+from .._model.urls import NORMALIZER_VERSION, normalize_url
+from .._store.backend import Connection, Dialect
+
+if TYPE_CHECKING:
+    from .._store.db import Store
+
+__all__ = ["Applier", "Interner", "Rejected", "fetch_keys"]
+
+_json = msgspec.json.Encoder(order="deterministic")
+
+_ATTEMPT_COLUMNS = (
+    "attempt_id, run_id, url_id, url, sequence, method, started_at, elapsed_ms, outcome, "
+    "http_status, request_headers_id, response_headers_id, body_id, body_truncated, "
+    "content_type, error, log_index, capture, content_id, transfer_coding, content_coding, "
+    "content_truncated, surplus_id, text_encoding, text_encoding_source, render_seq")
+_ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
+
+
+class RowInsert:
+    """One INSERT for many rows: groups of ``WIDE`` rows through a multi-row ``VALUES``
+    statement, the rest one row per execution (two statement texts, each prepared once).
+
+    A statement execution has a fixed cost beyond its rows: reset, the VDBE set-up, and an
+    ephemeral index for each ``CHECK (x IN (...))`` of the table (discovery_edge and
+    fetch_attempt have one), built once per execution. 32 rows per execution cut the cost
+    of an edge by about a quarter (benchmarks.md, "Third round"). Rows go in in order, each
+    with the statement's conflict clause, so the result is that of inserting them one by
+    one.
+    """
+
+    WIDE = 32
+
+    def __init__(self, head: str, columns: int, tail: str, *, dialect: Dialect) -> None:
+        one = dialect.values(columns)
+        self.single = f"{head} VALUES {one} {tail}"
+        self.wide = f"{head} VALUES {', '.join([one] * self.WIDE)} {tail}"
+
+    def write(self, cursor: Any, rows: Sequence[tuple[object, ...]]) -> None:
+        wide = self.WIDE
+        full = len(rows) - len(rows) % wide
+        if full:
+            flat = itertools.chain.from_iterable
+            cursor.executemany(self.wide, [tuple(flat(rows[i:i + wide]))
+                                           for i in range(0, full, wide)])
+        if full < len(rows):
+            cursor.executemany(self.single, rows[full:])
+
+
+class Statements:
+    """The write path's hot statements, spelled in one backend's dialect (built once per
+    dialect, ``statements``: apsw caches prepared statements by their text).
+
+    An INSERT ... ON CONFLICT DO NOTHING followed by changes() and last_insert_rowid() (two
+    C calls) replaces RETURNING, which makes SQLite build an ephemeral table per execution.
+    """
+
+    def __init__(self, d: Dialect) -> None:
+        p = d.param
+        self.encode_list = d.encode_list
+        self.url_insert = (f"INSERT INTO url_identity (normalizer_version, fetch_key) VALUES "
+                           f"{d.values(2)} ON CONFLICT (normalizer_version, fetch_key) DO NOTHING")
+        self.url_select = (f"SELECT url_id FROM url_identity WHERE normalizer_version = {p} "
+                           f"AND fetch_key = {p}")
+        # Many keys at once: the IN list probes the unique index once per key (written as a
+        # join with json_each, the planner put url_identity outside, searched by version
+        # only: a scan).
+        self.urls_select = (f"SELECT fetch_key, url_id FROM url_identity WHERE "
+                            f"normalizer_version = {p} AND {d.in_list('fetch_key')}")
+        self.attempt_insert = (f"INSERT INTO fetch_attempt ({_ATTEMPT_COLUMNS}) VALUES "
+                               f"{d.values(_ATTEMPT_WIDTH)} ON CONFLICT (attempt_id) DO NOTHING")
+        # Rule 5: a late or redelivered attempt never moves the projection backward.
+        self.current = RowInsert(
+            "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq)", 4,
+            "ON CONFLICT (run_id, url_id) DO UPDATE SET sequence = excluded.sequence, "
+            "attempt_seq = excluded.attempt_seq WHERE excluded.sequence > url_current.sequence",
+            dialect=d)
+        self.attempts = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})",
+                                  _ATTEMPT_WIDTH + 1, "ON CONFLICT (attempt_id) DO NOTHING",
+                                  dialect=d)
+        # No conflict clause: intern_urls inserts only keys it has just found absent.
+        self.urls = RowInsert("INSERT INTO url_identity (url_id, normalizer_version, fetch_key)",
+                              3, "", dialect=d)
+        self.edges = RowInsert(
+            "INSERT INTO discovery_edge (run_id, source_attempt_seq, source_artifact_id, "
+            "position, observed_ref, target_url_id, edge_kind, tag, attr, rel, log_index, "
+            "render_seq)", 12,
+            "ON CONFLICT (run_id, source_artifact_id, position, observed_ref) DO NOTHING",
+            dialect=d)
+        # The ledger insert is also the dedup lookup (the writer's): nothing inserted, a
+        # redelivery.
+        self.ledger = RowInsert(
+            "INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
+            "payload, batch_seq, received_at)", 8, "ON CONFLICT (message_id) DO NOTHING",
+            dialect=d)
+
+
+@functools.cache
+def statements(dialect: Dialect) -> Statements:
+    return Statements(dialect)
+
+
+class Rejected(Exception):
+    """The message is not valid for the store. ``conflict``: it contradicts recorded evidence.
+
+    ``duplicate``: it restates recorded evidence under a new message id; nothing is written.
+    """
+
+    def __init__(self, reason: str, *, conflict: bool = False, duplicate: bool = False) -> None:
+        super().__init__(reason)
+        self.conflict = conflict
+        self.duplicate = duplicate
+
+
+What = str | tuple[object, ...]
+
+
+def _text(what: What) -> str:
+    """What a problem concerns, built only when there is a problem: the hot paths pass a
+    tuple of parts (joined by spaces) instead of formatting a string per URL or artifact."""
+    if isinstance(what, str):
+        return what
+    return " ".join(_text(part) if isinstance(part, tuple) else str(part) for part in what)
+
+
+def fetch_keys(message: Message, memo: dict[str, str] | None = None) -> dict[str, str]:
+    """The fetch keys of every URL in a message; URLs that do not normalize are left out
+    (applying the message then rejects it with the normalizer's reason).
+
+    ``memo`` (URL -> fetch key) is consulted and extended: normalization is a pure function
+    of the URL, and a crawl meets the same links on page after page.
+    """
+    urls_of = _URLS_OF.get(type(message))
+    if urls_of is None:
+        return {}
+    if memo is None:
+        memo = {}
+    keys = {}
+    for url in urls_of(message):
+        key = memo.get(url)
+        if key is None:
+            try:
+                key = memo[url] = normalize_url(url)
+            except URLError:
+                continue
+        keys[url] = key
+    return keys
+
+
+_URLS_OF: dict[type, Callable[..., list[str]]] = {
+    FetchAttempt: lambda m: [m.url],
+    RuleEvaluated: lambda m: [m.url],
+    Discovery: lambda m: [ref.url for ref in m.refs],
+    FrontierUpdate: lambda m: [q.url for q in m.queued] + list(m.claimed) + [
+        s.url for s in m.settled],
+    SessionDocuments: lambda m: [d.url for d in m.documents],
+}
+
+
+class Interner:
+    """Caches of row ids (urls, artifacts, runs, attempts) that survive only what commits.
+
+    Entries a message adds are tentative until its savepoint is released, and a batch's
+    until its COMMIT succeeds; a rollback at either level forgets them (each level keeps an
+    undo list of the keys it added), so a cached id always names a committed row. Bounded:
+    cleared when it grows past ``limit`` entries.
+    """
+
+    KINDS = ("url", "artifact", "run", "attempt")
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self.limit = limit
+        self.caches: dict[str, dict[Any, Any]] = {k: {} for k in self.KINDS}
+        self._message: list[tuple[dict[Any, Any], object]] = []  # by the current message
+        self._batch: list[tuple[dict[Any, Any], object]] = []  # added by released messages
+
+    def put(self, kind: str, key: object, value: object) -> None:
+        cache = self.caches[kind]
+        if key not in cache:  # a key already cached names a row that is already there
+            cache[key] = value
+            self._message.append((cache, key))
+
+    def message_done(self, keep: bool) -> None:
+        if keep:
+            self._batch.extend(self._message)
+        else:
+            self._forget(self._message)
+        self._message.clear()
+
+    def batch_done(self, committed: bool) -> None:
+        if not committed:
+            self._forget(self._message)
+            self._forget(self._batch)
+        elif sum(map(len, self.caches.values())) > self.limit:
+            for cache in self.caches.values():
+                cache.clear()
+        self._message.clear()
+        self._batch.clear()
+
+    @staticmethod
+    def _forget(added: list[tuple[dict[Any, Any], object]]) -> None:
+        for cache, key in added:
+            cache.pop(key, None)
+
+
+class Applier:
+    """Applies messages inside one batch transaction (made per batch: the writer's
+    connection can be replaced between batches)."""
+
+    __slots__ = ("_artifacts", "_attempt_rows", "_attempts", "_edges", "_next_attempt_seq",
+                 "_projection", "_runs", "_urls", "conn", "cursor", "interner", "keys",
+                 "log_index", "new_refs", "sql", "store", "verify_artifacts")
+
+    def __init__(self, conn: Connection, store: Store, interner: Interner, *,
+                 verify_artifacts: bool = False, defer: bool = False) -> None:
+        self.conn = conn
+        self.sql = statements(store.backend.dialect)
+        # Payloads this batch references for the first time: the writer has the artifact
+        # store make them durable (``sync``) before the COMMIT that references them.
+        self.new_refs: list[ArtifactRef] = []
+        # One cursor for the hot INSERTs (each runs to completion in one step): a new cursor
+        # per statement, which is what Connection.execute makes, costs about 0.5 us.
+        self.cursor = conn.cursor()
+        self.store = store
+        self.interner = interner
+        self.verify_artifacts = verify_artifacts
+        self.log_index = 0
+        self.keys: dict[str, str] = {}
+        self._urls = interner.caches["url"]
+        self._artifacts = interner.caches["artifact"]
+        self._runs = interner.caches["run"]
+        self._attempts = interner.caches["attempt"]
+        # With ``defer``, fetch attempts, discovery edges and url_current upserts are held
+        # until ``flush``, then written in order, many rows per statement: the tables end
+        # exactly as if each message had written its own. An attempt gets its attempt_seq
+        # (its rowid) when it is applied: the one SQLite would give it, one more than the
+        # largest. Held attempts are written before any message that could reference one
+        # by a foreign key other than through a held edge or upsert. Without ``defer``
+        # (None), each message writes its own rows.
+        self._attempt_rows: list[tuple[object, ...]] | None = [] if defer else None
+        self._next_attempt_seq: int | None = None
+        self._edges: list[tuple[object, ...]] | None = [] if defer else None
+        self._projection: list[tuple[object, ...]] | None = [] if defer else None
+
+    def apply(self, message: Message, log_index: int, keys: dict[str, str]) -> None:
+        """Append the evidence rows of one message (its ledger row is already inserted).
+
+        ``keys`` maps the message's URLs to fetch keys computed ahead, off the writer's
+        thread (``fetch_keys``); a URL missing from it is normalized here.
+        """
+        self.log_index = log_index
+        self.keys = keys
+        kind = type(message)
+        if self._attempt_rows and kind is not FetchAttempt and kind is not Discovery:
+            self._write_attempts()
+        _HANDLERS[kind](self, message)
+
+    def add_attempt(self, row: tuple[object, ...], what: What) -> int:
+        """Append one fetch_attempt row (``_ATTEMPT_COLUMNS``); return its attempt_seq."""
+        if self._attempt_rows is None:
+            self.cursor.execute(self.sql.attempt_insert, row)
+            if not self.conn.changes():
+                raise Rejected(f"{_text(what)} is already recorded by another message",
+                               conflict=True)
+            return self.conn.last_insert_rowid()  # attempt_seq is the rowid
+        if self._next_attempt_seq is None:
+            last = self.conn.execute("SELECT max(attempt_seq) FROM fetch_attempt").fetchall()
+            self._next_attempt_seq = (last[0][0] or 0) + 1
+        attempt_seq = self._next_attempt_seq
+        self._next_attempt_seq += 1
+        self._attempt_rows.append((attempt_seq, *row))
+        return attempt_seq
+
+    def _write_attempts(self) -> None:
+        rows = self._attempt_rows
+        assert rows is not None
+        before = self.conn.total_changes()
+        self.sql.attempts.write(self.cursor, rows)
+        if self.conn.total_changes() - before != len(rows):
+            # Which one is known only to the isolated path, which this sends the batch to.
+            raise Rejected("an attempt of this batch is already recorded", conflict=True)
+        rows.clear()
+
+    def project(self, row: tuple[object, ...]) -> None:
+        """Advance url_current for one attempt: (run_id, url_id, sequence, attempt_seq)."""
+        if self._projection is None:
+            self.sql.current.write(self.cursor, [row])
+        else:
+            self._projection.append(row)
+
+    def add_edges(self, rows: Sequence[tuple[object, ...]]) -> None:
+        if self._edges is None:
+            self.sql.edges.write(self.cursor, rows)
+        else:
+            self._edges.extend(rows)
+
+    def flush(self) -> None:
+        """Write the deferred rows (``defer``), in the order the messages made them."""
+        if self._attempt_rows:
+            self._write_attempts()
+        for rows, insert in ((self._edges, self.sql.edges),
+                             (self._projection, self.sql.current)):
+            if rows:
+                insert.write(self.cursor, rows)
+                rows.clear()
+
+    def one(self, sql: str, args: tuple[object, ...]) -> tuple[Any, ...] | None:
+        for row in self.conn.execute(sql, args):
+            return tuple(row)
+        return None
+
+    def url_id(self, url: str, what: What) -> int:
+        """Intern a URL's fetch key under the current normalizer version."""
+        key = self.keys.get(url)
+        if key is None:
+            try:
+                key = normalize_url(url)
+            except URLError as exc:
+                raise Rejected(f"{_text(what)}: {exc}") from exc
+        url_id = self._urls.get(key)
+        if url_id is not None:
+            return url_id
+        conn = self.conn
+        self.cursor.execute(self.sql.url_insert, (NORMALIZER_VERSION, key))
+        if conn.changes():
+            url_id = conn.last_insert_rowid()
+        else:  # known to the store, not (or no longer) to the cache
+            url_id = conn.execute(self.sql.url_select,
+                                  (NORMALIZER_VERSION, key)).fetchall()[0][0]
+        self.interner.put("url", key, url_id)
+        return url_id
+
+    def intern_urls(self, keys: Iterable[str]) -> None:
+        """Intern many fetch keys with a few statements instead of one or two per key.
+
+        For a batch applied without savepoints, before its messages: keys the cache lacks
+        are looked up at once, and those the store lacks are inserted at once, in the order
+        given, with the ids SQLite's own rowid choice gives them one at a time (one more
+        than the largest). Given the keys in the order the messages would intern them,
+        every id is the one applying the messages alone would give.
+        """
+        cached = self._urls
+        missing = list(dict.fromkeys(key for key in keys if key not in cached))
+        if not missing:
+            return
+        put = self.interner.put
+        found = dict(self.conn.execute(self.sql.urls_select,
+                                       (NORMALIZER_VERSION, self.sql.encode_list(missing))))
+        for key, url_id in found.items():
+            put("url", key, url_id)
+        new = [key for key in missing if key not in found]
+        if not new:
+            return
+        last = self.conn.execute("SELECT max(url_id) FROM url_identity").fetchall()[0][0]
+        rows = [(url_id, NORMALIZER_VERSION, key)
+                for url_id, key in enumerate(new, (last or 0) + 1)]
+        self.sql.urls.write(self.cursor, rows)
+        for url_id, _, key in rows:
+            put("url", key, url_id)
+
+    def artifact_id(self, ref: ArtifactRef, what: What) -> int:
+        """Intern an artifact row, after checking its payload is durably on disk.
+
+        An artifact that already has a row is referenced by committed evidence, so its file
+        is there (reclaim never deletes a referenced file): only a new one is stat'ed.
+        """
+        key = (ref.namespace, ref.digest)
+        row = self._artifacts.get(key) or self.one(
+            "SELECT artifact_id, size FROM artifact WHERE namespace = ? AND digest = ?", key)
+        if row is not None and row[1] != ref.size:
+            raise Rejected(f"{_text(what)}: artifact {ref.digest} is recorded with size "
+                           f"{row[1]}, the message says {ref.size}", conflict=True)
+        if row is None or self.verify_artifacts:
+            try:
+                if self.verify_artifacts:
+                    self.store.artifacts.verify(ref)
+                else:
+                    self.store.artifacts.check(ref)
+            except ArtifactError as exc:
+                raise Rejected(f"{_text(what)}: {exc}") from exc
+        if row is not None:
+            self.interner.put("artifact", key, row)
+            return row[0]  # type: ignore[return-value]
+        self.new_refs.append(ref)
+        artifact_id = self.conn.execute(
+            "INSERT INTO artifact (namespace, digest, size) VALUES (?, ?, ?) "
+            "RETURNING artifact_id", (ref.namespace, ref.digest, ref.size)).fetchall()[0][0]
+        self.interner.put("artifact", key, (artifact_id, ref.size))
+        return artifact_id  # type: ignore[no-any-return]
+
+    def open_run(self, run_id: str, what: What) -> None:
+        if run_id in self._runs:
+            return
+        if self.one("SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)) is None:
+            raise Rejected(f"{_text(what)}: run {run_id} is not recorded (send run_started "
+                           "first)")
+        self.interner.put("run", run_id, True)
+
+    def render(self, render_id: str, run_id: str, what: What) -> tuple[int, int, str]:
+        """(render_seq, source attempt_seq, source attempt_id) of a render of ``run_id``."""
+        row = self.one("SELECT r.render_seq, r.run_id, r.source_attempt_seq, f.attempt_id "
+                       "FROM render r JOIN fetch_attempt f ON f.attempt_seq = "
+                       "r.source_attempt_seq WHERE r.render_id = ?", (render_id,))
+        if row is None:
+            raise Rejected(f"{_text(what)}: render {render_id} is not recorded (its render "
+                           "message comes first in the group)")
+        if row[1] != run_id:
+            raise Rejected(f"{_text(what)}: render {render_id} belongs to run {row[1]}, "
+                           f"not {run_id}")
+        return row[0], row[2], row[3]  # type: ignore[return-value]
+
+    def attempt_seq(self, attempt_id: str, run_id: str, what: What) -> int:
+        row = self._attempts.get(attempt_id) or self.one(
+            "SELECT attempt_seq, run_id FROM fetch_attempt WHERE attempt_id = ?", (attempt_id,))
+        if row is None:
+            raise Rejected(f"{_text(what)}: attempt {attempt_id} is not recorded")
+        if row[1] != run_id:
+            raise Rejected(f"{_text(what)}: attempt {attempt_id} belongs to run {row[1]}, "
+                           f"not {run_id}")
+        return row[0]  # type: ignore[return-value]
+
+
+
+
+def _session_started(ctx: Applier, m: SessionStarted) -> None:
+    if m.baseline_session_id is not None and ctx.one(
+            "SELECT 1 FROM crawl_session WHERE session_id = ?", (m.baseline_session_id,)) is None:
+        raise Rejected(f"baseline session {m.baseline_session_id} is not recorded")
+    ctx.conn.execute(
+        "INSERT INTO crawl_session (session_id, started_at, mode, config, baseline_session_id) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id) DO NOTHING",
+        (m.session_id, format_time(m.started_at), m.mode, _json.encode(m.config).decode(),
+         m.baseline_session_id))
+    if ctx.conn.changes() == 0:
+        raise Rejected(f"session {m.session_id} was already started by another message",
+                       conflict=True)
+
+
+def _session_ended(ctx: Applier, m: SessionEnded) -> None:
+    ctx.conn.execute(
+        "UPDATE crawl_session SET ended_at = ?, outcome = ? "
+        "WHERE session_id = ? AND ended_at IS NULL",
+        (format_time(m.ended_at), m.outcome, m.session_id))
+    if ctx.conn.changes() == 0:
+        raise Rejected(f"session {m.session_id} is not recorded or has already ended")
+
+
+def _run_started(ctx: Applier, m: RunStarted) -> None:
+    row = ctx.one("SELECT ended_at FROM crawl_session WHERE session_id = ?", (m.session_id,))
+    if row is None:
+        raise Rejected(f"session {m.session_id} is not recorded (send session_started first)")
+    if row[0] is not None:
+        raise Rejected(f"session {m.session_id} has ended; a new run needs an open session")
+    ctx.conn.execute(
+        "INSERT INTO crawl_run (run_id, session_id, started_at, program, host, pid) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+        (m.run_id, m.session_id, format_time(m.started_at), m.program, m.host, m.pid))
+    if ctx.conn.changes() == 0:
+        raise Rejected(f"run {m.run_id} was already started by another message", conflict=True)
+
+
+def _run_ended(ctx: Applier, m: RunEnded) -> None:
+    ctx.conn.execute(
+        "UPDATE crawl_run SET ended_at = ?, outcome = ?, reason = ? "
+        "WHERE run_id = ? AND ended_at IS NULL",
+        (format_time(m.ended_at), m.outcome, m.reason, m.run_id))
+    if ctx.conn.changes() == 0:
+        raise Rejected(f"run {m.run_id} is not recorded or has already ended")
+
+
+def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
+    what = ("attempt", m.attempt_id)
+    ctx.open_run(m.run_id, what)
+    requested = m.outcome not in ("refused_by_robots", "skipped")
+    if m.outcome == "response" and m.http_status is None:
+        raise Rejected(f"{_text(what)}: outcome 'response' needs an http_status")
+    if not requested and (m.http_status is not None or m.body is not None):
+        raise Rejected(f"{_text(what)}: outcome {m.outcome!r} was never requested, so it has "
+                       "no status or body")
+    if m.body_truncated and m.body is None:
+        raise Rejected(f"{_text(what)}: body_truncated is set but there is no body")
+    if m.capture != "wire" and (m.content is not None or m.surplus is not None
+                                or m.transfer_coding or m.content_coding
+                                or m.content_truncated):
+        raise Rejected(f"{_text(what)}: content, codings and surplus describe a wire "
+                       "capture: set capture to 'wire'")
+    if m.body is None and (m.content is not None or m.transfer_coding or m.content_coding):
+        raise Rejected(f"{_text(what)}: content is derived from a body, and there is none")
+    if (m.text_encoding is None) != (m.text_encoding_source is None):
+        raise Rejected(f"{_text(what)}: text_encoding and text_encoding_source go together")
+    url_id = ctx.url_id(m.url, what)
+    render_seq = None if m.render_id is None else ctx.render(m.render_id, m.run_id, what)[0]
+    request_headers, response_headers, body = m.request_headers, m.response_headers, m.body
+    content, surplus = m.content, m.surplus
+    attempt_seq = ctx.add_attempt((
+        m.attempt_id, m.run_id, url_id, m.url, m.sequence, m.method,
+        format_time(m.started_at), m.elapsed_ms, m.outcome, m.http_status,
+        None if request_headers is None else ctx.artifact_id(
+            request_headers, (what, "request_headers")),
+        None if response_headers is None else ctx.artifact_id(
+            response_headers, (what, "response_headers")),
+        None if body is None else ctx.artifact_id(body, (what, "body")),
+        int(m.body_truncated), m.content_type, m.error, ctx.log_index, m.capture,
+        None if content is None else ctx.artifact_id(content, (what, "content")),
+        m.transfer_coding, m.content_coding, int(m.content_truncated),
+        None if surplus is None else ctx.artifact_id(surplus, (what, "surplus")),
+        m.text_encoding, m.text_encoding_source, render_seq), what)
+    ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
+    if render_seq is None:  # a browser's request is not the crawler's attempt of its URL
+        ctx.project((m.run_id, url_id, m.sequence, attempt_seq))
+
+
+def _discovery(ctx: Applier, m: Discovery) -> None:
+    what = ("discovery", m.message_id)
+    run_id, index = m.run_id, ctx.log_index
+    ctx.open_run(run_id, what)
+    render_seq = None
+    if m.render_id is None:
+        source = ctx.attempt_seq(m.source_attempt_id, run_id, what)
+    else:  # links of a rendered DOM: the source is the render's source, of any run
+        render_seq, source, source_id = ctx.render(m.render_id, run_id, what)
+        if source_id != m.source_attempt_id:
+            raise Rejected(f"{_text(what)}: render {m.render_id} rendered attempt "
+                           f"{source_id}, not {m.source_attempt_id}")
+    artifact = ctx.artifact_id(m.source_artifact, (what, "source artifact"))
+    keys, cached = ctx.keys, ctx._urls
+    rows = []
+    for ref in m.refs:  # most links point at URLs already interned: look them up inline
+        key = keys.get(ref.url)
+        target = None if key is None else cached.get(key)
+        if target is None:
+            target = ctx.url_id(ref.url, (what, "reference at position", ref.position))
+        rows.append((run_id, source, artifact, ref.position, ref.observed, target,
+                     ref.edge_kind, ref.tag, ref.attr, ref.rel, index, render_seq))
+    ctx.add_edges(rows)
+
+
+def _rule_evaluated(ctx: Applier, m: RuleEvaluated) -> None:
+    what = f"rule evaluation {m.message_id}"
+    ctx.open_run(m.run_id, what)
+    url_id = ctx.url_id(m.url, what)
+    attempt = None if m.attempt_id is None else ctx.attempt_seq(m.attempt_id, m.run_id, what)
+    details = _json.encode(m.details).decode()
+    row = ctx.conn.execute(
+        "INSERT INTO rule_evaluation (run_id, url_id, rule_id, rule_version, input_hash, "
+        "verdict, attempt_seq, evaluated_at, details, log_index) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+        "(run_id, url_id, rule_id, rule_version, input_hash) DO NOTHING RETURNING 1",
+        (m.run_id, url_id, m.rule_id, m.rule_version, m.input_hash, m.verdict, attempt,
+         format_time(m.evaluated_at), details, ctx.log_index)).fetchall()
+    if row:
+        return
+    verdict, stored = ctx.one(
+        "SELECT verdict, details FROM rule_evaluation WHERE run_id = ? AND url_id = ? AND "
+        "rule_id = ? AND rule_version = ? AND input_hash = ?",
+        (m.run_id, url_id, m.rule_id, m.rule_version, m.input_hash)) or (None, None)
+    if (verdict, stored) == (m.verdict, details):
+        raise Rejected(f"{what}: rule {m.rule_id} v{m.rule_version} on this input is already "
+                       "recorded with the same verdict", duplicate=True)
+    raise Rejected(f"{what}: rule {m.rule_id} v{m.rule_version} on input {m.input_hash} is "
+                   f"recorded as {verdict!r}; this message says {m.verdict!r}", conflict=True)
+
+
+def _frontier(ctx: Applier, m: FrontierUpdate) -> None:
+    what = f"frontier update {m.message_id}"
+    row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
+    if row is None or row[0] != m.session_id:
+        raise Rejected(f"{what}: run {m.run_id} is not a recorded run of session {m.session_id}")
+    conn, index = ctx.conn, ctx.log_index
+    for q in m.queued:
+        url_id = ctx.url_id(q.url, f"{what} queued URL")
+        state = "queued" if q.skip is None else "skipped"
+        # A URL already in the frontier keeps its state, except one skipped only for its
+        # depth, which is queued again when found at a depth that is allowed.
+        conn.execute(
+            "INSERT INTO frontier (session_id, url_id, url, state, depth, via, "
+            "source_attempt_id, reason, updated_log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (session_id, url_id) DO UPDATE SET state = 'queued', "
+            "depth = excluded.depth, reason = '', updated_log_index = excluded.updated_log_index "
+            "WHERE frontier.state = 'skipped' AND frontier.reason LIKE 'depth%' "
+            "AND excluded.state = 'queued' AND excluded.depth < frontier.depth",
+            (m.session_id, url_id, q.url, state, q.depth, q.via, q.source_attempt_id,
+             q.skip or "", index))
+    now = format_time(m.at)
+    for url in m.claimed:
+        conn.execute(
+            "UPDATE frontier SET state = 'in_flight', attempts = attempts + 1, "
+            "claimed_run_id = ?, claimed_at = ?, updated_log_index = ? "
+            "WHERE session_id = ? AND url_id = ? AND state = 'queued'",
+            (m.run_id, now, index, m.session_id, ctx.url_id(url, f"{what} claim")))
+        if conn.changes() == 0:
+            raise Rejected(f"{what}: {url} is not queued in session {m.session_id}",
+                           conflict=True)
+    for s in m.settled:
+        conn.execute(
+            "UPDATE frontier SET state = ?, reason = ?, not_before = ?, updated_log_index = ? "
+            "WHERE session_id = ? AND url_id = ?",
+            (s.state, s.reason, None if s.not_before is None else format_time(s.not_before),
+             index, m.session_id, ctx.url_id(s.url, f"{what} settlement")))
+        if conn.changes() == 0:
+            raise Rejected(f"{what}: {s.url} is not in the frontier of session {m.session_id}")
+
+
+def _host(ctx: Applier, m: HostUpdate) -> None:
+    what = f"host update {m.message_id}"
+    ctx.open_run(m.run_id, what)
+    if m.robots_attempt_id is not None:
+        ctx.attempt_seq(m.robots_attempt_id, m.run_id, what)
+    ctx.conn.execute(
+        "INSERT INTO host_state (host, robots_attempt_id, robots_expires_at, crawl_delay, "
+        "backoff_until, reason, updated_log_index) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (host) DO UPDATE SET "
+        "robots_attempt_id = coalesce(excluded.robots_attempt_id, robots_attempt_id), "
+        "robots_expires_at = coalesce(excluded.robots_expires_at, robots_expires_at), "
+        "crawl_delay = CASE WHEN excluded.robots_attempt_id IS NULL THEN crawl_delay "
+        "ELSE excluded.crawl_delay END, "
+        "backoff_until = excluded.backoff_until, reason = excluded.reason, "
+        "updated_log_index = excluded.updated_log_index",
+        (m.host, m.robots_attempt_id,
+         None if m.robots_expires_at is None else format_time(m.robots_expires_at),
+         m.crawl_delay, None if m.backoff_until is None else format_time(m.backoff_until),
+         m.reason, ctx.log_index))
+
+
+def _session_documents(ctx: Applier, m: SessionDocuments) -> None:
+    what = f"session documents {m.message_id}"
+    row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
+    if row is None or row[0] != m.session_id:
+        raise Rejected(f"{what}: run {m.run_id} is not a recorded run of session {m.session_id}")
+    rows = []
+    for d in m.documents:  # an attempt_id must exist: the foreign key checks it
+        rows.append((m.session_id, ctx.url_id(d.url, what), d.url, d.change, d.http_status,
+                     d.body_digest, d.attempt_id,
+                     None if d.fetched_at is None else format_time(d.fetched_at),
+                     ctx.log_index))
+    ctx.conn.executemany(
+        "INSERT INTO session_document (session_id, url_id, url, change, http_status, "
+        "body_digest, attempt_id, fetched_at, log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (session_id, url_id) DO NOTHING", rows)
+
+
+def _render(ctx: Applier, m: Render) -> None:
+    what = ("render", m.render_id)
+    ctx.open_run(m.run_id, what)
+    row = ctx.one(
+        "SELECT f.attempt_seq, f.url, f.render_seq, a.session_id = b.session_id "
+        "FROM fetch_attempt f JOIN crawl_run a ON a.run_id = f.run_id "
+        "JOIN crawl_run b ON b.run_id = ? WHERE f.attempt_id = ?",
+        (m.run_id, m.source_attempt_id))
+    if row is None:
+        raise Rejected(f"{_text(what)}: source attempt {m.source_attempt_id} is not recorded")
+    source, url, of_render, same_session = row
+    if of_render is not None or not same_session or url != m.url:
+        raise Rejected(f"{_text(what)}: source attempt {m.source_attempt_id} is not a "
+                       f"crawler's attempt of {m.url} in this run's session")
+    if (m.outcome == "rendered") != (m.dom is not None):
+        raise Rejected(f"{_text(what)}: a rendered page has a DOM, and only a rendered one")
+    refs = [None if ref is None else ctx.artifact_id(ref, (what, name))
+            for name, ref in (("dom", m.dom), ("screenshot", m.screenshot),
+                              ("mhtml", m.mhtml))]
+    ctx.cursor.execute(
+        "INSERT INTO render (render_id, run_id, source_attempt_seq, url, started_at, "
+        "elapsed_ms, outcome, error, browser, viewport_width, viewport_height, settle, "
+        "final_url, title, dom_id, screenshot_id, screenshot_truncated, mhtml_id, requests, "
+        "not_recorded, log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+        "?, ?, ?, ?) ON CONFLICT (render_id) DO NOTHING",
+        (m.render_id, m.run_id, source, m.url, format_time(m.started_at), m.elapsed_ms,
+         m.outcome, m.error, m.browser, m.viewport_width, m.viewport_height, m.settle,
+         m.final_url, m.title, refs[0], refs[1], int(m.screenshot_truncated), refs[2],
+         m.requests, _json.encode(m.not_recorded).decode(), ctx.log_index))
+    if not ctx.conn.changes():
+        raise Rejected(f"{_text(what)} is already recorded by another message", conflict=True)
+
+
+_HANDLERS: dict[type, Callable[[Applier, Any], None]] = {
+    SessionStarted: _session_started,
+    SessionEnded: _session_ended,
+    RunStarted: _run_started,
+    RunEnded: _run_ended,
+    FetchAttempt: _fetch_attempt,
+    Discovery: _discovery,
+    RuleEvaluated: _rule_evaluated,
+    FrontierUpdate: _frontier,
+    HostUpdate: _host,
+    SessionDocuments: _session_documents,
+    Render: _render,
+}

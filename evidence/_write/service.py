@@ -1,0 +1,930 @@
+"""The writer service: many producer processes, one serialized writer.
+
+    async with Service(store, socket_path="evidence.sock") as service:
+        await anyio.sleep_forever()  # until SIGTERM: exiting the block drains and closes
+
+The service owns one ``Writer`` (``service.writer``, usable in-process too), the listening
+sockets (a Unix socket created 0600, and optionally a loopback TCP port that requires a
+token) and an optional Prometheus ``/metrics`` endpoint. Each connection has a reader (frames
+in), a sender (answers out) and request tasks, each calling ``writer.submit_group`` for one
+request (or a run of requests read back to back) and answering only after the commit.
+
+Invariants:
+  - a connection is authenticated before any frame but its hello is read; a protocol error
+    ends the connection with an error frame, and nothing of the bad frame is written;
+  - memory is bounded: bytes read from sockets count against ``max_pending_bytes``
+    service-wide as they arrive, until their request commits (a client that declares a huge
+    frame and sends one byte holds one byte); with the budget spent, connections stop
+    reading, so clients block in their own ``send`` (backpressure over the wire) instead of
+    the service buffering. ``max_in_flight`` requests service-wide and
+    ``connection_in_flight`` per connection bound the requests read and unanswered;
+  - one client cannot starve the others: a frame's body must arrive within
+    ``body_timeout`` seconds of sending time; connections that have not said hello have
+    their own limit (the oldest is dropped for a newcomer) and ``handshake_timeout``, so
+    they never take an authenticated client's slot; an authenticated connection with
+    nothing in flight is closed after ``idle_timeout``;
+  - a request task never blocks on a socket: answers go to the connection's outbox (never
+    fuller than its in-flight bound), and a sender that cannot write for ``send_timeout``
+    drops its connection. A client that stops reading stalls only itself;
+  - a connection that drops loses only answers: what it submitted still commits, and its
+    redelivery is acknowledged ``duplicate`` from the ledger;
+  - leaving the ``async with`` (the CLI does on SIGTERM) stops accepting, stops reading,
+    waits for every read request to commit and be answered, then closes the writer.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import itertools
+import logging
+import math
+import os
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from .._errors import CommitError, MessageError, WriterClosedError
+from .._model.messages import Message, decode_message
+from .._store.db import Store
+from .wire import (
+    HEADER,
+    PROTOCOL_VERSION,
+    AckFrame,
+    ErrorFrame,
+    FrameReader,
+    Hello,
+    Ping,
+    Pong,
+    ProtocolError,
+    ServiceError,
+    ServiceStatistics,
+    StatsRequest,
+    StatsResult,
+    Submit,
+    Welcome,
+    decode_client_frame,
+    encode_frame,
+    parse_loopback,
+    tokens_match,
+)
+from .writer import Writer, WriterLimits
+
+__all__ = ["Service", "ServiceLimits", "ServiceStatistics", "prometheus_text"]
+
+log = logging.getLogger("evidence.service")
+
+_YIELD_EVERY = 64  # frames read between two checkpoints, so reading never hogs the loop
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceLimits:
+    """How much the service reads ahead of its writer, and how long it waits on clients."""
+
+    max_frame_bytes: int = 16 * 1024 * 1024  # one frame (a group of messages)
+    max_hello_bytes: int = 8 * 1024  # the only frame read before authentication
+    max_connections: int = 256  # authenticated connections
+    max_unauthenticated: int = 64  # connections that have not said hello yet
+    max_in_flight: int = 4096  # requests read and unanswered, all connections together
+    max_pending_bytes: int = 64 * 1024 * 1024  # bytes read, until their request commits
+    connection_in_flight: int = 1024  # requests read and unanswered, one connection
+    send_timeout: float = 30.0  # a connection whose answers cannot be written is dropped
+    handshake_timeout: float = 10.0  # from connect to a valid hello
+    body_timeout: float = 30.0  # a frame's body, from its header (time spent sending it)
+    idle_timeout: float = 600.0  # an authenticated connection with nothing to do is closed
+    drain_timeout: float = 30.0  # on stop: time for in-flight answers to reach clients
+
+
+_CHUNK = 64 * 1024  # bytes one socket read takes at most
+
+
+class _ReadBudget:
+    """Bytes read from client sockets and not yet released (committed, or discarded),
+    service-wide, taken as they arrive.
+
+    A connection waits for room before each socket read while the budget is spent. Frames
+    in reception never wait on each other for good: the connection receiving the oldest
+    unfinished frame may go over by up to one frame, and a complete frame needs no more
+    room to commit, so room always comes back.
+    """
+
+    def __init__(self, total: int, overdraft: int) -> None:
+        self.total = total
+        self.overdraft = overdraft
+        self.used = 0
+        self._released = anyio.Event()
+        self._receiving: dict[_Connection, int] = {}  # connection -> its frame's ticket
+        self._tickets = itertools.count()
+
+    def frame_started(self, conn: _Connection) -> None:
+        self._receiving[conn] = next(self._tickets)
+
+    def frame_done(self, conn: _Connection) -> None:
+        self._receiving.pop(conn, None)
+
+    def _may_read(self, conn: _Connection) -> bool:
+        if self.used < self.total:
+            return True
+        ticket = self._receiving.get(conn)
+        return (ticket is not None and self.used < self.total + self.overdraft
+                and ticket == min(self._receiving.values()))
+
+    async def room(self, conn: _Connection) -> bool:
+        """Wait until ``conn`` may read from its socket; whether it had to wait."""
+        waited = False
+        while not self._may_read(conn):
+            waited = True
+            if self._released.is_set():
+                self._released = anyio.Event()
+            await self._released.wait()
+        return waited
+
+    def take(self, n: int) -> None:
+        self.used += n
+
+    def release(self, n: int) -> None:
+        if n:
+            self.used -= n
+            self._released.set()
+
+
+class _MeteredStream:
+    """A connection's socket as its FrameReader sees it: each read waits for room in the
+    read budget and counts what arrived; inside a frame's body, reads share the frame's
+    ``body_timeout`` (time waiting for room is not counted: that wait is ours, not the
+    client's)."""
+
+    def __init__(self, conn: _Connection, budget: _ReadBudget, counts: collections.Counter[str]
+                 ) -> None:
+        self._conn = conn
+        self._budget = budget
+        self._counts = counts
+
+    async def receive(self, max_bytes: int = _CHUNK) -> bytes:
+        conn = self._conn
+        if await self._budget.room(conn):
+            self._counts["backpressure_waits"] += 1
+        n = min(max_bytes, _CHUNK)
+        if conn.body_time_left is None:
+            data = await conn.stream.receive(n)
+        else:
+            started = time.monotonic()
+            with anyio.fail_after(max(conn.body_time_left, 0.0)):
+                data = await conn.stream.receive(n)
+            conn.body_time_left -= time.monotonic() - started
+        self._budget.take(len(data))
+        conn.held += len(data)
+        return data
+
+
+class _Connection:
+    """One client connection: its stream, outbox, in-flight bound and cancel scopes."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, limits: ServiceLimits, peer: str) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.client = ""  # the name in its hello
+        self.limits = limits
+        self.scope = anyio.CancelScope()  # the whole connection (cancelled past drain_timeout)
+        self.read_scope = anyio.CancelScope()  # the reader (cancelled on stop, or by the sender)
+        self.slots = anyio.Semaphore(limits.connection_in_flight, fast_acquire=True)
+        self.in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._outbox: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self._wake = anyio.Event()
+        self._closed = False
+        self.dead = False  # the sender gave up; answers are dropped
+        self.slow = False
+        self.blocked_since: float | None = None
+        self.held = 0  # bytes of the read budget this connection holds
+        self.body_time_left: float | None = None  # while a frame's body is being read
+        self.hello_scope = anyio.CancelScope()  # cancelled to drop it before its hello
+
+    def push(self, data: bytes, *, slot: bool) -> None:
+        """Queue an answer without blocking; ``slot``: it releases a request slot when sent."""
+        if self.dead:
+            if slot:
+                self.slots.release()
+            return
+        self._outbox.append((data, slot))
+        self._wake.set()
+
+    def close_outbox(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def request_started(self) -> None:
+        if self.in_flight == 0:
+            self._idle = anyio.Event()
+        self.in_flight += 1
+
+    def request_done(self, n: int = 1) -> None:
+        self.in_flight -= n
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def wait_requests_done(self) -> None:
+        await self._idle.wait()
+
+    async def send_loop(self) -> None:
+        """Write queued answers, many per write; drop the connection if it stops draining."""
+        try:
+            while True:
+                if not self._outbox:
+                    if self._closed:
+                        return
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
+                frames, self._outbox = self._outbox, collections.deque()
+                self.blocked_since = time.monotonic()
+                with anyio.fail_after(self.limits.send_timeout):
+                    await self.stream.send(b"".join(data for data, _ in frames))
+                self.blocked_since = None
+                for _ in range(sum(slot for _, slot in frames)):
+                    self.slots.release()
+        except TimeoutError:
+            self.slow = True
+            log.warning("%s: dropped: its answers could not be written for %.0f s (it does "
+                        "not read them); it will redeliver what it has not seen acked",
+                        self.peer, self.limits.send_timeout)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        self.dead = True
+        self.blocked_since = None
+        for _, slot in self._outbox:
+            if slot:
+                self.slots.release()
+        self._outbox.clear()
+        self.read_scope.cancel()
+        await self.stream.aclose()
+
+
+class _Merge:
+    """Submits read back to back, to hand to the writer as one group."""
+
+    MAX_REQUESTS = 64
+    MAX_MESSAGES = 256
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.requests: list[tuple[int, list[Message]]] = []
+        self.messages = 0
+        self.reserved = 0
+
+    def add(self, request_id: int, messages: list[Message], reserved: int) -> None:
+        self.requests.append((request_id, messages))
+        self.messages += len(messages)
+        self.reserved += reserved
+
+    def full(self) -> bool:
+        return len(self.requests) >= self.MAX_REQUESTS or self.messages >= self.MAX_MESSAGES
+
+
+def _error_frame(exc: Exception, request_id: int) -> ErrorFrame:
+    if isinstance(exc, MessageError):
+        return ErrorFrame(code="invalid_message", message=str(exc), id=request_id,
+                          hint=exc.hint)
+    if isinstance(exc, CommitError):
+        return ErrorFrame(code="commit_failed", message=str(exc), id=request_id,
+                          hint=exc.hint, retryable=True)
+    return ErrorFrame(code="writer_closed", message=str(exc), id=request_id, retryable=True)
+
+
+class Service:
+    """The writer of ``store``, serving clients on a Unix socket and/or a loopback port.
+
+    ``socket_path``: a Unix socket, created with mode 0600 (a stale socket left by a killed
+    service is replaced; a live one is refused). ``listen``: ``"127.0.0.1:PORT"`` (port 0
+    picks one; see ``tcp_address``), which needs ``token``. When ``token`` is set, every
+    connection must present it. ``metrics``: a loopback ``HOST:PORT`` serving ``/metrics``.
+    """
+
+    def __init__(self, store: Store, *, socket_path: os.PathLike[str] | str | None = None,
+                 listen: str | None = None, token: str | None = None,
+                 metrics: str | None = None, limits: ServiceLimits | None = None,
+                 writer_limits: WriterLimits | None = None) -> None:
+        if socket_path is None and listen is None:
+            raise ServiceError("the service needs a Unix socket path or a loopback address",
+                               hint="give --socket PATH, or --listen 127.0.0.1:PORT")
+        if listen is not None and not token:
+            raise ServiceError("listening on a TCP port needs a token: any local user can "
+                               "connect to it", hint="add --token-file FILE (mode 600)")
+        self.store = store
+        self.limits = limits or ServiceLimits()
+        self.writer_limits = writer_limits or WriterLimits(max_batch_delay=0.002)
+        self.socket_path = None if socket_path is None else Path(socket_path)
+        self._listen = None if listen is None else parse_loopback(listen)
+        self._metrics = None if metrics is None else parse_loopback(metrics, what="--metrics")
+        self._token = token or None
+        self.tcp_address: tuple[str, int] | None = None
+        self.metrics_address: tuple[str, int] | None = None
+        self.writer: Writer  # set on entry
+        self._stack = contextlib.AsyncExitStack()
+        self._tg: anyio.abc.TaskGroup
+        self._listeners: list[anyio.abc.Listener] = []
+        self._connections: set[_Connection] = set()
+        # anyio primitives need the event loop: made in __aenter__
+        self._accept_scopes: list[anyio.CancelScope] = []
+        self._metrics_scope: anyio.CancelScope
+        self._connections_changed: anyio.Event
+        self._requests: anyio.Semaphore
+        self._budget: _ReadBudget
+        self._unauthenticated: dict[_Connection, None] = {}  # oldest first
+        self._authenticated = 0
+        self._counts = collections.Counter[str]()
+        self._errors = collections.Counter[str]()
+        self._socket_inode: int | None = None
+        self._stopping = False
+        self._started = time.monotonic()
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Service:
+        self._metrics_scope = anyio.CancelScope()
+        self._connections_changed = anyio.Event()
+        self._requests = anyio.Semaphore(self.limits.max_in_flight, fast_acquire=True)
+        self._budget = _ReadBudget(max(self.limits.max_pending_bytes, 1),
+                                   self.limits.max_frame_bytes + HEADER.size)
+        await self._stack.__aenter__()
+        try:
+            self.writer = await self._stack.enter_async_context(
+                Writer(self.store, limits=self.writer_limits))
+            self._stack.callback(self._unlink_socket)
+            await self._open_listeners()
+            self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+            for listener in self._listeners:
+                self._tg.start_soon(self._accept, listener)
+            if self._metrics is not None:
+                metrics = await anyio.create_tcp_listener(local_host=self._metrics[0],
+                                                          local_port=self._metrics[1])
+                self.metrics_address = (self._metrics[0],
+                                        metrics.extra(anyio.abc.SocketAttribute.local_port))
+                self._tg.start_soon(self._serve_metrics, metrics)
+        except BaseException as exc:
+            for listener in self._listeners:
+                await listener.aclose()
+            await self._stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._started = time.monotonic()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: object) -> bool | None:
+        if exc is None:
+            await self._drain()
+        else:
+            self._tg.cancel_scope.cancel()
+        return await self._stack.__aexit__(exc_type, exc, tb)  # type: ignore[arg-type]
+
+    async def _drain(self) -> None:
+        """Stop accepting and reading; answer what was read once it commits; close clients."""
+        self._stopping = True
+        for scope in self._accept_scopes:
+            scope.cancel()
+        self._unlink_socket()
+        for conn in list(self._connections):
+            conn.read_scope.cancel()
+        with anyio.move_on_after(self.limits.drain_timeout):
+            await self._wait_no_connections()
+        for conn in list(self._connections):
+            conn.scope.cancel()
+        await self._wait_no_connections()
+        self._metrics_scope.cancel()
+
+    async def _wait_no_connections(self) -> None:
+        while self._connections:
+            await self._connections_change()
+
+    async def wait_gone(self, client: str) -> None:
+        """Until no connection of the client named ``client`` (in its hello) is open.
+
+        A connection closes only after every request it read has committed (or failed), so
+        afterwards the store holds everything that client will ever get written.
+        """
+        while any(conn.client == client for conn in self._connections):
+            await self._connections_change()
+
+    async def _connections_change(self) -> None:
+        if self._connections_changed.is_set():  # shared by every waiter until it fires
+            self._connections_changed = anyio.Event()
+        await self._connections_changed.wait()
+
+    # --- listening ---------------------------------------------------------------------
+
+    async def _open_listeners(self) -> None:
+        if self.socket_path is not None:
+            self._listeners.append(await anyio.abc.SocketListener.from_socket(
+                _bind_unix(self.socket_path)))
+            self._socket_inode = self.socket_path.stat().st_ino
+        if self._listen is not None:
+            tcp = await anyio.create_tcp_listener(local_host=self._listen[0],
+                                                  local_port=self._listen[1])
+            self._listeners.extend(tcp.listeners)
+            self.tcp_address = (self._listen[0], tcp.extra(anyio.abc.SocketAttribute.local_port))
+
+    def _unlink_socket(self) -> None:
+        """Remove our socket file (only ours: a successor may have bound the path since)."""
+        if self.socket_path is None or self._socket_inode is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            if self.socket_path.stat().st_ino == self._socket_inode:
+                self.socket_path.unlink()
+        self._socket_inode = None
+
+    async def _accept(self, listener: anyio.abc.Listener) -> None:
+        with anyio.CancelScope() as scope:
+            self._accept_scopes.append(scope)
+            if self._stopping:
+                scope.cancel()
+            async with listener:
+                while True:
+                    try:
+                        stream = await listener.accept()
+                    except OSError as exc:  # EMFILE and friends: wait, do not spin
+                        log.warning("accept failed: %s", exc)
+                        await anyio.sleep(0.1)
+                        continue
+                    self._tg.start_soon(self._handle, stream)
+
+    # --- one connection ----------------------------------------------------------------
+
+    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
+        self._counts["connections"] += 1
+        conn = _Connection(stream, self.limits,
+                           f"connection {self._counts['connections']} {_peer(stream)}")
+        self._connections.add(conn)
+        try:
+            with conn.scope:
+                await self._serve(conn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            self._unauthenticated.pop(conn, None)
+            self._budget.frame_done(conn)
+            self._budget.release(conn.held)  # what it read and never handed on
+            conn.held = 0
+            self._connections.discard(conn)
+            if conn.slow:
+                self._counts["slow_disconnects"] += 1
+            self._connections_changed.set()
+
+    def _admit_unauthenticated(self, conn: _Connection) -> None:
+        """Count ``conn`` among the connections yet to say hello; at the limit, drop the
+        oldest of them: whoever opens connections and says nothing cannot keep a token
+        holder out (a real client says hello at once, and is never the oldest for long)."""
+        while len(self._unauthenticated) >= max(self.limits.max_unauthenticated, 1):
+            oldest = next(iter(self._unauthenticated))
+            del self._unauthenticated[oldest]
+            oldest.hello_scope.cancel()
+        self._unauthenticated[conn] = None
+
+    async def _serve(self, conn: _Connection) -> None:
+        self._admit_unauthenticated(conn)
+        reader = FrameReader(_MeteredStream(conn, self._budget, self._counts))
+        try:
+            with conn.hello_scope, anyio.fail_after(self.limits.handshake_timeout):
+                await self._handshake(conn, reader)
+        except ProtocolError as exc:
+            self._unauthenticated.pop(conn, None)
+            await self._refuse(conn, exc)
+            return
+        except TimeoutError:
+            self._unauthenticated.pop(conn, None)
+            await self._refuse(conn, ProtocolError("handshake_timeout",
+                                                   "no valid hello in time"))
+            return
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                OSError):
+            return
+        if conn.hello_scope.cancelled_caught:  # dropped for a newer connection (not logged:
+            self._errors["too_many_unauthenticated"] += 1  # a flood would flood the log)
+            return
+        self._authenticated += 1
+        try:
+            await self._serve_authenticated(conn, reader)
+        finally:
+            self._authenticated -= 1
+
+    async def _serve_authenticated(self, conn: _Connection, reader: FrameReader) -> None:
+        final: ProtocolError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(conn.send_loop)
+            with conn.read_scope:
+                try:
+                    await self._read_loop(conn, reader)
+                except ProtocolError as exc:
+                    final = exc
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+            await conn.wait_requests_done()  # they commit whatever becomes of the socket
+            if final is None and self._stopping:
+                final = ProtocolError("shutting_down", "the service is stopping; reconnect "
+                                      "and redeliver what was not acked", retryable=True)
+            if final is not None:
+                self._count_error(final, conn)
+                conn.push(encode_frame(final.frame()), slot=False)
+            conn.close_outbox()
+        if not conn.dead:
+            await self._linger(conn)
+
+    async def _handshake(self, conn: _Connection, reader: FrameReader) -> None:
+        size = await reader.read_header()
+        if size is None:
+            raise anyio.EndOfStream
+        if size > self.limits.max_hello_bytes:
+            raise ProtocolError("frame_too_large", f"a {size}-byte frame before the hello "
+                                f"was accepted (at most {self.limits.max_hello_bytes})")
+        hello = decode_client_frame(await reader.read_body(size))
+        self._release(conn, HEADER.size + size)
+        if not isinstance(hello, Hello):
+            raise ProtocolError("protocol", "the first frame must be a hello")
+        if PROTOCOL_VERSION not in hello.versions:
+            raise ProtocolError("unsupported_version", f"this service speaks protocol "
+                                f"version {PROTOCOL_VERSION}, the client {hello.versions}")
+        if self._token is not None and not tokens_match(self._token, hello.token):
+            raise ProtocolError("unauthorized", "wrong or missing token")
+        if self._stopping:
+            raise ProtocolError("shutting_down", "the service is stopping", retryable=True)
+        if self._authenticated >= self.limits.max_connections:
+            raise ProtocolError("too_many_connections", f"{self.limits.max_connections} "
+                                "clients are connected; retry later", retryable=True)
+        self._unauthenticated.pop(conn, None)  # from here on it counts as a client
+        conn.client = hello.client
+        conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
+        from .. import __version__  # here: the package imports this module
+
+        welcome = Welcome(version=PROTOCOL_VERSION, server=f"evidence {__version__}",
+                          store_id=self.store.store_id,
+                          max_frame_bytes=self.limits.max_frame_bytes,
+                          max_in_flight=self.limits.connection_in_flight)
+        with anyio.fail_after(self.limits.send_timeout):
+            await conn.stream.send(encode_frame(welcome))
+
+    def _release(self, conn: _Connection, n: int) -> None:
+        """Give back ``n`` bytes of the read budget that ``conn`` took."""
+        conn.held -= n
+        self._budget.release(n)
+
+    async def _refuse(self, conn: _Connection, error: ProtocolError) -> None:
+        """Send one error frame and close, without reading anything more of the peer's."""
+        self._count_error(error, conn)
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
+                                 OSError, TimeoutError), anyio.fail_after(1.0):
+            await conn.stream.send(encode_frame(error.frame()))
+        await self._linger(conn)
+
+    async def _linger(self, conn: _Connection) -> None:
+        """Half-close, and discard what the peer still sends until it closes (bounded).
+
+        Closing a socket with unread input resets the connection, and the peer may then
+        lose the answers and error frame it has not read yet.
+        """
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
+                                 anyio.EndOfStream, OSError), \
+                anyio.move_on_after(min(self.limits.send_timeout, 5.0)):
+            await conn.stream.send_eof()
+            while True:
+                await conn.stream.receive()
+
+    def _count_error(self, error: ProtocolError, conn: _Connection) -> None:
+        self._errors[error.code] += 1
+        if error.code != "shutting_down":
+            log.info("%s: %s: %s", conn.peer, error.code, error)
+
+    async def _read_loop(self, conn: _Connection, reader: FrameReader) -> None:
+        """Read, decode and dispatch frames until the peer ends the stream.
+
+        Submits already buffered are handed to the writer together, as one group (their
+        messages commit in one transaction anyway, each still failing alone), which saves a
+        task and a queue entry per request. The merge is flushed before anything that could
+        wait, so a request never waits for a later one.
+        """
+        merge = _Merge()
+        try:
+            while True:
+                if not reader.frame_ready():
+                    self._flush(conn, merge)  # the next read may wait on the socket
+                size = await self._next_header(conn, reader)
+                if size is None:
+                    return
+                if size > self.limits.max_frame_bytes:
+                    raise ProtocolError("frame_too_large", f"a {size}-byte frame is over the "
+                                        f"limit of {self.limits.max_frame_bytes} bytes")
+                self._release(conn, HEADER.size)
+                reserved = size  # released here, or by the request task after the commit
+                try:
+                    frame = decode_client_frame(await self._body(conn, reader, size))
+                    self._counts["frames"] += 1
+                    if self._counts["frames"] % _YIELD_EVERY == 0:
+                        self._flush(conn, merge)
+                        await anyio.lowlevel.checkpoint()  # let tasks and senders run
+                    if isinstance(frame, Hello):
+                        raise ProtocolError("protocol", "hello sent twice")
+                    if conn.slots.value == 0 or self._requests.value == 0:
+                        self._flush(conn, merge)
+                        self._counts["backpressure_waits"] += 1
+                    await conn.slots.acquire()  # released when the answer is written
+                    if isinstance(frame, Submit):
+                        messages = self._decode_messages(conn, frame)
+                        if messages is None:
+                            continue
+                        await self._requests.acquire()
+                        conn.request_started()
+                        merge.add(frame.id, messages, reserved)
+                        reserved = 0  # the request task releases it after the commit
+                        if merge.full():
+                            self._flush(conn, merge)
+                    elif isinstance(frame, Ping):
+                        conn.push(encode_frame(Pong(id=frame.id)), slot=True)
+                    elif isinstance(frame, StatsRequest):
+                        stats = self.statistics()
+                        conn.push(encode_frame(StatsResult(
+                            id=frame.id, statistics=stats, metrics=prometheus_text(stats))),
+                            slot=True)
+                finally:
+                    if reserved:
+                        self._release(conn, reserved)
+        finally:
+            self._flush(conn, merge)  # what was read is committed and answered, whatever ends
+
+    async def _next_header(self, conn: _Connection, reader: FrameReader) -> int | None:
+        """The next frame's size; a connection with nothing in flight that sends nothing
+        for ``idle_timeout`` is closed (retryable: its client reconnects when it needs to)."""
+        while True:
+            with anyio.move_on_after(self.limits.idle_timeout) as idle:
+                return await reader.read_header()
+            if idle.cancelled_caught and conn.in_flight == 0:
+                raise ProtocolError("idle_timeout", f"nothing sent for "
+                                    f"{self.limits.idle_timeout:g} s", retryable=True)
+
+    async def _body(self, conn: _Connection, reader: FrameReader, size: int) -> bytes:
+        """A frame's body: the client has ``body_timeout`` seconds of sending time for it,
+        and its bytes count against the read budget as they arrive."""
+        if reader.buffered() >= size:
+            return await reader.read_body(size)
+        conn.body_time_left = self.limits.body_timeout
+        self._budget.frame_started(conn)
+        try:
+            return await reader.read_body(size)
+        except TimeoutError:
+            raise ProtocolError("body_timeout", f"a {size}-byte frame did not arrive within "
+                                f"{self.limits.body_timeout:g} s") from None
+        finally:
+            conn.body_time_left = None
+            self._budget.frame_done(conn)
+
+    def _flush(self, conn: _Connection, merge: _Merge) -> None:
+        if merge.requests:
+            self._tg.start_soon(self._submit, conn, merge.requests, merge.reserved)
+            merge.clear()
+
+    def _decode_messages(self, conn: _Connection, frame: Submit) -> list[Message] | None:
+        """Decode strictly; a defect refuses the whole request (nothing of it is written)."""
+        try:
+            messages = [decode_message(raw) for raw in frame.messages]  # type: ignore[arg-type]
+        except MessageError as exc:
+            self._errors["invalid_message"] += 1
+            conn.push(encode_frame(ErrorFrame(
+                code="invalid_message", message=str(exc), id=frame.id, hint=exc.hint)),
+                slot=True)
+            return None
+        self._counts["messages"] += len(messages)
+        return messages
+
+    async def _submit(self, conn: _Connection, requests: list[tuple[int, list[Message]]],
+                      reserved: int) -> None:
+        """Commit requests (as one group) and answer each; a failure answers each alike."""
+        try:
+            try:
+                acks = await self.writer.submit_group(
+                    [m for _, messages in requests for m in messages])
+            except MessageError:
+                if len(requests) == 1:
+                    raise
+                # One message re-encodes over the limit: find it, and fail its request alone.
+                for request in requests:
+                    await self._submit_one(conn, request)
+                return
+            offset = 0
+            for request_id, messages in requests:
+                part = acks[offset:offset + len(messages)]
+                offset += len(messages)
+                self._counts["acks"] += len(part)
+                conn.push(encode_frame(AckFrame(id=request_id, acks=part)), slot=True)
+        except (MessageError, CommitError, WriterClosedError) as exc:
+            for request_id, _ in requests:
+                conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
+        finally:
+            self._release(conn, reserved)
+            for _ in requests:
+                self._requests.release()
+            conn.request_done(len(requests))
+
+    async def _submit_one(self, conn: _Connection, request: tuple[int, list[Message]]) -> None:
+        request_id, messages = request
+        try:
+            acks = await self.writer.submit_group(messages)
+        except (MessageError, CommitError, WriterClosedError) as exc:
+            conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
+        else:
+            self._counts["acks"] += len(acks)
+            conn.push(encode_frame(AckFrame(id=request_id, acks=acks)), slot=True)
+
+    # --- health and metrics ------------------------------------------------------------
+
+    def statistics(self) -> ServiceStatistics:
+        now = time.monotonic()
+        return ServiceStatistics(
+            writer=self.writer.statistics(),
+            uptime=now - self._started,
+            connected_clients=len(self._connections),
+            connections_total=self._counts["connections"],
+            requests_in_flight=self.limits.max_in_flight - self._requests.value,
+            pending_bytes=self._budget.used,
+            frames_received=self._counts["frames"],
+            messages_received=self._counts["messages"],
+            acks_sent=self._counts["acks"],
+            backpressure_waits=self._counts["backpressure_waits"],
+            send_blocked_connections=sum(
+                1 for c in self._connections
+                if c.blocked_since is not None and now - c.blocked_since > 0.1),
+            slow_disconnects=self._counts["slow_disconnects"],
+            protocol_errors=dict(self._errors),
+        )
+
+    async def _serve_metrics(self, listener: anyio.abc.Listener) -> None:
+        with self._metrics_scope:
+            async with listener:
+                await listener.serve(self._metrics_request)
+
+    async def _metrics_request(self, stream: anyio.abc.ByteStream) -> None:
+        """A minimal HTTP/1.0 responder: GET /metrics, GET /healthz; anything else 404."""
+        async with stream:
+            head = b""
+            with anyio.move_on_after(5.0):
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    while b"\r\n\r\n" not in head and len(head) < 8192:
+                        head += await stream.receive(8192)
+            method, _, rest = head.partition(b" ")
+            target = rest.split(b" ", 1)[0].split(b"?", 1)[0]
+            if method not in (b"GET", b"HEAD"):
+                status, body, kind = "405 Method Not Allowed", "GET only\n", "text/plain"
+            elif target == b"/metrics":
+                status, body = "200 OK", prometheus_text(self.statistics())
+                kind = "text/plain; version=0.0.4"
+            elif target in (b"/healthz", b"/health"):
+                ok = not self._stopping
+                status, body, kind = (("200 OK", "ok\n", "text/plain") if ok else
+                                      ("503 Service Unavailable", "stopping\n", "text/plain"))
+            else:
+                status, body, kind = "404 Not Found", "try /metrics\n", "text/plain"
+            data = body.encode()
+            response = (f"HTTP/1.0 {status}\r\nContent-Type: {kind}; charset=utf-8\r\n"
+                        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+            with contextlib.suppress(anyio.BrokenResourceError, OSError, TimeoutError), \
+                    anyio.fail_after(5.0):
+                await stream.send(response + (data if method == b"GET" else b""))
+
+
+def _peer(stream: anyio.abc.ByteStream) -> str:
+    try:
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        return ""
+    if isinstance(address, tuple):
+        return f"from {address[0]}:{address[1]}"
+    return "on the Unix socket"
+
+
+def _bind_unix(path: Path) -> socket.socket:
+    """A Unix socket at ``path``, mode 0600 before it listens (so no other user can connect).
+
+    A socket file left by a killed service is replaced; one with a live service behind it,
+    or a path that is not a socket, is refused.
+    """
+    if len(os.fsencode(path)) > 107:
+        raise ServiceError(f"{path}: a Unix socket path must be under 108 bytes",
+                           hint="use a shorter path, e.g. under /run or /tmp")
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise ServiceError(f"{path} exists and is not a socket", path=str(path))
+        if _socket_is_live(path):
+            raise ServiceError(f"{path}: another service is listening there", path=str(path),
+                               hint="stop it first, or choose another --socket path")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fspath(path))
+        os.chmod(path, 0o600)  # before listen(): until then every connect() is refused
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ServiceError(f"{path}: cannot listen ({exc.strerror})", path=str(path)) from None
+    return sock
+
+
+def _socket_is_live(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return False
+        raise ServiceError(f"{path}: cannot tell whether a service is listening there "
+                           f"({exc.strerror})", path=str(path)) from None
+    finally:
+        probe.close()
+    return True
+
+
+# --- Prometheus text format -------------------------------------------------------------
+
+def prometheus_text(s: ServiceStatistics) -> str:
+    """The statistics in the Prometheus text exposition format (version 0.0.4)."""
+    w = s.writer
+    out: list[str] = []
+
+    def metric(name: str, kind: str, text: str, *samples: tuple[str, float]) -> None:
+        out.append(f"# HELP evidence_{name} {text}")
+        out.append(f"# TYPE evidence_{name} {kind}")
+        out.extend(f"evidence_{name}{labels} {_number(value)}" for labels, value in samples)
+
+    metric("writer_queue_depth", "gauge", "Submissions waiting for the writer.",
+           ("", w.queue_depth))
+    metric("writer_oldest_pending_age_seconds", "gauge",
+           "Age of the oldest submitted, unacknowledged message.", ("", w.oldest_pending_age))
+    metric("writer_commit_latency_seconds", "gauge",
+           "Batch commit latency over the last 2048 batches.",
+           ('{quantile="0.5"}', w.commit_latency_p50), ('{quantile="0.99"}', w.commit_latency_p99),
+           ('{quantile="1"}', w.commit_latency_max))
+    cumulative, buckets = 0, []
+    for bound, n in w.batch_sizes.items():
+        cumulative += n
+        buckets.append((f'_bucket{{le="{"+Inf" if bound == "inf" else bound}"}}', cumulative))
+    outcomes = w.committed + w.duplicates + w.conflicts + w.rejections
+    metric("writer_batch_size_messages", "histogram", "Messages per committed batch.",
+           *buckets, ("_sum", outcomes), ("_count", w.batches))
+    metric("writer_messages_total", "counter", "Messages acknowledged, by outcome.",
+           ('{outcome="committed"}', w.committed), ('{outcome="duplicate"}', w.duplicates),
+           ('{outcome="conflict"}', w.conflicts), ('{outcome="rejected"}', w.rejections))
+    metric("writer_busy_retries_total", "counter", "BEGIN IMMEDIATE retries on SQLITE_BUSY.",
+           ("", w.busy_retries))
+    metric("writer_commit_errors_total", "counter", "Batches that did not commit.",
+           ("", w.commit_errors))
+    metric("writer_checkpoints_total", "counter", "WAL checkpoints run by the writer.",
+           ("", w.checkpoints))
+    metric("writer_checkpoint_errors_total", "counter", "WAL checkpoints that failed.",
+           ("", w.checkpoint_errors))
+    metric("writer_tree_size", "gauge", "Messages in the Merkle log.", ("", w.tree_size))
+    metric("service_uptime_seconds", "gauge", "Seconds since the service started.",
+           ("", s.uptime))
+    metric("service_connected_clients", "gauge", "Open client connections.",
+           ("", s.connected_clients))
+    metric("service_connections_total", "counter", "Connections accepted.",
+           ("", s.connections_total))
+    metric("service_requests_in_flight", "gauge", "Requests read and not yet answered.",
+           ("", s.requests_in_flight))
+    metric("service_pending_bytes", "gauge", "Bytes read from clients, not yet committed.",
+           ("", s.pending_bytes))
+    metric("service_frames_received_total", "counter", "Frames read after handshakes.",
+           ("", s.frames_received))
+    metric("service_messages_received_total", "counter", "Messages decoded from submits.",
+           ("", s.messages_received))
+    metric("service_acks_sent_total", "counter", "Acknowledgements queued to clients.",
+           ("", s.acks_sent))
+    metric("service_backpressure_waits_total", "counter",
+           "Times a connection's reads paused for in-flight room.", ("", s.backpressure_waits))
+    metric("service_send_blocked_connections", "gauge",
+           "Connections whose answers are waiting on a full socket.",
+           ("", s.send_blocked_connections))
+    metric("service_slow_disconnects_total", "counter",
+           "Connections dropped because they did not read their answers.",
+           ("", s.slow_disconnects))
+    metric("service_protocol_errors_total", "counter",
+           "Connections and requests refused, by error code.",
+           *((f'{{code="{code}"}}', n) for code, n in sorted(s.protocol_errors.items())))
+    return "\n".join(out) + "\n"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, float) and math.isinf(value):
+        return "+Inf"
+    return repr(value) if isinstance(value, float) else str(value)
+

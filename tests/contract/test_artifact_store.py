@@ -1,0 +1,89 @@
+"""The artifact-store contract (``evidence._store.backend.ArtifactBackend``), stated once
+and run over every implementation (tests/contract/conftest.py): durable before reference,
+idempotent put, get returns exactly what was put, exists / iterate / remove."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evidence import ArtifactCorruptError, ArtifactMissingError, ArtifactRef
+from evidence.testing.faults import SimulatedDisk
+
+from .conftest import ArtifactKind
+
+payloads = st.binary(max_size=4096)
+namespaces = st.sampled_from(["body", "headers", "robots"])
+
+
+def test_a_put_that_returned_and_was_synced_survives_power_loss(
+        artifact_kind: ArtifactKind, tmp_path: Path) -> None:
+    disk = SimulatedDisk(tmp_path)
+    disk.capture()
+    artifacts = artifact_kind.open_on(tmp_path / "artifacts", disk)
+    refs = [artifacts.put("body", f"payload {i}".encode()) for i in range(3)]
+    artifacts.sync(refs)  # what the writer does before the COMMIT that references them
+    disk.power_loss("drop")  # nothing that was not synced reaches the medium
+    disk.write_crash_image()
+    after = artifact_kind.open(tmp_path / "artifacts")
+    for i, ref in enumerate(refs):
+        assert after.read(ref, verify=True) == f"payload {i}".encode()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=st.lists(st.tuples(namespaces, payloads), max_size=8))
+def test_get_returns_exactly_what_was_put_and_a_second_put_changes_nothing(
+        artifact_kind: ArtifactKind, tmp_path_factory: pytest.TempPathFactory,
+        items: list[tuple[str, bytes]]) -> None:
+    artifacts = artifact_kind.open(tmp_path_factory.mktemp("a"))
+    refs = [artifacts.put(namespace, data) for namespace, data in items]
+    again = [artifacts.put(namespace, data) for namespace, data in items]
+    assert again == refs  # idempotent: the same bytes, the same ref
+    for ref, (namespace, data) in zip(refs, items, strict=True):
+        assert (ref.namespace, ref.size) == (namespace, len(data))
+        assert artifacts.read(ref, verify=True) == data
+        with artifacts.open(ref, verify=True) as handle:
+            assert handle.read() == data
+    # One stored copy per distinct content, listed once each, sorted.
+    assert list(artifacts.iter_refs()) == sorted(set(refs),
+                                                 key=lambda r: (r.namespace, r.digest))
+
+
+def test_exists_check_and_a_missing_payload(artifact_kind: ArtifactKind,
+                                            tmp_path: Path) -> None:
+    artifacts = artifact_kind.open(tmp_path)
+    ref = artifacts.put("body", b"here")
+    absent = ArtifactRef("body", "0" * 64, 4)
+    assert artifacts.exists(ref) and not artifacts.exists(absent)
+    artifacts.check(ref)
+    with pytest.raises(ArtifactMissingError):
+        artifacts.check(absent)
+    with pytest.raises(ArtifactMissingError):
+        artifacts.read(absent)
+    wrong_size = ArtifactRef("body", ref.digest, ref.size + 1)
+    with pytest.raises(ArtifactCorruptError):
+        artifacts.check(wrong_size)
+
+
+def test_remove_deletes_one_payload_for_reclaim(artifact_kind: ArtifactKind,
+                                                tmp_path: Path) -> None:
+    artifacts = artifact_kind.open(tmp_path)
+    gone, kept = artifacts.put("body", b"orphan"), artifacts.put("body", b"referenced")
+    assert artifacts.age(gone) is not None and artifacts.age(gone) >= 0.0
+    assert artifacts.remove(gone) == len(b"orphan")
+    assert artifacts.remove(gone) is None  # already gone: nothing freed, no error
+    assert artifacts.age(gone) is None
+    assert not artifacts.exists(gone) and artifacts.exists(kept)
+    assert list(artifacts.iter_refs()) == [kept]
+    assert artifacts.put("body", b"orphan") == gone  # a later put stores it again
+
+
+def test_stored_payloads_are_read_only(artifact_kind: ArtifactKind, tmp_path: Path) -> None:
+    artifacts = artifact_kind.open(tmp_path)
+    ref = artifacts.put("body", b"evidence is never edited in place")
+    assert artifacts.is_writable(ref) is False
+    assert str(ref.digest) in artifacts.location(ref)

@@ -1,0 +1,128 @@
+"""The package's layout is its data flow, and imports only go down it (docs/design.md).
+
+    _errors < _model < _store < _write < client < _crawl < _audit < _archive < _demo
+            < _cli < testing < evidence (the public face)
+
+Each module's imports are read with ``ast`` (every ``import`` and ``from ... import``,
+inside functions and ``TYPE_CHECKING`` blocks too: a type named from an upper stage is a
+dependency on it), resolved to absolute names, and checked against the stage order.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
+
+# The stages, lowest first. A module may import its own stage and the stages before it.
+STAGES = ["evidence._errors", "evidence._model", "evidence._store", "evidence._write",
+          "evidence.client", "evidence._crawl", "evidence._audit", "evidence._archive",
+          "evidence._demo", "evidence._cli", "evidence.testing", "evidence"]
+# Libraries that do I/O: the model is pure values and never imports them.
+IO_LIBRARIES = {"apsw", "anyio", "httpx", "httpcore", "socket", "sqlite3", "subprocess"}
+
+
+def module_name(path: Path) -> str:
+    parts = ["evidence", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def stage_of(module: str) -> int:
+    """The index in STAGES of the longest stage that is ``module`` or contains it."""
+    best = None
+    for index, stage in enumerate(STAGES):
+        inside = module == stage or module.startswith(stage + ".")
+        if inside and (best is None or len(stage) > len(STAGES[best])):
+            best = index
+    assert best is not None, module
+    return best
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file, relative ones resolved."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # ``from . import messages`` imports the module evidence._model.messages
+            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
+            found.append((node.lineno, target))
+    return found
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def layering_violations(paths: list[Path]) -> list[str]:
+    problems = []
+    for path in paths:
+        here = module_name(path)
+        for line, target in imports_of(path):
+            if target != "evidence" and not target.startswith("evidence."):
+                continue
+            if target == "evidence" and here != "evidence":
+                continue  # ``from evidence import __version__``-style lookups are checked
+                #           as the names they import (evidence.__version__: the face)
+            if stage_of(target) > stage_of(here) and not target.endswith("__version__"):
+                problems.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {here} "
+                                f"imports {target}, a later stage")
+    return problems
+
+
+def test_lower_stages_never_import_upper_ones() -> None:
+    assert layering_violations(modules()) == []
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:
+    """The check itself can fail: a store module that imports the crawler is caught."""
+    bad = PACKAGE / "_store" / "_layering_probe.py"
+    bad.write_text("from .._crawl.frontier import CrawlConfig\n")
+    try:
+        problems = layering_violations([bad])
+    finally:
+        bad.unlink()
+    assert problems and "imports evidence._crawl.frontier" in problems[0]
+
+
+def test_every_module_belongs_to_a_stage() -> None:
+    top = {p.name for p in PACKAGE.iterdir() if not p.name.startswith("__pycache__")}
+    stages = {s.split(".")[1] for s in STAGES if "." in s}
+    loose = {name for name in top if name.removesuffix(".py") not in stages
+             and name not in ("__init__.py", "__main__.py", "py.typed")}
+    assert loose == set(), "a module outside the stages: give it one (docs/design.md)"
+
+
+@pytest.mark.parametrize("path", [p for p in modules() if "_model" in p.parts],
+                         ids=lambda p: p.name)
+def test_the_model_is_pure_values(path: Path) -> None:
+    """What flows imports no database, network or event-loop library."""
+    used = {target.split(".")[0] for _, target in imports_of(path)}
+    assert used & IO_LIBRARIES == set()
+
+
+def test_importing_the_client_loads_no_sqlite_writer_store_or_crawler() -> None:
+    """A worker process that only submits messages never loads SQLite (issue 14)."""
+    probe = ("import sys, evidence.client\n"
+             "print('\\n'.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    loaded = set(done.stdout.split())
+    assert "evidence.client" in loaded
+    forbidden = {m for m in loaded if m == "apsw" or m.startswith("apsw.")
+                 or m.startswith(("evidence._write.writer", "evidence._store",
+                                  "evidence._crawl", "evidence._audit", "evidence._archive"))}
+    assert forbidden == set()
