@@ -25,9 +25,9 @@ from typing import IO, NoReturn
 
 import msgspec
 
-__all__ = ["Parser", "Progress", "at_least_one", "confirm", "error_text", "format_bytes",
-           "integer", "log_to", "non_negative", "parse_duration", "positive", "print_json",
-           "seconds", "write_output"]
+__all__ = ["Parser", "Progress", "confirm", "error_text", "format_bytes", "integer",
+           "log_to", "non_negative", "parse_duration", "positive", "positive_seconds",
+           "print_json", "seconds", "write_output"]
 
 
 # --- the parser's form ----------------------------------------------------------------
@@ -139,13 +139,6 @@ def log_to(stream: IO[str]) -> None:
 
 # --- argument types --------------------------------------------------------------------
 
-def at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
-
-
 def non_negative(text: str) -> int:
     value = integer(text)
     if value < 0:
@@ -174,6 +167,13 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 seconds or more, not {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
     return value
 
 

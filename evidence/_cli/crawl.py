@@ -27,12 +27,12 @@ from .._store.db import DB_NAME, Store
 from .._store.runlock import crawl_lock, stop
 from .common import (
     Parser,
-    at_least_one,
     confirm,
     format_bytes,
     log_to,
     non_negative,
     positive,
+    positive_seconds,
     print_json,
     seconds,
 )
@@ -465,10 +465,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--render-only", action="append", metavar="REGEX",
                    help="render only pages whose fetch key matches (repeatable; implies "
                    "--render)")
-    p.add_argument("--render-timeout", type=positive, default=30.0, metavar="SECONDS",
+    p.add_argument("--render-timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
                    help="the longest one render may take; then it is a 'timeout' attempt "
                    "(default 30)")
-    p.add_argument("--render-tabs", type=at_least_one, default=2, metavar="N",
+    p.add_argument("--render-tabs", type=positive, default=2, metavar="N",
                    help="pages rendered at once (default 2)")
     p.add_argument("--render-mhtml", action="store_true",
                    help="also keep each rendered page as MHTML")
