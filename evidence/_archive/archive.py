@@ -29,6 +29,7 @@ import msgspec
 from .._errors import CorruptStoreError, MigrationError, StoreError
 from .._store.artifacts import ArtifactStore
 from .._store.db import Store
+from .._store.fsync import fsync_file
 from .._store.log import check_log, load_head
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
 from .export import (
@@ -44,7 +45,6 @@ from .export import (
     building,
     copy_artifacts,
     dump,
-    fsync_path,
     ident,
     open_source,
     read_manifest,
@@ -115,7 +115,7 @@ def backup(source: Source, out_dir: os.PathLike[str] | str, *,
                 conn.execute("PRAGMA journal_mode = WAL").fetchall()
             finally:
                 conn.close()
-        fsync_path(db)
+        fsync_file(db)
         copy = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
         copied, gaps = copy_artifacts(refs, artifacts, copy, progress)
         findings += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps]
@@ -286,7 +286,7 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
                 conn.execute("PRAGMA journal_mode = WAL").fetchall()
         finally:
             conn.close()
-        fsync_path(db)
+        fsync_file(db)
         copied, gaps = copy_artifacts(refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False),
                                       ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62),
                                       progress)

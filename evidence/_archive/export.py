@@ -47,6 +47,7 @@ from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
 from .._store.backend import StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
+from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
@@ -231,7 +232,7 @@ class Output:
                 subdirs.add(Path(handle.name).parent)
             entries[name] = FileEntry(bytes=size[0], blake3=hasher.hexdigest())
         for subdir in subdirs - {self.directory}:  # the directory itself: its owner's job
-            fsync_path(subdir)
+            fsync_dir(subdir)
         return entries
 
 
@@ -351,15 +352,6 @@ def _check_schema_version(backend: StoreBackend) -> None:
                              hint="upgrade evidence to export this store")
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory entry is durable only after this)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _BUILD_KINDS = ("exporting", "restoring", "backup")
 
 
@@ -426,14 +418,14 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield tmp
-        fsync_path(tmp)
+        fsync_dir(tmp)
         try:
             os.rename(tmp, target)
         except OSError as exc:
             raise StoreError(f"cannot move the finished {what} into place at {target}: {exc}",
                              hint="was something written there meanwhile?",
                              path=str(target)) from exc
-        fsync_path(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

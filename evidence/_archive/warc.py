@@ -59,6 +59,7 @@ from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
 from .._model.refs import ArtifactRef
 from .._store.artifacts import CHUNK_SIZE
 from .._store.db import Store
+from .._store.fsync import fsync_dir
 
 __all__ = ["WarcExport", "export_warc"]
 
@@ -138,7 +139,7 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     return WarcExport(path=str(out), records=records, responses=responses,
                       skipped=total - responses, bytes=out.stat().st_size,
                       sha256=digest.hexdigest())
@@ -333,11 +334,3 @@ def _write(sink: _HashingWriter, compress: bool, record: _Record) -> None:
                        compresslevel=6) as gz:
         for chunk in record.chunks():
             gz.write(chunk)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

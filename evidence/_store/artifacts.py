@@ -54,6 +54,7 @@ from .._errors import (
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
+from .fsync import fsync_dir
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps"]
 
@@ -124,11 +125,7 @@ class FileOps:
         os.rename(src, dst)
 
     def fsync_dir(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(path)
 
     def makedirs(self, path: Path) -> list[Path]:
         """Create ``path`` and missing parents; return the directories created, top-down."""
