@@ -404,13 +404,13 @@ def _summarize(source: Source, path: Path, progress: Progress | None
                ) -> tuple[dict, list[Difference]]:
     notes: list[Difference] = []
     label = str(source.path if isinstance(source, Store) else source)
-    kind = "store" if isinstance(source, Store) or not (Path(source) / MANIFEST).exists() \
-        else "archive"
-    if kind == "store":
+    if isinstance(source, Store) or not (Path(source) / MANIFEST).exists():
+        kind = "store"
         backend, _artifacts = open_source(source)
         backend.copy_snapshot(path, progress=progress)
         conn = apsw.Connection(str(path))
     else:
+        kind = "archive"
         manifest = read_manifest(source)
         if manifest.format != "sql":
             raise StoreError(f"{source} is a {manifest.format} export; compare reads sql "

@@ -206,7 +206,7 @@ class Output:
 
     def write(self, name: str, data: bytes) -> None:
         if name not in self._files:
-            handle = None
+            handle: BinaryIO | None = None
             if self.directory is not None:
                 (self.directory / name).parent.mkdir(parents=True, exist_ok=True)
                 handle = open(self.directory / name, "xb")  # noqa: SIM115 - closed in finish
@@ -526,12 +526,12 @@ def run_scope(conn: apsw.Connection, run_id: str) -> tuple[dict[str, str], list[
         "SELECT log_index FROM render WHERE run_id = :run;", {"run": run_id})
     sessions = {s for (s,) in conn.execute("SELECT session_id FROM temp.keep_session")}
     kinds = ", ".join(_sql_text(k) for k in _ROW_KINDS)
-    for table, key, sql in (
+    for keep, key, sql in (
             ("keep_ledger", "log_index", f"FROM ingest_ledger WHERE kind NOT IN ({kinds})"),
             ("keep_quarantine", "quarantine_id", "FROM quarantine")):
         for rowid, payload in conn.execute(f"SELECT {key}, payload {sql}").fetchall():
             if _names(payload, run_id, sessions):
-                conn.execute(f"INSERT INTO temp.{table} VALUES (?)", (rowid,))
+                conn.execute(f"INSERT INTO temp.{keep} VALUES (?)", (rowid,))
     where, excluded = dict.fromkeys(("crawl_run", "fetch_attempt", "discovery_edge",
                                      "rule_evaluation", "url_current"), _OF_RUN), []
     where.update(_RUN_SCOPE)
@@ -698,7 +698,7 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
             conn = apsw.Connection(str(scratch))
             try:
                 where, excluded = run_scope(conn, run_id) if run_id else ({}, [])
-                params = {"run": run_id}
+                params: dict[str, object] = {"run": run_id}
                 info = describe(conn, where, params)
                 output = Output(tmp)
                 scope = f"run {_sql_text(run_id)}" if run_id else "store"

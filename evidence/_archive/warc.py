@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import apsw
@@ -145,7 +145,7 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
                       sha256=digest.hexdigest())
 
 
-def _one(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> object:
+def _one(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> Any:
     rows = conn.execute(sql, args).fetchall()
     return rows[0][0] if rows else None
 
@@ -330,7 +330,7 @@ def _write(sink: _HashingWriter, compress: bool, record: _Record) -> None:
         for chunk in record.chunks():
             sink.write(chunk)
         return
-    with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0,  # type: ignore[arg-type]
+    with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0,
                        compresslevel=6) as gz:
         for chunk in record.chunks():
             gz.write(chunk)

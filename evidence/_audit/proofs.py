@@ -408,7 +408,7 @@ def decode_proof(data: str | bytes) -> Proof:
 
 def _leaves(conn: apsw.Connection, size: int) -> list[bytes]:
     """The first ``size`` stored leaf hashes, contiguous from 0."""
-    leaves = []
+    leaves: list[bytes] = []
     for index, leaf in conn.execute("SELECT log_index, leaf_hash FROM ingest_ledger "
                                     "WHERE log_index < ? ORDER BY log_index", (size,)):
         if index != len(leaves):
@@ -523,7 +523,7 @@ def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str |
     except ProofError as exc:
         result.problems.append(str(exc))
         return result
-    result.kind = type(parsed).__struct_config__.tag
+    result.kind = str(type(parsed).__struct_config__.tag)
     problems = result.problems
     if parsed.version != PROOF_VERSION:
         problems.append(f"unknown proof version {parsed.version}")

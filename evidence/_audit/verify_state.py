@@ -87,7 +87,7 @@ class _ReplayApplier(Applier):
         if rows[0][1] != run_id:
             raise Rejected(f"{what}: attempt {attempt_id} belongs to run {rows[0][1]}, "
                            f"not {run_id}")
-        return rows[0][0]  # type: ignore[no-any-return]
+        return rows[0][0]
 
 
 class WorkingState:

@@ -170,7 +170,7 @@ def _format_comparison(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add export, backup, restore and compare to the ``evidence`` command's subparsers."""
     p = sub.add_parser(
         "export", help="write a canonical archive (dump, artifacts, manifest)",

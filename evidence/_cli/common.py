@@ -120,7 +120,7 @@ class Progress:
             sys.stderr.flush()
 
 
-class _TerminalLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _TerminalLogHandler(logging.StreamHandler):
     """Log lines that first clear a live progress line, so the two never share a line."""
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -138,10 +138,11 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                                 crawler.cancel(f"{words} again")
                 tg.start_soon(signals)
                 try:
-                    return await crawler.run()
+                    result = await crawler.run()
                 finally:
                     progress.end()
                     tg.cancel_scope.cancel()
+            return result
 
         return anyio.run(main)
 
@@ -217,7 +218,7 @@ class _CrawlProgressLine:
     full line every 10 seconds. It counts errors as they happen, and says why fewer fetches
     are in flight than allowed."""
 
-    def __init__(self, stream) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, stream) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self._drawn = False
@@ -306,12 +307,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _crawl_arguments(*argv: str) -> argparse.Namespace:
     """``evidence crawl ARGV`` parsed, as the command line would give it to ``run_crawl``."""
-    parser = Parser(prog="evidence")
+    parser: argparse.ArgumentParser = Parser(prog="evidence")
     add_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["crawl", *argv])
 
 
-def _demo_tally(conn, session_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def _demo_tally(conn, session_id: str) -> dict[str, int]:
     """The demo site's URLs the session settled as done, counted the way the demo announced
     them (the site's paths are fixed: /, /p/N, redirects answer 301, broken links 404)."""
     from urllib.parse import urlsplit
@@ -385,7 +386,7 @@ def _format_run(r: RunStatus) -> str:
     return f"  {r.run_id}  {r.state:<9} attempts {r.attempts}  session {r.session_id}"
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add init, crawl, diff, stop, demo and status to the ``evidence`` parser."""
     p = sub.add_parser("init", help="create an evidence store",
                        description="Create an evidence store (a directory holding "

@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._errors import ProofError
 from .._store.db import Store
 from .common import print_json, write_output
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._audit.proofs import ConsistencyProof, InclusionProof
 
 __all__ = ["add_commands"]
 
@@ -68,6 +72,7 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     if args.checkpoint:
         cp = parse_checkpoint(_read(args.checkpoint))
         size = cp.tree_size
+    proof: ConsistencyProof | InclusionProof
     with Store.open(args.store, read_only=True) as store:
         if args.from_size is not None:
             proof = prove_consistency(store, args.from_size, size)
@@ -106,7 +111,7 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add keygen, checkpoint, prove and check-proof to the ``evidence`` parser."""
     p = sub.add_parser(
         "keygen", help="create an Ed25519 key for signing checkpoints",

@@ -77,7 +77,7 @@ def _cmd_replay_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``replay`` to the ``evidence`` parser."""
     p = sub.add_parser(
         "replay", help="the exact response bytes recorded for a URL, or browse a capture",

@@ -81,7 +81,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(
+        subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``rules`` (check, evaluate) and ``report`` to the ``evidence`` parser."""
     p = subparsers.add_parser(
         "rules", help="check a rules file, or judge stored captures by it",

@@ -98,7 +98,7 @@ async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistic
         return service.statistics()
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve", help="run the writer service: many producer processes, one writer",
         description="Run STORE's serialized writer as a service: producer processes connect "

@@ -88,7 +88,7 @@ def format_report(r: VerifyReport) -> str:
     return "\n".join(lines)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``verify`` to the ``evidence`` parser."""
     p = sub.add_parser(
         "verify", help="check a store and locate anything changed",

@@ -41,6 +41,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import BrowserError
 
@@ -90,7 +91,7 @@ class Browser:
         self.pid = 0
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
-        self._sessions: dict[str, anyio.abc.ObjectSendStream[dict[str, Any]]] = {}
+        self._sessions: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._gone: BrowserError | None = None
         self._write_lock = anyio.Lock()
         self._profile = ""
@@ -348,7 +349,7 @@ class Page:
     """One tab: its commands go to its session, its events arrive in ``events``."""
 
     def __init__(self, browser: Browser, session_id: str, target_id: str,
-                 events: anyio.abc.ObjectReceiveStream[dict[str, Any]]) -> None:
+                 events: MemoryObjectReceiveStream[dict[str, Any]]) -> None:
         self.browser = browser
         self.session_id = session_id
         self.target_id = target_id

@@ -627,7 +627,8 @@ class Crawler:
                 return
         host = url_host(job.url)
         doc = self._baseline.lookup(job.url) if self._baseline is not None else None
-        if doc is not None and normalize_url(job.url) not in self._sitemap_keys:
+        if (doc is not None and self._baseline is not None
+                and normalize_url(job.url) not in self._sitemap_keys):
             hint = sitemap_hint(self._reader, self.session_id, job.url)
             reason = self._baseline.not_due(job.url, doc, hint, utc_now())
             if reason is not None:

@@ -31,7 +31,7 @@ import httpx
 
 from .._errors import EvidenceError
 from .._model.http1 import Split, derive_content, head_length
-from .._model.messages import FetchAttempt, new_id, utc_now
+from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import charset_param, is_html, sniff
 from .._store.artifacts import ArtifactStore
@@ -109,7 +109,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
 
 
 async def _read_body(response: httpx.Response, exchange: Exchange,
-                     cap: int) -> tuple[str, str | None, bool]:
+                     cap: int) -> tuple[Outcome, str | None, bool]:
     """Read the body off the connection (the tap records it) until its end or the cap;
     (outcome, error, cut at the cap)."""
     head = head_length(bytes(exchange.received)) or 0
@@ -145,15 +145,18 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     t0 = time.monotonic()
     headers = {"User-Agent": user_agent, "Accept-Encoding": "gzip, deflate",
                **(extra_headers or {})}
-    common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
-              "url": url, "sequence": sequence, "started_at": started_at}
+    common: dict[str, Any] = {
+        "message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id, "url": url,
+        "sequence": sequence, "started_at": started_at}
     if method != "GET":
         common["method"] = method
     if render_id is not None:
         common["render_id"] = render_id
     request = client.build_request(method, url, headers=headers, content=content)
     response: httpx.Response | None = None
-    outcome, error, cut = "response", None, False
+    outcome: Outcome = "response"
+    error: str | None = None
+    cut = False
     with record_exchange(method) as exchange:
         # The total deadline (connect, head, body): the client's timeout bounds each read
         # only, so a server sending a byte a second never trips it. Past the deadline the
@@ -207,17 +210,18 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     problem = extra.pop("content_problem", None)
     if problem is not None and error is None:
         error = f"content: {problem}"
+    named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
     attempt = FetchAttempt(
         **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
-        http_status=response.status_code, **dict(zip(wire.fields, refs, strict=True)),
+        http_status=response.status_code, **named,
         body_truncated=cut or outcome != "response", content_type=content_type,
         error=error, **extra)
     return FetchResult(attempt, response.status_code, response.headers, wire.content, elapsed,
                        wire.split.head, wire.body, parsed)
 
 
-async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: str,
-                  exchange: Exchange, t0: float, cap: int) -> FetchResult:
+async def _failed(artifacts: ArtifactStore, common: dict[str, Any], outcome: Outcome,
+                  error: str, exchange: Exchange, t0: float, cap: int) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
     exchange.surplus()  # settled on the loop, before the thread drops the bytes
@@ -228,7 +232,7 @@ async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: s
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 
     wire, refs = await anyio.to_thread.run_sync(store)
-    named = dict(zip(wire.fields, refs, strict=True))
+    named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
     extra = {k: v for k, v in wire.extra.items() if k != "content_problem"}
     if named.get("body") is None:  # no whole head: nothing was derived from it
         extra = {"capture": "wire"}

@@ -27,7 +27,13 @@ import msgspec
 
 from .._errors import EvidenceError
 from .._model.http1 import parse_head
-from .._model.messages import Discovery, DocumentRecord, decode_message, parse_time_text
+from .._model.messages import (
+    Discovery,
+    DocumentChange,
+    DocumentRecord,
+    decode_message,
+    parse_time_text,
+)
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.artifacts import ArtifactStore
@@ -220,6 +226,7 @@ def session_records(conn: apsw.Connection, session_id: str,
         if status is None:
             continue  # no answer from the server: not a document of this session
         reached.add(url_id)
+        change: DocumentChange
         if before is None:
             change = "new"
         else:

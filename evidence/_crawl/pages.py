@@ -192,8 +192,9 @@ class PageWorker:
         sitemaps: list[str] = []
         truncated = False
         source = attempt.content or attempt.body  # links are found in the content
-        if 300 <= status < 400 and result.headers.get("location"):
-            location = result.headers["location"]
+        headers = result.headers
+        if 300 <= status < 400 and headers is not None and headers.get("location"):
+            location = headers["location"]
             source = attempt.response_headers
             try:
                 target = resolve_reference(order.url, location)

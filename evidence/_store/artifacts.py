@@ -177,10 +177,9 @@ class _os_errors:  # a class, not @contextmanager: entered eight times per put
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> bool:
+                 tb: object) -> None:
         if isinstance(exc, OSError):
             raise self._translate(exc) from exc
-        return False
 
     def _translate(self, exc: OSError) -> ArtifactError:
         path, ref = self.path, self.ref
