@@ -199,3 +199,36 @@ def test_every_command_belongs_to_the_group_module_named_after_it() -> None:
     assert sorted(CLI.glob("*.py")) == sorted(
         CLI / f"{name}.py" for name in
         ["__init__", "main", "common", *(g.__name__.rpartition(".")[2] for g in GROUPS)])
+
+
+# --- docs/design.md draws the layout as it is ----------------------------------------
+
+def drawn_layout() -> dict[str, str]:
+    """The layout block of docs/design.md: each top-level entry and the text beside it."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    block = text.split("```\nevidence/\n", 1)[1].split("```", 1)[0]
+    drawn: dict[str, str] = {}
+    entry = ""
+    for line in block.splitlines():
+        name = line[2:].split(" ", 1)[0] if line.startswith("  ") and line[2] != " " else ""
+        if name:
+            entry = name.rstrip("/").removesuffix(".py")
+            drawn[entry] = line[2 + len(name):]
+        else:
+            drawn[entry] += " " + line.strip()
+    return drawn
+
+
+def test_design_md_draws_every_stage_and_every_module_in_it() -> None:
+    """A module added, moved or renamed without the drawing fails here (issue 14)."""
+    drawn = drawn_layout()
+    top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+           if p.name not in ("__init__.py", "__main__.py", "py.typed", "__pycache__")}
+    assert set(drawn) == top
+    missing = []
+    for stage in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and p.name in drawn):
+        words = set(drawn[stage.name].replace(",", " ").replace("(", " ").replace(")", " ")
+                    .split())
+        missing += [f"{stage.name}/{m.stem}" for m in sorted(stage.glob("*.py"))
+                    if m.stem != "__init__" and m.stem not in words]
+    assert missing == [], "modules docs/design.md does not draw"

@@ -12,7 +12,7 @@
               table, by run, by a fixed set of report queries and row by row.
 
 Invariant: a target directory is never half-written. Everything is built in a hidden
-sibling and renamed into place when complete and checked (``_export.building``).
+sibling and renamed into place when complete and checked (``_archive.export.building``).
 """
 
 from __future__ import annotations

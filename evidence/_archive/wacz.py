@@ -4,13 +4,13 @@
 
 A WACZ is a ZIP (every entry stored, not deflated) holding, in this order:
 
-    archive/data.warc.gz      every attempt that got a response (``_warc``: response and
+    archive/data.warc.gz      every attempt that got a response (``_archive.warc``: response and
                               request records, the bytes that crossed the connection), then
                               each rendered page's screenshot, DOM and MHTML as ``resource``
                               records: ``urn:fullPage:<url>`` (image/png, the Browsertrix
                               convention for a full-page screenshot), ``urn:dom:<url>``
                               (text/html) and ``urn:mhtml:<url>`` (multipart/related)
-    indexes/index.cdx         the CDXJ index of that WARC (``_cdxj``), sorted
+    indexes/index.cdx         the CDXJ index of that WARC (``_archive.cdxj``), sorted
     pages/pages.jsonl         every captured page: each run's current attempt of a URL
                               that got a 2xx HTML response, with its title (the rendered
                               title when the page was rendered, else the document's

@@ -19,7 +19,7 @@ A **proof** is a JSON document (``type`` "inclusion" or "consistency", bytes in 
 An inclusion proof carries the ledger entry itself (its canonical msgpack bytes), so the
 checker hashes the entry, walks the RFC 9162 audit path, and compares with the root the
 *checkpoint* signs, at the size the *checkpoint* signs: never a size or root taken from the
-proof (see ``_merkle``: a proof alone does not bind its tree size). A consistency proof
+proof (see ``_model.merkle``: a proof alone does not bind its tree size). A consistency proof
 shows that an older tree (ideally an older checkpoint) is a prefix of the signed one.
 
 ``check_proof`` needs no store. It never raises on bad input: anything malformed, mutated

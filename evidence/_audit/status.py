@@ -121,7 +121,7 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
 
 
 def run_state(outcome: str | None, pid: int, host: str, holder: int | None) -> str:
-    """A run's state, from its record and the store lock's holder (``_runlock``): a run with
+    """A run's state, from its record and the store lock's holder (``_store.runlock``): a run with
     no end whose process no longer holds the lock was interrupted (SIGKILL, OOM, power)."""
     if outcome is not None:
         return outcome

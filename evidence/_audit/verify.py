@@ -12,7 +12,7 @@ In one read snapshot of the database it runs, in order:
   6. quarantined payloads against their hashes.
 
 With ``full``, every attempt captured from the wire has its content derived again from its
-stored head and body (``_http1.derive_content``) and compared with the content it records
+stored head and body (``_model.http1.derive_content``) and compared with the content it records
 (its ``content`` artifact, or its body), and the codings it says were removed.
 
 Then, outside that snapshot (artifact rows are append-only, so paging them by id sees the
@@ -23,12 +23,13 @@ message leaves one, harmlessly (DESIGN.md). Everything else is an *error*.
 
 ``reclaim_orphans`` deletes orphans older than a grace period. Why it cannot race a commit:
 a row references an artifact only in a writer transaction that first checked the file is on
-disk (``_apply.artifact_id``, inside ``BEGIN IMMEDIATE``). Reclaim unlinks a file only while
-it holds the write lock itself (its own ``BEGIN IMMEDIATE``), after re-reading under that
-lock that no row references it. SQLite admits one write transaction at a time, so either the
-writer's check-insert-commit came first (reclaim's re-check sees the row and keeps the file),
-or the unlink did (the writer's check finds the file missing and refuses the message whole,
-DESIGN.md rule 6). No committed row can ever name a deleted file.
+disk (``artifact_id`` in ``_write.apply``, inside ``BEGIN IMMEDIATE``). Reclaim unlinks a
+file only while it holds the write lock itself (its own ``BEGIN IMMEDIATE``), after
+re-reading under that lock that no row references it. SQLite admits one write transaction
+at a time, so either the writer's check-insert-commit came first (reclaim's re-check sees
+the row and keeps the file), or the unlink did (the writer's check finds the file missing
+and refuses the message whole, DESIGN.md rule 6). No committed row can ever name a deleted
+file.
 """
 
 from __future__ import annotations

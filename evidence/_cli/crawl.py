@@ -156,7 +156,7 @@ def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> Render
     """How pages are rendered, when the session renders; the browser must exist first."""
     if not (config.render or config.render_only):
         return None
-    from .._crawl.cdp import find_browser
+    from .._crawl.browser import find_browser
     from .._crawl.render import RenderOptions
 
     return RenderOptions(executable=find_browser(args.browser), timeout=args.render_timeout,
@@ -173,7 +173,7 @@ def _crawl_config(args: argparse.Namespace, store: Store,
         given["rules"] = rules
     if args.urls:
         return CrawlConfig(seeds=list(args.urls), **given)
-    with store.reader() as conn:
+    with store.snapshot() as conn:
         last = last_session(conn)
     if last is None or last.outcome is not None or args.clean:
         raise EvidenceError("no URL given and no open session to resume",
@@ -197,7 +197,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
                             hint="evidence diff STORE --session A --session B")
     from .._crawl.incremental import diff_sessions
 
-    with Store.open(args.store, read_only=True) as store, store.reader() as conn:
+    with Store.open(args.store, read_only=True) as store, store.snapshot() as conn:
         report = diff_sessions(conn, *args.session)
     if args.json:
         print_json(report, one_line=True)
@@ -293,7 +293,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
               f"{len(config.not_found)} broken links", file=sys.stderr)
         result = run_crawl(_crawl_arguments(site.url, "--store", args.store, "--clean",
                                             "--yes"))
-    with Store.open(args.store) as store, store.reader() as conn:
+    with Store.open(args.store) as store, store.snapshot() as conn:
         found = _demo_tally(conn, result.session_id)
     print(f"\ncrawled into {args.store}: the home page {'and' if found['home'] else 'not, but'}"
           f" {found['pages']} of the {args.pages} pages; followed {found['redirects']} "

@@ -61,13 +61,13 @@ from .._store.db import Store
 from .._write.service import Service
 from .._write.writer import Writer, WriterLimits
 from . import frontier
-from .crawlrender import source_capture, unrendered_capture
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
 from .pages import PageEffects, PageOrder, PageWorker
 from .render import Renderer, RenderOptions
+from .renderscope import source_capture, unrendered_capture
 from .robots import ROBOTS_TTL, Robots
 from .rules import check_rules
 from .workers import Setup, WorkerLost, WorkerPool
@@ -707,7 +707,7 @@ class Crawler:
         return PageEffects(requested=1, retry_in=0.0)
 
     async def _render(self, job: _Job, attempt: FetchAttempt) -> None:
-        """Render a committed capture and settle its page with the render (_crawlrender)."""
+        """Render a committed capture; ``PageWorker.rendered`` settles its page with it."""
         assert self._renderer is not None
         source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts, attempt)
         rendered = await self._renderer.render(source)

@@ -2,14 +2,14 @@
 
 Order matters (DESIGN.md data flow): every payload is put in the artifact store (fsync'd)
 *before* the attempt message that references it exists. What is stored is what crossed the
-connection, recorded by the tap in the network stream (``_http.record_exchange``):
+connection, recorded by the tap in the network stream (``_crawl.http.record_exchange``):
 
 - the request exactly as written (request line, header block);
 - the response's status line and header block exactly as read;
 - the message body exactly as read: chunk framing, extensions and trailers included, a
   gzip body gzipped; cut at ``max_body_bytes`` (``too_large``, ``body_truncated``);
 - bytes read after the body's end, if any (``surplus``; the connection is then closed);
-- the content (``_http1.derive_content``: transfer coding, then content codings removed)
+- the content (``_model.http1.derive_content``: transfer coding, then content codings removed)
   as its own artifact where its bytes differ from the body's, with the codings removed.
 
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
@@ -139,7 +139,7 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
     ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
     ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
-    made while rendering a page (``evidence._renderproxy``): the attempt names its render.
+    made while rendering a page (``_crawl.renderproxy``): the attempt names its render.
     """
     started_at = utc_now()
     t0 = time.monotonic()

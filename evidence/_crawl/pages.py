@@ -56,11 +56,11 @@ from .._model.messages import (
 from .._model.text import charset_param
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._store.artifacts import ArtifactStore
-from .crawlrender import RenderScope
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .links import extract_links
 from .render import Rendered, SourceCapture
+from .renderscope import RenderScope
 from .rules import RuleSet, evaluate_page
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker"]
@@ -91,7 +91,7 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     sitemaps: list[str] = []  # fetch keys of sitemaps a sitemap index listed
     unchanged: FetchAttempt | None = None  # a 304 on a baseline document, not committed
     problem: str | None = None  # a failed fetch or a backoff, in words, for the operator
-    # A page to render (``evidence._crawlrender``): committed, links and all, but left in
+    # A page to render (``_crawl.renderscope``): committed, links and all, but left in
     # flight; the crawl process renders it and settles it with the render.
     render: FetchAttempt | None = None
 
@@ -272,7 +272,7 @@ class PageWorker:
 
     async def rendered(self, order: PageOrder, attempt: FetchAttempt, source: SourceCapture,
                        rendered: Rendered) -> PageEffects:
-        """Settle a page with its render (``_crawl/crawlrender``): the render and the
+        """Settle a page with its render (``_crawl.renderscope``): the render and the
         browser's requests, the verdicts of rules that read the rendered DOM, the DOM's
         links and where they lead, and the page done; or, if the render failed, a retry.
         ``attempt`` is the capture rendered, of this run or an earlier one."""

@@ -4,7 +4,7 @@
         rendered = await r.render(source)     # a Rendered: messages and the DOM's links
 
 A render gives the browser the stored response of one attempt (``SourceCapture``) through
-a recording proxy of its own (``_renderproxy``), lets the page run, and records:
+a recording proxy of its own (``_crawl.renderproxy``), lets the page run, and records:
 
 - every request the browser made, each a ``FetchAttempt`` with its wire bytes, naming the
   render (``render_id``), with a sequence number unique in the run (``RENDER_SEQUENCE``
@@ -50,7 +50,7 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
-from .cdp import Browser, Page
+from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .links import extract_links
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture

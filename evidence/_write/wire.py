@@ -17,7 +17,7 @@ any order. An error frame without an id concerns the connection, which the servi
 after it. The service is strict (unknown frame types and fields are refused); the client is
 lenient with what the service sends, so a newer service may add fields.
 
-This module is shared by ``_service`` and ``client``; it owns no sockets, only bytes.
+This module is shared by ``_write.service`` and ``client``; it owns no sockets, only bytes.
 """
 
 from __future__ import annotations

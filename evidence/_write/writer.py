@@ -24,7 +24,7 @@ Invariants (DESIGN.md "Writer rules"):
     the commit log to learn whether the batch is there, and acks from that, never guessing;
   - except after a failed fsync (at COMMIT or in a checkpoint): then reads are no evidence
     of what is on the disk, so nothing of that batch is acked, the store is marked for a
-    resync and the writer stops (``_resync``; docs/design.md, "The writer");
+    resync and the writer stops (``_store.resync``; docs/design.md, "The writer");
   - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails.
 
 Where the time goes and what was measured: docs/benchmarks.md ("Where the time goes").

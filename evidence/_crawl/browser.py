@@ -15,7 +15,7 @@ The child's fds 3 and 4 are set with ``posix_spawn`` file actions (no shell, no
 Every command waits for its answer at most ``timeout`` seconds; a browser that does not
 answer, or whose pipe closes (it crashed or was killed), raises ``BrowserError`` with
 ``gone=True`` and every later command fails at once. The owner then starts a new one
-(``evidence._render.Renderer`` does). The browser always runs with a fresh profile in a
+(``_crawl.render.Renderer`` does). The browser always runs with a fresh profile in a
 temporary directory, removed on close, and with the flags that keep it from contacting
 any host of its own accord (background networking, component updates, sync).
 
