@@ -36,7 +36,9 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Protocol, TypeVar
 
 import anyio
@@ -184,7 +186,7 @@ class AsyncClient:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: object) -> bool | None:
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
         """Close. Requests still unanswered raise ``ServiceError`` in their callers."""
         self._closed = True
         self._fail_all(ServiceError("the client was closed before the service answered"))
@@ -193,7 +195,7 @@ class AsyncClient:
         if isinstance(exc, Exception):
             await self._tg.__aexit__(None, None, None)
             return None
-        return await self._tg.__aexit__(exc_type, exc, tb)  # type: ignore[arg-type]
+        return await self._tg.__aexit__(exc_type, exc, tb)
 
     # --- requests ----------------------------------------------------------------------
 
@@ -223,13 +225,14 @@ class AsyncClient:
                                f"bytes, over the service's frame limit of {limit}",
                                hint="submit it as smaller groups")
         acks = await self._request(request_id, frame)
-        self._counts["acks"] += len(acks)  # type: ignore[arg-type]
-        return acks  # type: ignore[return-value]
+        assert isinstance(acks, list)  # the answer to a Submit (_receive_loop)
+        self._counts["acks"] += len(acks)
+        return acks
 
     async def submit_many(self, messages: Iterable[Message]) -> list[Ack]:
         """Submit each message on its own, up to ``max_in_flight`` at once; acks in order."""
         items = list(messages)
-        acks: list[Ack | None] = [None] * len(items)
+        acks: dict[int, Ack] = {}
         positions = iter(range(len(items)))
 
         async def worker() -> None:
@@ -239,7 +242,7 @@ class AsyncClient:
         async with anyio.create_task_group() as tg:
             for _ in range(min(len(items), self.limits.max_in_flight)):
                 tg.start_soon(worker)
-        return acks  # type: ignore[return-value]
+        return [acks[i] for i in range(len(items))]
 
     async def ping(self) -> float:
         """Round-trip time to the service, in seconds."""
@@ -258,8 +261,9 @@ class AsyncClient:
 
     async def _stats(self) -> StatsResult:
         request_id = next(self._ids)
-        return await self._request(request_id,  # type: ignore[return-value]
-                                   encode_frame(StatsRequest(id=request_id)))
+        result = await self._request(request_id, encode_frame(StatsRequest(id=request_id)))
+        assert isinstance(result, StatsResult)
+        return result
 
     def statistics(self) -> ClientStatistics:
         return ClientStatistics(
@@ -480,9 +484,9 @@ class Client:
                  limits: ClientLimits | None = None) -> None:
         self._client = AsyncClient(socket_path, address=address, token=token, name=name,
                                    limits=limits)
-        self._portal_cm: object = None
+        self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
-        self._client_cm: object = None
+        self._client_cm: AbstractContextManager[AsyncClient] | None = None
 
     def __enter__(self) -> Client:
         portal_cm = anyio.from_thread.start_blocking_portal(name="evidence-client")
@@ -502,18 +506,19 @@ class Client:
     def close(self) -> None:
         if self._portal is None:
             return
+        assert self._client_cm is not None and self._portal_cm is not None
         try:
-            self._client_cm.__exit__(None, None, None)  # type: ignore[attr-defined]
+            self._client_cm.__exit__(None, None, None)
         finally:
             self._portal = None
-            self._portal_cm.__exit__(None, None, None)  # type: ignore[attr-defined]
+            self._portal_cm.__exit__(None, None, None)
 
-    def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+    def _call(self, fn, *args):
         if self._portal is None:
             raise ServiceError("the client is not open", hint="use 'with Client(...)'")
         return self._portal.call(fn, *args)
 
-    def _soon(self, fn, *args) -> concurrent.futures.Future:  # type: ignore[no-untyped-def]
+    def _soon(self, fn, *args) -> concurrent.futures.Future:
         if self._portal is None:
             raise ServiceError("the client is not open", hint="use 'with Client(...)'")
         return self._portal.start_task_soon(fn, *args)

@@ -9,7 +9,7 @@ test_links.py, test_urls.py and test_messages.py hold each module's own properti
 the modules are chained the way the crawler and the service chain them. tools/fuzz.py
 runs the same targets under atheris for hours.
 
-Not here yet: the service's framing (``evidence._write.wire`` and ``_service``, written by
+Not here yet: the service's framing (``evidence._write.wire`` and ``_write.service``, written by
 someone else while this was, and still changing); tools/fuzz.py has a frame-decoding
 target only. When it settles, add here, against a service on 127.0.0.1: oversized length
 prefixes and headers, truncated and interleaved frames, a frame of 4 GiB announced and

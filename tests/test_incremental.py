@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, check_log
+from evidence._audit.verify import verify
 from evidence._crawl.incremental import diff_sessions, parse_frequency
 from evidence._demo.site import SiteConfig, TestSite
 
+from .rawserver import RawServer, Reply
 from .test_crawl import path_of
 
 
@@ -161,3 +163,61 @@ def test_diff_command_reports_counts_and_urls(tmp_path: Path) -> None:
                                                ("always", 0)])
 def test_frequencies(text: str, seconds: int) -> None:
     assert parse_frequency(text).total_seconds() == seconds
+
+
+def _reply(status: str, headers: dict[str, str], body: bytes = b"") -> Reply:
+    head = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return Reply([(head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body])
+
+
+def _edges(store: Store, run_id: str) -> set[tuple[str, str, str, str, str]]:
+    """(source URL, edge kind, observed ref, target fetch key, source artifact digest)."""
+    return set(store.connection.execute(
+        "SELECT f.url, e.edge_kind, e.observed_ref, u.fetch_key, a.digest "
+        "FROM discovery_edge e JOIN fetch_attempt f ON f.attempt_seq = e.source_attempt_seq "
+        "JOIN url_identity u ON u.url_id = e.target_url_id "
+        "JOIN artifact a ON a.artifact_id = e.source_artifact_id WHERE e.run_id = ?",
+        (run_id,)))
+
+
+@pytest.mark.parametrize("unchanged_by", ["not due", "304"])
+def test_an_unchanged_page_leads_on_exactly_as_when_it_was_fetched(tmp_path: Path,
+                                                                  unchanged_by: str) -> None:
+    """A page not due, or answered 304, is not parsed again: its baseline links are
+    recorded for the new run and followed. They must lead on as the fetched page's did: to
+    the URL as the page wrote it (not its fetch key: the query order is the server's
+    business), with the same via and depth, each edge recorded from the artifact it was
+    found in (the body for links, the response head for a redirect)."""
+    html = b'<a href="/q?b=2&amp;a=1">q</a> <a href="/moved">m</a> <iframe src="/f"></iframe>'
+    text = {"Content-Type": "text/plain"}
+    routes = {"/": _reply("200 OK", {"Content-Type": "text/html", "ETag": '"v1"'}, html),
+              "/moved": _reply("301 Moved Permanently", {"Location": "/r?d=4&c=3"}, b"moved"),
+              "/q?b=2&a=1": _reply("200 OK", text, b"q"),
+              "/r?d=4&c=3": _reply("200 OK", text, b"r"),
+              "/f": _reply("200 OK", {"Content-Type": "text/html"}, b"<p>frame</p>")}
+    store_path = tmp_path / "s"
+    with RawServer(routes) as server:
+        seeds = [server.url("/")]
+        first = crawl(store_path, CrawlConfig(seeds=seeds), workers=1)
+        before = len(server.exchanges)
+        recrawl = {"/moved$": "weekly"}
+        if unchanged_by == "not due":
+            recrawl["/$"] = "weekly"
+        else:
+            server.routes["/"] = _reply("304 Not Modified", {"ETag": '"v1"'})
+        second = crawl(store_path, CrawlConfig(seeds=seeds, recrawl=recrawl), workers=1)
+        requested = [e.path for e in server.exchanges[before:]]
+    assert first.session_completed and second.session_completed
+    assert "/q?b=2&a=1" in requested and "/r?d=4&c=3" in requested
+    assert "/q?a=1&b=2" not in requested and "/r?c=3&d=4" not in requested
+    with Store.open(store_path) as store:
+        def frontier(session_id: str) -> set[tuple[str, str, int, str]]:
+            return set(store.connection.execute(
+                "SELECT url, via, depth, state FROM frontier WHERE session_id = ?",
+                (session_id,)))
+
+        assert frontier(second.session_id) == frontier(first.session_id)
+        unchanged = {server.url("/"), server.url("/moved")}
+        assert {e for e in _edges(store, second.run_id) if e[0] in unchanged} == {
+            e for e in _edges(store, first.run_id) if e[0] in unchanged}
+        assert verify(store).ok

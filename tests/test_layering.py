@@ -10,6 +10,7 @@ dependency on it), resolved to absolute names, and checked against the stage ord
 
 from __future__ import annotations
 
+import argparse
 import ast
 import subprocess
 import sys
@@ -126,3 +127,108 @@ def test_importing_the_client_loads_no_sqlite_writer_store_or_crawler() -> None:
                  or m.startswith(("evidence._write.writer", "evidence._store",
                                   "evidence._crawl", "evidence._audit", "evidence._archive"))}
     assert forbidden == set()
+
+
+# --- the CLI: one module per command group, what they share in common ------------------
+
+CLI = PACKAGE / "_cli"
+
+
+def top_level_names(path: Path) -> set[str]:
+    """The functions and classes a module defines at its top level."""
+    tree = ast.parse(path.read_text(), str(path))
+    return {node.name for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+
+
+def cli_problems(paths: list[Path]) -> list[str]:
+    """A command group importing another group (only ``main`` assembles them), any CLI
+    module importing another's private name, or a group defining again what ``common``
+    has (``_print_json`` once more, say)."""
+    shared = top_level_names(CLI / "common.py")
+    problems = []
+    for path in paths:
+        here = module_name(path)
+        for line, target in imports_of(path):
+            if not target.startswith("evidence._cli."):
+                continue
+            module, _, name = target.removeprefix("evidence._cli.").partition(".")
+            where = f"{path.relative_to(PACKAGE.parent)}:{line}"
+            if name.startswith("_") or (module.startswith("_") and module != "__init__"):
+                problems.append(f"{where}: {here} imports the private {target}")
+            if path.stem not in ("main", "__init__") and module != "common":
+                problems.append(f"{where}: {here} imports the command group {module}; "
+                                "share it through _cli/common.py")
+        if path.stem != "common":
+            again = {n for n in top_level_names(path) if n.lstrip("_") in shared}
+            problems += [f"{path.relative_to(PACKAGE.parent)}: defines {n} again (it is in "
+                         "_cli/common.py)" for n in sorted(again)]
+    return list(dict.fromkeys(problems))  # ``from .x import y`` reads as x and x.y
+
+
+def test_cli_groups_share_helpers_only_through_common() -> None:
+    assert cli_problems(sorted(CLI.glob("*.py"))) == []
+
+
+def test_the_cli_check_catches_a_private_import_and_a_second_json_printer() -> None:
+    bad = CLI / "_layering_probe.py"
+    bad.write_text("import sys\nfrom .verify import _cmd_verify\n\n\n"
+                   "def _print_json(data):\n    sys.stdout.write(str(data))\n")
+    try:
+        problems = cli_problems([bad])
+    finally:
+        bad.unlink()
+    assert any("imports the private evidence._cli.verify._cmd_verify" in p for p in problems)
+    assert any("imports the command group verify" in p for p in problems)
+    assert any("defines _print_json again" in p for p in problems)
+
+
+def test_every_command_belongs_to_the_group_module_named_after_it() -> None:
+    """``evidence X`` is defined in the group main lists, in the order --help lists them."""
+    from evidence._cli.main import GROUPS, build_parser
+
+    listed = [name for action in build_parser()._actions
+              if isinstance(action, argparse._SubParsersAction) for name in action.choices]
+    grouped = []
+    for group in GROUPS:
+        parser = argparse.ArgumentParser()
+        group.add_commands(parser.add_subparsers())
+        grouped += [name for action in parser._actions
+                    if isinstance(action, argparse._SubParsersAction) for name in action.choices]
+    assert grouped == listed
+    assert sorted(CLI.glob("*.py")) == sorted(
+        CLI / f"{name}.py" for name in
+        ["__init__", "main", "common", *(g.__name__.rpartition(".")[2] for g in GROUPS)])
+
+
+# --- docs/design.md draws the layout as it is ----------------------------------------
+
+def drawn_layout() -> dict[str, str]:
+    """The layout block of docs/design.md: each top-level entry and the text beside it."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    block = text.split("```\nevidence/\n", 1)[1].split("```", 1)[0]
+    drawn: dict[str, str] = {}
+    entry = ""
+    for line in block.splitlines():
+        name = line[2:].split(" ", 1)[0] if line.startswith("  ") and line[2] != " " else ""
+        if name:
+            entry = name.rstrip("/").removesuffix(".py")
+            drawn[entry] = line[2 + len(name):]
+        else:
+            drawn[entry] += " " + line.strip()
+    return drawn
+
+
+def test_design_md_draws_every_stage_and_every_module_in_it() -> None:
+    """A module added, moved or renamed without the drawing fails here (issue 14)."""
+    drawn = drawn_layout()
+    top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+           if p.name not in ("__init__.py", "__main__.py", "py.typed", "__pycache__")}
+    assert set(drawn) == top
+    missing = []
+    for stage in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and p.name in drawn):
+        words = set(drawn[stage.name].replace(",", " ").replace("(", " ").replace(")", " ")
+                    .split())
+        missing += [f"{stage.name}/{m.stem}" for m in sorted(stage.glob("*.py"))
+                    if m.stem != "__init__" and m.stem not in words]
+    assert missing == [], "modules docs/design.md does not draw"

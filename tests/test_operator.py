@@ -205,6 +205,31 @@ def test_version() -> None:
     assert done.returncode == 0 and done.stdout == f"evidence {__version__}\n"
 
 
+@pytest.mark.parametrize(("option", "value", "error"), [
+    ("--render-timeout", "0", "must be more than 0 seconds, not 0"),
+    ("--render-timeout", "x", "not a number of seconds: 'x'"),
+    ("--render-tabs", "0", "must be 1 or more, not 0"),
+    ("--render-tabs", "x", "not a whole number: 'x'"),
+    ("--workers", "1.5", "not a whole number: '1.5'"),
+    ("--grace", "-1", "must be 0 seconds or more, not -1"),
+])
+def test_a_bad_crawl_option_is_a_usage_error_that_creates_nothing(
+        option: str, value: str, error: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "s"
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["crawl", "--store", str(store), f"{option}={value}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"Error: argument {option}: {error}\nTry: evidence crawl --help\n" in err
+    assert not store.exists()
+
+
+def test_the_render_timeout_takes_fractions_of_a_second() -> None:
+    args = build_parser().parse_args(["crawl", "--store", "s", "--render-timeout", "2.5"])
+    assert args.render_timeout == 2.5
+
+
 def test_on_a_terminal_the_progress_line_names_the_session_and_seed_and_ends_its_line(
         tmp_path: Path) -> None:
     slow = {f"/p/{i}": 0.3 for i in range(12)}

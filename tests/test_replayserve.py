@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store
-from evidence._crawl.cdp import Browser
+from evidence._crawl.browser import Browser
 
 from .conftest import png_pixels
 from .jssite import BANNER, JsSite

@@ -13,8 +13,8 @@ import pytest
 
 from evidence import ArtifactRef, EvidenceError, Store
 from evidence._audit.verify import ReclaimHooks, reclaim_orphans, verify
+from evidence._cli.common import parse_duration
 from evidence._cli.main import build_parser
-from evidence._cli.verify import parse_duration
 
 from .conftest import Factory, submit_all
 

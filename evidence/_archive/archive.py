@@ -12,7 +12,7 @@
               table, by run, by a fixed set of report queries and row by row.
 
 Invariant: a target directory is never half-written. Everything is built in a hidden
-sibling and renamed into place when complete and checked (``_export.building``).
+sibling and renamed into place when complete and checked (``_archive.export.building``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import msgspec
 from .._errors import CorruptStoreError, MigrationError, StoreError
 from .._store.artifacts import ArtifactStore
 from .._store.db import Store
+from .._store.fsync import fsync_file
 from .._store.log import check_log, load_head
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
 from .export import (
@@ -44,7 +45,6 @@ from .export import (
     building,
     copy_artifacts,
     dump,
-    fsync_path,
     ident,
     open_source,
     read_manifest,
@@ -115,7 +115,7 @@ def backup(source: Source, out_dir: os.PathLike[str] | str, *,
                 conn.execute("PRAGMA journal_mode = WAL").fetchall()
             finally:
                 conn.close()
-        fsync_path(db)
+        fsync_file(db)
         copy = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
         copied, gaps = copy_artifacts(refs, artifacts, copy, progress)
         findings += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps]
@@ -286,7 +286,7 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
                 conn.execute("PRAGMA journal_mode = WAL").fetchall()
         finally:
             conn.close()
-        fsync_path(db)
+        fsync_file(db)
         copied, gaps = copy_artifacts(refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False),
                                       ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62),
                                       progress)
@@ -404,13 +404,13 @@ def _summarize(source: Source, path: Path, progress: Progress | None
                ) -> tuple[dict, list[Difference]]:
     notes: list[Difference] = []
     label = str(source.path if isinstance(source, Store) else source)
-    kind = "store" if isinstance(source, Store) or not (Path(source) / MANIFEST).exists() \
-        else "archive"
-    if kind == "store":
+    if isinstance(source, Store) or not (Path(source) / MANIFEST).exists():
+        kind = "store"
         backend, _artifacts = open_source(source)
         backend.copy_snapshot(path, progress=progress)
         conn = apsw.Connection(str(path))
     else:
+        kind = "archive"
         manifest = read_manifest(source)
         if manifest.format != "sql":
             raise StoreError(f"{source} is a {manifest.format} export; compare reads sql "

@@ -47,6 +47,7 @@ from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
 from .._store.backend import StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
+from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
@@ -205,7 +206,7 @@ class Output:
 
     def write(self, name: str, data: bytes) -> None:
         if name not in self._files:
-            handle = None
+            handle: BinaryIO | None = None
             if self.directory is not None:
                 (self.directory / name).parent.mkdir(parents=True, exist_ok=True)
                 handle = open(self.directory / name, "xb")  # noqa: SIM115 - closed in finish
@@ -231,7 +232,7 @@ class Output:
                 subdirs.add(Path(handle.name).parent)
             entries[name] = FileEntry(bytes=size[0], blake3=hasher.hexdigest())
         for subdir in subdirs - {self.directory}:  # the directory itself: its owner's job
-            fsync_path(subdir)
+            fsync_dir(subdir)
         return entries
 
 
@@ -351,15 +352,6 @@ def _check_schema_version(backend: StoreBackend) -> None:
                              hint="upgrade evidence to export this store")
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory entry is durable only after this)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _BUILD_KINDS = ("exporting", "restoring", "backup")
 
 
@@ -426,14 +418,14 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield tmp
-        fsync_path(tmp)
+        fsync_dir(tmp)
         try:
             os.rename(tmp, target)
         except OSError as exc:
             raise StoreError(f"cannot move the finished {what} into place at {target}: {exc}",
                              hint="was something written there meanwhile?",
                              path=str(target)) from exc
-        fsync_path(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -534,12 +526,12 @@ def run_scope(conn: apsw.Connection, run_id: str) -> tuple[dict[str, str], list[
         "SELECT log_index FROM render WHERE run_id = :run;", {"run": run_id})
     sessions = {s for (s,) in conn.execute("SELECT session_id FROM temp.keep_session")}
     kinds = ", ".join(_sql_text(k) for k in _ROW_KINDS)
-    for table, key, sql in (
+    for keep, key, sql in (
             ("keep_ledger", "log_index", f"FROM ingest_ledger WHERE kind NOT IN ({kinds})"),
             ("keep_quarantine", "quarantine_id", "FROM quarantine")):
         for rowid, payload in conn.execute(f"SELECT {key}, payload {sql}").fetchall():
             if _names(payload, run_id, sessions):
-                conn.execute(f"INSERT INTO temp.{table} VALUES (?)", (rowid,))
+                conn.execute(f"INSERT INTO temp.{keep} VALUES (?)", (rowid,))
     where, excluded = dict.fromkeys(("crawl_run", "fetch_attempt", "discovery_edge",
                                      "rule_evaluation", "url_current"), _OF_RUN), []
     where.update(_RUN_SCOPE)
@@ -706,7 +698,7 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
             conn = apsw.Connection(str(scratch))
             try:
                 where, excluded = run_scope(conn, run_id) if run_id else ({}, [])
-                params = {"run": run_id}
+                params: dict[str, object] = {"run": run_id}
                 info = describe(conn, where, params)
                 output = Output(tmp)
                 scope = f"run {_sql_text(run_id)}" if run_id else "store"

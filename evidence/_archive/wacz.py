@@ -4,13 +4,13 @@
 
 A WACZ is a ZIP (every entry stored, not deflated) holding, in this order:
 
-    archive/data.warc.gz      every attempt that got a response (``_warc``: response and
+    archive/data.warc.gz      every attempt that got a response (``_archive.warc``: response and
                               request records, the bytes that crossed the connection), then
                               each rendered page's screenshot, DOM and MHTML as ``resource``
                               records: ``urn:fullPage:<url>`` (image/png, the Browsertrix
                               convention for a full-page screenshot), ``urn:dom:<url>``
                               (text/html) and ``urn:mhtml:<url>`` (multipart/related)
-    indexes/index.cdx         the CDXJ index of that WARC (``_cdxj``), sorted
+    indexes/index.cdx         the CDXJ index of that WARC (``_archive.cdxj``), sorted
     pages/pages.jsonl         every captured page: each run's current attempt of a URL
                               that got a 2xx HTML response, with its title (the rendered
                               title when the page was rendered, else the document's
@@ -51,6 +51,7 @@ from .._model.http1 import parse_head
 from .._model.refs import ArtifactRef
 from .._model.text import decode_document, is_html
 from .._store.db import Store
+from .._store.fsync import fsync_dir, fsync_file
 from . import warc as _warc
 from .cdxj import index_line
 
@@ -177,8 +178,7 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
             _add(zf, "pages/pages.jsonl", page_list, stamp)
             _add(zf, "datapackage.json", package_bytes, stamp)
             _add(zf, "datapackage-digest.json", digest_doc, stamp)
-        with open(zip_tmp, "rb+") as written:
-            os.fsync(written.fileno())
+        fsync_file(zip_tmp)
         os.rename(zip_tmp, out)
     except BaseException:
         for tmp in (zip_tmp,):
@@ -188,7 +188,7 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
     finally:
         with contextlib.suppress(OSError):
             os.unlink(warc_tmp)
-    _warc._fsync_dir(out.parent)
+    fsync_dir(out.parent)
     sha, size = _file_digest(out)
     return WaczExport(path=str(out), records=records, indexed=len(lines), pages=len(pages),
                       renders=renders, signed=key is not None, public_key=public_key,

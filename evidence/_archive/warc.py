@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import apsw
@@ -59,6 +59,7 @@ from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
 from .._model.refs import ArtifactRef
 from .._store.artifacts import CHUNK_SIZE
 from .._store.db import Store
+from .._store.fsync import fsync_dir
 
 __all__ = ["WarcExport", "export_warc"]
 
@@ -138,13 +139,13 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     return WarcExport(path=str(out), records=records, responses=responses,
                       skipped=total - responses, bytes=out.stat().st_size,
                       sha256=digest.hexdigest())
 
 
-def _one(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> object:
+def _one(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> Any:
     rows = conn.execute(sql, args).fetchall()
     return rows[0][0] if rows else None
 
@@ -329,15 +330,7 @@ def _write(sink: _HashingWriter, compress: bool, record: _Record) -> None:
         for chunk in record.chunks():
             sink.write(chunk)
         return
-    with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0,  # type: ignore[arg-type]
+    with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0,
                        compresslevel=6) as gz:
         for chunk in record.chunks():
             gz.write(chunk)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -19,7 +19,7 @@ A **proof** is a JSON document (``type`` "inclusion" or "consistency", bytes in 
 An inclusion proof carries the ledger entry itself (its canonical msgpack bytes), so the
 checker hashes the entry, walks the RFC 9162 audit path, and compares with the root the
 *checkpoint* signs, at the size the *checkpoint* signs: never a size or root taken from the
-proof (see ``_merkle``: a proof alone does not bind its tree size). A consistency proof
+proof (see ``_model.merkle``: a proof alone does not bind its tree size). A consistency proof
 shows that an older tree (ideally an older checkpoint) is a prefix of the signed one.
 
 ``check_proof`` needs no store. It never raises on bad input: anything malformed, mutated
@@ -408,7 +408,7 @@ def decode_proof(data: str | bytes) -> Proof:
 
 def _leaves(conn: apsw.Connection, size: int) -> list[bytes]:
     """The first ``size`` stored leaf hashes, contiguous from 0."""
-    leaves = []
+    leaves: list[bytes] = []
     for index, leaf in conn.execute("SELECT log_index, leaf_hash FROM ingest_ledger "
                                     "WHERE log_index < ? ORDER BY log_index", (size,)):
         if index != len(leaves):
@@ -523,7 +523,7 @@ def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str |
     except ProofError as exc:
         result.problems.append(str(exc))
         return result
-    result.kind = type(parsed).__struct_config__.tag
+    result.kind = str(type(parsed).__struct_config__.tag)
     problems = result.problems
     if parsed.version != PROOF_VERSION:
         problems.append(f"unknown proof version {parsed.version}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -73,7 +74,7 @@ class StoreStatus(msgspec.Struct, frozen=True, kw_only=True):
     wal_bytes: int
     hosts_in_backoff: list[str]
     crawl_pid: int | None  # the crawl running on this store now, if any
-    live: dict[str, object] | None  # its last progress and writer metrics (live-stats.json)
+    live: dict[str, Any] | None  # its last progress and writer metrics (live-stats.json)
 
 
 def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
@@ -120,7 +121,7 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
 
 
 def run_state(outcome: str | None, pid: int, host: str, holder: int | None) -> str:
-    """A run's state, from its record and the store lock's holder (``_runlock``): a run with
+    """A run's state, from its record and the store lock's holder (``_store.runlock``): a run with
     no end whose process no longer holds the lock was interrupted (SIGKILL, OOM, power)."""
     if outcome is not None:
         return outcome
@@ -131,7 +132,7 @@ def run_state(outcome: str | None, pid: int, host: str, holder: int | None) -> s
     return f"interrupted (process {pid} is gone)"
 
 
-def _live(path: Path) -> dict[str, object] | None:
+def _live(path: Path) -> dict[str, Any] | None:
     try:
         return msgspec.json.decode(path.read_bytes())
     except (FileNotFoundError, msgspec.DecodeError):

@@ -12,7 +12,7 @@ In one read snapshot of the database it runs, in order:
   6. quarantined payloads against their hashes.
 
 With ``full``, every attempt captured from the wire has its content derived again from its
-stored head and body (``_http1.derive_content``) and compared with the content it records
+stored head and body (``_model.http1.derive_content``) and compared with the content it records
 (its ``content`` artifact, or its body), and the codings it says were removed.
 
 Then, outside that snapshot (artifact rows are append-only, so paging them by id sees the
@@ -23,12 +23,13 @@ message leaves one, harmlessly (DESIGN.md). Everything else is an *error*.
 
 ``reclaim_orphans`` deletes orphans older than a grace period. Why it cannot race a commit:
 a row references an artifact only in a writer transaction that first checked the file is on
-disk (``_apply.artifact_id``, inside ``BEGIN IMMEDIATE``). Reclaim unlinks a file only while
-it holds the write lock itself (its own ``BEGIN IMMEDIATE``), after re-reading under that
-lock that no row references it. SQLite admits one write transaction at a time, so either the
-writer's check-insert-commit came first (reclaim's re-check sees the row and keeps the file),
-or the unlink did (the writer's check finds the file missing and refuses the message whole,
-DESIGN.md rule 6). No committed row can ever name a deleted file.
+disk (``artifact_id`` in ``_write.apply``, inside ``BEGIN IMMEDIATE``). Reclaim unlinks a
+file only while it holds the write lock itself (its own ``BEGIN IMMEDIATE``), after
+re-reading under that lock that no row references it. SQLite admits one write transaction
+at a time, so either the writer's check-insert-commit came first (reclaim's re-check sees
+the row and keeps the file), or the unlink did (the writer's check finds the file missing
+and refuses the message whole, DESIGN.md rule 6). No committed row can ever name a deleted
+file.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import collections
 import contextlib
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +61,7 @@ from .._model.messages import (
     DocumentRecord,
     FetchAttempt,
     Message,
+    ObservedRef,
     Render,
     RuleEvaluated,
     RunEnded,
@@ -160,13 +162,13 @@ class Findings:
         self.counts = collections.Counter[str]()
         self.omitted = collections.Counter[str]()
 
-    def add(self, kind: str, message: str, **where: object) -> None:
+    def add(self, kind: str, message: str, **where: Any) -> None:
         severity: Literal["error", "notice"] = "notice" if kind in NOTICE_KINDS else "error"
         self.counts[kind] += 1
         if self.counts[kind] > self.limit:
             self.omitted[kind] += 1
             return
-        self.items.append((kind, severity, Location(**where), message))  # type: ignore[arg-type]
+        self.items.append((kind, severity, Location(**where), message))
 
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
@@ -407,9 +409,9 @@ def _check_sqlite(conn: apsw.Connection, found: Findings, full: bool) -> int:
                 lines += [line for line in _report_lines(
                     conn, f"PRAGMA {pragma}({_quote(table)})") if line != "ok"]
             except apsw.Error as exc:
-                what = _unreadable_objects(conn, table) or [f"table {table} (or one of "
-                                                             "its indexes)"]
-                for name in what:
+                unreadable = _unreadable_objects(conn, table) or [
+                    f"table {table} (or one of its indexes)"]
+                for name in unreadable:
                     found.add("sqlite_integrity", f"{pragma}: {name} is damaged: the check "
                               f"stops at it ({exc})", table=table)
         if not lines:
@@ -758,7 +760,7 @@ def _unlogged(found: Findings, kind: str, row: tuple, what: str) -> None:
 
 
 def _compare(found: Findings, table: str, row_id: object, label: str,
-             expected: dict[str, object], actual: dict[str, object],
+             expected: Mapping[str, object], actual: Mapping[str, object],
              log_index: int | dict[str, int]) -> None:
     for field, want in expected.items():
         have = actual[field]
@@ -839,9 +841,9 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
 
 def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index: int,
                      rows: list[tuple]) -> None:
-    wanted: dict[tuple[int, str], object] = {}
-    for ref in m.refs:  # ON CONFLICT DO NOTHING: the first of two equal anchors is kept
-        wanted.setdefault((ref.position, ref.observed), ref)
+    wanted: dict[tuple[int, str], ObservedRef] = {}
+    for observed_ref in m.refs:  # ON CONFLICT DO NOTHING: the first equal anchor is kept
+        wanted.setdefault((observed_ref.position, observed_ref.observed), observed_ref)
     seen: set[tuple[int, str]] = set()
     for row in rows:
         (_, edge_id, run_id, attempt_id, _seq, s_id, s_ns, s_digest, s_size, position,
@@ -948,18 +950,18 @@ def _check_documents(found: Findings, conn: apsw.Connection, m: SessionDocuments
         (_, row_id, session_id, version, key, url, change, status, digest, attempt_id,
          fetched_at) = row
         own = key if version in (None, NORMALIZER_VERSION) else _fetch_key(url)
-        doc = wanted.get(own)
-        if doc is None or own in seen:
+        recorded = wanted.get(own)
+        if recorded is None or own in seen:
             found.add("row_unlogged", f"session_document row {row_id} ({url!r}) is not among "
                       f"the documents of its ledger entry (log index {index})",
                       table="session_document", row_id=row_id, log_index=index)
             continue
         seen.add(own)
-        expected = {"session_id": m.session_id, "url": doc.url, "change": doc.change,
-                    "http_status": doc.http_status, "body_digest": doc.body_digest,
-                    "attempt_id": doc.attempt_id, "fetched_at": None
-                    if doc.fetched_at is None else format_time(doc.fetched_at),
-                    "fetch_key": own}
+        expected = {"session_id": m.session_id, "url": recorded.url,
+                    "change": recorded.change, "http_status": recorded.http_status,
+                    "body_digest": recorded.body_digest, "attempt_id": recorded.attempt_id,
+                    "fetched_at": None if recorded.fetched_at is None
+                    else format_time(recorded.fetched_at), "fetch_key": own}
         actual = {"session_id": session_id, "url": url, "change": change,
                   "http_status": status, "body_digest": digest, "attempt_id": attempt_id,
                   "fetched_at": fetched_at, "fetch_key": key if key is not None else None}
@@ -1076,6 +1078,7 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
             message = decode_message(payload)
         except MessageError:  # undecodable payloads are quarantined for exactly that
             continue
+        named: tuple[ArtifactRef | None, ...]
         if isinstance(message, FetchAttempt):
             named = (message.request_headers, message.response_headers, message.body,
                      message.content, message.surplus)

@@ -7,7 +7,7 @@ in log order, and later steps rely on the result: a resumed crawl fetches what t
 frontier says is queued, a completed session's record of documents (the next session's
 baseline) is what the frontier says is done, a host's robots.txt in force is the attempt
 ``host_state`` names. So verify applies those messages again with the writer's own code
-(``_apply``), in log order, to a private scratch database that holds nothing but the
+(``_write.apply``), in log order, to a private scratch database that holds nothing but the
 sessions and runs they need, and compares the result with the store's rows. A row edited,
 deleted or inserted by hand is found and located: by session and ``frontier_id`` (the
 discovery order, which the replay reproduces), or by host.
@@ -87,7 +87,7 @@ class _ReplayApplier(Applier):
         if rows[0][1] != run_id:
             raise Rejected(f"{what}: attempt {attempt_id} belongs to run {rows[0][1]}, "
                            f"not {run_id}")
-        return rows[0][0]  # type: ignore[no-any-return]
+        return rows[0][0]
 
 
 class WorkingState:

@@ -1,56 +1,28 @@
 """The archive commands: ``export``, ``backup``, ``restore``, ``compare``.
 
-Each is a few lines over the library function of the same name (``_export.export``,
-``_archive.backup``, ``restore``, ``compare``). Long work shows progress on stderr when
-stderr is a terminal; ``--json`` prints the library's report for scripts. ``_cli.main``
-prints any ``EvidenceError`` (exit 2); ``backup`` exits 1 on findings, ``compare`` exits 1
-when the two sides differ.
+Each is a few lines over the library function of the same name (``_archive.export.export``,
+``_archive.archive.backup``, ``restore``, ``compare``); ``export --format warc`` and
+``--format wacz`` write one file for other tools (``_archive.warc``, ``_archive.wacz``).
+Long work shows progress on stderr when stderr is a terminal; ``--json`` prints the
+library's report for scripts. ``_cli.main`` prints any ``EvidenceError`` (exit 2);
+``backup`` exits 1 on findings, ``compare`` exits 1 when the two sides differ.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from .._errors import EvidenceError
+from .._store.db import Store
+from .common import Progress, print_json
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.archive import Comparison
     from .._archive.export import Manifest
 
 __all__ = ["add_commands"]
-
-
-class _Progress:
-    """One line on stderr, redrawn at most 4 times a second, only on a terminal."""
-
-    def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
-        self._last = 0.0
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.enabled and (now - self._last >= 0.25 or done == total):
-            self._last = now
-            sys.stderr.write(f"\r\x1b[K  {phase}: {done:,}/{total:,}")
-            sys.stderr.flush()
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-
-
-def _print_json(value: object) -> None:
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(value).decode()) + "\n")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -60,16 +32,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise EvidenceError("--key and --new-key sign a WACZ export only",
                             hint="add --format wacz, or leave the key out")
     if args.format == "warc":  # request and response records, not a restorable archive
-        from .verify import _cmd_export_warc
-
         return _cmd_export_warc(args)
     from .._archive.export import export
 
-    with _Progress() as progress:
+    with Progress() as progress:
         manifest = export(args.store, args.out, run_id=args.run, format=args.format,
                           progress=progress)
     if args.json:
-        _print_json(manifest)
+        print_json(manifest)
     else:
         print(_format_manifest(args.out, manifest))
     return 0
@@ -77,7 +47,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_export_wacz(args: argparse.Namespace) -> int:
     from .._archive.wacz import export_wacz, load_signing_key, new_signing_key
-    from .._store.db import Store
 
     if args.run:
         raise EvidenceError("a WACZ export holds the whole store; --run is not supported",
@@ -95,7 +64,7 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
             key = new_signing_key(args.new_key)
         report = export_wacz(store, args.out, key=key)
     if args.json:
-        _print_json(report)
+        print_json(report)
     else:
         print(f"wacz      {report.path}  ({report.bytes} bytes, sha256 {report.sha256})\n"
               f"warc      {report.records} records, {report.indexed} indexed; "
@@ -104,6 +73,21 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
               f"signed    " + (f"yes, ECDSA public key {report.public_key}" if report.signed
                                else "no (give --key or --new-key to sign)"))
     return 0
+
+
+def _cmd_export_warc(args: argparse.Namespace) -> int:
+    from .._archive.warc import export_warc
+
+    with Store.open(args.store, read_only=True) as store:
+        result = export_warc(store, args.out, run_id=args.run)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"wrote {result.path}: {result.records} records, {result.responses} responses "
+              f"({result.skipped} attempts without a response skipped), {result.bytes} bytes, "
+              f"sha256 {result.sha256}")
+    return 0
+
 
 
 def _format_manifest(path: Path, m: Manifest) -> str:
@@ -125,10 +109,10 @@ def _format_manifest(path: Path, m: Manifest) -> str:
 def _cmd_backup(args: argparse.Namespace) -> int:
     from .._archive.archive import backup
 
-    with _Progress() as progress:
+    with Progress() as progress:
         report = backup(args.store, args.out, progress=progress)
     if args.json:
-        _print_json(report)
+        print_json(report)
     else:
         print(f"backup    {report.path}  (store {report.store_id})\n"
               f"rows      {sum(report.tables.values())} in {len(report.tables)} tables, "
@@ -145,10 +129,10 @@ def _cmd_backup(args: argparse.Namespace) -> int:
 def _cmd_restore(args: argparse.Namespace) -> int:
     from .._archive.archive import restore
 
-    with _Progress() as progress:
+    with Progress() as progress:
         report = restore(args.archive, args.store, progress=progress)
     if args.json:
-        _print_json(report)
+        print_json(report)
     else:
         print(f"restored  {args.archive} -> {report.path}  (store {report.store_id}"
               f"{', run ' + report.run_id if report.run_id else ''})\n"
@@ -164,11 +148,11 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .._archive.archive import compare
 
-    with _Progress() as progress:
+    with Progress() as progress:
         result = compare(args.a, args.b, rows_per_table=args.rows, scratch=args.scratch,
                          progress=progress)
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         print(_format_comparison(result))
     return 0 if result.equal else 1
@@ -186,7 +170,7 @@ def _format_comparison(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add export, backup, restore and compare to the ``evidence`` command's subparsers."""
     p = sub.add_parser(
         "export", help="write a canonical archive (dump, artifacts, manifest)",

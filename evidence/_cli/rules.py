@@ -1,7 +1,8 @@
-"""CLI commands for compliance rules: each a few lines over ``_rules`` and ``_report``.
+"""The rules commands: ``rules check``, ``rules evaluate`` and ``report``.
 
-``add_commands(subparsers)`` adds ``rules check``, ``rules evaluate`` and ``report`` to the
-``evidence`` parser. Exit status: 0 when all is well, 1 when ``rules evaluate`` met a
+Each a few lines over ``_crawl.rules`` and ``_audit.report``.
+
+Exit status: 0 when all is well, 1 when ``rules evaluate`` met a
 conflict, a rejection or an unreadable artifact, 2 for an error (printed by ``_cli.main``
 as ``Error:`` / ``Try:``). Rule verdicts, failing ones included, are findings, not errors:
 they never change the exit status.
@@ -10,13 +11,12 @@ they never change the exit status.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from .._store.db import Store
+from .common import print_json, write_output
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._crawl.rules import EvaluationSummary
@@ -24,16 +24,12 @@ if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only i
 __all__ = ["add_commands"]
 
 
-def _print_json(data: object) -> None:
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(data).decode()) + "\n")
-
-
 def _cmd_rules_check(args: argparse.Namespace) -> int:
     from .._crawl.rules import load_rules
 
     rules = load_rules(args.file)
     if args.json:
-        _print_json(rules.as_record())
+        print_json(rules.as_record())
         return 0
     print(f"{args.file}: {len(rules)} rule(s)")
     print(format_rules([(f"{r.id} v{r.version}", r.type, r.definition_hash) for r in rules]))
@@ -54,7 +50,7 @@ def _cmd_rules_evaluate(args: argparse.Namespace) -> int:
     with Store.open(args.store) as store:
         summary = evaluate_stored(store, rules, run_id=args.run, recheck=args.recheck)
     if args.json:
-        _print_json(msgspec.to_builtins(summary) | {"ok": summary.ok})
+        print_json(msgspec.to_builtins(summary) | {"ok": summary.ok})
     else:
         print(format_summary(summary))
     return 0 if summary.ok else 1
@@ -81,15 +77,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         text = render_html(data, per_group=args.per_group)
     else:
         text = {"text": render_text, "json": render_json}[args.format](data)
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_output(text, args.out)
     return 0
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_commands(
+        subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``rules`` (check, evaluate) and ``report`` to the ``evidence`` parser."""
     p = subparsers.add_parser(
         "rules", help="check a rules file, or judge stored captures by it",
         description="Compliance rules (a TOML file of named, versioned rules; see "

@@ -1,7 +1,8 @@
-"""CLI command for the writer service: ``evidence serve``, a few lines over ``Service``.
+"""The service command: ``evidence serve``, a few lines over ``_write.service.Service``.
 
-``add_commands(subparsers)`` adds ``serve`` to the ``evidence`` parser; ``_cli.main`` runs
-it (``Error:`` / ``Try:`` on stderr and exit status 2).
+Runs a store's one writer for producer processes (``evidence.client``) until SIGTERM,
+SIGINT or ``evidence stop``; ``--json`` prints a line when ready and one when stopped.
+Errors are printed by ``_cli.main`` (``Error:`` / ``Try:`` on stderr, exit status 2).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 import anyio
-import msgspec
 
 from .._errors import EvidenceError
 from .._store.db import Store
@@ -22,6 +22,7 @@ from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
 from .._write.wire import ServiceError, ServiceStatistics, read_token
 from .._write.writer import WriterLimits
+from .common import log_to, print_json
 
 __all__ = ["add_commands"]
 
@@ -33,8 +34,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
                            "--listen 127.0.0.1:PORT --token-file FILE")
     token = read_token(args.token_file) if args.token_file else None
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    log_to(sys.stderr)
     path = Path(args.store)
     with Store.open(path, sync=args.sync) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
@@ -66,7 +66,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                f"{w.duplicates} duplicates, {w.conflicts} conflicts, {w.rejections} rejected, "
                f"{w.batches} batches, log size {w.tree_size}")
     if args.json:
-        _print_json({"event": "stopped", "statistics": stats})
+        print_json({"event": "stopped", "statistics": stats}, one_line=True)
     print(summary, file=sys.stderr)
     return 0
 
@@ -85,11 +85,12 @@ async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistic
                      ", ".join(where), f", metrics at {metrics}" if metrics else "",
                      os.getpid())
             if args.json:
-                _print_json({"event": "ready", "pid": os.getpid(),
-                             "socket": None if service.socket_path is None
-                             else str(service.socket_path),
-                             "listen": "{}:{}".format(*service.tcp_address)
-                             if service.tcp_address else None, "metrics": metrics})
+                print_json({"event": "ready", "pid": os.getpid(),
+                            "socket": None if service.socket_path is None
+                            else str(service.socket_path),
+                            "listen": "{}:{}".format(*service.tcp_address)
+                            if service.tcp_address else None, "metrics": metrics},
+                           one_line=True)
             async for signum in signals:
                 log.info("%s: stopping: no new connections; committing and acknowledging "
                          "what was read", signal.Signals(signum).name)
@@ -97,12 +98,7 @@ async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistic
         return service.statistics()
 
 
-def _print_json(data: object) -> None:
-    sys.stdout.write(msgspec.json.encode(data).decode() + "\n")
-    sys.stdout.flush()
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve", help="run the writer service: many producer processes, one writer",
         description="Run STORE's serialized writer as a service: producer processes connect "

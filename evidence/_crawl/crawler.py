@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
-import functools
 import logging
 import os
 import socket
@@ -46,7 +45,6 @@ from .._model.messages import (
     FrontierUpdate,
     HostUpdate,
     Message,
-    ObservedRef,
     QueuedUrl,
     RunEnded,
     RunStarted,
@@ -63,15 +61,15 @@ from .._store.db import Store
 from .._write.service import Service
 from .._write.writer import Writer, WriterLimits
 from . import frontier
-from .crawlrender import source_capture, unrendered_capture
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
-from .pages import PageEffects, PageOrder, PageWorker, dedup
+from .pages import PageEffects, PageOrder, PageWorker
 from .render import Renderer, RenderOptions
+from .renderscope import source_capture, unrendered_capture
 from .robots import ROBOTS_TTL, Robots
-from .rules import check_rules, evaluate_page
+from .rules import check_rules
 from .workers import Setup, WorkerLost, WorkerPool
 
 __all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
@@ -629,15 +627,14 @@ class Crawler:
                 return
         host = url_host(job.url)
         doc = self._baseline.lookup(job.url) if self._baseline is not None else None
-        if doc is not None and normalize_url(job.url) not in self._sitemap_keys:
+        if (doc is not None and self._baseline is not None
+                and normalize_url(job.url) not in self._sitemap_keys):
             hint = sitemap_hint(self._reader, self.session_id, job.url)
             reason = self._baseline.not_due(job.url, doc, hint, utc_now())
             if reason is not None:
-                await self._unchanged(job, doc, reason, attempt=FetchAttempt(
-                    message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
-                    url=job.url, sequence=job.attempts + 1, started_at=utc_now(),
-                    elapsed_ms=0.0, outcome="skipped", error=reason))
                 self._documents -= 1  # never requested
+                self._apply(job, await self._pages.not_due(
+                    self._order(job), reason, self._baseline_found(doc)))
                 return
         if self.config.obey_robots:
             robots = await self._robots_for(job.url, host)
@@ -648,14 +645,9 @@ class Crawler:
                     else "robots.txt unavailable", backoff=60.0))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
-                reason = robots.refusal(self.config.user_agent)
-                attempt = FetchAttempt(
-                    message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
-                    url=job.url, sequence=job.attempts + 1, started_at=utc_now(),
-                    elapsed_ms=0.0, outcome="refused_by_robots", error=reason)
                 self._documents -= 1  # never requested
-                await self._commit([attempt, self._update(
-                    settled=[SettledUrl(url=job.url, state="skipped", reason=reason)])])
+                self._apply(job, await self._pages.refused_by_robots(
+                    self._order(job), robots.refusal(self.config.user_agent)))
                 return
         conditional = {}
         if doc is not None and doc.http_status == 200:
@@ -669,7 +661,9 @@ class Crawler:
             await self._render(job, effects.render)
         if effects.unchanged is not None:
             assert doc is not None
-            await self._unchanged(job, doc, "HTTP 304 (unchanged)", attempt=effects.unchanged)
+            self._apply(job, await self._pages.unchanged(
+                self._order(job), effects.unchanged, self._baseline_found(doc),
+                "HTTP 304 (unchanged)"))
 
     def _order(self, job: _Job, headers: dict[str, str] | None = None, *,
                baseline: bool = False) -> PageOrder:
@@ -713,71 +707,17 @@ class Crawler:
         return PageEffects(requested=1, retry_in=0.0)
 
     async def _render(self, job: _Job, attempt: FetchAttempt) -> None:
-        """Render a committed capture and settle its page with the render (_crawlrender)."""
+        """Render a committed capture; ``PageWorker.rendered`` settles its page with it."""
         assert self._renderer is not None
         source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts, attempt)
         rendered = await self._renderer.render(source)
-        render = rendered.render
-        messages: list[Message] = [render, *rendered.attempts]
-        if render.outcome != "rendered":
-            what = f"render {render.outcome}: {render.error}"
-            self._apply(job, await self._pages.retry(self._order(job), messages, what,
-                                                     backoff=None))
-            return
-        rules = self._pages.rules.rendered if self._pages.rules is not None else ()
-        if rules and rendered.dom is not None and render.dom is not None:
-            assert attempt.response_headers is not None
-            messages += await anyio.to_thread.run_sync(functools.partial(
-                evaluate_page, rules, url=attempt.url,
-                attempt_id=attempt.attempt_id if attempt.run_id == self.run_id else None,
-                run_id=self.run_id, headers_bytes=source.head, body_bytes=rendered.dom,
-                headers_ref=attempt.response_headers, body_ref=render.dom,
-                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True))
-        queued = []
-        if rendered.refs and render.dom is not None:
-            messages.append(Discovery(
-                message_id=new_id("m-"), run_id=self.run_id,
-                source_attempt_id=attempt.attempt_id, source_artifact=render.dom,
-                refs=rendered.refs, truncated=rendered.refs_truncated,
-                render_id=render.render_id))
-            for ref in rendered.refs:
-                via = "embed" if ref.edge_kind == "embed" else "link"
-                queued.append(QueuedUrl(url=ref.url, depth=job.depth + 1, via=via,
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self._skip(ref.url, job.depth + 1)))
-        queued = dedup(queued)
-        messages.append(self._update(queued=queued, settled=[SettledUrl(
-            url=job.url, state="done",
-            reason=f"HTTP {attempt.http_status}, rendered ({render.settle})")]))
-        await self._commit(messages)
-        if any(q.skip is None for q in queued):
-            self._db_exhausted = False
+        self._apply(job, await self._pages.rendered(self._order(job), attempt, source,
+                                                    rendered))
 
-    async def _unchanged(self, job: _Job, doc: BaselineDoc, reason: str, *,
-                         attempt: FetchAttempt) -> None:
-        """A baseline document confirmed unchanged (304) or not due: its baseline links
-        still lead on, recorded as this run's edges from the baseline's body."""
+    def _baseline_found(self, doc: BaselineDoc) -> list[Discovery]:
+        """The discoveries recorded from the baseline's capture of a document."""
         assert self._baseline is not None
-        refs, queued = [], []
-        links = self._baseline.links_of(doc.attempt_id) if doc.attempt_id else []
-        for observed, key, position, tag, attr, rel, kind in links:
-            refs.append(ObservedRef(observed=observed, url=key, position=position, tag=tag,
-                                    attr=attr, rel=rel, edge_kind=kind))
-            via = kind if kind in ("redirect", "embed", "sitemap") else "link"
-            depth = job.depth if via in ("redirect", "sitemap") else job.depth + 1
-            queued.append(QueuedUrl(url=key, depth=depth, via=via,
-                                    source_attempt_id=attempt.attempt_id,
-                                    skip=self._skip(key, depth)))
-        messages: list[Message] = [attempt]
-        if refs and doc.body is not None:
-            messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
-                                      source_attempt_id=attempt.attempt_id,
-                                      source_artifact=doc.body, refs=refs))
-        messages.append(self._update(queued=dedup(queued), settled=[
-            SettledUrl(url=job.url, state="done", reason=reason)]))
-        await self._commit(messages)
-        if any(q.skip is None for q in queued):
-            self._db_exhausted = False
+        return self._baseline.discoveries_of(doc.attempt_id) if doc.attempt_id else []
 
     async def _fetch(self, url: str, sequence: int,
                      headers: dict[str, str] | None = None) -> FetchResult:

@@ -2,14 +2,14 @@
 
 Order matters (DESIGN.md data flow): every payload is put in the artifact store (fsync'd)
 *before* the attempt message that references it exists. What is stored is what crossed the
-connection, recorded by the tap in the network stream (``_http.record_exchange``):
+connection, recorded by the tap in the network stream (``_crawl.http.record_exchange``):
 
 - the request exactly as written (request line, header block);
 - the response's status line and header block exactly as read;
 - the message body exactly as read: chunk framing, extensions and trailers included, a
   gzip body gzipped; cut at ``max_body_bytes`` (``too_large``, ``body_truncated``);
 - bytes read after the body's end, if any (``surplus``; the connection is then closed);
-- the content (``_http1.derive_content``: transfer coding, then content codings removed)
+- the content (``_model.http1.derive_content``: transfer coding, then content codings removed)
   as its own artifact where its bytes differ from the body's, with the codings removed.
 
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
@@ -31,7 +31,7 @@ import httpx
 
 from .._errors import EvidenceError
 from .._model.http1 import Split, derive_content, head_length
-from .._model.messages import FetchAttempt, new_id, utc_now
+from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import charset_param, is_html, sniff
 from .._store.artifacts import ArtifactStore
@@ -109,7 +109,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
 
 
 async def _read_body(response: httpx.Response, exchange: Exchange,
-                     cap: int) -> tuple[str, str | None, bool]:
+                     cap: int) -> tuple[Outcome, str | None, bool]:
     """Read the body off the connection (the tap records it) until its end or the cap;
     (outcome, error, cut at the cap)."""
     head = head_length(bytes(exchange.received)) or 0
@@ -139,21 +139,24 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
     ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
     ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
-    made while rendering a page (``evidence._renderproxy``): the attempt names its render.
+    made while rendering a page (``_crawl.renderproxy``): the attempt names its render.
     """
     started_at = utc_now()
     t0 = time.monotonic()
     headers = {"User-Agent": user_agent, "Accept-Encoding": "gzip, deflate",
                **(extra_headers or {})}
-    common = {"message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id,
-              "url": url, "sequence": sequence, "started_at": started_at}
+    common: dict[str, Any] = {
+        "message_id": new_id("m-"), "attempt_id": new_id("a-"), "run_id": run_id, "url": url,
+        "sequence": sequence, "started_at": started_at}
     if method != "GET":
         common["method"] = method
     if render_id is not None:
         common["render_id"] = render_id
     request = client.build_request(method, url, headers=headers, content=content)
     response: httpx.Response | None = None
-    outcome, error, cut = "response", None, False
+    outcome: Outcome = "response"
+    error: str | None = None
+    cut = False
     with record_exchange(method) as exchange:
         # The total deadline (connect, head, body): the client's timeout bounds each read
         # only, so a server sending a byte a second never trips it. Past the deadline the
@@ -207,17 +210,18 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
     problem = extra.pop("content_problem", None)
     if problem is not None and error is None:
         error = f"content: {problem}"
+    named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
     attempt = FetchAttempt(
         **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
-        http_status=response.status_code, **dict(zip(wire.fields, refs, strict=True)),
+        http_status=response.status_code, **named,
         body_truncated=cut or outcome != "response", content_type=content_type,
         error=error, **extra)
     return FetchResult(attempt, response.status_code, response.headers, wire.content, elapsed,
                        wire.split.head, wire.body, parsed)
 
 
-async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: str,
-                  exchange: Exchange, t0: float, cap: int) -> FetchResult:
+async def _failed(artifacts: ArtifactStore, common: dict[str, Any], outcome: Outcome,
+                  error: str, exchange: Exchange, t0: float, cap: int) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
     exchange.surplus()  # settled on the loop, before the thread drops the bytes
@@ -228,7 +232,7 @@ async def _failed(artifacts: ArtifactStore, common: dict, outcome: str, error: s
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 
     wire, refs = await anyio.to_thread.run_sync(store)
-    named = dict(zip(wire.fields, refs, strict=True))
+    named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
     extra = {k: v for k, v in wire.extra.items() if k != "content_problem"}
     if named.get("body") is None:  # no whole head: nothing was derived from it
         extra = {"capture": "wire"}

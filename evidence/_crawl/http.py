@@ -12,7 +12,7 @@ exchange belongs to the task that opened it (a context variable): in HTTP/1.1 wi
 pipelining, every read and write for a request happens in the task that sends it, so a
 keep-alive connection reused by another request records into that request's exchange,
 never into ours. A connection whose last exchange read bytes beyond the end of its
-response (pipelined or misframed data, see ``_http1.split_response``) answers "readable"
+response (pipelined or misframed data, see ``_model.http1.split_response``) answers "readable"
 to the pool's idle check, so the pool closes it instead of reading those bytes as the next
 request's response.
 """

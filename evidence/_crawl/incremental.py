@@ -27,7 +27,13 @@ import msgspec
 
 from .._errors import EvidenceError
 from .._model.http1 import parse_head
-from .._model.messages import DocumentRecord, parse_time_text
+from .._model.messages import (
+    Discovery,
+    DocumentChange,
+    DocumentRecord,
+    decode_message,
+    parse_time_text,
+)
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.artifacts import ArtifactStore
@@ -130,14 +136,18 @@ class Baseline:
         return BaselineDoc(status, digest, attempt_id, parse_time_text(fetched), etag,
                            last_modified, ctype, body)
 
-    def links_of(self, attempt_id: str) -> list[tuple[str, str, int, str, str, str, str]]:
-        """The references recorded from an attempt: what an unchanged page still links to."""
-        return list(self.conn.execute(
-            "SELECT e.observed_ref, u.fetch_key, e.position, e.tag, e.attr, e.rel, "
-            "e.edge_kind FROM discovery_edge e JOIN fetch_attempt f "
-            "ON f.attempt_seq = e.source_attempt_seq JOIN url_identity u "
-            "ON u.url_id = e.target_url_id WHERE f.attempt_id = ? ORDER BY e.edge_id",
-            (attempt_id,)))
+    def discoveries_of(self, attempt_id: str) -> list[Discovery]:
+        """The discoveries recorded from an attempt (its body's links, its redirect, its
+        rendered DOM's links): what an unchanged page still leads to. Read back from the
+        ledger, so each reference is as it was found: the URL as the page wrote it, not
+        its fetch key, and the artifact it was found in."""
+        rows = self.conn.execute(
+            "SELECT payload FROM ingest_ledger WHERE log_index IN (SELECT e.log_index "
+            "FROM discovery_edge e JOIN fetch_attempt f ON f.attempt_seq = "
+            "e.source_attempt_seq WHERE f.attempt_id = ?) ORDER BY log_index",
+            (attempt_id,))
+        found = [decode_message(payload) for (payload,) in rows]
+        return [m for m in found if isinstance(m, Discovery)]
 
     def not_due(self, url: str, doc: BaselineDoc, sitemap_hint: str | None,
                 now: dt.datetime) -> str | None:
@@ -216,6 +226,7 @@ def session_records(conn: apsw.Connection, session_id: str,
         if status is None:
             continue  # no answer from the server: not a document of this session
         reached.add(url_id)
+        change: DocumentChange
         if before is None:
             change = "new"
         else:

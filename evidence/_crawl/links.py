@@ -55,7 +55,7 @@ from html.parser import HTMLParser
 import msgspec
 
 from .._errors import URLError
-from .._model.messages import ObservedRef
+from .._model.messages import EdgeKind, ObservedRef
 from .._model.text import decode, sniff
 from .._model.urls import MAX_URL_LENGTH, resolve_reference
 
@@ -64,7 +64,7 @@ __all__ = ["LinkExtraction", "extract_links"]
 _MAX_REL = 65536  # ObservedRef.rel is Text: at most this many characters.
 
 # tag -> (attribute, edge_kind)
-_TARGETS = {
+_TARGETS: dict[str, tuple[str, EdgeKind]] = {
     "a": ("href", "link"),
     "area": ("href", "link"),
     "link": ("href", "link"),
@@ -97,7 +97,8 @@ class _Stop(Exception):
 class _LinkParser(HTMLParser):
     # Raw-text elements: browsers do not tokenize markup inside these, so neither do we
     # (a <textarea> of pasted HTML holds no links). The stdlib only lists script, style.
-    CDATA_CONTENT_ELEMENTS = (
+    # (typeshed marks the attribute Final; the parser reads it from the instance.)
+    CDATA_CONTENT_ELEMENTS = (  # type: ignore[misc]
         "script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes",
     )
 

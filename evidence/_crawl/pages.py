@@ -1,19 +1,29 @@
-"""One claimed page, from request to evidence: what a crawl worker does with a URL.
+"""One claimed page, from request to evidence: every outcome a crawled URL can have.
 
     effects = await PageWorker(config=..., submit=writer.submit_group, ...).page(order)
 
 The scheduler decides *whether* a URL is requested (claims, politeness, robots.txt, an
-incremental session's baseline); a ``PageWorker`` does the rest: it fetches (payloads
-durable before the attempt that names them), extracts links in a thread, judges the page
-by the session's rules, and submits the page's attempt, links and settlement as one group
-through ``submit``, so a page is never done without its links. ``submit`` is the writer in
-a single-process crawl, or the writer service's client in a worker process
-(``evidence crawl --processes N``): the same code either way.
+incremental session's baseline); a ``PageWorker`` builds what the page's outcome records,
+whichever it is, and submits the page's attempt, links and settlement as one group
+through ``submit``, so a page is never done without its links:
+
+- ``page``: fetched (payloads durable before the attempt that names them), links
+  extracted in a thread, judged by the session's rules, settled done, or ``retry``;
+- ``refused_by_robots``: an attempt never requested, settled skipped;
+- ``not_due`` and ``unchanged`` (a 304): the baseline document stands; its recorded
+  links are recorded for this run and followed;
+- ``rendered``: a page's render, the browser's requests and the rendered DOM's links.
+
+Where a reference leads is decided in one place, ``follow``: the URL as the page wrote
+it, via its edge kind, one level deeper for a link or an embed, at the page's depth for a
+redirect or a sitemap entry. ``submit`` is the writer in a single-process crawl, or the
+writer service's client in a worker process (``evidence crawl --processes N``): the same
+code either way.
 
 What the scheduler must learn back (a retry to queue, a host backoff, whether new links
 were queued) returns as ``PageEffects``, a plain struct that crosses a process boundary as
-msgpack. A 304 on a baseline document is not settled here: the attempt goes back to the
-scheduler, which owns the baseline.
+msgpack. A 304 on a baseline document is handed back unsettled (``PageEffects.unchanged``):
+the scheduler owns the baseline, and settles it with ``unchanged``.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal
 
 import anyio
 import httpx
@@ -45,10 +56,11 @@ from .._model.messages import (
 from .._model.text import charset_param
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._store.artifacts import ArtifactStore
-from .crawlrender import RenderScope
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .links import extract_links
+from .render import Rendered, SourceCapture
+from .renderscope import RenderScope
 from .rules import RuleSet, evaluate_page
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker"]
@@ -79,7 +91,7 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     sitemaps: list[str] = []  # fetch keys of sitemaps a sitemap index listed
     unchanged: FetchAttempt | None = None  # a 304 on a baseline document, not committed
     problem: str | None = None  # a failed fetch or a backoff, in words, for the operator
-    # A page to render (``evidence._crawlrender``): committed, links and all, but left in
+    # A page to render (``_crawl.renderscope``): committed, links and all, but left in
     # flight; the crawl process renders it and settles it with the render.
     render: FetchAttempt | None = None
 
@@ -119,6 +131,22 @@ class PageWorker:
             return self.scope.reason_to_skip(url, depth)
         except URLError as exc:
             return f"invalid URL: {exc}"
+
+    def follow(self, refs: Sequence[ObservedRef], depth: int,
+               source_attempt_id: str) -> list[QueuedUrl]:
+        """Where a page's references lead: the frontier entries they make, one per fetch
+        key. Each URL as the page wrote it (resolved, never normalized: it is requested as
+        given), found ``via`` its edge kind; one level deeper than the page for a link or
+        an embed, at the page's own depth for a redirect (the same document, moved) or a
+        sitemap entry (listed, not linked). Every page outcome that queues URLs comes
+        through here: a fetched page, an unchanged one, a rendered one."""
+        queued = []
+        for ref in refs:
+            at = depth if ref.edge_kind in ("redirect", "sitemap") else depth + 1
+            queued.append(QueuedUrl(url=ref.url, depth=at, via=ref.edge_kind,
+                                    source_attempt_id=source_attempt_id,
+                                    skip=self.skip(ref.url, at)))
+        return dedup(queued)
 
     async def fetch(self, url: str, sequence: int,
                     headers: dict[str, str] | None = None) -> FetchResult:
@@ -160,21 +188,18 @@ class PageWorker:
             what = (f"{attempt.outcome.replace('_', ' ')} ({(attempt.error or '')[:300]})"
                     if transient else f"HTTP {status}")
             return await self.retry(order, messages, what, backoff=retry_after)
-        queued: list[QueuedUrl] = []
         refs: list[ObservedRef] = []
         sitemaps: list[str] = []
         truncated = False
         source = attempt.content or attempt.body  # links are found in the content
-        if 300 <= status < 400 and result.headers.get("location"):
-            location = result.headers["location"]
+        headers = result.headers
+        if 300 <= status < 400 and headers is not None and headers.get("location"):
+            location = headers["location"]
             source = attempt.response_headers
             try:
                 target = resolve_reference(order.url, location)
                 refs.append(ObservedRef(observed=location, url=target, position=0,
                                         tag="http", attr="location", edge_kind="redirect"))
-                queued.append(QueuedUrl(url=target, depth=order.depth, via="redirect",
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self.skip(target, order.depth)))
             except URLError as exc:
                 log.info("redirect from %s to an unusable location: %s", order.url, exc)
         elif 200 <= status < 300 and result.parsed is not None:
@@ -182,13 +207,7 @@ class PageWorker:
             # the event loop, so a page that is slow to tokenize never stalls the others).
             refs, truncated, sitemaps = result.parsed
             truncated = truncated or attempt.body_truncated or attempt.content_truncated
-            for ref in refs:
-                via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
-                depth = order.depth if via == "sitemap" else order.depth + 1
-                queued.append(QueuedUrl(url=ref.url, depth=depth, via=via,
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self.skip(ref.url, depth)))
-            queued = dedup(queued)
+        queued = self.follow(refs, order.depth, attempt.attempt_id)
         if refs and source is not None:
             messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
                                       source_attempt_id=attempt.attempt_id,
@@ -200,6 +219,92 @@ class PageWorker:
         await self.commit(messages)
         return PageEffects(queued_links=any(q.skip is None for q in queued),
                            sitemaps=sitemaps, render=render)
+
+    # --- outcomes without a request -------------------------------------------------
+
+    async def refused_by_robots(self, order: PageOrder, reason: str) -> PageEffects:
+        """robots.txt disallows the URL: an attempt that was never requested, which says
+        why, and the URL settled skipped with the same reason."""
+        attempt = self._unrequested(order, "refused_by_robots", reason)
+        await self.commit([attempt, self.update(
+            settled=[SettledUrl(url=order.url, state="skipped", reason=reason)])])
+        return PageEffects()
+
+    async def not_due(self, order: PageOrder, reason: str,
+                      baseline: Sequence[Discovery]) -> PageEffects:
+        """An incremental session's baseline document that is not due yet: not requested
+        (a ``skipped`` attempt says why), and it leads on as recorded (``unchanged``)."""
+        return await self.unchanged(order, self._unrequested(order, "skipped", reason),
+                                    baseline, reason)
+
+    async def unchanged(self, order: PageOrder, attempt: FetchAttempt,
+                        baseline: Sequence[Discovery], reason: str) -> PageEffects:
+        """A baseline document that stands (a 304, or not due): ``attempt`` is this run's
+        (the 304, or the skipped one), ``baseline`` the discoveries recorded from the
+        baseline's capture. Each is recorded again for this run, from the artifact its
+        references were found in, and they are followed as when they were found: the
+        page is settled done with its links, as a fetched page is."""
+        messages: list[Message] = [attempt]
+        refs: list[ObservedRef] = []
+        for found in baseline:
+            messages.append(Discovery(
+                message_id=new_id("m-"), run_id=self.run_id,
+                source_attempt_id=attempt.attempt_id, source_artifact=found.source_artifact,
+                refs=found.refs, truncated=found.truncated))
+            refs += found.refs
+        queued = self.follow(refs, order.depth, attempt.attempt_id)
+        messages.append(self.update(queued=queued, settled=[
+            SettledUrl(url=order.url, state="done", reason=reason)]))
+        await self.commit(messages)
+        sitemaps = [normalize_url(r.url) for r in refs
+                    if r.edge_kind == "sitemap" and r.tag == "sitemap"]
+        return PageEffects(queued_links=any(q.skip is None for q in queued),
+                           sitemaps=sitemaps)
+
+    def _unrequested(self, order: PageOrder, outcome: Literal["refused_by_robots", "skipped"],
+                     reason: str) -> FetchAttempt:
+        return FetchAttempt(
+            message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
+            url=order.url, sequence=order.attempts + 1, started_at=utc_now(),
+            elapsed_ms=0.0, outcome=outcome, error=reason)
+
+    # --- a render --------------------------------------------------------------------
+
+    async def rendered(self, order: PageOrder, attempt: FetchAttempt, source: SourceCapture,
+                       rendered: Rendered) -> PageEffects:
+        """Settle a page with its render (``_crawl.renderscope``): the render and the
+        browser's requests, the verdicts of rules that read the rendered DOM, the DOM's
+        links and where they lead, and the page done; or, if the render failed, a retry.
+        ``attempt`` is the capture rendered, of this run or an earlier one."""
+        render = rendered.render
+        messages: list[Message] = [render, *rendered.attempts]
+        if render.outcome != "rendered":
+            return await self.retry(order, messages, f"render {render.outcome}: "
+                                    f"{render.error}", backoff=None)
+        rules = self.rules.rendered if self.rules is not None else ()
+        if rules and rendered.dom is not None and render.dom is not None:
+            assert attempt.response_headers is not None
+            messages += await anyio.to_thread.run_sync(functools.partial(
+                evaluate_page, rules, url=attempt.url,
+                attempt_id=attempt.attempt_id if attempt.run_id == self.run_id else None,
+                run_id=self.run_id, headers_bytes=source.head, body_bytes=rendered.dom,
+                headers_ref=attempt.response_headers, body_ref=render.dom,
+                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True))
+        queued: list[QueuedUrl] = []
+        if rendered.refs and render.dom is not None:
+            messages.append(Discovery(
+                message_id=new_id("m-"), run_id=self.run_id,
+                source_attempt_id=attempt.attempt_id, source_artifact=render.dom,
+                refs=rendered.refs, truncated=rendered.refs_truncated,
+                render_id=render.render_id))
+            queued = self.follow(rendered.refs, order.depth, attempt.attempt_id)
+        messages.append(self.update(queued=queued, settled=[SettledUrl(
+            url=order.url, state="done",
+            reason=f"HTTP {attempt.http_status}, rendered ({render.settle})")]))
+        await self.commit(messages)
+        return PageEffects(queued_links=any(q.skip is None for q in queued))
+
+    # --- a transient failure ---------------------------------------------------------
 
     async def retry(self, order: PageOrder, messages: list[Message], what: str, *,
                     backoff: float | None) -> PageEffects:

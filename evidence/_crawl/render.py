@@ -4,7 +4,7 @@
         rendered = await r.render(source)     # a Rendered: messages and the DOM's links
 
 A render gives the browser the stored response of one attempt (``SourceCapture``) through
-a recording proxy of its own (``_renderproxy``), lets the page run, and records:
+a recording proxy of its own (``_crawl.renderproxy``), lets the page run, and records:
 
 - every request the browser made, each a ``FetchAttempt`` with its wire bytes, naming the
   render (``render_id``), with a sequence number unique in the run (``RENDER_SEQUENCE``
@@ -39,10 +39,18 @@ import anyio.abc
 import httpx
 
 from .._errors import BrowserError
-from .._model.messages import FetchAttempt, ObservedRef, Render, new_id, utc_now
+from .._model.messages import (
+    FetchAttempt,
+    ObservedRef,
+    Render,
+    RenderOutcome,
+    RenderSettle,
+    new_id,
+    utc_now,
+)
 from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
-from .cdp import Browser, Page
+from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .links import extract_links
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
@@ -238,7 +246,8 @@ class Renderer:
             snapshot = await page.send("Page.captureSnapshot", {"format": "mhtml"})
             out.mhtml = str(snapshot["data"]).encode("utf-8", "surrogatepass")
 
-    async def _settle(self, page: Page, out: _Captured, proxy: RecordingProxy) -> str | None:
+    async def _settle(self, page: Page, out: _Captured,
+                      proxy: RecordingProxy) -> RenderSettle | None:
         """The settle rule (module docstring): 'quiet', or 'deadline'."""
         quiet = self.options.quiet
         end = time.monotonic() + self.options.settle_max
@@ -275,10 +284,10 @@ class Renderer:
 
 @dataclass
 class _Captured:
-    outcome: str = "rendered"
+    outcome: RenderOutcome = "rendered"
     error: str | None = None
     step: str = "starting"
-    settle: str | None = None
+    settle: RenderSettle | None = None
     title: str = ""
     final_url: str | None = None
     dom: bytes | None = None
@@ -286,7 +295,7 @@ class _Captured:
     screenshot_truncated: bool = False
     mhtml: bytes | None = None
 
-    def fail(self, outcome: str, error: str) -> None:
+    def fail(self, outcome: RenderOutcome, error: str) -> None:
         if self.outcome == "rendered":  # the first failure is the one that counts
             self.outcome, self.error = outcome, error[:2000]
             self.dom = self.screenshot = self.mhtml = None

@@ -7,7 +7,7 @@
 
 Why a proxy: the browser's own network events give decoded bodies, never the bytes that
 crossed the connection. Here each browser request is made again by the crawler's own HTTP
-client, through the tap that records the wire (``_http.record_exchange``), so every
+client, through the tap that records the wire (``_crawl.http.record_exchange``), so every
 request of a render is a ``FetchAttempt`` with exact wire bytes, like every other attempt.
 The browser then gets exactly those bytes back (head and body as read, chunk framing and
 content coding included), and the connection is closed after each answer, so framing
@@ -21,7 +21,7 @@ never depends on what a keep-alive connection carried before.
   crawler can remove; ``br`` or ``zstd`` would leave content it cannot derive).
 - ``CONNECT`` (HTTPS through a proxy): the proxy completes TLS with the browser itself,
   as the host, with a certificate of the crawl's own authority that only this browser
-  trusts (``_rendertls``), reads the one request inside the tunnel and makes it as an
+  trusts (``_crawl.rendertls``), reads the one request inside the tunnel and makes it as an
   ``https:`` request like any other. Without that authority (``tls=None``) the tunnel is
   refused (501) and listed in the render's ``not_recorded``.
 
@@ -143,7 +143,7 @@ class RecordingProxy:
                 await stream.send(answer)
 
     async def _tunnel(self, stream: anyio.abc.SocketStream, authority: str) -> None:
-        """Answer a CONNECT as the host itself (``_rendertls``), or refuse it."""
+        """Answer a CONNECT as the host itself (``_crawl.rendertls``), or refuse it."""
         host, _, port = authority.rpartition(":")
         if self.tls is None or not host or not port.isdigit():
             self.not_recorded.append(f"CONNECT {authority}: HTTPS is not recorded through "

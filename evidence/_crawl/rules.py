@@ -650,6 +650,7 @@ def _check_selector(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
 def _check_regex(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
     name = rule.params["header"]
     what = f"pattern `{rule.params['pattern']}`"
+    subject: str | None
     if name is None:
         subject, where = page.text, "in the body"
     else:

@@ -1,6 +1,6 @@
 """HTTP/1.1 messages as bytes: where a response's head and body end, and what its content is.
 
-The crawler stores an exchange exactly as it crossed the connection (``_http.Exchange``):
+The crawler stores an exchange exactly as it crossed the connection (``_crawl.http.Exchange``):
 the request as written, the response head and body as read. This module reads those
 bytes back by one set of rules, whoever asks (the fetch that stores them, rules,
 incremental sessions, replay):

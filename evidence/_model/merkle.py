@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from hashlib import sha256
+from typing import TypeGuard
 
 __all__ = [
     "EMPTY_ROOT",
@@ -82,7 +83,7 @@ def _is_hash(value: object) -> bool:
     return isinstance(value, bytes | bytearray) and len(value) == HASH_SIZE
 
 
-def _is_size(value: object) -> bool:
+def _is_size(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -103,7 +104,7 @@ def _check_leaves(leaves: Sequence[bytes]) -> None:
 def _check_size(value: object, what: str) -> int:
     if not _is_size(value):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _split(n: int) -> int:

@@ -180,6 +180,9 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     render_id: Id | None = None
 
 
+EdgeKind = Literal["link", "redirect", "embed", "sitemap"]
+
+
 class ObservedRef(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     """One reference observed in a source document."""
 
@@ -189,7 +192,7 @@ class ObservedRef(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     tag: Name = "a"
     attr: Name = "href"
     rel: Text = ""
-    edge_kind: Literal["link", "redirect", "embed", "sitemap"] = "link"
+    edge_kind: EdgeKind = "link"
 
 
 class Discovery(msgspec.Struct, tag="discovery", **_STRUCT):
@@ -221,6 +224,7 @@ class RuleEvaluated(msgspec.Struct, tag="rule_evaluated", **_STRUCT):
     details: dict[str, object] = {}
 
 
+RenderSettle = Literal["quiet", "deadline"]  # how the page was judged ready (docs/replay.md)
 RenderOutcome = Literal[
     "rendered",  # loaded, settled, serialized: the artifacts are there
     "timeout",  # no result within the render timeout (the browser may have hung)
@@ -252,7 +256,7 @@ class Render(msgspec.Struct, tag="render", **_STRUCT):
     browser: Text = ""
     viewport_width: NonNegative = 0
     viewport_height: NonNegative = 0
-    settle: Literal["quiet", "deadline"] | None = None
+    settle: RenderSettle | None = None
     final_url: Url | None = None  # location.href when serialized (scripts may change it)
     title: Text = ""
     dom: ArtifactRef | None = None
@@ -311,11 +315,14 @@ class HostUpdate(msgspec.Struct, tag="host", **_STRUCT):
     reason: Text = ""
 
 
+DocumentChange = Literal["new", "changed", "unchanged", "orphaned"]
+
+
 class DocumentRecord(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     """One document of a completed session, classified against the session's baseline."""
 
     url: Url
-    change: Literal["new", "changed", "unchanged", "orphaned"]
+    change: DocumentChange
     http_status: Annotated[int, msgspec.Meta(ge=100, le=999)] | None = None
     body_digest: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
     attempt_id: Id | None = None

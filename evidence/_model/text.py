@@ -1,6 +1,6 @@
 """Page text, decoded the way a browser decodes it: the one decoder of every consumer.
 
-Links (``_links``), rules (``_rules``) and the crawler's record of a page (the attempt's
+Links (``_crawl.links``), rules (``_crawl.rules``) and the crawler's record of a page (the attempt's
 ``text_encoding``) all read a document's bytes through this module, so they can never
 disagree about what a page says. It owns:
 

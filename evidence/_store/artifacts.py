@@ -54,6 +54,7 @@ from .._errors import (
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
+from .fsync import fsync_dir
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps"]
 
@@ -124,11 +125,7 @@ class FileOps:
         os.rename(src, dst)
 
     def fsync_dir(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(path)
 
     def makedirs(self, path: Path) -> list[Path]:
         """Create ``path`` and missing parents; return the directories created, top-down."""
@@ -180,10 +177,9 @@ class _os_errors:  # a class, not @contextmanager: entered eight times per put
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> bool:
+                 tb: object) -> None:
         if isinstance(exc, OSError):
             raise self._translate(exc) from exc
-        return False
 
     def _translate(self, exc: OSError) -> ArtifactError:
         path, ref = self.path, self.ref

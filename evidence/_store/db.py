@@ -17,11 +17,12 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 
 from .._errors import CorruptStoreError, StoreError, SyncError
-from .artifacts import ArtifactStore, FileOps
+from .artifacts import DEFAULT_MAX_PAYLOAD, ArtifactStore, FileOps
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
@@ -121,8 +122,8 @@ class Store:
             except BaseException:
                 conn.close()
                 raise
-        kwargs = {} if max_payload is None else {"max_payload": max_payload}
-        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops, **kwargs)
+        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops,
+                                  max_payload=_payload_limit(max_payload))
         if create:
             ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
         return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
@@ -141,10 +142,9 @@ class Store:
             except BaseException:
                 conn.close()
                 raise
-        kwargs = {} if max_payload is None else {"max_payload": max_payload}
         try:
             artifacts = ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True,
-                                      **kwargs)
+                                      max_payload=_payload_limit(max_payload))
         except BaseException:
             conn.close()
             raise
@@ -152,9 +152,9 @@ class Store:
                    schema_version=version, vfs=vfs, read_only=True)
 
     @classmethod
-    def create(cls, path: os.PathLike[str] | str, **options: object) -> Store:
+    def create(cls, path: os.PathLike[str] | str, **options: Any) -> Store:
         """Create a store (or open an existing one) at ``path``."""
-        return cls.open(path, create=True, **options)  # type: ignore[arg-type]
+        return cls.open(path, create=True, **options)
 
     @property
     def store_id(self) -> str:
@@ -316,3 +316,7 @@ def _marking_sync_failures(root: Path, ops: FileOps) -> Iterator[None]:
         raise SyncError(f"{root}: an fsync failed while opening the store ({describe(cause)})",
                         hint="check the disk (dmesg), then open the store again",
                         path=str(root)) from cause
+
+
+def _payload_limit(max_payload: int | None) -> int:
+    return DEFAULT_MAX_PAYLOAD if max_payload is None else max_payload

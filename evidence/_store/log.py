@@ -10,7 +10,7 @@ and ``entry_hash``, which chains the row to the previous one:
                          [|| "quarantined" || u64 length || quarantined])
 
 The bracketed part is there only when the batch quarantined something: ``quarantined``
-records which quarantine records it wrote or counted (``_quarantine``), so a row of that
+records which quarantine records it wrote or counted (``_store.quarantine``), so a row of that
 table edited, deleted or forged no longer adds up (rows from before it existed hash as
 they always did).
 

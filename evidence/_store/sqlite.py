@@ -57,9 +57,9 @@ _BACKPORTS = {(3, 44): (3, 44, 6), (3, 50): (3, 50, 7)}
 def check_sqlite_version(version: str | None = None) -> tuple[int, int, int]:
     """Refuse an SQLite library with the WAL-reset bug. ``version`` defaults to the linked one."""
     text = version if version is not None else apsw.sqlite_lib_version()
-    parts = tuple(int(p) for p in text.split(".")[:3])
-    parts = (*parts, 0, 0, 0)[:3]
-    floor = _BACKPORTS.get(parts[:2], _MIN_VERSION)
+    major, minor, patch = (*(int(p) for p in text.split(".")[:3]), 0, 0, 0)[:3]
+    parts = (major, minor, patch)
+    floor = _BACKPORTS.get((major, minor), _MIN_VERSION)
     if parts < floor:
         raise SQLiteVersionError(
             f"SQLite {text} is too old: versions before 3.51.3 (or the backports 3.44.6 "
@@ -68,7 +68,7 @@ def check_sqlite_version(version: str | None = None) -> tuple[int, int, int]:
             hint="upgrade apsw (pip install -U apsw); its wheels bundle a current SQLite",
             sqlite_version=text,
         )
-    return parts  # type: ignore[return-value]
+    return parts
 
 
 @contextlib.contextmanager

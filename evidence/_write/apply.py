@@ -354,7 +354,7 @@ class Applier:
                 key = normalize_url(url)
             except URLError as exc:
                 raise Rejected(f"{_text(what)}: {exc}") from exc
-        url_id = self._urls.get(key)
+        url_id: int | None = self._urls.get(key)
         if url_id is not None:
             return url_id
         conn = self.conn
@@ -417,13 +417,15 @@ class Applier:
                 raise Rejected(f"{_text(what)}: {exc}") from exc
         if row is not None:
             self.interner.put("artifact", key, row)
-            return row[0]  # type: ignore[return-value]
+            known: int = row[0]
+            return known
         self.new_refs.append(ref)
         artifact_id = self.conn.execute(
             "INSERT INTO artifact (namespace, digest, size) VALUES (?, ?, ?) "
             "RETURNING artifact_id", (ref.namespace, ref.digest, ref.size)).fetchall()[0][0]
         self.interner.put("artifact", key, (artifact_id, ref.size))
-        return artifact_id  # type: ignore[no-any-return]
+        new: int = artifact_id
+        return new
 
     def open_run(self, run_id: str, what: What) -> None:
         if run_id in self._runs:
@@ -444,7 +446,8 @@ class Applier:
         if row[1] != run_id:
             raise Rejected(f"{_text(what)}: render {render_id} belongs to run {row[1]}, "
                            f"not {run_id}")
-        return row[0], row[2], row[3]  # type: ignore[return-value]
+        found: tuple[int, int, str] = (row[0], row[2], row[3])
+        return found
 
     def attempt_seq(self, attempt_id: str, run_id: str, what: What) -> int:
         row = self._attempts.get(attempt_id) or self.one(
@@ -454,7 +457,8 @@ class Applier:
         if row[1] != run_id:
             raise Rejected(f"{_text(what)}: attempt {attempt_id} belongs to run {row[1]}, "
                            f"not {run_id}")
-        return row[0]  # type: ignore[return-value]
+        seq: int = row[0]
+        return seq
 
 
 

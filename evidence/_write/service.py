@@ -46,6 +46,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 import anyio
 import anyio.abc
@@ -332,7 +333,7 @@ class Service:
         self.writer: Writer  # set on entry
         self._stack = contextlib.AsyncExitStack()
         self._tg: anyio.abc.TaskGroup
-        self._listeners: list[anyio.abc.Listener] = []
+        self._listeners: list[anyio.abc.SocketListener] = []
         self._connections: set[_Connection] = set()
         # anyio primitives need the event loop: made in __aenter__
         self._accept_scopes: list[anyio.CancelScope] = []
@@ -380,12 +381,12 @@ class Service:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: object) -> bool | None:
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
         if exc is None:
             await self._drain()
         else:
             self._tg.cancel_scope.cancel()
-        return await self._stack.__aexit__(exc_type, exc, tb)  # type: ignore[arg-type]
+        return await self._stack.__aexit__(exc_type, exc, tb)
 
     async def _drain(self) -> None:
         """Stop accepting and reading; answer what was read once it commits; close clients."""
@@ -430,7 +431,9 @@ class Service:
         if self._listen is not None:
             tcp = await anyio.create_tcp_listener(local_host=self._listen[0],
                                                   local_port=self._listen[1])
-            self._listeners.extend(tcp.listeners)
+            for listener in tcp.listeners:  # one per address family, each accepts alone
+                assert isinstance(listener, anyio.abc.SocketListener)
+                self._listeners.append(listener)
             self.tcp_address = (self._listen[0], tcp.extra(anyio.abc.SocketAttribute.local_port))
 
     def _unlink_socket(self) -> None:
@@ -442,7 +445,7 @@ class Service:
                 self.socket_path.unlink()
         self._socket_inode = None
 
-    async def _accept(self, listener: anyio.abc.Listener) -> None:
+    async def _accept(self, listener: anyio.abc.SocketListener) -> None:
         with anyio.CancelScope() as scope:
             self._accept_scopes.append(scope)
             if self._stopping:
@@ -692,7 +695,7 @@ class Service:
     def _decode_messages(self, conn: _Connection, frame: Submit) -> list[Message] | None:
         """Decode strictly; a defect refuses the whole request (nothing of it is written)."""
         try:
-            messages = [decode_message(raw) for raw in frame.messages]  # type: ignore[arg-type]
+            messages = [decode_message(raw) for raw in frame.messages]
         except MessageError as exc:
             self._errors["invalid_message"] += 1
             conn.push(encode_frame(ErrorFrame(
@@ -763,7 +766,8 @@ class Service:
             protocol_errors=dict(self._errors),
         )
 
-    async def _serve_metrics(self, listener: anyio.abc.Listener) -> None:
+    async def _serve_metrics(self,
+                             listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         with self._metrics_scope:
             async with listener:
                 await listener.serve(self._metrics_request)

@@ -17,7 +17,7 @@ any order. An error frame without an id concerns the connection, which the servi
 after it. The service is strict (unknown frame types and fields are refused); the client is
 lenient with what the service sends, so a newer service may add fields.
 
-This module is shared by ``_service`` and ``client``; it owns no sockets, only bytes.
+This module is shared by ``_write.service`` and ``client``; it owns no sockets, only bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import anyio
 import anyio.abc
@@ -206,6 +206,12 @@ def decode_server_frame(body: bytes) -> ServerFrame:
                             retryable=True) from None
 
 
+class ByteSource(Protocol):
+    """What a FrameReader reads from: an anyio byte stream, or the service's metered one."""
+
+    async def receive(self, max_bytes: int = ...) -> bytes: ...
+
+
 class FrameReader:
     """Reads frames from a byte stream in 64 KiB chunks (many small frames per read).
 
@@ -213,7 +219,7 @@ class FrameReader:
     and reserve room for it before reading its body. Memory held: one chunk plus one frame.
     """
 
-    def __init__(self, stream: anyio.abc.ByteReceiveStream) -> None:
+    def __init__(self, stream: ByteSource) -> None:
         self._stream = stream
         self._buffer = bytearray()
 
@@ -229,7 +235,8 @@ class FrameReader:
         """Whether a whole frame is buffered (reading it will not wait on the stream)."""
         if len(self._buffer) < HEADER.size:
             return False
-        return len(self._buffer) >= HEADER.size + HEADER.unpack_from(self._buffer)[0]
+        size: int = HEADER.unpack_from(self._buffer)[0]
+        return len(self._buffer) >= HEADER.size + size
 
     async def read_header(self) -> int | None:
         """The next frame's body length, or None at a clean end of stream."""
@@ -239,7 +246,7 @@ class FrameReader:
             if not self._buffer:
                 return None
             raise TruncatedFrame(HEADER.size, len(self._buffer)) from None
-        (size,) = HEADER.unpack_from(self._buffer)
+        size: int = HEADER.unpack_from(self._buffer)[0]
         del self._buffer[:HEADER.size]  # O(1): CPython trims a bytearray's front in place
         return size
 

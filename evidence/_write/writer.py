@@ -24,7 +24,7 @@ Invariants (DESIGN.md "Writer rules"):
     the commit log to learn whether the batch is there, and acks from that, never guessing;
   - except after a failed fsync (at COMMIT or in a checkpoint): then reads are no evidence
     of what is on the disk, so nothing of that batch is acked, the store is marked for a
-    resync and the writer stops (``_resync``; docs/design.md, "The writer");
+    resync and the writer stops (``_store.resync``; docs/design.md, "The writer");
   - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails.
 
 Where the time goes and what was measured: docs/benchmarks.md ("Where the time goes").
@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Literal
 
 import anyio
@@ -86,7 +87,7 @@ class WriterLimits:
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
 _URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
-         for kind in Message.__args__}  # type: ignore[attr-defined]
+         for kind in Message.__args__}
 
 
 class _Pending:
@@ -153,7 +154,9 @@ def _threadsafe_caller() -> Callable[[Callable[[], object]], object]:
     if sniffio.current_async_library() == "trio":
         import trio  # only when running under trio
 
-        return trio.lowlevel.current_trio_token().run_sync_soon
+        soon: Callable[[Callable[[], object]], object]
+        soon = trio.lowlevel.current_trio_token().run_sync_soon
+        return soon
     return asyncio.get_running_loop().call_soon_threadsafe
 
 
@@ -260,7 +263,7 @@ class Writer:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: object) -> bool | None:
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
         """Graceful close: stop accepting, drain and commit what is queued, then return.
 
         An ordinary exception from the ``async with`` body propagates as itself (after the
@@ -273,7 +276,7 @@ class Writer:
             if isinstance(exc, Exception):
                 await self._task_group.__aexit__(None, None, None)
                 return None
-            return await self._task_group.__aexit__(exc_type, exc, tb)  # type: ignore[arg-type]
+            return await self._task_group.__aexit__(exc_type, exc, tb)
         finally:
             self._committer.stop()  # idle by now: _run waited for its last batch
 
@@ -356,6 +359,8 @@ class Writer:
         to them first: ``anyio.to_thread`` yields twice before the thread starts, which left
         the commit thread idle about 40% of the time at B = 500).
         """
+        committer = self._committer
+        assert committer is not None  # started by __aenter__ before this task
         async with self._receive:
             job: _Job | None = None
             while True:
@@ -364,7 +369,7 @@ class Writer:
                         first = await self._receive.receive()
                     except anyio.EndOfStream:
                         return
-                    job = self._committer.start(await self._collect(first))
+                    job = committer.start(await self._collect(first))
                 job = await self._finish(job)
 
     async def _collect(self, first: _Group) -> list[_Pending]:
@@ -435,7 +440,7 @@ class Writer:
                     pending.ack = ack
                 if self._stopping is None:
                     nxt = self._collect_nowait()
-                    if nxt:
+                    if nxt and self._committer is not None:
                         following = self._committer.start(nxt)
         finally:
             for pending in batch:

@@ -55,7 +55,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import apsw
@@ -715,7 +715,7 @@ def build_groups(workload: Workload, *, prefix: str = "w") -> list[Group]:
     return groups
 
 
-def _fields(message: Message) -> dict[str, object]:
+def _fields(message: Message) -> dict[str, Any]:
     return {name: getattr(message, name) for name in message.__struct_fields__}
 
 

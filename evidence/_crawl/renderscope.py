@@ -1,10 +1,11 @@
-"""Rendering inside a crawl (``evidence crawl --render``): which pages, when, and how a
-render settles its page.
+"""Rendering inside a crawl (``evidence crawl --render``): which pages are rendered, and
+the stored capture a render starts from.
 
 A page to render is fetched as usual; its worker commits the attempt, its links and its
 rule verdicts but leaves the URL in flight, and hands the attempt back
 (``PageEffects.render``). The crawl process then renders it (one browser for the run,
-``_render.Renderer``) and commits one writer group:
+``_crawl.render.Renderer``), and ``_crawl.pages.PageWorker.rendered`` commits one writer
+group:
 
     render, the browser's requests (fetch attempts naming the render), the links of the
     rendered DOM (a discovery naming the render), verdicts of rules that read the

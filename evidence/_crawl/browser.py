@@ -15,7 +15,7 @@ The child's fds 3 and 4 are set with ``posix_spawn`` file actions (no shell, no
 Every command waits for its answer at most ``timeout`` seconds; a browser that does not
 answer, or whose pipe closes (it crashed or was killed), raises ``BrowserError`` with
 ``gone=True`` and every later command fails at once. The owner then starts a new one
-(``evidence._render.Renderer`` does). The browser always runs with a fresh profile in a
+(``_crawl.render.Renderer`` does). The browser always runs with a fresh profile in a
 temporary directory, removed on close, and with the flags that keep it from contacting
 any host of its own accord (background networking, component updates, sync).
 
@@ -41,6 +41,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import BrowserError
 
@@ -90,7 +91,7 @@ class Browser:
         self.pid = 0
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
-        self._sessions: dict[str, anyio.abc.ObjectSendStream[dict[str, Any]]] = {}
+        self._sessions: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._gone: BrowserError | None = None
         self._write_lock = anyio.Lock()
         self._profile = ""
@@ -348,7 +349,7 @@ class Page:
     """One tab: its commands go to its session, its events arrive in ``events``."""
 
     def __init__(self, browser: Browser, session_id: str, target_id: str,
-                 events: anyio.abc.ObjectReceiveStream[dict[str, Any]]) -> None:
+                 events: MemoryObjectReceiveStream[dict[str, Any]]) -> None:
         self.browser = browser
         self.session_id = session_id
         self.target_id = target_id

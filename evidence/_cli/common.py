@@ -1,0 +1,189 @@
+"""What every command group shares: the parser's form, the output helpers, argument types.
+
+- ``Parser`` and its help formatter: every option's default shown, usage errors as
+  ``Error:`` / ``Try:`` lines with exit status 2 (``error_text`` is that form, for
+  ``main``'s boundary too);
+- ``print_json`` (the one JSON printer), ``write_output``, ``format_bytes``, ``confirm``;
+- the argument types (whole numbers, seconds, durations), so ``--workers 0`` or
+  ``--grace 1x`` is a usage error in the same words in every command;
+- ``Progress``, the phase-and-count line long library calls report through, and
+  ``log_to``, which keeps log lines off a live progress line.
+
+Each command group (``crawl``, ``archive``, ``verify``, ``proofs``, ``replay``, ``rules``,
+``service``) imports from here and from the library, never from another group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import IO, NoReturn
+
+import msgspec
+
+__all__ = ["Parser", "Progress", "confirm", "error_text", "format_bytes", "integer",
+           "log_to", "non_negative", "parse_duration", "positive", "positive_seconds",
+           "print_json", "seconds", "write_output"]
+
+
+# --- the parser's form ----------------------------------------------------------------
+
+def error_text(message: str, hint: str | None) -> str:
+    """A user error as the CLI prints it: ``Error:``, then ``Try:`` when there is a hint."""
+    return f"Error: {message}\n" + (f"Try: {hint}\n" if hint else "")
+
+
+class _Help(argparse.HelpFormatter):
+    """Shows every option's default: "(default X)" after its help, unless the help already
+    says what happens without the option."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings or action.nargs == 0
+                or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS):
+            return text
+        return text + " (default %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in the CLI's own form: ``Error:`` and ``Try:`` lines, exit status 2."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, error_text(message, f"{self.prog} --help"))
+
+
+# --- output ----------------------------------------------------------------------------
+
+def print_json(value: object, *, one_line: bool = False) -> None:
+    """``value`` (a msgspec struct, or builtins) as JSON on stdout: indented for a reader,
+    or ``one_line`` for a stream a script reads line by line (flushed at once)."""
+    text = msgspec.json.encode(value).decode()
+    sys.stdout.write((text if one_line else msgspec.json.format(text)) + "\n")
+    sys.stdout.flush()
+
+
+def write_output(text: str, out: str | None) -> None:
+    """``text`` to stdout, or to the file ``out`` (saying so on stderr)."""
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"wrote {out}", file=sys.stderr)
+
+
+def format_bytes(n: float) -> str:
+    """``512 B``, ``1.5 KiB``, ... ``3.0 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def confirm(question: str) -> bool:
+    """Ask on the terminal; no terminal (a script, a pipe) is no."""
+    if not sys.stdin.isatty():
+        return False
+    return input(question).strip().lower() in ("y", "yes")
+
+
+class Progress:
+    """One line on stderr, redrawn at most 4 times a second, only on a terminal: the
+    ``progress(phase, done, total)`` callback the archive functions take."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._last = 0.0
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.enabled and (now - self._last >= 0.25 or done == total):
+            self._last = now
+            sys.stderr.write(f"\r\x1b[K  {phase}: {done:,}/{total:,}")
+            sys.stderr.flush()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+class _TerminalLogHandler(logging.StreamHandler):
+    """Log lines that first clear a live progress line, so the two never share a line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(self.stream, "isatty", lambda: False)():
+            self.stream.write("\r\x1b[K")
+        super().emit(record)
+
+
+def log_to(stream: IO[str]) -> None:
+    """Log INFO and up to ``stream``, time-stamped; httpx's line per request left out."""
+    handler = _TerminalLogHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+
+
+# --- argument types --------------------------------------------------------------------
+
+def non_negative(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def positive(text: str) -> int:
+    value = integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more, not {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``24h``, ``7d`` -> seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 24h, 30m, 7d)")
+    return float(match[1]) * _UNITS[match[2]]

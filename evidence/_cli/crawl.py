@@ -1,0 +1,524 @@
+"""The crawl commands: ``init``, ``crawl``, ``diff``, ``stop``, ``demo``, ``status``.
+
+Create a store, crawl into it (or resume its open session), watch it (``status``, the
+live progress line), stop it gracefully from another terminal, compare two sessions, or
+do all of it on the demo site. ``run_crawl`` turns the arguments into a ``CrawlConfig``
+and ``CrawlOptions``, checks everything a mistake could be caught by before the store is
+opened for writing, and turns SIGINT/SIGTERM into the crawler's graceful stop (a second
+signal cancels in-flight fetches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+
+from .._audit.status import RunStatus, StoreStatus, status
+from .._crawl.frontier import CrawlConfig, check_seeds, last_session
+from .._errors import EvidenceError
+from .._store.db import DB_NAME, Store
+from .._store.runlock import crawl_lock, stop
+from .common import (
+    Parser,
+    confirm,
+    format_bytes,
+    log_to,
+    non_negative,
+    positive,
+    positive_seconds,
+    print_json,
+    seconds,
+)
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._crawl.crawler import CrawlProgress, CrawlResult
+
+__all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    with Store.create(args.store, sync=args.sync) as store:
+        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    with Store.open(args.store, read_only=True) as store:
+        report = status(store)
+    if args.json:
+        print_json(report)
+    else:
+        print(_format_status(report))
+    return 0
+
+
+def _cmd_crawl(args: argparse.Namespace) -> int:
+    result = run_crawl(args)
+    if args.json:
+        print_json(result, one_line=True)
+    else:
+        c = result.counts
+        print(f"run {result.run_id} {result.outcome}: {result.reason}\n"
+              f"session {result.session_id} "
+              f"{'completed' if result.session_completed else 'open'}: "
+              f"{c.done} done, {c.queued} queued, {c.failed} failed, {c.skipped} skipped; "
+              f"{result.documents} pages requested by this run")
+    return crawl_exit_status(result)
+
+
+def crawl_exit_status(result: CrawlResult) -> int:
+    """0 when the run completed, stopped or reached its cap; 1 when it failed (an error, or
+    not one seed could be fetched). ``crawl`` and ``demo`` exit alike."""
+    return 1 if result.outcome == "failed" else 0
+
+
+# What a stop signal is called in the run's record and on the terminal.
+_SIGNAL_WORDS = {signal.SIGINT: "interrupted by Ctrl-C (SIGINT)",
+                 signal.SIGTERM: "stopped by SIGTERM ('evidence stop' or kill)"}
+
+
+def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
+    """Build the configuration from the arguments and run one crawl, handling signals.
+
+    Everything a mistake could be caught by (the seeds, the rules file, resuming a store
+    that does not exist) is checked before the store is created or opened for writing.
+    """
+    from .._crawl.crawler import Crawler, CrawlOptions
+
+    stderr = stderr or sys.stderr
+    path = Path(args.store)
+    if args.urls:
+        check_seeds(list(args.urls))
+    elif not (path / DB_NAME).exists():
+        raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
+                            hint=f"give the seed URLs: evidence crawl URL --store {path}")
+    rules = None
+    if args.rules is not None:  # the full definitions are recorded with the session
+        from .._crawl.rules import load_rules
+
+        rules = load_rules(args.rules).as_record()
+    if args.clean and not args.yes and not confirm(
+            f"Abandon the open session of {path} (if any) and start a new one? [y/N] "):
+        raise EvidenceError("not confirmed: --clean abandons the open session",
+                            hint="add --yes to skip the question")
+    log_to(stderr)
+    with Store.create(path, sync=args.sync) as store, crawl_lock(path):
+        config = _crawl_config(args, store, rules)
+        render = _render_options(args, config)
+        progress = _CrawlProgressLine(stderr)
+        options = CrawlOptions(
+            workers=args.workers, per_host=args.per_host, delay=args.delay,
+            timeout=args.timeout, deadline=args.deadline, grace=args.grace,
+            max_documents=args.max_documents, clean=args.clean, full=args.full,
+            processes=args.processes, render=render, progress=progress,
+            progress_interval=1.0)
+        crawler = Crawler(store, config, options)
+
+        async def main() -> CrawlResult:
+            async with anyio.create_task_group() as tg:
+                async def signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                        async for signum in received:
+                            words = _SIGNAL_WORDS[signal.Signals(signum)]
+                            if not crawler.stopping:
+                                progress.say(f"{words}: no new requests; in-flight fetches "
+                                             f"get {options.grace:g} s to finish (a second "
+                                             "Ctrl-C cancels them now)")
+                                crawler.request_stop(words)
+                            else:
+                                progress.say(f"{words} again: cancelling in-flight fetches; "
+                                             "their URLs are requeued by the next run")
+                                crawler.cancel(f"{words} again")
+                tg.start_soon(signals)
+                try:
+                    result = await crawler.run()
+                finally:
+                    progress.end()
+                    tg.cancel_scope.cancel()
+            return result
+
+        return anyio.run(main)
+
+
+_CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
+                 "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules", "render",
+                 "render_only")
+
+
+def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
+    """How pages are rendered, when the session renders; the browser must exist first."""
+    if not (config.render or config.render_only):
+        return None
+    from .._crawl.browser import find_browser
+    from .._crawl.render import RenderOptions
+
+    return RenderOptions(executable=find_browser(args.browser), timeout=args.render_timeout,
+                         tabs=args.render_tabs, mhtml=args.render_mhtml)
+
+
+def _crawl_config(args: argparse.Namespace, store: Store,
+                  rules: list[dict[str, object]] | None) -> CrawlConfig:
+    """The arguments given, over the open session's recorded configuration when resuming."""
+    given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
+    if "recrawl" in given:
+        given["recrawl"] = dict(given["recrawl"])
+    if rules is not None:
+        given["rules"] = rules
+    if args.urls:
+        return CrawlConfig(seeds=list(args.urls), **given)
+    with store.snapshot() as conn:
+        last = last_session(conn)
+    if last is None or last.outcome is not None or args.clean:
+        raise EvidenceError("no URL given and no open session to resume",
+                            hint="give the seed URLs: evidence crawl URL --store STORE")
+    return msgspec.convert({**last.config, **given}, CrawlConfig)
+
+
+def _recrawl_rule(text: str) -> tuple[str, str]:
+    key, sep, value = text.rpartition("=")
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected REGEX=FREQUENCY, got {text!r}")
+    from .._crawl.incremental import parse_frequency
+
+    parse_frequency(value)
+    return key, value
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    if len(args.session) != 2:
+        raise EvidenceError("diff takes exactly two --session options",
+                            hint="evidence diff STORE --session A --session B")
+    from .._crawl.incremental import diff_sessions
+
+    with Store.open(args.store, read_only=True) as store, store.snapshot() as conn:
+        report = diff_sessions(conn, *args.session)
+    if args.json:
+        print_json(report, one_line=True)
+        return 0
+    print(f"{report.session_a} -> {report.session_b}")
+    for change in ("added", "changed", "unchanged", "orphaned"):
+        urls = getattr(report, change)
+        print(f"{change} {len(urls)}")
+        if change != "unchanged":
+            for url in urls:
+                print(f"  {url}")
+    return 0
+
+
+class _CrawlProgressLine:
+    """The crawl's progress on stderr. On a terminal: the session and seed once, then a
+    live line redrawn in place (and ended with a newline when the crawl ends); elsewhere a
+    full line every 10 seconds. It counts errors as they happen, and says why fewer fetches
+    are in flight than allowed."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self._drawn = False
+        self._named = False
+        self._last = 0.0
+
+    def __call__(self, p: CrawlProgress) -> None:
+        if self.tty:
+            if not self._named:
+                self.say(f"crawling {self.seeds(p)} in session {p.session_id} "
+                         f"(run {p.run_id})")
+                self._named = True
+            line = self.counts(p)
+            width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn
+            self.stream.write("\r\x1b[K" + (line if len(line) <= width else
+                                             line[:max(0, width - 1)] + "…"))
+            self.stream.flush()
+            self._drawn = True
+        elif p.elapsed - self._last >= 10:
+            self._last = p.elapsed
+            self.stream.write(f"{p.session_id} {self.seeds(p)}: {self.counts(p)}\n")
+            self.stream.flush()
+
+    @staticmethod
+    def seeds(p: CrawlProgress) -> str:
+        if not p.seeds:
+            return "?"
+        return p.seeds[0] + (f" (+{len(p.seeds) - 1} more seeds)" if len(p.seeds) > 1 else "")
+
+    @staticmethod
+    def counts(p: CrawlProgress) -> str:
+        c = p.counts
+        text = (f"done {c.done}, queued {c.queued}, in flight {p.in_flight} of {p.workers}, "
+                f"failed {c.failed}, skipped {c.skipped}, errors {p.errors}, "
+                f"{p.pages_per_second:.1f} pages/s")
+        if p.limited_by:
+            text += "; fewer in flight: " + "; ".join(p.limited_by)
+        return text
+
+    def say(self, text: str) -> None:
+        """A line of its own (the live line is redrawn after it)."""
+        self.end()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        """End the live line with a newline, so what follows starts on a line of its own."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    pid = stop(Path(args.store))
+    if pid is None:
+        print(f"no crawl is running on {args.store}")
+        return 1
+    print(f"asked the crawl (pid {pid}) to stop: it makes no new requests, gives in-flight "
+          "fetches its grace period (crawl --grace) to finish, commits and exits")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .._demo.site import SiteConfig, TestSite
+
+    config = SiteConfig(pages=args.pages)
+    with TestSite(config) as site:
+        print(f"serving a demo site at {site.url} (127.0.0.1 only): a home page and "
+              f"{args.pages} pages, with {len(config.redirects)} redirects, "
+              f"{len(config.private_links)} pages robots.txt keeps private and "
+              f"{len(config.not_found)} broken links", file=sys.stderr)
+        result = run_crawl(_crawl_arguments(site.url, "--store", args.store, "--clean",
+                                            "--yes"))
+    with Store.open(args.store) as store, store.snapshot() as conn:
+        found = _demo_tally(conn, result.session_id)
+    print(f"\ncrawled into {args.store}: the home page {'and' if found['home'] else 'not, but'}"
+          f" {found['pages']} of the {args.pages} pages; followed {found['redirects']} "
+          f"redirects, recorded {found['broken']} broken links, skipped "
+          f"{result.counts.skipped} URLs (robots.txt or scope), {result.counts.failed} failed. "
+          f"Session {result.session_id} "
+          f"{'completed' if result.session_completed else 'open'}; run {result.outcome}: "
+          f"{result.reason}.\nNext: evidence status {args.store}")
+    return crawl_exit_status(result)
+
+
+def _crawl_arguments(*argv: str) -> argparse.Namespace:
+    """``evidence crawl ARGV`` parsed, as the command line would give it to ``run_crawl``."""
+    parser: argparse.ArgumentParser = Parser(prog="evidence")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["crawl", *argv])
+
+
+def _demo_tally(conn, session_id: str) -> dict[str, int]:
+    """The demo site's URLs the session settled as done, counted the way the demo announced
+    them (the site's paths are fixed: /, /p/N, redirects answer 301, broken links 404)."""
+    from urllib.parse import urlsplit
+
+    found = {"home": 0, "pages": 0, "redirects": 0, "broken": 0}
+    for url, reason in conn.execute("SELECT url, reason FROM frontier WHERE session_id = ? "
+                                    "AND state = 'done'", (session_id,)):
+        path = urlsplit(url).path
+        if reason == "HTTP 404":
+            found["broken"] += 1
+        elif reason.startswith("HTTP 3"):
+            found["redirects"] += 1
+        elif path == "/":
+            found["home"] += 1
+        elif path.startswith("/p/"):
+            found["pages"] += 1
+    return found
+
+
+def _format_status(s: StoreStatus) -> str:
+    lines = [
+        f"store      {s.path}",
+        f"id         {s.store_id}  (schema v{s.schema_version}, normalizer "
+        f"v{s.normalizer_version}, sync={s.sync})",
+        f"log        {s.tree_size} messages, root {s.root[:16]}…, last commit "
+        f"{s.last_commit_at or 'never'}",
+        f"artifacts  {s.rows['artifact']} ({format_bytes(s.artifact_bytes)})",
+        f"attempts   {s.rows['fetch_attempt']}   edges {s.rows['discovery_edge']}   "
+        f"urls {s.rows['url_identity']}   rule verdicts {s.rows['rule_evaluation']}",
+        f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
+        f"wal        {format_bytes(s.wal_bytes)}",
+    ]
+    if s.crawl_pid and not s.live:
+        lines.append(f"in use     pid {s.crawl_pid} holds the store (a writer service, or a "
+                     "crawl just starting)")
+    if s.crawl_pid and s.live:
+        live = s.live
+        writer = live.get("writer") or {}
+        lines.append(f"crawling   pid {s.crawl_pid}, run {live.get('run_id', '?')}: "
+                     f"{live.get('requested', 0)} requests, {live.get('in_flight', 0)} in "
+                     f"flight, {float(live.get('pages_per_second', 0.0)):.1f} pages/s")
+        if live.get("worker_pids"):
+            lines.append("workers    worker processes, pids "
+                         + ", ".join(str(pid) for pid in live["worker_pids"]))
+        if writer:
+            lines.append(f"writer     queue {writer['queue_depth']}, oldest pending "
+                         f"{writer['oldest_pending_age']:.3f} s, {writer['batches']} batches, "
+                         f"commit p50 {writer['commit_latency_p50'] * 1000:.1f} ms p99 "
+                         f"{writer['commit_latency_p99'] * 1000:.1f} ms, "
+                         f"{writer['duplicates']} duplicates, {writer['busy_retries']} busy "
+                         "retries")
+    if s.hosts_in_backoff:
+        lines.append("backoff    " + "; ".join(s.hosts_in_backoff))
+    if s.sessions:
+        lines.append("sessions")
+        for x in s.sessions:
+            f = x.frontier
+            lines.append(f"  {x.session_id}  {x.mode:<11} {x.outcome or 'open':<9} runs "
+                         f"{x.runs}  started {x.started_at}")
+            lines.append(f"    frontier: {f.done} done, {f.queued} queued, {f.in_flight} in "
+                         f"flight, {f.failed} failed, {f.skipped} skipped" + (
+                             f"; oldest in flight since {f.oldest_in_flight_at}"
+                             if f.oldest_in_flight_at else ""))
+    if s.runs:
+        lines.append("runs")
+        lines += [_format_run(r) for r in s.runs]
+    return "\n".join(lines)
+
+
+def _format_run(r: RunStatus) -> str:
+    return f"  {r.run_id}  {r.state:<9} attempts {r.attempts}  session {r.session_id}"
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add init, crawl, diff, stop, demo and status to the ``evidence`` parser."""
+    p = sub.add_parser("init", help="create an evidence store",
+                       description="Create an evidence store (a directory holding "
+                       "evidence.db and artifacts/) in a new or empty directory. Opening an "
+                       "existing store is harmless; a file or a directory of other things "
+                       "(an archive, say) is refused.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("--sync", choices=("full", "normal"), default="full",
+                   help="full (default): every commit survives power loss; normal: survives "
+                   "a process crash, may lose the last commits on power loss")
+    p.set_defaults(func=_cmd_init)
+
+    p = sub.add_parser(
+        "crawl", help="crawl a site into a store (or resume the open session)",
+        description="Crawl from the seed URLs into STORE, recording every attempt, payload "
+        "and link as evidence. Without URLs, resume the open session with its recorded "
+        "configuration. A run ends when the frontier is exhausted, at --max-documents, or "
+        "on Ctrl-C, SIGTERM or 'evidence stop' (no new requests; in-flight fetches get "
+        "--grace seconds to finish, then are cancelled, as they are at once by a second "
+        "signal; the session stays open). Exit status 0 when the run completed, stopped or "
+        "reached its cap; 1 when it failed, or when not one seed could be fetched.")
+    p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
+    p.add_argument("--store", required=True, help="the store directory (created if absent)")
+    p.add_argument("--workers", type=positive, default=8, metavar="N",
+                   help="fetches in flight at once, in all")
+    p.add_argument("--per-host", type=positive, metavar="N",
+                   help="fetches in flight at once on one host (default: as many as "
+                   "--workers; lower it to be gentler with each site)")
+    p.add_argument("--delay", type=seconds, default=0.0, metavar="SECONDS",
+                   help="seconds between request starts per host (robots Crawl-delay wins)")
+    p.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
+                   help="seconds one read may wait: connecting, the response head, each part "
+                   "of the body")
+    p.add_argument("--deadline", type=seconds, default=120.0, metavar="SECONDS",
+                   help="seconds one fetch may take in all (connect, head and body); past it "
+                   "the attempt is recorded as a timeout with the bytes that came")
+    p.add_argument("--grace", type=seconds, default=10.0, metavar="SECONDS",
+                   help="after Ctrl-C, SIGTERM or 'evidence stop': seconds in-flight fetches "
+                   "get to finish before they are cancelled (a second signal cancels them at "
+                   "once)")
+    p.add_argument("--processes", type=non_negative, default=0, metavar="N",
+                   help="fetch and parse in N worker processes; this one keeps the frontier "
+                   "and runs the writer as a service for them (default 0: all in this one)")
+    p.add_argument("--max-documents", type=positive, metavar="N",
+                   help="pages this run requests; the next run continues the session "
+                   "(default: no cap)")
+    p.add_argument("--scope", choices=("host", "domain", "prefix"),
+                   help="what the crawl may leave the seeds for (default host)")
+    p.add_argument("--include", action="append", metavar="REGEX",
+                   help="only URLs matching one of these (repeatable)")
+    p.add_argument("--exclude", action="append", metavar="REGEX",
+                   help="never URLs matching one of these (repeatable)")
+    p.add_argument("--max-depth", type=non_negative, metavar="N",
+                   help="links from a seed (default unlimited)")
+    p.add_argument("--max-attempts", type=positive, metavar="N",
+                   help="claims of one URL before it is failed (default 3)")
+    p.add_argument("--sitemap", action="store_true", default=None,
+                   help="also seed from each seed host's /sitemap.xml")
+    p.add_argument("--ignore-robots", dest="obey_robots", action="store_false", default=None,
+                   help="do not obey robots.txt (recorded in the session configuration)")
+    p.add_argument("--user-agent", metavar="TEXT",
+                   help=f"the User-Agent header (default {CrawlConfig(seeds=[]).user_agent!r})")
+    p.add_argument("--max-body-bytes", type=positive, metavar="N",
+                   help="bodies are cut at this size and recorded as truncated (default "
+                   f"{CrawlConfig(seeds=[]).max_body_bytes}, 10 MiB)")
+    p.add_argument("--recrawl", action="append", type=_recrawl_rule, metavar="REGEX=FREQ",
+                   help="incremental sessions: do not refetch documents whose fetch key "
+                   "matches REGEX (or type:MEDIA/TYPE) more often than FREQ (daily, weekly, "
+                   "12h, 3d...); sitemap lastmod/changefreq come first (repeatable)")
+    p.add_argument("--rules", metavar="FILE",
+                   help="judge every page by these compliance rules (TOML, see docs/rules.md);"
+                   " the definitions are recorded with the session (default: no rules)")
+    p.add_argument("--render", action="store_true", default=None,
+                   help="load each 2xx HTML page in headless Chromium and record the DOM, a "
+                   "full-page screenshot and every request the browser made; links in the "
+                   "rendered DOM are followed (see docs/replay.md)")
+    p.add_argument("--render-only", action="append", metavar="REGEX",
+                   help="render only pages whose fetch key matches (repeatable; implies "
+                   "--render)")
+    p.add_argument("--render-timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
+                   help="the longest one render may take; then it is a 'timeout' attempt "
+                   "(default 30)")
+    p.add_argument("--render-tabs", type=positive, default=2, metavar="N",
+                   help="pages rendered at once (default 2)")
+    p.add_argument("--render-mhtml", action="store_true",
+                   help="also keep each rendered page as MHTML")
+    p.add_argument("--browser", metavar="PATH",
+                   help="the Chromium executable (default: chromium on PATH)")
+    p.add_argument("--full", action="store_true",
+                   help="a new session crawls in full even when a completed one exists "
+                   "(default: incremental against the last completed session)")
+    p.add_argument("--clean", action="store_true",
+                   help="abandon the open session (its evidence stays) and start a new one")
+    p.add_argument("--yes", action="store_true", help="do not ask to confirm --clean")
+    p.add_argument("--sync", choices=("full", "normal"), default="full",
+                   help="durability of commits (see 'evidence init --help')")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_crawl)
+
+    p = sub.add_parser("diff", help="compare two completed sessions document by document",
+                       description="Added, changed, unchanged and orphaned documents between "
+                       "two completed sessions, from their records (a document is a URL "
+                       "whose last attempt in the session got an HTTP answer; changed: "
+                       "another status or body checksum).")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("--session", action="append", required=True, metavar="ID",
+                   help="give twice: the older session A, then B")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_cmd_diff)
+
+    p = sub.add_parser("stop", help="ask the crawl running on a store to stop gracefully",
+                       description="Send SIGTERM to the crawl holding STORE's crawl lock: it "
+                       "makes no new requests, gives in-flight fetches its grace period to "
+                       "finish, commits and exits; the session stays open. Exit status 1 "
+                       "when no crawl is running, 2 when STORE is not a store.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.set_defaults(func=_cmd_stop)
+
+    p = sub.add_parser("demo", help="crawl a small site served on 127.0.0.1 into a store",
+                       description="Serve a generated demo site on 127.0.0.1 (random port) "
+                       "and crawl it into STORE with a new session, as 'evidence crawl' "
+                       "does (and with its exit status). No other address is contacted.")
+    p.add_argument("store", metavar="STORE", nargs="?", default="demo.evidence",
+                   help="the store directory (default ./demo.evidence)")
+    p.add_argument("--pages", type=positive, default=60, metavar="N",
+                   help="pages in the demo site, besides its home page")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("status", help="show what a store holds",
+                       description="Show sessions, runs (a run whose process is gone shows "
+                       "as interrupted), row counts, the Merkle log head, quarantine and WAL "
+                       "size, from one short read-only snapshot.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_cmd_status)

@@ -1,0 +1,168 @@
+"""The proof commands: ``keygen``, ``checkpoint``, ``prove``, ``check-proof``.
+
+Signed checkpoints of the Merkle log and the inclusion and consistency proofs a third
+party checks offline, each a few lines over ``_audit.proofs``. Exit status: 0 when all is
+well, 1 when a proof does not hold, 2 for an error (printed by ``_cli.main`` as
+``Error:`` / ``Try:``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._errors import ProofError
+from .._store.db import Store
+from .common import print_json, write_output
+
+if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._audit.proofs import ConsistencyProof, InclusionProof
+
+__all__ = ["add_commands"]
+
+
+def _read(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ProofError(f"cannot read {path}: {exc.strerror}", path=path) from None
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from .._audit.proofs import SigningKey
+
+    key = SigningKey.generate(args.name)
+    private, public = key.write(args.key)
+    print(f"private key {private} (keep it secret), public key {public}:")
+    print(key.public_key.to_text())
+    return 0
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    from .._audit.proofs import SigningKey, checkpoint
+
+    with Store.open(args.store, read_only=True) as store:
+        if args.new_key:
+            key = SigningKey.generate(f"evidence/{store.store_id}")
+            _, public = key.write(args.new_key)
+            print(f"new key {args.new_key}, public key {public}", file=sys.stderr)
+        else:
+            key = SigningKey.from_text(_read(args.key))
+        cp = checkpoint(store, key)
+    if args.json:
+        print_json({"origin": cp.origin, "store_id": cp.store_id, "tree_size": cp.tree_size,
+                     "root": cp.root.hex(), "time": cp.time, "key": key.public_key.to_text(),
+                     "note": cp.note()})
+        if args.out:
+            Path(args.out).write_text(cp.note())
+    else:
+        write_output(cp.note(), args.out)
+    return 0
+
+
+def _cmd_prove(args: argparse.Namespace) -> int:
+    from .._audit.proofs import encode_proof, parse_checkpoint, prove_consistency, prove_inclusion
+
+    size = args.to_size
+    cp = None
+    if args.checkpoint:
+        cp = parse_checkpoint(_read(args.checkpoint))
+        size = cp.tree_size
+    proof: ConsistencyProof | InclusionProof
+    with Store.open(args.store, read_only=True) as store:
+        if args.from_size is not None:
+            proof = prove_consistency(store, args.from_size, size)
+            root = proof.new_root
+        else:
+            proof = prove_inclusion(store, args.attempt, log_index=args.index, tree_size=size)
+            root = proof.root
+    if cp is not None and (cp.origin, cp.root) != (proof.origin, root):
+        raise ProofError(f"the checkpoint ({cp.origin}, size {cp.tree_size}) does not match "
+                         "this store's log at that size",
+                         hint="use a checkpoint of this store; if it is, run 'evidence verify'")
+    data = encode_proof(proof)
+    if args.out:
+        Path(args.out).write_bytes(data)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.buffer.write(data)
+    return 0
+
+
+def _cmd_check_proof(args: argparse.Namespace) -> int:
+    from .._audit.proofs import check_proof
+
+    result = check_proof(_read(args.proof), _read(args.checkpoint), _read(args.public_key),
+                         old_checkpoint=_read(args.old_checkpoint) if args.old_checkpoint
+                         else None)
+    if args.json:
+        print_json(result)
+    elif result.ok:
+        print(f"OK: {result.statement}")
+        print(f"    signed by {result.key}, root {result.root}")
+    else:
+        print("FAILED: the proof does not hold")
+        for problem in result.problems:
+            print(f"  - {problem}")
+    return 0 if result.ok else 1
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add keygen, checkpoint, prove and check-proof to the ``evidence`` parser."""
+    p = sub.add_parser(
+        "keygen", help="create an Ed25519 key for signing checkpoints",
+        description="Write a new signing key to KEY (mode 0600, never overwritten) and its "
+        "public key to KEY.pub, in the signed-note key formats.")
+    p.add_argument("key", metavar="KEY", help="file for the private key")
+    p.add_argument("--name", default="evidence",
+                   help="the key name in signatures: no spaces or '+', e.g. example.com/crawl")
+    p.set_defaults(func=_cmd_keygen)
+
+    p = sub.add_parser(
+        "checkpoint", help="sign the log's current size and root",
+        description="Recompute the log from the ledger and sign (store id, tree size, root, "
+        "time) as a C2SP checkpoint with Ed25519.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    key = p.add_mutually_exclusive_group(required=True)
+    key.add_argument("--key", metavar="KEY", help="the private key file (see keygen)")
+    key.add_argument("--new-key", metavar="FILE",
+                     help="create a key named after the store in FILE (and FILE.pub), sign "
+                     "with it")
+    p.add_argument("--out", metavar="FILE", help="write the checkpoint here, not to stdout")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_cmd_checkpoint)
+
+    p = sub.add_parser(
+        "prove", help="an inclusion or consistency proof",
+        description="Print an RFC 9162 inclusion proof for an attempt's ledger entry, or a "
+        "consistency proof between two tree sizes, as JSON.")
+    p.add_argument("store", metavar="STORE", help="the store directory")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--attempt", metavar="ID", help="prove this fetch attempt is logged")
+    what.add_argument("--index", type=int, metavar="N", help="prove ledger entry N is logged")
+    what.add_argument("--from-size", type=int, metavar="N",
+                      help="prove the log at size N is a prefix of the log now")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--to-size", type=int, metavar="M",
+                      help="prove against the tree of size M (default: the current size)")
+    size.add_argument("--checkpoint", metavar="FILE",
+                      help="prove against this checkpoint's size (and check its root)")
+    p.add_argument("--out", metavar="FILE", help="write the proof here, not to stdout")
+    p.set_defaults(func=_cmd_prove)
+
+    p = sub.add_parser(
+        "check-proof", help="verify a proof offline, against a signed checkpoint",
+        description="Verify a proof against a checkpoint and the signer's public key, without "
+        "the store. Exit 0 if it holds, 1 if not.")
+    p.add_argument("proof", metavar="PROOF", help="the proof file ('-' for stdin)")
+    p.add_argument("--checkpoint", required=True, metavar="FILE", help="the signed checkpoint")
+    p.add_argument("--public-key", required=True, metavar="FILE",
+                   help="the signer's public key (KEY.pub)")
+    p.add_argument("--old-checkpoint", metavar="FILE",
+                   help="consistency: the older checkpoint the proof starts from")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_cmd_check_proof)

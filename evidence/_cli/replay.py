@@ -1,0 +1,111 @@
+"""The ``replay`` command: the exact bytes recorded for a URL, or a capture in a browser.
+
+``evidence replay STORE URL`` prints what ``_audit.replay`` finds (the response head and
+body as they came off the connection, or the decoded content); ``--serve`` runs
+``_archive.replayserve.ReplayServer`` (pywb on 127.0.0.1) until Ctrl-C or SIGTERM. Exit
+status 1 when the attempt found received no response, 2 for an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from .._errors import EvidenceError
+from .._store.db import Store
+from .common import print_json
+
+__all__ = ["add_commands"]
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    if args.serve:
+        return _cmd_replay_serve(args)
+    if args.url is None:
+        raise EvidenceError("replay needs a URL (or --serve to browse the capture)",
+                            hint="evidence replay STORE URL, or evidence replay STORE --serve")
+    from .._audit.replay import replay
+
+    with Store.open(args.store, read_only=True) as store:
+        found = replay(store, args.url, run_id=args.run, at=args.at, content=args.content)
+    if args.json:
+        print_json(found.metadata())
+        return 0
+    if found.response_headers is None and found.body is None:
+        print(f"attempt {found.attempt_id} ({found.started_at}) received no response: "
+              f"outcome {found.outcome}", file=sys.stderr)
+        return 1
+    if args.headers_only:
+        data = found.response_headers or b""
+    elif args.body_only:
+        data = found.body or b""
+    elif args.content:
+        data = found.content or b""
+    else:
+        data = found.http_message()
+    if args.out:
+        Path(args.out).write_bytes(data)
+        print(f"attempt {found.attempt_id} ({found.started_at}, run {found.run_id}): wrote "
+              f"{len(data)} bytes to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _cmd_replay_serve(args: argparse.Namespace) -> int:
+    from .._archive.replayserve import ReplayServer
+
+    with ReplayServer(args.store, port=args.port) as server:
+        if args.json:  # one line, printed once the server listens: a script reads it
+            print_json({"url": server.url, "port": server.port, "pages": [
+                {"url": p.url, "ts": p.ts, "title": p.title, "replay_url": p.replay_url}
+                for p in server.pages]}, one_line=True)
+        else:
+            print(f"serving {args.store} with pywb at {server.url} (127.0.0.1 only); "
+                  f"Ctrl-C stops it. {len(server.pages)} pages:")
+            for page in server.pages:
+                print(f"  {page.replay_url}  {page.title}")
+        sys.stdout.flush()
+        # SIGTERM as Ctrl-C: the server's temporary collection is removed either way.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.wait()
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``replay`` to the ``evidence`` parser."""
+    p = sub.add_parser(
+        "replay", help="the exact response bytes recorded for a URL, or browse a capture",
+        description="Print the response head and body of the attempt current for URL (in a "
+        "run, or at a time) byte for byte, as they came off the connection (chunk framing "
+        "and content coding included); --content prints the decoded content instead. "
+        "With --serve, serve the whole capture (a store or a WACZ file) for a web browser "
+        "through pywb on 127.0.0.1, and list each page's address (docs/replay.md).")
+    p.add_argument("store", metavar="STORE", help="the store directory (with --serve: or a "
+                   "WACZ file)")
+    p.add_argument("url", metavar="URL", nargs="?",
+                   help="the URL (compared by its normalized form)")
+    p.add_argument("--serve", action="store_true",
+                   help="serve the capture to a browser with pywb until Ctrl-C")
+    p.add_argument("--port", type=int, default=8080,
+                   help="--serve: the port on 127.0.0.1 (default 8080; 0: a free one)")
+    p.add_argument("--run", metavar="ID", help="that run's current attempt")
+    p.add_argument("--at", metavar="TIME",
+                   help="the latest attempt started at or before TIME (ISO 8601, with Z or "
+                   "an offset)")
+    p.add_argument("--out", metavar="FILE", help="write the bytes here, not to stdout")
+    part = p.add_mutually_exclusive_group()
+    part.add_argument("--headers-only", action="store_true", help="only the response head")
+    part.add_argument("--body-only", action="store_true",
+                      help="only the body, as it came off the connection")
+    part.add_argument("--content", action="store_true",
+                      help="only the content: the body with its transfer coding (chunked) "
+                      "and content coding (gzip, deflate) removed")
+    p.add_argument("--json", action="store_true",
+                   help="print which attempt and its artifact digests, not the bytes")
+    p.set_defaults(func=_cmd_replay)

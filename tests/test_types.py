@@ -1,0 +1,43 @@
+"""The type checker is part of the test command: ``python -m mypy`` finds no error.
+
+pyproject.toml [tool.mypy] checks ``evidence/`` with mypy's defaults, and strictly (every
+flag of ``--strict`` that may be set per module) the model and the write path, where a
+wrong type is a wrong message or a wrong commit. apsw is typed as Any (typings/apsw).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mypy(cwd: Path, cache: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache)], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_package_type_checks(tmp_path: Path) -> None:
+    done = mypy(ROOT, tmp_path / "cache")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("Success: no issues found")
+
+
+def test_the_model_and_the_write_path_are_checked_strictly_the_rest_by_default(
+        tmp_path: Path) -> None:
+    """An unannotated function is an error in _model and _write, allowed in _crawl: the
+    configuration checks what it says it checks (a probe in a copy of the package)."""
+    shutil.copytree(ROOT / "evidence", tmp_path / "evidence",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "typings", tmp_path / "typings")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    for stage in ("_model", "_write", "_crawl"):
+        (tmp_path / "evidence" / stage / "probe.py").write_text(
+            "def untyped(x):\n    return x\n")
+    done = mypy(tmp_path, tmp_path / "cache")
+    assert done.returncode == 1, done.stdout + done.stderr
+    flagged = {line.split(":")[0] for line in done.stdout.splitlines() if ": error:" in line}
+    assert flagged == {"evidence/_model/probe.py", "evidence/_write/probe.py"}, done.stdout
