@@ -642,6 +642,13 @@ class Writer:
         try:
             self.store.artifacts.sync(refs)
         except ArtifactError as exc:
+            if getattr(exc, "sync_failed", False):
+                # A pack's fsync failed: what it holds past its last good fsync may be lost
+                # though reads show it. The same rule as a failed fsync of the database:
+                # nothing of this batch is acked, the store is marked, the writer stops,
+                # and the next open for writing resyncs the packs too.
+                self._stopping = self.store.mark_sync_failed(
+                    f"batch {batch_seq}, before its COMMIT: {exc}")
             raise CommitError(
                 f"batch {batch_seq}: its payloads could not be made durable ({exc}); nothing "
                 "of it was written", hint="redeliver the messages once the artifact store "

@@ -607,6 +607,22 @@ class CrashFileOps(FileOps):
             raise
         self.disk.synced(ino, path)  # the model decides what is durable: no real fsync
 
+    def create_exclusive(self, path: Path, mode: int) -> int:
+        self._fail("meta", path)
+        fd = super().create_exclusive(path, mode)
+        self._fds[fd] = [self.disk.created(Path(path), mode), 0, Path(path)]
+        return fd
+
+    def open_read(self, path: Path) -> int:
+        fd = super().open_read(path)
+        self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
+        return fd
+
+    def make_writable(self, path: Path) -> None:
+        self._fail("meta", path)
+        super().make_writable(path)
+        self.disk.chmod(Path(path), 0o644)
+
     def open_existing(self, path: Path) -> int:
         fd = super().open_existing(path)
         self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
