@@ -472,6 +472,10 @@ class PackStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             with _os_errors("write pack header", new):
                 self._ops.write(fd, pf.encode_file_header(pack_id, now))
+            # Its header durable before its name: a pack found after a crash always has
+            # one (one fsync per pack, not per payload).
+            with _os_errors("fsync pack", new):
+                self._ops.fsync(fd)
             with _os_errors("name pack", final):
                 self._ops.rename(new, final)
             with _os_errors("fsync directory", self.packs_dir):
@@ -908,6 +912,12 @@ class PackStore:
             return f"{self.packs_dir} (in no pack):{ref.namespace}/{ref.digest}"
         return f"{self._packs[loc[0]].path}@{loc[1]}:{ref.namespace}/{ref.digest}"
 
+    def record(self, ref: ArtifactRef) -> tuple[Path, int] | None:
+        """(pack file, offset of the record's header) of a stored payload, or None; its
+        payload starts ``packfile.RECORD_SIZE`` bytes later (docs/store.md)."""
+        loc = self._locate(ref)
+        return None if loc is None else (self._packs[loc[0]].path, loc[1])
+
     def packs(self) -> list[tuple[Path, bool, int]]:
         """(path, sealed, size) of each pack known, oldest first."""
         self.refresh()
@@ -956,7 +966,7 @@ class PackStore:
         if actual != ref.digest:
             raise ArtifactCorruptError(
                 f"artifact {ref.namespace}/{ref.digest} in {pack.path} at byte {loc[1]} is "
-                f"corrupt: its bytes hash to {actual}",
+                f"corrupt: expected blake3 {ref.digest}, got {actual}",
                 hint="do not trust this payload; restore the pack from backup or re-fetch",
                 path=pack.path, namespace=ref.namespace, digest=ref.digest,
                 actual_digest=actual)
