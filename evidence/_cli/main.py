@@ -30,6 +30,7 @@ from .._errors import EvidenceError, only_evidence_error
 from .._store.db import DB_NAME, Store
 from .._store.runlock import crawl_lock, stop
 from .archive import add_commands as add_archive_commands
+from .convert import add_commands as add_convert_commands
 from .rules import add_commands as add_rules_commands
 from .service import add_commands as add_service_commands
 from .verify import add_commands as add_verify_commands
@@ -161,7 +162,7 @@ def _log_to(stream) -> None:  # type: ignore[no-untyped-def]
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
                  "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules", "render",
-                 "render_only")
+                 "render_only", "requisites")
 
 
 def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
@@ -541,6 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="claims of one URL before it is failed (default 3)")
     p.add_argument("--sitemap", action="store_true", default=None,
                    help="also seed from each seed host's /sitemap.xml")
+    p.add_argument("--requisites", action="store_true", default=None,
+                   help="also fetch each page's requisites within the scope: images "
+                   "(src, srcset, icons), scripts, stylesheets, CSS url()s, media (default: "
+                   "recorded as edges of their own kinds, not fetched)")
     p.add_argument("--ignore-robots", dest="obey_robots", action="store_false", default=None,
                    help="do not obey robots.txt (recorded in the session configuration)")
     p.add_argument("--user-agent", metavar="TEXT",
@@ -620,6 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
 
     add_archive_commands(sub)
+    add_convert_commands(sub)
     add_verify_commands(sub)
     add_rules_commands(sub)
     add_service_commands(sub)

@@ -43,12 +43,12 @@ from .._model.messages import (
     utc_now,
 )
 from .._model.text import charset_param
-from .._model.urls import normalize_url, resolve_reference, url_host
-from .._store.artifacts import ArtifactStore
+from .._model.urls import key_and_host, normalize_url, resolve_reference, url_host
+from .._store.backend import ArtifactBackend
 from .crawlrender import RenderScope
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
-from .links import extract_links
+from .links import REQUISITE_KINDS, extract_links
 from .rules import RuleSet, evaluate_page
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker"]
@@ -67,6 +67,10 @@ class PageOrder(msgspec.Struct, frozen=True, kw_only=True):
     via: str
     headers: dict[str, str] = {}  # conditional request headers from the baseline
     baseline: bool = False  # the URL has a baseline document: a 304 goes back unsettled
+    # The URL's fetch key and host, as the frontier holds them: a page job carries them
+    # so that nothing computes them again (issue 15, one pass per page).
+    key: str = ""
+    host: str = ""
 
 
 class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,8 +92,9 @@ class PageWorker:
     """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
 
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
-                 artifacts: ArtifactStore, client: httpx.AsyncClient, submit: Submit,
-                 deadline: float | None = None) -> None:
+                 artifacts: ArtifactBackend, client: httpx.AsyncClient, submit: Submit,
+                 deadline: float | None = None, url_keys: dict[str, str] | None = None
+                 ) -> None:
         self.config = config
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
@@ -100,6 +105,10 @@ class PageWorker:
         self.client = client
         self.deadline = deadline  # seconds one fetch may take in all (connect, head, body)
         self._submit = submit
+        # URL -> fetch key: the writer's memo when it runs in this process (its submit
+        # then finds every key this worker computed), else this worker's own.
+        self.url_keys = url_keys if url_keys is not None else {}
+        self._hosts: dict[str, str] = {}  # fetch key -> host
 
     # --- shared with the scheduler -----------------------------------------------------
 
@@ -119,6 +128,53 @@ class PageWorker:
             return self.scope.reason_to_skip(url, depth)
         except URLError as exc:
             return f"invalid URL: {exc}"
+
+    def key(self, url: str) -> tuple[str, str] | None:
+        """(fetch key, host) of ``url``, computed once per crawl (links repeat from page to
+        page) and remembered for the writer; None if it has none."""
+        key = self.url_keys.get(url)
+        host = self._hosts.get(key) if key is not None else None
+        if key is None or host is None:
+            try:
+                key, host = key_and_host(url)
+            except URLError:
+                return None
+            if len(self.url_keys) > _URL_KEYS_LIMIT:
+                self.url_keys.clear()
+            if len(self._hosts) > _URL_KEYS_LIMIT:
+                self._hosts.clear()
+            self.url_keys[url] = key
+            self._hosts[key] = host
+        return key, host
+
+    def follow(self, refs: Sequence[ObservedRef], depth: int, source_attempt_id: str
+               ) -> list[QueuedUrl]:
+        """What a page's references add to the frontier: each URL keyed once, the first of
+        each fetch key only, with the scope's verdict. Page requisites keep the page's
+        depth and are queued only when the crawl follows them (``CrawlConfig.requisites``);
+        otherwise their edges are the record."""
+        queued: list[QueuedUrl] = []
+        seen: set[str] = set()
+        for ref in refs:
+            kind = ref.edge_kind
+            if kind in REQUISITE_KINDS:
+                if not self.config.requisites:
+                    continue
+                via, at = "embed", depth
+            elif kind == "sitemap":
+                via, at = "sitemap", depth
+            elif kind == "redirect":
+                via, at = "redirect", depth
+            else:
+                via, at = ("embed" if kind == "embed" else "link"), depth + 1
+            known = self.key(ref.url)
+            if known is None or known[0] in seen:
+                continue
+            seen.add(known[0])
+            queued.append(QueuedUrl(url=ref.url, depth=at, via=via,  # type: ignore[arg-type]
+                                    source_attempt_id=source_attempt_id,
+                                    skip=self.scope.reason_to_skip_key(*known, at)))
+        return queued
 
     async def fetch(self, url: str, sequence: int,
                     headers: dict[str, str] | None = None) -> FetchResult:
@@ -172,23 +228,15 @@ class PageWorker:
                 target = resolve_reference(order.url, location)
                 refs.append(ObservedRef(observed=location, url=target, position=0,
                                         tag="http", attr="location", edge_kind="redirect"))
-                queued.append(QueuedUrl(url=target, depth=order.depth, via="redirect",
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self.skip(target, order.depth)))
             except URLError as exc:
                 log.info("redirect from %s to an unusable location: %s", order.url, exc)
+            queued = self.follow(refs, order.depth, attempt.attempt_id)
         elif 200 <= status < 300 and result.parsed is not None:
             # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
-            # the event loop, so a page that is slow to tokenize never stalls the others).
+            # the event loop, so a page that is slow to parse never stalls the others).
             refs, truncated, sitemaps = result.parsed
             truncated = truncated or attempt.body_truncated or attempt.content_truncated
-            for ref in refs:
-                via = ref.edge_kind if ref.edge_kind in ("embed", "sitemap") else "link"
-                depth = order.depth if via == "sitemap" else order.depth + 1
-                queued.append(QueuedUrl(url=ref.url, depth=depth, via=via,
-                                        source_attempt_id=attempt.attempt_id,
-                                        skip=self.skip(ref.url, depth)))
-            queued = dedup(queued)
+            queued = self.follow(refs, order.depth, attempt.attempt_id)
         if refs and source is not None:
             messages.append(Discovery(message_id=new_id("m-"), run_id=self.run_id,
                                       source_attempt_id=attempt.attempt_id,
@@ -208,7 +256,8 @@ class PageWorker:
         now = utc_now()
         if backoff is not None:
             messages = [*messages, HostUpdate(
-                message_id=new_id("m-"), run_id=self.run_id, host=url_host(order.url),
+                message_id=new_id("m-"), run_id=self.run_id,
+                host=order.host or url_host(order.url),
                 backoff_until=now + dt.timedelta(seconds=backoff),
                 reason=f"{what}: back off {backoff:g} s")]
         if attempts >= self.config.max_attempts:
@@ -217,7 +266,7 @@ class PageWorker:
                                  f"{self.config.max_attempts}: attempts exhausted")
             await self.commit([*messages, self.update(settled=[settled])])
             return PageEffects(backoff=backoff, problem=_problem(
-                order.url, f"{settled.reason}; failed", backoff))
+                order.url, f"{settled.reason}; failed", backoff, order.host))
         wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
         settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
                              f"{attempts + 1} of {self.config.max_attempts}",
@@ -225,14 +274,14 @@ class PageWorker:
         await self.commit([*messages, self.update(settled=[settled])])
         return PageEffects(backoff=backoff, retry_in=wait, problem=_problem(
             order.url, f"{what}: retry {attempts + 1} of {self.config.max_attempts} in "
-            f"{wait:g} s", backoff))
+            f"{wait:g} s", backoff, order.host))
 
 
-def _problem(url: str, what: str, backoff: float | None) -> str:
+def _problem(url: str, what: str, backoff: float | None, host: str = "") -> str:
     """A failed fetch in words, e.g. for the crawl's log and progress line."""
     text = f"{url}: {what}"
     if backoff is not None:
-        text += f"; host {url_host(url)} backs off {backoff:g} s"
+        text += f"; host {host or url_host(url)} backs off {backoff:g} s"
     return text
 
 
@@ -297,6 +346,9 @@ def _bounded(refs: list[ObservedRef], truncated: bool) -> tuple[list[ObservedRef
         if size > _MAX_REF_BYTES:
             return refs[:i], True
     return refs, truncated
+
+
+_URL_KEYS_LIMIT = 100_000  # as the writer's memo: URLs whose fetch keys are remembered
 
 
 def dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:

@@ -189,7 +189,10 @@ class ObservedRef(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     tag: Name = "a"
     attr: Name = "href"
     rel: Text = ""
-    edge_kind: Literal["link", "redirect", "embed", "sitemap"] = "link"
+    # A page requisite (an image, script, stylesheet, CSS url(), media) has its own kind
+    # (issue 15); messages from before carry only the first four.
+    edge_kind: Literal["link", "redirect", "embed", "sitemap", "image", "script",
+                       "stylesheet", "style", "media"] = "link"
 
 
 class Discovery(msgspec.Struct, tag="discovery", **_STRUCT):

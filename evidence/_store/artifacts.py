@@ -41,7 +41,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -100,6 +100,20 @@ class FileOps:
             if written <= 0:
                 raise OSError(errno.EIO, "write made no progress")
             view = view[written:]
+
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> None:
+        """Write the buffers one after another, in one system call when the kernel takes
+        them all (a pack record: its header and payload, the payload not copied)."""
+        views = [memoryview(b).cast("B") for b in buffers if len(b)]
+        while views:
+            written = os.writev(fd, views)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            while views and written >= views[0].nbytes:
+                written -= views[0].nbytes
+                views.pop(0)
+            if written:
+                views[0] = views[0][written:]
 
     def open_existing(self, path: Path) -> int:
         """Open an existing file for rewriting in place (the store's resync, after a failed

@@ -97,7 +97,6 @@ _FAILED_LIST = "SYNC-FAILED"
 # A put of content already stored appends a touch record (so reclaim's grace period counts
 # from the latest put) when the stored copy was last put longer ago than this.
 TOUCH_AFTER_MS = 60_000
-_ONE_WRITE = 1024 * 1024  # payloads up to this size go out with their header in one write
 
 Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
 
@@ -156,6 +155,7 @@ class PackStore:
         self._numbers = iter(range(1, 1 << 62))
         self._active: _Pack | None = None
         self._closed = False
+        self._namespaces: set[str] = set()  # validated already
         if create and not read_only:
             self._make_root()
         elif not self.root.is_dir():
@@ -327,7 +327,9 @@ class PackStore:
 
     def put(self, namespace: str, data: bytes | Iterable[bytes] | BinaryIO) -> ArtifactRef:
         """Store ``data``; return its ref. Durable once ``sync`` returned for the ref."""
-        validate_namespace(namespace)
+        if namespace not in self._namespaces:  # checked once per name: a put is hot
+            validate_namespace(namespace)
+            self._namespaces.add(namespace)
         if self.read_only or self._closed:
             raise ArtifactError(f"artifact store {self.root} was opened read-only" if
                                 self.read_only else f"artifact store {self.root} is closed",
@@ -338,11 +340,36 @@ class PackStore:
             if view.nbytes > self.max_payload:
                 raise self._too_large(namespace, view.nbytes)
             digest = blake3.blake3(view).digest()
-            ref = ArtifactRef(namespace, digest.hex(), view.nbytes)
             if not self._known(namespace, digest, view.nbytes):
                 self._append_payload(namespace, digest, view)
-            return ref
+            return ArtifactRef(namespace, digest.hex(), view.nbytes)
         return self._put_stream(namespace, _chunks(data))
+
+    def import_payload(self, namespace: str, data: bytes, *, put_time: float) -> ArtifactRef:
+        """Append ``data`` with ``put_time`` (seconds since the epoch) as when it was put:
+        a payload file being converted keeps its age (``_store/convert.py``)."""
+        validate_namespace(namespace)
+        view = memoryview(data).cast("B")
+        digest = blake3.blake3(view).digest()
+        when = int(put_time * 1000)
+        with self._append:
+            if self._get(namespace, digest) is None:
+                self._write_record(pf.PAYLOAD, namespace, digest, view, when)
+        return ArtifactRef(namespace, digest.hex(), view.nbytes)
+
+    def holds(self, ref: ArtifactRef) -> bool:
+        """Whether a pack holds ``ref`` (as far as this process knows; no file is read)."""
+        loc = self._get(ref.namespace, _digest_bytes(ref))
+        return loc is not None and loc[2] == ref.size
+
+    def verify_packed(self, ref: ArtifactRef) -> None:
+        """Re-hash ``ref`` in its pack, which must be sealed (a payload file of a
+        conversion does not count): raise ``ArtifactMissingError`` or
+        ``ArtifactCorruptError`` otherwise."""
+        loc = self._locate(ref)
+        if loc is None or not self._packs[loc[0]].sealed:
+            raise self._missing(ref)
+        self.verify(ref)
 
     def _known(self, namespace: str, digest: bytes, size: int) -> bool:
         """Whether the content is stored already (a put again touches it, if it is old)."""
@@ -353,8 +380,7 @@ class PackStore:
         last = max(loc[3], self._touched.get((namespace, digest), 0))
         if now - last > TOUCH_AFTER_MS:
             with self._append:
-                self._write_record(pf.encode_record(pf.TOUCH, namespace, digest, 0, now),
-                                   b"", pf.Entry(pf.TOUCH, namespace, digest, 0, 0, now))
+                self._write_record(pf.TOUCH, namespace, digest, b"", now)
             with self._lock:
                 key = (namespace, digest)
                 self._touched[key] = max(self._touched.get(key, 0), now)
@@ -364,29 +390,24 @@ class PackStore:
         with self._append:
             if self._get(namespace, digest) is not None:  # another thread stored it
                 return
-            now = _now_ms(self.clock)
-            header = pf.encode_record(pf.PAYLOAD, namespace, digest, view.nbytes, now)
-            self._write_record(header, view,
-                               pf.Entry(pf.PAYLOAD, namespace, digest, 0, view.nbytes, now))
+            self._write_record(pf.PAYLOAD, namespace, digest, view, _now_ms(self.clock))
 
-    def _write_record(self, header: bytes, payload: memoryview | bytes,
-                      entry: pf.Entry) -> None:
-        """Append one whole record to the active pack (the caller holds ``_append``)."""
-        pack = self._writable(pf.RECORD_SIZE + len(payload))
+    def _write_record(self, kind: int, namespace: str, digest: bytes,
+                      payload: memoryview | bytes, when: int) -> None:
+        """Append one whole record to the active pack, header and payload in one write
+        (``writev``: the payload is not copied); the caller holds ``_append``."""
+        length = len(payload)
+        pack = self._writable(pf.RECORD_SIZE + length)
         assert pack.fd is not None
         offset = pack.size
+        header = pf.encode_record(kind, namespace, digest, length, when)
         try:
             with _os_errors("append to pack", pack.path):
-                if len(payload) <= _ONE_WRITE:
-                    self._ops.write(pack.fd, header + payload)
-                else:
-                    self._ops.write(pack.fd, header)
-                    self._ops.write(pack.fd, payload)
+                self._ops.writev(pack.fd, (header, payload))
         except BaseException:
             pack.broken = True  # a part of the record may be there: start a new pack
             raise
-        placed = pf.Entry(entry.kind, entry.namespace, entry.digest, offset, entry.length,
-                          entry.time)
+        placed = pf.Entry(kind, namespace, digest, offset, length, when)
         with self._lock:
             pack.entries.append(placed)
             pack.size = placed.end

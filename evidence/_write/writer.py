@@ -244,6 +244,13 @@ class Writer:
 
     # --- lifecycle ---------------------------------------------------------------------
 
+    @property
+    def url_keys(self) -> dict[str, str]:
+        """The writer's memo of fetch keys (URL -> ``normalize_url(URL)``). A producer in
+        this process that computed keys with ``normalize_url`` may add them here, so the
+        writer does not compute them again at submit (the crawler's page workers do)."""
+        return self._url_keys
+
     async def __aenter__(self) -> Writer:
         # The commit thread calls _commit_batch through the instance, so a profiler (the
         # benchmark's) can wrap it.

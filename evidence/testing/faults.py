@@ -598,6 +598,9 @@ class CrashFileOps(FileOps):
         self.disk.wrote(ino, offset, bytes(data))
         self._fds[fd][1] = offset + len(data)
 
+    def writev(self, fd: int, buffers) -> None:  # type: ignore[no-untyped-def]
+        self.write(fd, b"".join(bytes(b) for b in buffers))  # one write, as the model sees it
+
     def fsync(self, fd: int) -> None:
         ino, _, path = self._fds[fd]
         try:
