@@ -104,7 +104,15 @@ class FileOps:
     def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> None:
         """Write the buffers one after another, in one system call when the kernel takes
         them all (a pack record: its header and payload, the payload not copied)."""
+        written = os.writev(fd, buffers)
+        if written == sum(len(b) for b in buffers):  # nearly always: all of it at once
+            return
         views = [memoryview(b).cast("B") for b in buffers if len(b)]
+        while written and views:  # skip what went out, then write the rest
+            if written >= views[0].nbytes:
+                written -= views.pop(0).nbytes
+            else:
+                views[0], written = views[0][written:], 0
         while views:
             written = os.writev(fd, views)
             if written <= 0:

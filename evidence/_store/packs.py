@@ -336,13 +336,14 @@ class PackStore:
                                 hint="open the store for writing to store payloads",
                                 path=self.root)
         if isinstance(data, bytes | bytearray | memoryview):
-            view = memoryview(data).cast("B")
-            if view.nbytes > self.max_payload:
-                raise self._too_large(namespace, view.nbytes)
-            digest = blake3.blake3(view).digest()
-            if not self._known(namespace, digest, view.nbytes):
-                self._append_payload(namespace, digest, view)
-            return ArtifactRef(namespace, digest.hex(), view.nbytes)
+            payload = data if type(data) is bytes else memoryview(data).cast("B")
+            size = len(payload)
+            if size > self.max_payload:
+                raise self._too_large(namespace, size)
+            digest = blake3.blake3(payload).digest()
+            if not self._known(namespace, digest, size):
+                self._append_payload(namespace, digest, payload)
+            return ArtifactRef(namespace, digest.hex(), size)
         return self._put_stream(namespace, _chunks(data))
 
     def import_payload(self, namespace: str, data: bytes, *, put_time: float) -> ArtifactRef:
@@ -373,7 +374,8 @@ class PackStore:
 
     def _known(self, namespace: str, digest: bytes, size: int) -> bool:
         """Whether the content is stored already (a put again touches it, if it is old)."""
-        loc = self._get(namespace, digest)
+        names = self._index.get(namespace)
+        loc = None if names is None else names.get(digest)
         if loc is None or loc[2] != size or loc[0] not in self._packs:
             return False
         now = _now_ms(self.clock)
@@ -386,31 +388,40 @@ class PackStore:
                 self._touched[key] = max(self._touched.get(key, 0), now)
         return True
 
-    def _append_payload(self, namespace: str, digest: bytes, view: memoryview) -> None:
+    def _append_payload(self, namespace: str, digest: bytes, payload: bytes | memoryview
+                        ) -> None:
         with self._append:
-            if self._get(namespace, digest) is not None:  # another thread stored it
+            names = self._index.get(namespace)
+            if names is not None and digest in names:  # another thread stored it
                 return
-            self._write_record(pf.PAYLOAD, namespace, digest, view, _now_ms(self.clock))
+            self._write_record(pf.PAYLOAD, namespace, digest, payload, _now_ms(self.clock))
 
     def _write_record(self, kind: int, namespace: str, digest: bytes,
                       payload: memoryview | bytes, when: int) -> None:
         """Append one whole record to the active pack, header and payload in one write
         (``writev``: the payload is not copied); the caller holds ``_append``."""
         length = len(payload)
-        pack = self._writable(pf.RECORD_SIZE + length)
-        assert pack.fd is not None
+        pack = self._active
+        if pack is None or pack.broken or pack.failed or (
+                pack.size + pf.RECORD_SIZE + length > self.pack_bytes
+                and pack.size > pf.FILE_HEADER_SIZE):
+            pack = self._writable(pf.RECORD_SIZE + length)
+        fd = pack.fd
+        assert fd is not None
         offset = pack.size
         header = pf.encode_record(kind, namespace, digest, length, when)
         try:
-            with _os_errors("append to pack", pack.path):
-                self._ops.writev(pack.fd, (header, payload))
-        except BaseException:
+            self._ops.writev(fd, (header, payload))
+        except OSError as exc:
             pack.broken = True  # a part of the record may be there: start a new pack
+            raise _os_errors("append to pack", pack.path)._translate(exc) from exc
+        except BaseException:
+            pack.broken = True
             raise
         placed = pf.Entry(kind, namespace, digest, offset, length, when)
         with self._lock:
             pack.entries.append(placed)
-            pack.size = placed.end
+            pack.size = offset + pf.RECORD_SIZE + length
             self._add(pack, placed)
 
     def _put_stream(self, namespace: str, chunks: Iterator[memoryview]) -> ArtifactRef:
