@@ -25,10 +25,103 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# The artifact layouts a store can have: packs (new stores) and one file per payload
+# (stores made before packs). A test runs over both with
+# ``@pytest.mark.parametrize("artifact_layout", LAYOUTS)``, which overrides the fixture.
+LAYOUTS = ["packs", "files"]
+
+
 @pytest.fixture
-def store(tmp_path: Path):
-    with Store.create(tmp_path / "store") as s:
+def artifact_layout() -> str:
+    return "packs"
+
+
+@pytest.fixture
+def store(tmp_path: Path, artifact_layout: str):
+    with Store.create(tmp_path / "store", artifact_layout=artifact_layout) as s:
         yield s
+
+
+# --- payloads damaged, lost or aged on disk, in either layout ----------------------------
+
+def payload_place(store: Store, ref: ArtifactRef) -> tuple[Path, int]:
+    """(the file holding the payload's bytes, where they start in it)."""
+    from evidence._store import packfile
+    from evidence._store.packs import PackStore
+
+    artifacts = store.artifacts
+    if isinstance(artifacts, PackStore):
+        place = artifacts.record(ref)
+        assert place is not None, ref
+        return place[0], place[1] + packfile.RECORD_SIZE
+    return artifacts.path_for(ref), 0
+
+
+def flip_payload_byte(store: Store, ref: ArtifactRef, at: int = 3) -> Path:
+    """Flip one byte of a stored payload in place (its file or pack made writable, as an
+    intruder would); the file changed."""
+    path, start = payload_place(store, ref)
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.seek(start + at)
+        byte = f.read(1)
+        f.seek(start + at)
+        f.write(bytes([byte[0] ^ 0x01]))
+    return path
+
+
+def lose_payload(store: Store, ref: ArtifactRef) -> None:
+    """Make a stored payload disappear: its file deleted, or its pack rewritten without it."""
+    from evidence._store.packs import PackStore
+
+    if isinstance(store.artifacts, PackStore):
+        assert store.artifacts.remove(ref) == ref.size
+    else:
+        store.artifacts.path_for(ref).unlink()
+
+
+def backdate_payload(store: Store, ref: ArtifactRef, seconds: float) -> None:
+    """Make a payload look put ``seconds`` ago: its file's mtime, or (packs) its record's
+    time in its header and in its sealed pack's index, as a store that old would have."""
+    import os
+    import struct
+    import time
+    import zlib
+
+    import blake3
+
+    from evidence._store import packfile
+    from evidence._store.db import ARTIFACTS_DIR
+    from evidence._store.packs import PackStore, open_artifact_store
+    from evidence._store.resync import SYNC_MARKER
+
+    then = time.time() - seconds
+    if not isinstance(store.artifacts, PackStore):
+        os.utime(store.artifacts.path_for(ref), (then, then))
+        return
+    store.artifacts.close()  # seals this process's pack
+    store.artifacts = open_artifact_store(store.path / ARTIFACTS_DIR)
+    path, offset = store.artifacts.record(ref)  # type: ignore[misc]
+    store.artifacts.close()
+    data = bytearray(path.read_bytes())
+    ms = struct.pack("<Q", int(then * 1000))
+    data[offset + 16:offset + 24] = ms
+    data[offset + 92:offset + 96] = struct.pack("<I", zlib.crc32(data[offset:offset + 92]))
+    trailer = len(data) - packfile.TRAILER_SIZE
+    index_at, count = struct.unpack_from("<QQ", data, trailer + 8)
+    for i in range(count):
+        entry = index_at + i * packfile.ENTRY_SIZE
+        if struct.unpack_from("<Q", data, entry + 72)[0] == offset:
+            data[entry + 88:entry + 96] = ms
+    data[trailer + 24:trailer + 56] = blake3.blake3(
+        bytes(data[index_at:index_at + count * packfile.ENTRY_SIZE])).digest()
+    data[trailer + 60:trailer + 64] = struct.pack("<I", zlib.crc32(data[trailer:trailer + 60]))
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    path.chmod(0o444)
+    store.artifacts = open_artifact_store(store.path / ARTIFACTS_DIR,
+                                          file_ops=store.file_ops,
+                                          store_marker=store.path / SYNC_MARKER)
 
 
 class Factory:

@@ -53,7 +53,7 @@ from evidence._archive.export import (
 from evidence._cli.archive import add_commands
 from evidence._store.sqlite import copy_snapshot
 
-from .conftest import Factory, submit_all
+from .conftest import Factory, lose_payload, submit_all
 
 TRICKY = "it's\ttab\r\nnew\x00nul\x7fdel é \u2028 ''"
 
@@ -275,8 +275,7 @@ def test_gaps_record_missing_artifacts_and_restore_carries_them(
         store: Store, make: Factory, tmp_path: Path) -> None:
     body = make.body(b"soon gone")
     submit_all(store, [make.session(), make.run(), make.attempt(body=body)])
-    path = store.artifacts.path_for(body)
-    path.unlink()
+    lose_payload(store, body)
     manifest = export(store, tmp_path / "a")
     assert ("artifact_missing", f"body/{body.digest}") in {(g.kind, g.subject)
                                                            for g in manifest.gaps}

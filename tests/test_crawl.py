@@ -376,3 +376,67 @@ def test_crawl_with_rules_judges_every_page_in_its_own_transaction(tmp_path: Pat
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr
     assert "has-heading" in report.stdout
+
+
+# --- page requisites, and one pass per page (issue 15) -------------------------------------
+
+def edges_of(store_path: Path) -> set[tuple[str, str, str]]:
+    with Store.open(store_path, read_only=True) as store:
+        return {(path_of(src), kind, path_of(key)) for src, kind, key in store.connection.execute(
+            "SELECT f.url, e.edge_kind, u.fetch_key FROM discovery_edge e "
+            "JOIN fetch_attempt f ON f.attempt_seq = e.source_attempt_seq "
+            "JOIN url_identity u ON u.url_id = e.target_url_id")}
+
+
+@pytest.mark.parametrize("requisites", [False, True])
+def test_page_requisites_are_recorded_and_fetched_only_when_the_crawl_says_so(
+        tmp_path: Path, requisites: bool) -> None:
+    from .jssite import JsSite
+
+    with JsSite() as site:
+        config = CrawlConfig(seeds=[site.url + "/"], requisites=requisites)
+        result = crawl(tmp_path / "s", config, workers=2)
+        hits = dict(site.hits)
+    assert result.outcome == "completed"
+    assert ("/page", "image", "/logo.png") in edges_of(tmp_path / "s")  # recorded always
+    assert hits.get("/logo.png", 0) == (1 if requisites else 0)
+    states = frontier_states(tmp_path / "s")
+    assert ("/logo.png" in states) is requisites  # not followed: not even queued
+    with Store.open(tmp_path / "s", read_only=True) as store:
+        assert check_log(store.connection)[2] == []
+
+
+def test_each_url_of_a_crawl_is_normalized_once_and_each_job_carries_its_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pass per page: a job carries the fetch key and host the frontier gave it, a
+    page's links are keyed once (and the writer reuses those keys), so no URL is
+    normalized twice in a crawl and url_host runs once per job (issue 15: before, url_host
+    ran 3-4 times and normalize_url up to 4 times per page)."""
+    import evidence._model.urls as urls
+
+    calls: Counter[tuple[str, str]] = Counter()
+    originals = {name: getattr(urls, name) for name in ("normalize_url", "url_host",
+                                                        "key_and_host")}
+
+    def counting(name: str):
+        def wrapper(url: str, *args: object, **kwargs: object):
+            calls[(name, url)] += 1
+            return originals[name](url, *args, **kwargs)
+        return wrapper
+
+    for module in [m for n, m in sys.modules.items() if n.startswith("evidence")]:
+        for name, original in originals.items():
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, counting(name))
+    with TestSite(SiteConfig(pages=60)) as site:
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4)
+    assert result.outcome == "completed" and result.documents >= 60
+    seeds_and_robots = {u for (_, u) in calls if u.rstrip("/") == site.url.rstrip("/")
+                        or u.endswith(("/robots.txt", "/sitemap.xml"))}
+    keyed = Counter()
+    for (name, url), n in calls.items():
+        if name != "url_host" and url not in seeds_and_robots:
+            keyed[url] += n
+    assert keyed and max(keyed.values()) == 1, keyed.most_common(3)
+    hosts = sum(n for (name, url), n in calls.items() if name == "url_host")
+    assert hosts <= result.documents + 5  # one per job, and a few for seeds and robots.txt

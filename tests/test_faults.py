@@ -12,6 +12,7 @@ fsyncs only cost time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import os
@@ -20,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +63,8 @@ from evidence.testing.faults import (
     run_trial,
 )
 
+from .conftest import LAYOUTS, backdate_payload
+
 SMALL = Workload(batches=4, pages_per_batch=2)
 
 
@@ -83,10 +85,13 @@ class Rig:
     """A store on a simulated disk: its database through CrashVFS, its artifacts through
     CrashFileOps. ``crash()`` cuts the power, writes the crash image and reopens plainly."""
 
-    def __init__(self, root: Path, *, sync: str = "full", seed: int = 0) -> None:
+    def __init__(self, root: Path, *, sync: str = "full", seed: int = 0,
+                 layout: str = "packs") -> None:
         self.path = root / "store"
         self.sync = sync
-        with Store.create(self.path, sync=sync):  # type: ignore[arg-type]
+        self.layout = layout
+        with Store.create(self.path, sync=sync,  # type: ignore[arg-type]
+                          artifact_layout=layout):  # type: ignore[arg-type]
             pass
         self.disk = SimulatedDisk(root, seed=seed)
         self.disk.capture()
@@ -121,8 +126,8 @@ class Rig:
 
 
 @pytest.fixture
-def rig(fast_dir: Path) -> Iterator[Rig]:
-    r = Rig(fast_dir)
+def rig(fast_dir: Path, artifact_layout: str) -> Iterator[Rig]:
+    r = Rig(fast_dir, layout=artifact_layout)
     yield r
     r.close()
 
@@ -196,10 +201,23 @@ def failures(trials: list[Trial]) -> list[tuple[str, list[str]]]:
     return [(str(t.fault), t.problems[:3]) for t in trials if not t.ok]
 
 
-@pytest.fixture(scope="module")
-def small_counts() -> dict[str, int]:
+# The fault loops run over both artifact layouts: packs (new stores; small packs, so they
+# rotate and are sealed inside the workload) and one file per payload (older stores).
+LOOP_WORKLOADS = {"packs": Workload(batches=4, pages_per_batch=2, pack_bytes=8192),
+                  "files": Workload(batches=4, pages_per_batch=2, artifacts="files")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    workload: Workload
+    counts: dict[str, int]
+
+
+@pytest.fixture(scope="module", params=sorted(LOOP_WORKLOADS))
+def loop(request: pytest.FixtureRequest) -> Loop:
+    workload = LOOP_WORKLOADS[request.param]
     with tempfile.TemporaryDirectory() as d:
-        return dict(count_operations(d, SMALL))
+        return Loop(workload, dict(count_operations(d, workload)))
 
 
 # --- the model itself ----------------------------------------------------------------
@@ -286,14 +304,20 @@ def test_model_requires_the_directory_fsync_after_a_rename(
     assert ArtifactStore(fast_dir / "artifacts").exists(ref) is survives
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_model_records_every_write_and_sync(rig: Rig) -> None:
     assert rig.store is not None
-    rig.store.artifacts.put("body", b"x" * 5000)
+    ref = rig.store.artifacts.put("body", b"x" * 5000)
+    rig.store.artifacts.sync([ref])  # what the writer does before a COMMIT referencing it
     anyio.run(submit, rig.store, setup_messages())
     kinds = {(op, Path(path).name.replace(".", "-").split("-")[-1])
              for _, op, path, *_ in rig.disk.log}
-    assert {("write", "wal"), ("sync", "wal"), ("write", "tmp"), ("sync", "tmp"),
-            ("meta", "tmp")} <= kinds
+    assert {("write", "wal"), ("sync", "wal")} <= kinds
+    if rig.layout == "files":  # a temp file each: written, fsynced, renamed
+        assert {("write", "tmp"), ("sync", "tmp"), ("meta", "tmp")} <= kinds
+    else:  # a pack: created (.new, renamed to .pack), appended to, fsynced
+        assert {("meta", "new"), ("write", "new"), ("write", "pack"), ("sync", "pack"),
+                ("sync", "PACKS")} <= kinds
     assert all(outcome == "ok" for *_, outcome in rig.disk.log)
 
 
@@ -303,9 +327,9 @@ def test_model_records_every_write_and_sync(rig: Rig) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["sync", "meta"])
 def test_power_loss_at_every_sync_and_directory_operation_loses_no_acked_message(
-        fast_dir: Path, small_counts: dict[str, int], op: str) -> None:
-    faults = list(iter_faults(small_counts, ops=frozenset({op})))
-    trials = run_loop(fast_dir, faults)
+        fast_dir: Path, loop: Loop, op: str) -> None:
+    faults = list(iter_faults(loop.counts, ops=frozenset({op})))
+    trials = run_loop(fast_dir, faults, loop.workload)
     assert failures(trials) == []
     assert all(t.fired for t in trials), "every fault point was reached"
     assert sum(len(t.acked) for t in trials) > 0
@@ -317,10 +341,10 @@ def test_power_loss_at_every_sync_and_directory_operation_loses_no_acked_message
     ("reorder", frozenset({"write", "sync", "truncate", "meta"})),
 ])
 def test_power_loss_at_sampled_operations_loses_no_acked_message(
-        fast_dir: Path, small_counts: dict[str, int], crash: str, ops: frozenset) -> None:
-    faults = list(iter_faults(small_counts, ops=ops, crash=crash, stride=11,  # type: ignore[arg-type]
+        fast_dir: Path, loop: Loop, crash: str, ops: frozenset) -> None:
+    faults = list(iter_faults(loop.counts, ops=ops, crash=crash, stride=11,  # type: ignore[arg-type]
                               start=3))
-    trials = run_loop(fast_dir, faults)
+    trials = run_loop(fast_dir, faults, loop.workload)
     assert failures(trials) == []
     assert all(t.fired for t in trials)
 
@@ -332,12 +356,12 @@ def test_power_loss_at_sampled_operations_loses_no_acked_message(
     ("disk_full", frozenset({"write"}), True, "lose", 13),
 ])
 def test_io_errors_lose_no_acked_message_and_writing_resumes(
-        fast_dir: Path, small_counts: dict[str, int], action: str, ops: frozenset,
+        fast_dir: Path, loop: Loop, action: str, ops: frozenset,
         persistent: bool, sync_failure: str, stride: int) -> None:
     # After the error the power is cut at the first ack: that ack must already be durable.
-    faults = list(iter_faults(small_counts, action=action, ops=ops, persistent=persistent,
+    faults = list(iter_faults(loop.counts, action=action, ops=ops, persistent=persistent,
                               stride=stride, start=2))
-    trials = run_loop(fast_dir, faults, sync_failure=sync_failure)
+    trials = run_loop(fast_dir, faults, loop.workload, sync_failure=sync_failure)
     assert failures(trials) == []
     assert all(t.fired for t in trials)
     assert sum(1 for t in trials if t.errors_seen) >= len(trials) // 2
@@ -360,12 +384,13 @@ def test_sync_normal_loses_only_commits_acked_since_the_last_wal_sync(
 # --- the five interruption points of DESIGN.md -----------------------------------------
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_interruption_before_artifact_storage_leaves_one_logical_result(
-        fast_dir: Path) -> None:
+        fast_dir: Path, artifact_layout: str) -> None:
     # Power loss at each operation of the put (and so before it): the message was never
     # sent; after the restart the page is fetched, stored and committed once.
     with tempfile.TemporaryDirectory() as d:
-        probe = Rig(Path(d))
+        probe = Rig(Path(d), layout=artifact_layout)
         assert probe.store is not None
         anyio.run(submit, probe.store, setup_messages())
         before = sum(probe.disk.counts.values())
@@ -374,7 +399,7 @@ def test_interruption_before_artifact_storage_leaves_one_logical_result(
         probe.close()
     assert put_ops >= 5
     for n in range(1, put_ops + 1):
-        r = Rig(fast_dir / f"n{n}", seed=n)
+        r = Rig(fast_dir / f"n{n}", seed=n, layout=artifact_layout)
         assert r.store is not None
         anyio.run(submit, r.store, setup_messages())
         r.disk.arm(Fault(action="power_loss", at=n, ops=frozenset(
@@ -384,7 +409,10 @@ def test_interruption_before_artifact_storage_leaves_one_logical_result(
         with r.crash() as store:
             assert_clean(store)
             assert count(store, "SELECT count(*) FROM artifact") == 0
-            assert not list((store.path / "artifacts" / ".tmp").iterdir()), "temp swept"
+            if artifact_layout == "files":
+                assert not list((store.path / "artifacts" / ".tmp").iterdir()), "temp swept"
+            else:  # a pack whose creator died before naming it is removed
+                assert not list((store.path / "artifacts" / "PACKS").glob("*.new"))
             bodies, messages = group_messages(f"n{n}-", pages=1)
             store.artifacts.put("body", bodies[0])
             acks = anyio.run(submit, store, messages)
@@ -393,12 +421,16 @@ def test_interruption_before_artifact_storage_leaves_one_logical_result(
             assert_clean(store)
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_interruption_between_storage_and_commit_leaves_an_orphan_reclaim_removes(
         rig: Rig) -> None:
     assert rig.store is not None
     anyio.run(submit, rig.store, setup_messages())
     bodies, messages = group_messages("o", pages=1)
-    ref = rig.store.artifacts.put("body", bodies[0])  # durable; the commit never happens
+    ref = rig.store.artifacts.put("body", bodies[0])
+    # Durable (a pack's payload once the writer synced it, before its COMMIT); the commit
+    # never happens.
+    rig.store.artifacts.sync([ref])
     with rig.crash("torn") as store:
         report = verify(store)
         assert report.ok
@@ -406,10 +438,10 @@ def test_interruption_between_storage_and_commit_leaves_an_orphan_reclaim_remove
             ("orphan", ref.digest)]
         kept = reclaim_orphans(store, grace_seconds=3600)
         assert (kept.removed, kept.kept_young) == ([], 1), "young orphans are kept"
-        old = time.time() - 7200
-        os.utime(store.artifacts.path_for(ref), (old, old))
+        backdate_payload(store, ref, 7200)
+        where = store.artifacts.location(ref)
         reclaimed = reclaim_orphans(store, grace_seconds=3600)
-        assert reclaimed.removed == [str(store.artifacts.path_for(ref))]
+        assert reclaimed.removed == [where]
         assert verify(store).checks["orphans"] == 0
         store.artifacts.put("body", bodies[0])  # the worker's redelivery stores it again
         assert [a.status for a in anyio.run(submit, store, messages)] == ["committed"] * 2
@@ -575,20 +607,21 @@ def test_every_writer_fault_point_has_a_test() -> None:
 @pytest.mark.parametrize(("files", "heal_after", "stride"), [
     ((), 0, 4), (("wal",), 0, 1), (("database",), 0, 1), (("artifact",), 0, 2),
     (("directory",), 0, 3), ((), 3, 4), (("wal",), 3, 1), (("database",), 3, 1),
+    (("artifact",), 1, 1),
 ])
 def test_a_failing_device_loses_no_acked_message(
-        fast_dir: Path, small_counts: dict[str, int], files: tuple[str, ...],
+        fast_dir: Path, loop: Loop, files: tuple[str, ...],
         heal_after: int, stride: int) -> None:
     # fsync fails with EIO from the N-th on (for good, or for heal_after fsyncs) while
     # writes succeed, and a failed fsync's writes never reach the disk; then power loss.
     # Before issue 12 the writer reopened, read the batch's commit-log row back from the
     # page cache and acked it: up to 38 acked messages lost per trial, some stores
     # malformed (tools/faultloop.py, sync-lose-* classes).
-    faults = list(iter_faults(small_counts, action="io_error", ops=frozenset({"sync"}),
+    faults = list(iter_faults(loop.counts, action="io_error", ops=frozenset({"sync"}),
                               persistent=True, heal_after=heal_after, files=frozenset(files),
                               stride=stride))
     assert faults
-    trials = run_loop(fast_dir, faults)
+    trials = run_loop(fast_dir, faults, loop.workload)
     assert failures(trials) == []
     assert all(t.fired for t in trials)
     assert sum(1 for t in trials if t.errors_seen) >= len(trials) // 2
@@ -710,6 +743,40 @@ def test_opening_a_marked_store_resyncs_it_or_refuses(rig: Rig) -> None:
     with rig.crash() as store:
         ledger = {m for (m,) in store.connection.execute("SELECT message_id FROM ingest_ledger")}
         assert "m-1" in ledger
+        assert_clean(store)
+
+
+def test_a_failed_pack_fsync_stops_the_writer_and_the_next_open_resyncs_the_packs(
+        rig: Rig) -> None:
+    """The failing-disk rule holds for packs as for the database: a pack fsync that fails
+    before a COMMIT acks nothing, marks the store and stops the writer; the next open for
+    writing rewrites the pack in place and fsyncs it before anything is trusted, so the
+    redelivered group commits and survives power loss (with sync_failure="lose" the failed
+    fsync's writes never reached the disk: only the rewrite puts them there)."""
+    assert rig.store is not None and rig.layout == "packs"
+    anyio.run(submit, rig.store, setup_messages())
+    bodies, messages = group_messages("p", pages=2)
+    for body in bodies:
+        rig.store.artifacts.put("body", body)
+    rig.disk.arm(Fault(action="io_error", at=1, ops=frozenset({"sync"}),
+                       files=frozenset({"artifact"})))
+    errors = failure_of(submit, rig.store, messages)
+    assert {type(e) for e in errors} <= {CommitError, SyncError} and SyncError in {
+        type(e) for e in errors}
+    marker = rig.path / "sync-failed"
+    assert "fsync of artifact pack" in marker.read_text()
+    assert (rig.path / "artifacts" / "PACKS" / "SYNC-FAILED").exists()
+    with pytest.raises(SyncError):
+        anyio.run(submit, rig.store, messages)  # a marked store takes no writer
+    store = rig.reopen()  # resyncs: the packs rewritten and fsynced, the marker gone
+    assert not marker.exists()
+    assert not (rig.path / "artifacts" / "PACKS" / "SYNC-FAILED").exists()
+    for body in bodies:
+        store.artifacts.put("body", body)
+    acks = anyio.run(submit, store, messages)
+    assert {a.status for a in acks} == {"committed"}
+    with rig.crash() as store:
+        assert count(store, "SELECT count(*) FROM fetch_attempt") == 2
         assert_clean(store)
 
 

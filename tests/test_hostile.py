@@ -407,7 +407,11 @@ def test_hostile_pages_extract_in_bounded_time_and_memory(document: bytes) -> No
         tracemalloc.stop()
     assert time.perf_counter() - started < 5
     assert result.truncated == (len(document) > limit)
-    assert peak < 40 * limit, f"peak {peak} bytes for {min(len(document), limit)} parsed"
+    # The parser builds a tree (lexbor allocates through Python's allocator, so it is
+    # traced): ~300 bytes a node, and a reference found ~600 more, so memory follows the
+    # tags parsed as well as the bytes; both are bounded (max_bytes, and links.MAX_TAGS).
+    tags = document[:limit].count(b"<")
+    assert peak < 40 * limit + 1000 * tags, f"peak {peak} bytes for {tags} tags parsed"
     assert result.refs and all("\x00" not in ref.observed for ref in result.refs)
     assert all(ref.url.startswith("http://h.example/") for ref in result.refs)
 

@@ -216,7 +216,7 @@ def test_a_wal_holding_commits_without_a_readable_index_is_refused_clearly(
 def test_a_store_opened_read_only_writes_nothing_and_refuses_writers(tmp_path: Path) -> None:
     with Store.create(tmp_path / "s"):
         pass
-    for name in ("LAYOUT", ".tmp"):  # what a read-write open would create again
+    for name in ("LAYOUT", "PACKS"):  # what a read-write open would create again
         path = tmp_path / "s" / "artifacts" / name
         path.chmod(0o755) if path.is_dir() else path.chmod(0o644)
         shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from evidence._archive.warc import export_warc
 from evidence._audit.replay import replay
 from evidence._errors import NotFoundError
 
-from .conftest import Factory, submit_all
+from .conftest import Factory, flip_payload_byte, submit_all
 from .test_verify import run_cli
 
 T0 = dt.datetime(2025, 3, 3, 9, 0, tzinfo=dt.UTC)
@@ -109,9 +108,7 @@ def test_an_attempt_without_a_response_says_so(store: Store, make: Factory, caps
 def test_a_damaged_body_is_never_replayed(store: Store, make: Factory) -> None:
     attempt = response(make)
     submit_all(store, [make.session(), make.run(), attempt])
-    path = store.artifacts.path_for(attempt.body)
-    os.chmod(path, 0o644)
-    path.write_bytes(BODY[:-1] + b"!")
+    flip_payload_byte(store, attempt.body, len(BODY) - 1)
     with pytest.raises(ArtifactCorruptError):
         replay(store, URL)
 
@@ -234,9 +231,7 @@ def test_warc_export_never_overwrites_and_never_archives_damage(store: Store, cr
     with pytest.raises(EvidenceError, match="already exists"):
         export_warc(store, out)
     assert out.read_bytes() == b"precious"
-    path = store.artifacts.path_for(crawled["plain"].body)
-    os.chmod(path, 0o644)
-    path.write_bytes(BODY[:-1] + b"!")
+    flip_payload_byte(store, crawled["plain"].body, len(BODY) - 1)
     with pytest.raises(ArtifactCorruptError):
         export_warc(store, tmp_path / "damaged.warc")
     assert not list(tmp_path.glob("*damaged*"))  # no partial file left behind

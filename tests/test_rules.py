@@ -28,7 +28,7 @@ from evidence._crawl.rules import (
 )
 from evidence._demo.site import SiteConfig, TestSite
 
-from .conftest import Factory, asubmit, submit_all
+from .conftest import Factory, asubmit, lose_payload, submit_all
 
 HTML = "text/html; charset=utf-8"
 
@@ -382,7 +382,7 @@ def test_links_resolve_against_base_and_fall_back_to_image_alt(
 def test_an_unreadable_artifact_is_reported_and_not_judged(store: Store, pages: Pages) -> None:
     pages.add("http://example.com/good", GOOD, headers=GOOD_HEADERS)
     lost = pages.add("http://example.com/lost", b"<h1>gone</h1>", headers=GOOD_HEADERS)
-    store.artifacts.path_for(lost.body).unlink()
+    lose_payload(store, lost.body)
     summary = evaluate_stored(store, parse_rules(rules_text({"h": CASES["has-h1"]})))
     assert (summary.added, summary.unreadable, summary.ok) == (1, 1, False)
     assert "lost" in summary.problems[0] and "not in the store" in summary.problems[0]

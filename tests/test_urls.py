@@ -24,6 +24,7 @@ from evidence._model.urls import (
 def test_public_api() -> None:
     assert sorted(_urls.__all__) == [
         "NORMALIZER_VERSION",
+        "key_and_host",
         "normalize_url",
         "resolve_reference",
         "url_host",
@@ -348,6 +349,19 @@ def test_normalize_is_idempotent(url: str) -> None:
 
 
 @FAST
+@given(urls | st.text())
+def test_key_and_host_is_normalize_url_and_url_host_in_one_parse(url: str) -> None:
+    """The crawler computes a URL's fetch key and host once (issue 15): the pair must be
+    exactly what the two functions give, or the same error."""
+    try:
+        expected = (normalize_url(url), _urls.url_host(url))
+    except URLError:
+        with pytest.raises(URLError):
+            _urls.key_and_host(url)
+        return
+    assert _urls.key_and_host(url) == expected
+
+
 @given(st.text())
 def test_arbitrary_text_raises_only_url_error(text: str) -> None:
     for candidate in (text, "http://" + text, "https://h/" + text, "http://h/?" + text):

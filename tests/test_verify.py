@@ -16,7 +16,14 @@ from evidence._audit.verify import ReclaimHooks, reclaim_orphans, verify
 from evidence._cli.common import parse_duration
 from evidence._cli.main import build_parser
 
-from .conftest import Factory, submit_all
+from .conftest import (
+    LAYOUTS,
+    Factory,
+    backdate_payload,
+    flip_payload_byte,
+    lose_payload,
+    submit_all,
+)
 
 DAY = 86400
 
@@ -195,28 +202,29 @@ def test_a_dropped_table_is_reported_not_raised(populated_store: Store) -> None:
     assert report.checks["ledger_entries"] == 6  # the other checks still ran
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_a_flipped_byte_in_an_artifact_is_found_by_full_only(populated_store: Store) -> None:
     namespace, digest, size = one(populated_store, "SELECT namespace, digest, size FROM artifact")
-    path = populated_store.artifacts.path_for(ArtifactRef(namespace, digest, size))
-    os.chmod(path, 0o644)
-    data = bytearray(path.read_bytes())
-    data[3] ^= 0x01
-    path.write_bytes(bytes(data))
+    ref = ArtifactRef(namespace, digest, size)
+    flip_payload_byte(populated_store, ref)
     quick = verify(populated_store)
     assert quick.ok and kinds(quick) == {"artifact_writable"}  # a notice, not a detection
     full = verify(populated_store, full=True)
     [corrupt] = full.errors
     assert corrupt.kind == "artifact_corrupt"
-    assert (corrupt.location.path, corrupt.location.digest) == (str(path), digest)
+    assert (corrupt.location.path, corrupt.location.digest) == (
+        populated_store.artifacts.location(ref), digest)
     assert f"expected blake3 {digest}" in corrupt.message
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_a_missing_artifact_file_is_found_by_quick(populated_store: Store) -> None:
     namespace, digest, size = one(populated_store, "SELECT namespace, digest, size FROM artifact")
-    path = populated_store.artifacts.path_for(ArtifactRef(namespace, digest, size))
-    path.unlink()
+    ref = ArtifactRef(namespace, digest, size)
+    lose_payload(populated_store, ref)
     [missing] = verify(populated_store).findings
-    assert missing.kind == "artifact_missing" and missing.location.path == str(path)
+    assert missing.kind == "artifact_missing"
+    assert missing.location.path == populated_store.artifacts.location(ref)
 
 
 def test_cli_verify_names_each_finding_and_exits_one(populated_store: Store, capsys) -> None:
@@ -250,13 +258,14 @@ def test_findings_beyond_the_limit_are_counted_not_listed(store: Store, make: Fa
 
 # --- orphans -------------------------------------------------------------------------
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_orphans_are_listed_as_notices_not_errors(populated_store: Store, capsys) -> None:
     ref = populated_store.artifacts.put("body", b"fetched, then the crawler crashed")
     report = verify(populated_store)
     assert report.ok
     [orphan] = report.notices
     assert orphan.kind == "orphan" and orphan.location.digest == ref.digest
-    assert orphan.location.path == str(populated_store.artifacts.path_for(ref))
+    assert orphan.location.path == populated_store.artifacts.location(ref)
     assert run_cli("verify", populated_store.path) == 0
     assert run_cli("verify", populated_store.path, "--strict") == 1
     assert "notice orphan" in capsys.readouterr().out
@@ -272,25 +281,28 @@ def test_artifacts_of_quarantined_messages_are_not_orphans(store: Store, make: F
     assert store.artifacts.exists(body)
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_reclaim_deletes_only_orphans_older_than_the_grace(populated_store: Store) -> None:
-    artifacts = populated_store.artifacts
-    old = artifacts.put("body", b"orphaned two days ago")
-    young = artifacts.put("body", b"orphaned just now")
+    old = populated_store.artifacts.put("body", b"orphaned two days ago")
+    young = populated_store.artifacts.put("body", b"orphaned just now")
     referenced = ArtifactRef(*one(populated_store, "SELECT namespace, digest, size FROM artifact"))
-    age(artifacts.path_for(old), 2 * DAY)
-    age(artifacts.path_for(referenced), 30 * DAY)
+    backdate_payload(populated_store, old, 2 * DAY)
+    backdate_payload(populated_store, referenced, 30 * DAY)
+    artifacts = populated_store.artifacts
+    where = artifacts.location(old)
     report = reclaim_orphans(populated_store, DAY)
-    assert report.removed == [str(artifacts.path_for(old))]
+    assert report.removed == [where]
     assert report.bytes_freed == old.size and report.kept_young == 1
     assert not artifacts.exists(old) and artifacts.exists(young)
     assert artifacts.exists(referenced)
     assert verify(populated_store, full=True).findings[0].location.digest == young.digest
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_a_file_referenced_before_its_deletion_is_kept(store: Store, make: Factory) -> None:
     submit_all(store, [make.session(), make.run()])
     body = make.body(b"orphaned, then re-fetched with the same bytes")
-    age(store.artifacts.path_for(body), 2 * DAY)  # put() of equal bytes keeps the old file
+    backdate_payload(store, body, 2 * DAY)  # put() of equal bytes keeps the old copy
 
     def commit_a_reference(ref: ArtifactRef) -> None:
         submit_all(store, [make.attempt(body=ref)])  # the crawler's message commits now
@@ -301,9 +313,10 @@ def test_a_file_referenced_before_its_deletion_is_kept(store: Store, make: Facto
     assert verify(store, full=True).findings == []
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_reclaim_holds_the_write_lock_while_it_deletes(populated_store: Store) -> None:
     orphan = populated_store.artifacts.put("body", b"old orphan")
-    age(populated_store.artifacts.path_for(orphan), 2 * DAY)
+    backdate_payload(populated_store, orphan, 2 * DAY)
     blocked = []
 
     def try_to_commit(ref: ArtifactRef) -> None:
@@ -319,34 +332,40 @@ def test_reclaim_holds_the_write_lock_while_it_deletes(populated_store: Store) -
     assert blocked == [orphan] and len(report.removed) == 1
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_a_message_whose_artifact_was_reclaimed_is_refused_whole(store: Store,
                                                                  make: Factory) -> None:
-    # The other order of the race: the unlink wins, and the writer's check refuses the message.
+    # The other order of the race: the removal wins, and the writer's check refuses the
+    # message (packs: the writer looks at the pack file, so a pack compacted by another
+    # process is seen).
     submit_all(store, [make.session(), make.run()])
     body = make.body(b"old orphan about to be re-referenced")
-    age(store.artifacts.path_for(body), 2 * DAY)
+    backdate_payload(store, body, 2 * DAY)
     assert len(reclaim_orphans(store, DAY).removed) == 1
     [ack] = submit_all(store, [make.attempt(body=body)])
     assert ack.status == "rejected" and "not in the store" in ack.reason
     assert verify(store).findings == []  # no row names a missing file
 
 
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
 def test_cli_reclaims_only_a_store_without_errors(populated_store: Store, capsys) -> None:
     orphan = populated_store.artifacts.put("body", b"old orphan")
-    path = populated_store.artifacts.path_for(orphan)
-    age(path, 2 * DAY)
+    backdate_payload(populated_store, orphan, 2 * DAY)
+    where = populated_store.artifacts.location(orphan)
+    populated_store.artifacts.close()  # another process (the CLI) reclaims
     tamper(populated_store, "DROP TRIGGER rule_evaluation_no_update",
            "UPDATE rule_evaluation SET verdict = 'fail'")
     assert run_cli("verify", populated_store.path, "--reclaim-orphans", "--grace", "1d") == 1
-    assert path.exists() and "not reclaiming" in capsys.readouterr().err
+    assert populated_store.artifacts.exists(orphan)
+    assert "not reclaiming" in capsys.readouterr().err
     tamper(populated_store, "UPDATE rule_evaluation SET verdict = 'pass'",
            "CREATE TRIGGER rule_evaluation_no_update BEFORE UPDATE ON rule_evaluation\n"
            "BEGIN SELECT RAISE(ABORT, 'rule_evaluation is append-only'); END")
     assert run_cli("verify", populated_store.path, "--reclaim-orphans", "--grace", "1d",
                    "--json") == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] and data["reclaimed"]["removed"] == [str(path)]
-    assert not path.exists()
+    assert data["ok"] and data["reclaimed"]["removed"] == [where]
+    assert not Store.open(populated_store.path, read_only=True).artifacts.exists(orphan)
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800),

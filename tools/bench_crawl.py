@@ -1,31 +1,37 @@
 #!/usr/bin/env python3
-"""Benchmark the crawler (issue 3): pages/s against Scrapy, and the cost of a resume.
+"""Benchmark the crawler (issues 3 and 15): evidence against Scrapy and a crawler that
+records nothing, and the cost of a resume.
 
-Throughput. A static site of ``--pages`` HTML pages (``/p/0.html`` .. plus ``/`` and a
-``robots.txt`` allowing everything; pages of 3-5 KB of text, each linking to ~10 others,
-absolute and relative hrefs; every page reachable from ``/``) is generated into a temp
-dir and served on 127.0.0.1 by nginx from the OS packages (one worker, keep-alive on,
-access log in the temp dir with a millisecond timestamp per request). Without nginx, a
-small asyncio static server (files held in memory) in a separate process stands in, and
-the report says so. Both crawlers then crawl the whole site at equal concurrency N:
+Throughput. For each ``--pages`` size (600 and 5,000 by default) a static site of that many
+HTML pages (``/p/0.html`` .. plus ``/`` and a ``robots.txt`` allowing everything; pages of
+3-5 KB of text, each linking to ~10 others, absolute and relative hrefs; every page
+reachable from ``/``) is generated into a temp dir and served on 127.0.0.1 by nginx from
+the OS packages (one worker, keep-alive on, access log in the temp dir with a millisecond
+timestamp per request). Without nginx, a small asyncio static server (files held in
+memory) in a separate process stands in, and the report says so. Every crawler then
+crawls the whole site at the same concurrency N (8 by default):
 
   evidence  ``evidence crawl URL --store NEW --workers N --per-host N`` as a subprocess,
-            recording full evidence (request head, response head and body in the
-            artifact store, attempts, links, frontier transitions, Merkle log), at the
-            default ``--sync full``;
+            recording full evidence (request head, response head and body in artifact
+            packs, attempts, links, frontier transitions, Merkle log), at the default
+            ``--sync full``; with ``--processes P`` also ``evidence-pP``, the same with P
+            worker processes;
   scrapy    ``scrapy runspider tools/_scrapy_spider.py`` in a separate venv
             (``--scrapy-venv``, created with ``python -m venv`` + ``pip install scrapy``
             when absent) with JOBDIR (its disk request queue and dupe filter),
             CONCURRENT_REQUESTS=N, CONCURRENT_REQUESTS_PER_DOMAIN=N, DOWNLOAD_DELAY=0,
             ROBOTSTXT_OBEY=True, AUTOTHROTTLE off, HTTPCACHE off, LOG_LEVEL=WARNING.
-            Scrapy keeps no bodies: it is the common way Scrapy runs, not an equal load.
+            Scrapy keeps no bodies: it is the common way Scrapy runs, not an equal load;
+  bare      ``tools/bare_crawler.py``: httpx, N tasks, links by selectolax's lexbor,
+            robots.txt obeyed, nothing recorded: the floor.
 
-Same site and server, alternating order (evidence, scrapy, scrapy, evidence, ...) for
-``--reps`` repetitions, each run into a fresh store / JOBDIR, all kept until the end (a
-delete between runs would slow the next run's file creations: see KEEP_NOTE). Reported per
-run: pages/s over the process's wall time (start to exit, the figure the ratio uses),
-pages/s over the server's window (first to last request in the access log: no start-up or
-shut-down), CPU seconds of the crawler process, and the checks: the distinct HTML URLs the
+Same site and server, interleaved (the order rotated each repetition) for ``--reps``
+repetitions, each run into a fresh store / JOBDIR, all kept until the end (a delete
+between runs would slow the next run's file creations: see KEEP_NOTE). Reported per run:
+pages/s over the process's wall time (start to exit, the figure the ratios use), pages/s
+over the server's window (first to last request in the access log: no start-up or
+shut-down), CPU seconds and peak RSS of the crawler process and its children (``wait4``),
+and the checks: the distinct HTML URLs the
 server answered 200 (the page count the rates use) must equal the site's documents, and
 the crawler's own count must agree: evidence ``SELECT count(*) FROM fetch_attempt WHERE
 http_status = 200``, scrapy its ``downloader/response_status_count/200`` stat (both
@@ -45,10 +51,15 @@ SIGKILL the crawler. The first resume follows a stopped run; later ones follow a
 measurement on a 1,000-URL frontier gives the fixed part (interpreter, imports, opening
 the store).
 
-Options: --pages N (10000), --concurrency N (16), --reps N (3), --resume-urls N
-(1000000), --quick (300 pages, 1 rep, 20,000 resume URLs: well under a minute once the
-Scrapy venv exists), --json FILE, --keep (keep the temp dir), --scrapy-venv DIR,
---only evidence|scrapy|resume (repeatable), --server auto|nginx|python.
+Then the medians per tool and the ratios the issue states its bars in (evidence/scrapy
+pages/s >= 1.2, CPU per page <= 1.0; evidence/bare pages/s >= 0.85), each marked met or
+not, with peak RSS beside them. On a shared machine only ratios from one interleaved run
+mean anything: the 1-minute load average is printed with each run.
+
+Options: --pages N[,N...] (600,5000), --concurrency N (8), --reps N (3), --processes P,
+--resume-urls N (1000000; the resume part runs only with --only resume), --quick (300
+pages, 1 rep, 20,000 resume URLs), --json FILE, --keep (keep the temp dir), --scrapy-venv
+DIR, --only evidence|scrapy|bare|resume (repeatable), --server auto|nginx|python.
 
 Network: only 127.0.0.1. The site has no link to any other host.
 """
@@ -336,6 +347,8 @@ class Run:
     store_bytes: int = 0
     extra: dict = field(default_factory=dict)
     load_1m: float = 0.0  # the machine's 1-minute load average as the run started
+    peak_rss_kb: int = 0  # the crawler process's peak resident set (wait4's ru_maxrss)
+    size: int = 0  # pages in the site
 
     @property
     def pages_per_s(self) -> float:
@@ -357,15 +370,19 @@ def children_cpu() -> float:
 
 
 def timed(cmd: list[str], server: Server, *, stdout, stderr,
-          env: dict | None = None) -> tuple[float, float, int, list]:
+          env: dict | None = None) -> tuple[float, float, int, list, int]:
+    """Run ``cmd``; (wall s, CPU s, exit status, server requests, peak RSS in KiB). CPU and
+    peak RSS are the process's own and its reaped children's (``wait4``: evidence's
+    worker processes count)."""
     offset = server.mark()
-    cpu0 = children_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=stdout, stderr=stderr, env=env)
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    cpu = children_cpu() - cpu0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
     time.sleep(0.05)  # the server's last log lines
-    return wall, cpu, proc.returncode, server.requests_since(offset)
+    return wall, cpu, proc.returncode, server.requests_since(offset), usage.ru_maxrss
 
 
 def load_average() -> float:
@@ -413,23 +430,24 @@ KEEP_NOTE = "stores kept until the end (no deletes between runs)"
 
 
 def run_evidence(server: Server, work: Path, n: int, rep: int, processes: int = 0) -> Run:
-    store = work / f"evidence-{rep}"
+    tool = "evidence" if not processes else f"evidence-p{processes}"
+    store = work / f"{tool}-{rep}"
     cmd = [*evidence_command(), "crawl", server.url, "--store", str(store),
            "--workers", str(n), "--per-host", str(n), "--json",
            *(["--processes", str(processes)] if processes else [])]
     load = load_average()
-    with (work / f"evidence-{rep}.out").open("w") as out, \
-            (work / f"evidence-{rep}.err").open("w") as err:
-        wall, cpu, rc, requests = timed(cmd, server, stdout=out, stderr=err)
+    with (work / f"{tool}-{rep}.out").open("w") as out, \
+            (work / f"{tool}-{rep}.err").open("w") as err:
+        wall, cpu, rc, requests, rss = timed(cmd, server, stdout=out, stderr=err)
     all_200, tool_pages = evidence_counts(store)
     span, dups, pages = window(requests)
     result = {}
     with contextlib.suppress(Exception):
-        result = json.loads((work / f"evidence-{rep}.out").read_text())
+        result = json.loads((work / f"{tool}-{rep}.out").read_text())
     if rc != 0:
-        print((work / f"evidence-{rep}.err").read_text()[-2000:], file=sys.stderr)
-    run = Run("evidence", rep, wall, cpu, all_200, pages, tool_pages, len(requests), span,
-              dups, rc, dir_bytes(store), {"outcome": result.get("outcome")}, load)
+        print((work / f"{tool}-{rep}.err").read_text()[-2000:], file=sys.stderr)
+    run = Run(tool, rep, wall, cpu, all_200, pages, tool_pages, len(requests), span,
+              dups, rc, dir_bytes(store), {"outcome": result.get("outcome")}, load, rss)
     return run  # the store is kept until the end: see KEEP_NOTE
 
 
@@ -451,8 +469,9 @@ def run_scrapy(server: Server, work: Path, venv: Path, n: int, rep: int) -> Run:
     cmd = scrapy_command(venv, server.url, jobdir, stats_file, n)
     load = load_average()
     with (work / f"scrapy-{rep}.err").open("w") as err:
-        wall, cpu, rc, requests = timed(cmd, server, stdout=subprocess.DEVNULL, stderr=err,
-                                        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        wall, cpu, rc, requests, rss = timed(
+            cmd, server, stdout=subprocess.DEVNULL, stderr=err,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     if rc != 0 or not stats:
         print((work / f"scrapy-{rep}.err").read_text()[-2000:], file=sys.stderr)
@@ -462,8 +481,30 @@ def run_scrapy(server: Server, work: Path, venv: Path, n: int, rep: int) -> Run:
     run = Run("scrapy", rep, wall, cpu, all_200, pages, tool_pages, len(requests), span,
               dups, rc, dir_bytes(jobdir) if jobdir.exists() else 0,
               {"finish_reason": stats.get("finish_reason"),
-               "dupefilter_filtered": stats.get("dupefilter/filtered")}, load)
+               "dupefilter_filtered": stats.get("dupefilter/filtered")}, load, rss)
     return run  # kept until the end, as evidence's stores are
+
+
+def bare_command(url: str, n: int) -> list[str]:
+    return [sys.executable, str(HERE / "bare_crawler.py"), url, "--concurrency", str(n)]
+
+
+def run_bare(server: Server, work: Path, n: int, rep: int) -> Run:
+    """The crawler that records nothing (tools/bare_crawler.py): the floor."""
+    out_path, err_path = work / f"bare-{rep}.out", work / f"bare-{rep}.err"
+    load = load_average()
+    with out_path.open("w") as out, err_path.open("w") as err:
+        wall, cpu, rc, requests, rss = timed(bare_command(server.url, n), server,
+                                             stdout=out, stderr=err)
+    result = {}
+    with contextlib.suppress(Exception):
+        result = json.loads(out_path.read_text())
+    if rc != 0:
+        print(err_path.read_text()[-2000:], file=sys.stderr)
+    span, dups, pages = window(requests)
+    return Run("bare", rep, wall, cpu, int(result.get("status_200", 0)), pages,
+               int(result.get("pages", 0)), len(requests), span, dups, rc, 0,
+               {"errors": result.get("errors")}, load, rss)
 
 
 def ensure_scrapy(venv: Path) -> tuple[list[list[str]], str]:
@@ -577,64 +618,89 @@ def resume_cost(server: Server, work: Path, name: str, urls: int, n: int,
 # --- report --------------------------------------------------------------------------------
 
 
+TOOLS = ("evidence", "scrapy", "bare")  # and evidence-pN with --processes N
+
+
 def summarize(runs: list[Run], expected_pages: int) -> dict:
-    out = {}
-    for tool in ("evidence", "scrapy"):
+    """Medians per tool, and the ratios the issue's bars are stated in."""
+    out: dict = {}
+    for tool in dict.fromkeys(r.tool for r in runs):
         rs = [r for r in runs if r.tool == tool]
-        if not rs:
-            continue
         out[tool] = {
             "median_pages_per_s": statistics.median(r.pages_per_s for r in rs),
             "median_server_pages_per_s": statistics.median(r.server_pages_per_s for r in rs),
             "median_cpu_ms_per_page": statistics.median(
                 1000 * r.cpu_s / r.pages if r.pages else 0.0 for r in rs),
+            "median_peak_rss_mb": statistics.median(r.peak_rss_kb / 1024 for r in rs),
             "all_complete": all(r.pages == expected_pages and r.exit_status == 0
                                 and r.tool_pages >= expected_pages for r in rs),
             "duplicate_requests": [r.duplicates for r in rs],
         }
-    if "evidence" in out and "scrapy" in out:
-        out["ratio_evidence_over_scrapy"] = (out["evidence"]["median_pages_per_s"]
-                                             / out["scrapy"]["median_pages_per_s"])
-        out["ratio_server_window"] = (out["evidence"]["median_server_pages_per_s"]
-                                      / out["scrapy"]["median_server_pages_per_s"])
+
+    def ratio(a: str, b: str, key: str) -> float | None:
+        if a in out and b in out and out[b][key]:
+            return out[a][key] / out[b][key]
+        return None
+
+    ratios = {
+        "evidence/scrapy pages/s": ratio("evidence", "scrapy", "median_pages_per_s"),
+        "evidence/scrapy CPU per page": ratio("evidence", "scrapy", "median_cpu_ms_per_page"),
+        "evidence/bare pages/s": ratio("evidence", "bare", "median_pages_per_s"),
+        "evidence/bare CPU per page": ratio("evidence", "bare", "median_cpu_ms_per_page"),
+        "scrapy/bare pages/s": ratio("scrapy", "bare", "median_pages_per_s"),
+        "evidence/scrapy peak RSS": ratio("evidence", "scrapy", "median_peak_rss_mb"),
+        "evidence/bare peak RSS": ratio("evidence", "bare", "median_peak_rss_mb"),
+    }
+    for tool in out:
+        if tool.startswith("evidence-p"):
+            ratios[f"{tool}/evidence pages/s"] = ratio(tool, "evidence", "median_pages_per_s")
+            ratios[f"{tool}/evidence CPU per page"] = ratio(tool, "evidence",
+                                                            "median_cpu_ms_per_page")
+    out["ratios"] = {k: v for k, v in ratios.items() if v is not None}
     return out
 
 
+BARS = {"evidence/scrapy pages/s": (">=", 1.2), "evidence/scrapy CPU per page": ("<=", 1.0),
+        "evidence/bare pages/s": (">=", 0.85)}
+
+
 def render(report: dict) -> str:
-    lines = [f"server: {report['server']}",
-             f"site: {report['site']['documents']} HTML documents "
-             f"(mean {report['site']['mean_page_bytes']} B) + robots.txt, at "
-             f"{report['url']}; concurrency {report['concurrency']}", ""]
-    if report["runs"]:
-        lines.append(f"{'run':<12} {'wall s':>8} {'pages/s':>9} {'srv pages/s':>11} "
-                     f"{'cpu ms/page':>11} {'pages':>7} {'own 200s':>8} {'dup':>4} "
-                     f"{'disk MB':>8} {'exit':>4} {'load':>5}")
-        for r in report["runs"]:
+    lines = [f"server: {report['server']}; concurrency {report['concurrency']}; "
+             f"{os.cpu_count()} CPUs"]
+    for size in report["sizes"]:
+        lines += ["", f"site: {size['site']['documents']} HTML documents (mean "
+                  f"{size['site']['mean_page_bytes']} B) + robots.txt, at {size['url']}",
+                  f"{'run':<16} {'wall s':>8} {'pages/s':>9} {'srv pages/s':>11} "
+                  f"{'cpu ms/page':>11} {'peak RSS MB':>11} {'pages':>7} {'own 200s':>8} "
+                  f"{'dup':>4} {'disk MB':>8} {'exit':>4} {'load':>5}"]
+        for r in size["runs"]:
             lines.append(
-                f"{r['tool'] + ' #' + str(r['rep']):<12} {r['wall_s']:>8.2f} "
+                f"{r['tool'] + ' #' + str(r['rep']):<16} {r['wall_s']:>8.2f} "
                 f"{r['pages_per_s']:>9.1f} {r['server_pages_per_s']:>11.1f} "
-                f"{1000 * r['cpu_s'] / max(1, r['pages']):>11.2f} {r['pages']:>7} "
+                f"{1000 * r['cpu_s'] / max(1, r['pages']):>11.2f} "
+                f"{r['peak_rss_kb'] / 1024:>11.1f} {r['pages']:>7} "
                 f"{r['status_200']:>8} {r['duplicates']:>4} {r['store_bytes'] / 1e6:>8.1f} "
                 f"{r['exit_status']:>4} {r['load_1m']:>5.1f}")
-        s = report["summary"]
-        lines.append("pages: distinct HTML URLs answered 200 in the server log; own 200s: "
-                     "the crawler's count (incl. robots.txt); dup: URLs requested twice; "
-                     f"load: 1-min load average at the start ({os.cpu_count()} CPUs); "
-                     + KEEP_NOTE)
-        lines.append("")
-        for tool in ("evidence", "scrapy"):
-            if tool in s:
-                t = s[tool]
-                lines.append(f"{tool:<9} median {t['median_pages_per_s']:.1f} pages/s "
-                             f"(server window {t['median_server_pages_per_s']:.1f}), "
-                             f"{t['median_cpu_ms_per_page']:.2f} CPU ms/page; every page "
-                             f"fetched: {'yes' if t['all_complete'] else 'NO'}; URLs "
-                             f"requested twice per run: {t['duplicate_requests']}")
-        if "ratio_evidence_over_scrapy" in s:
-            r = s["ratio_evidence_over_scrapy"]
-            lines.append(f"ratio evidence/scrapy (medians, wall): {r:.2f}   (server window: "
-                         f"{s['ratio_server_window']:.2f})   bar >= 1.0: "
-                         f"{'met' if r >= 1.0 else 'NOT met'}")
+        s = size["summary"]
+        for tool, t in s.items():
+            if tool == "ratios":
+                continue
+            lines.append(f"{tool:<12} median {t['median_pages_per_s']:.1f} pages/s "
+                         f"(server window {t['median_server_pages_per_s']:.1f}), "
+                         f"{t['median_cpu_ms_per_page']:.2f} CPU ms/page, peak RSS "
+                         f"{t['median_peak_rss_mb']:.0f} MB; every page fetched: "
+                         f"{'yes' if t['all_complete'] else 'NO'}")
+        for name, value in s["ratios"].items():
+            bar = BARS.get(name)
+            verdict = ""
+            if bar is not None:
+                met = value >= bar[1] if bar[0] == ">=" else value <= bar[1]
+                verdict = f"   bar {bar[0]} {bar[1]}: {'met' if met else 'NOT met'}"
+            lines.append(f"  {name:<36} {value:.2f}{verdict}")
+    lines.append("pages: distinct HTML URLs answered 200 in the server log; own 200s: the "
+                 "crawler's count (incl. robots.txt); dup: URLs requested twice; CPU and peak "
+                 "RSS: the crawler process and its children (wait4); load: 1-min load "
+                 "average at the start; " + KEEP_NOTE)
     for key, res in report.get("resume", {}).items():
         samples = ", ".join(f"{x['seconds']:.3f} s (after {x['after']})"
                             for x in res["samples"])
@@ -650,18 +716,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", type=int, help="HTML pages in the site (default 10000)")
-    p.add_argument("--concurrency", type=int, default=16,
-                   help="requests in flight, both crawlers (default 16)")
-    p.add_argument("--reps", type=int, help="repetitions, alternating order (default 3)")
+    p.add_argument("--pages", type=_sizes, dest="sizes",
+                   help="HTML pages in the site; several, comma-separated, make one site "
+                   "each (default 600,5000)")
+    p.add_argument("--concurrency", type=int, default=8,
+                   help="requests in flight, every crawler (default 8)")
+    p.add_argument("--reps", type=int, help="repetitions, interleaved (default 3)")
     p.add_argument("--resume-urls", type=int,
-                   help="queued URLs in the resume store's frontier (default 1000000; 0: skip)")
+                   help="queued URLs in the resume store's frontier (default 1000000)")
     p.add_argument("--quick", action="store_true",
-                   help="300 pages, 1 rep, 20,000 resume URLs")
-    p.add_argument("--only", action="append", choices=("evidence", "scrapy", "resume"),
-                   help="run only these parts (repeatable)")
+                   help="one site of 300 pages, 1 rep, 20,000 resume URLs")
+    p.add_argument("--only", action="append", choices=("evidence", "scrapy", "bare", "resume"),
+                   help="run only these (repeatable; default evidence, scrapy and bare; "
+                   "resume only when named)")
     p.add_argument("--processes", type=int, default=0, metavar="N",
-                   help="run evidence with --processes N (worker processes; default 0)")
+                   help="also run evidence with --processes N, interleaved with the rest "
+                   "(default 0: not)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, site)")
     p.add_argument("--scrapy-venv", type=Path, default=Path("/tmp/scrapy-venv"),
@@ -672,12 +742,64 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--serve-log", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    quick = {"pages": 300, "reps": 1, "resume_urls": 20_000}
-    full = {"pages": 10_000, "reps": 3, "resume_urls": 1_000_000}
+    quick = {"sizes": [300], "reps": 1, "resume_urls": 20_000}
+    full = {"sizes": [600, 5000], "reps": 3, "resume_urls": 1_000_000}
     for k, v in (quick if args.quick else full).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     return args
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not page counts: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"not page counts: {text!r}")
+    return sizes
+
+
+def run_tool(tool: str, server: Server, work: Path, n: int, rep: int,
+             args: argparse.Namespace) -> Run:
+    if tool == "evidence":
+        return run_evidence(server, work, n, rep)
+    if tool.startswith("evidence-p"):
+        return run_evidence(server, work, n, rep, args.processes)
+    if tool == "scrapy":
+        return run_scrapy(server, work, args.scrapy_venv, n, rep)
+    return run_bare(server, work, n, rep)
+
+
+def bench_size(pages: int, work: Path, args: argparse.Namespace, tools: list[str],
+               report: dict) -> dict:
+    """Every tool against one site of ``pages`` pages, interleaved, ``args.reps`` times."""
+    here = work / f"site-{pages}"
+    here.mkdir()
+    site = generate_site(here / "site", pages)
+    print(f"generated {site['documents']} documents under {here}", flush=True)
+    server = Server(here, here / "site", args.server)
+    report["server"] = server.name
+    try:
+        print(f"server: {server.name} at {server.url}", flush=True)
+        n = args.concurrency
+        runs: list[Run] = []
+        for rep in range(args.reps):
+            order = tools[rep % len(tools):] + tools[:rep % len(tools)]  # rotated
+            for tool in order:
+                run = run_tool(tool, server, here, n, rep, args)
+                run.size = pages
+                runs.append(run)
+                print(f"  {pages} pages, {tool} #{rep}: {run.pages} pages in "
+                      f"{run.wall_s:.2f} s = {run.pages_per_s:.1f} pages/s, "
+                      f"{1000 * run.cpu_s / max(1, run.pages):.2f} CPU ms/page, peak RSS "
+                      f"{run.peak_rss_kb / 1024:.0f} MB, exit {run.exit_status}", flush=True)
+        return {"site": site, "url": server.url,
+                "runs": [{**asdict(r), "pages_per_s": r.pages_per_s,
+                          "server_pages_per_s": r.server_pages_per_s} for r in runs],
+                "summary": summarize(runs, site["documents"])}
+    finally:
+        server.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -685,82 +807,71 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve, args.port, args.serve_log)
         return 0
-    parts = set(args.only or ("evidence", "scrapy", "resume"))
-    rerun = shlex.join(["python", "tools/bench_crawl.py", "--pages", str(args.pages),
-                        "--concurrency", str(args.concurrency), "--reps", str(args.reps),
-                        "--resume-urls", str(args.resume_urls)]
+    parts = set(args.only or ("evidence", "scrapy", "bare"))
+    tools = [t for t in TOOLS if t in parts]
+    if args.processes and "evidence" in parts:
+        tools.insert(1, f"evidence-p{args.processes}")
+    rerun = shlex.join(["python", "tools/bench_crawl.py",
+                        "--pages", ",".join(map(str, args.sizes)),
+                        "--concurrency", str(args.concurrency), "--reps", str(args.reps)]
+                       + (["--resume-urls", str(args.resume_urls)] if "resume" in parts
+                          else [])
                        + (["--processes", str(args.processes)] if args.processes else [])
                        + [x for o in (args.only or []) for x in ("--only", o)]
                        + ([] if args.server == "auto" else ["--server", args.server]))
     work = Path(tempfile.mkdtemp(prefix="bench-crawl-"))
     work.chmod(0o755)
     report: dict = {"date": dt.date.today().isoformat(), "rerun": rerun,
-                    "concurrency": args.concurrency, "work": str(work), "runs": [],
+                    "concurrency": args.concurrency, "work": str(work), "sizes": [],
+                    "server": "", "load_1m_start": load_average(),
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                 "platform": platform.platform()}}
-    server = None
     try:
-        t = time.perf_counter()
-        report["site"] = generate_site(work / "site", args.pages)
-        print(f"generated {report['site']['documents']} documents in "
-              f"{time.perf_counter() - t:.1f} s under {work}", flush=True)
-        server = Server(work, work / "site", args.server)
-        report["server"], report["url"] = server.name, server.url
-        print(f"server: {server.name} at {server.url}", flush=True)
-        if server.nginx:
-            print("$ " + shlex.join(server.command), flush=True)
         n = args.concurrency
-        if "scrapy" in parts:
+        if "scrapy" in tools:
             report["scrapy_setup"], report["scrapy_version"] = ensure_scrapy(args.scrapy_venv)
             install = (f"python -m venv {args.scrapy_venv} && {args.scrapy_venv}/bin/python "
                        "-m pip install scrapy")
             print(f"scrapy: {report['scrapy_version']} in {args.scrapy_venv} (installed with: "
                   f"{install}{'' if report['scrapy_setup'] else '; already present'})",
                   flush=True)
-        print("$ " + shlex.join([*evidence_command(), "crawl", server.url, "--store",
-                                 "STORE", "--workers", str(n), "--per-host", str(n),
-                                 "--json", *(["--processes", str(args.processes)]
-                                             if args.processes else [])]), flush=True)
-        report["evidence_processes"] = args.processes
-        if "scrapy" in parts:
-            report["scrapy_command"] = scrapy_command(args.scrapy_venv, server.url,
-                                                      work / "JOBDIR", work / "STATS", n)
+            report["scrapy_command"] = scrapy_command(args.scrapy_venv, "URL",
+                                                      Path("JOBDIR"), Path("STATS"), n)
             print("$ " + shlex.join(report["scrapy_command"]), flush=True)
-        runs: list[Run] = []
-        for rep in range(args.reps):
-            order = ["evidence", "scrapy"] if rep % 2 == 0 else ["scrapy", "evidence"]
-            for tool in order:
-                if tool not in parts:
-                    continue
-                run = (run_evidence(server, work, n, rep, args.processes) if tool == "evidence"
-                       else run_scrapy(server, work, args.scrapy_venv, n, rep))
-                runs.append(run)
-                print(f"  {tool} #{rep}: {run.pages} pages in {run.wall_s:.2f} s = "
-                      f"{run.pages_per_s:.1f} pages/s (server window "
-                      f"{run.server_pages_per_s:.1f}), {run.status_200} 200s, "
-                      f"{run.duplicates} duplicate requests, exit {run.exit_status}",
-                      flush=True)
-        report["runs"] = [{**asdict(r), "pages_per_s": r.pages_per_s,
-                           "server_pages_per_s": r.server_pages_per_s} for r in runs]
-        report["summary"] = summarize(runs, report["site"]["documents"])
+        report["evidence_command"] = [*evidence_command(), "crawl", "URL", "--store", "STORE",
+                                      "--workers", str(n), "--per-host", str(n), "--json"]
+        print("$ " + shlex.join(report["evidence_command"]), flush=True)
+        if args.processes:
+            print(f"  and the same with --processes {args.processes}", flush=True)
+        report["bare_command"] = bare_command("URL", n)
+        print("$ " + shlex.join(report["bare_command"]), flush=True)
+        for pages in args.sizes:
+            if tools:
+                report["sizes"].append(bench_size(pages, work, args, tools, report))
         if "resume" in parts and args.resume_urls > 0:
-            report["resume"] = {}
-            for name, urls in (("fixed part", min(1000, args.resume_urls)),
-                               ("full", args.resume_urls)):
-                print(f"resume: filling a frontier of {urls:,} URLs ...", flush=True)
-                res = resume_cost(server, work, name.replace(" ", "-"), urls, n,
-                                  max(2, args.reps))
-                report["resume"][name] = res
-                print(f"  median {res['median_s']:.3f} s to the first request "
-                      f"({[round(x['seconds'], 3) for x in res['samples']]})", flush=True)
+            here = work / "resume"
+            here.mkdir()
+            generate_site(here / "site", args.sizes[0])
+            server = Server(here, here / "site", args.server)
+            try:
+                report["resume"] = {}
+                for name, urls in (("fixed part", min(1000, args.resume_urls)),
+                                   ("full", args.resume_urls)):
+                    print(f"resume: filling a frontier of {urls:,} URLs ...", flush=True)
+                    res = resume_cost(server, here, name.replace(" ", "-"), urls, n,
+                                      max(2, args.reps))
+                    report["resume"][name] = res
+                    print(f"  median {res['median_s']:.3f} s to the first request "
+                          f"({[round(x['seconds'], 3) for x in res['samples']]})", flush=True)
+            finally:
+                server.close()
+        report["load_1m_end"] = load_average()
         print()
         print(render(report))
         if args.json:
             args.json.write_text(json.dumps(report, indent=1, default=str))
             print(f"wrote {args.json}")
     finally:
-        if server is not None:
-            server.close()
         if args.keep:
             print(f"kept {work}")
         else:

@@ -11,7 +11,9 @@ links committed as one group) with the fault at operation N on the simulated dis
     rows agree, Merkle roots and the hash chain recompute, referenced artifacts re-hash);
   * every acked message is present (sync=full: all; sync=normal: all but those acked after
     the last WAL sync, which is the documented loss window, measured here);
-  * every artifact whose put returned is present and intact; no group is half-present;
+  * every payload that must survive is present and intact (packs: every payload of an
+    acknowledged group, synced before its COMMIT; files: every put that returned); no
+    group is half-present;
   * the writer starts again, every group redelivered converges (duplicates), and a new
     page commits.
 
@@ -26,6 +28,7 @@ Examples:
   python tools/faultloop.py --sync normal --batches 40 --checkpoint-wal-bytes 33554432
   python tools/faultloop.py --long-reader                # WAL growth under a reader
   python tools/faultloop.py --json > faultloop.json      # machine-readable record
+  python tools/faultloop.py --artifacts files            # one file per payload (old stores)
 
 Progress goes to stderr; the table (or JSON with --json) to stdout. The exit status is 1
 if any trial broke a guarantee. Trials run under /dev/shm when it exists (--workdir).
@@ -128,6 +131,23 @@ CLASSES = [
                ("sync",), persistent=True, heal_after=3, files=("wal",)),
     FaultClass("sync-lose-db-heal", "as sync-lose-heal, fsyncs of evidence.db only",
                "io_error", ("sync",), persistent=True, heal_after=3, files=("database",)),
+    # Aimed at the artifact store alone (packs: the pack segments; files: payload files).
+    FaultClass("artifact-write-torn", "power loss at the N-th write of an artifact file (a "
+               "pack append); each sector of each unsynced write old, new or garbage: a "
+               "torn pack tail", "power_loss", ("write",), crash="torn", files=("artifact",)),
+    FaultClass("artifact-write-drop", "power loss at the N-th write of an artifact file; "
+               "every append not yet synced is lost", "power_loss", ("write",),
+               files=("artifact",)),
+    FaultClass("artifact-any-reorder", "power loss at the N-th operation on an artifact "
+               "file; its unsynced writes land whole or not, in any order", "power_loss",
+               ("write", "sync", "truncate", "meta"), crash="reorder", files=("artifact",)),
+    FaultClass("artifact-full-write", "ENOSPC from the N-th write of an artifact file on, "
+               "until the workload gives up (a disk full in the middle of an append)",
+               "disk_full", ("write",), persistent=True, files=("artifact",)),
+    FaultClass("artifact-sync-lose-heal", "EIO from the N-th fsync of an artifact file, "
+               "once; its writes never reach the disk (a retried fsync succeeds without "
+               "them); power loss at the first ack after", "io_error", ("sync",),
+               persistent=True, heal_after=1, files=("artifact",)),
     FaultClass("normal-power-sync-drop", "sync=normal: power loss at the N-th fsync; "
                "unsynced writes lost (measures the loss window)", "power_loss", ("sync",),
                sync="normal"),
@@ -166,7 +186,9 @@ def _trial_dict(trial: Trial) -> dict:
 def run_class(fc: FaultClass, args: argparse.Namespace, pool) -> dict:
     sync = fc.sync or args.sync
     workload = Workload(batches=args.batches, pages_per_batch=args.pages, sync=sync,
-                        checkpoint_wal_bytes=args.checkpoint_wal_bytes)
+                        checkpoint_wal_bytes=args.checkpoint_wal_bytes,
+                        artifacts=args.artifacts,
+                        pack_bytes=args.pack_bytes if args.artifacts == "packs" else None)
     with tempfile.TemporaryDirectory(dir=args.workdir) as d:
         counts = count_operations(d, workload)
     faults = list(iter_faults(counts, action=fc.action, ops=frozenset(fc.ops),
@@ -200,6 +222,7 @@ def run_class(fc: FaultClass, args: argparse.Namespace, pool) -> dict:
     failures = [r for r in trials if not r["ok"]]
     return {
         "class": fc.name, "how": fc.how, "sync": sync, "sync_failure": fc.sync_failure,
+        "artifacts": args.artifacts,
         "operations": {op: counts[op] for op in sorted(counts)},
         "trials": len(trials), "failed": len(failures),
         "acked_lost": sum(lost), "max_acked_lost": max(lost, default=0),
@@ -219,7 +242,7 @@ def command_for(fc: FaultClass, args: argparse.Namespace) -> str:
     if args.seeds != 1 and fc.crash in ("torn", "reorder"):
         parts.append(f"--seeds {args.seeds}")
     defaults = build_parser().parse_args([])
-    for flag in ("batches", "pages", "checkpoint_wal_bytes"):
+    for flag in ("batches", "pages", "checkpoint_wal_bytes", "artifacts", "pack_bytes"):
         if getattr(args, flag) != getattr(defaults, flag):
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     if args.sync != "full" and not fc.sync:
@@ -296,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-wal-bytes", type=int, default=48 * 1024,
                         help="the writer's checkpoint threshold (small: checkpoints and WAL "
                         "truncations happen inside the workload)")
+    parser.add_argument("--artifacts", choices=["packs", "files"], default="packs",
+                        help="where the workload's payloads go: packs (new stores) or one "
+                        "file each (stores made before packs)")
+    parser.add_argument("--pack-bytes", type=int, default=8192,
+                        help="packs: rotate at this size (small: packs are sealed and new "
+                        "ones created inside the workload)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--workdir", default=default_workdir(),
                         help="where trial stores are made (default /dev/shm)")

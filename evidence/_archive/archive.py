@@ -31,6 +31,7 @@ from .._store.artifacts import ArtifactStore
 from .._store.db import Store
 from .._store.fsync import fsync_file
 from .._store.log import check_log, load_head
+from .._store.packs import open_artifact_store
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
 from .export import (
     ARTIFACTS_DIR,
@@ -116,13 +117,17 @@ def backup(source: Source, out_dir: os.PathLike[str] | str, *,
             finally:
                 conn.close()
         fsync_file(db)
-        copy = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
-        copied, gaps = copy_artifacts(refs, artifacts, copy, progress)
-        findings += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps]
-        known = {g.subject for g in gaps}
-        findings += [f"artifact_missing: {r.namespace}/{r.digest} is not in the backup"
-                     for r in refs if f"{r.namespace}/{r.digest}" not in known
-                     and not copy.exists(r)]  # checked again, independently of the copy
+        # A backup is a new store: its payloads go into packs (the default layout).
+        copy = open_artifact_store(tmp / ARTIFACTS_DIR, max_payload=2**62)
+        try:
+            copied, gaps = copy_artifacts(refs, artifacts, copy, progress)
+            findings += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps]
+            known = {g.subject for g in gaps}
+            findings += [f"artifact_missing: {r.namespace}/{r.digest} is not in the backup"
+                         for r in refs if f"{r.namespace}/{r.digest}" not in known
+                         and not copy.exists(r)]  # checked again, independently of the copy
+        finally:
+            copy.close()
         report = BackupReport(path=str(Path(out_dir)), store_id=store_id,
                               schema_version=version, pages=pages,
                               tables=counts, tree_size=size, root=root.hex(),
@@ -287,9 +292,13 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
         finally:
             conn.close()
         fsync_file(db)
-        copied, gaps = copy_artifacts(refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False),
-                                      ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62),
-                                      progress)
+        restored = open_artifact_store(tmp / ARTIFACTS_DIR, max_payload=2**62)
+        try:
+            copied, gaps = copy_artifacts(
+                refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True),
+                restored, progress)
+        finally:
+            restored.close()
         known = {(g.kind, g.subject) for g in manifest.gaps}
         problems += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
                      if (g.kind, g.subject) not in known]

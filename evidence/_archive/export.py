@@ -45,10 +45,11 @@ from .._errors import (
 )
 from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
-from .._store.backend import StoreBackend
+from .._store.backend import ArtifactBackend, StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
+from .._store.packs import open_artifact_store
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
 __all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest",
@@ -324,7 +325,7 @@ def _line_format(table: Table, fmt: Format) -> Callable[[tuple], str]:
 
 # --- one consistent snapshot, without blocking the writer ----------------------------------
 
-def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
+def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
     """(database backend, artifact store) of a Store or a store directory."""
     if isinstance(source, Store):
         return source.backend, source.artifacts
@@ -337,7 +338,7 @@ def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
                          hint="pass a store directory (or a backup of one)", path=str(root))
     backend = SQLiteBackend(root / DB_NAME)
     _check_schema_version(backend)
-    return backend, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True)
+    return backend, open_artifact_store(root / ARTIFACTS_DIR, create=False, read_only=True)
 
 
 def _check_schema_version(backend: StoreBackend) -> None:
@@ -433,13 +434,14 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
         os.close(lock)
 
 
-def copy_artifacts(refs: list[ArtifactRef], src: ArtifactStore, dst: ArtifactStore,
+def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactBackend,
                    progress: Progress | None = None, *, workers: int = 8
                    ) -> tuple[int, list[Gap]]:
     """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what failed).
 
-    Each put fsyncs its file and directories; a few threads overlap those waits (the
-    artifact store is thread-safe). Results come back in ``refs`` order.
+    Each put of a file store fsyncs its file and directories, and a few threads overlap
+    those waits (the artifact store is thread-safe); a pack store's puts are appends, all
+    synced at the end. Results come back in ``refs`` order. The caller closes ``dst``.
     """
     def one(ref: ArtifactRef) -> Gap | None:
         subject = f"{ref.namespace}/{ref.digest}"
@@ -467,6 +469,9 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactStore, dst: ArtifactSto
                 gaps.append(gap)
             if progress:
                 progress("artifacts", i, len(refs))
+    # Packs: the copies are durable once synced (one fsync per pack); files already are.
+    done = {g.subject for g in gaps}
+    dst.sync(r for r in refs if f"{r.namespace}/{r.digest}" not in done)
     with contextlib.suppress(OSError):
         (dst.root / ".tmp").rmdir()
     return copied, gaps
@@ -710,8 +715,11 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
                 conn.close()
         for name in (SNAPSHOT, SNAPSHOT + "-wal", SNAPSHOT + "-shm"):
             (tmp / name).unlink(missing_ok=True)
-        _copied, gaps = copy_artifacts(refs, artifacts, ArtifactStore(
-            tmp / ARTIFACTS_DIR, max_payload=2**62), progress)
+        # An archive keeps one file per payload (layout 2), whatever the store uses: its
+        # format does not change with the store's (docs/archives.md).
+        archived = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
+        _copied, gaps = copy_artifacts(refs, artifacts, archived, progress)
+        archived.close()
         manifest = Manifest(
             format_version=FORMAT_VERSION, format=format, run_id=run_id,
             excluded_tables=excluded, schema=schema, tables=sections, files=files,

@@ -30,6 +30,14 @@ at a time, so either the writer's check-insert-commit came first (reclaim's re-c
 the row and keeps the file), or the unlink did (the writer's check finds the file missing
 and refuses the message whole, DESIGN.md rule 6). No committed row can ever name a deleted
 file.
+
+Packs are compacted under the same rule: the pack holding orphans is first rewritten
+without them into a new sealed pack (outside the lock: copying takes time), and the old
+pack is removed only under the write lock, after the same re-check of every orphan it held
+(and of puts again by other processes, which append touch records); if any was referenced
+or put again meanwhile, the new pack is deleted instead and nothing changes. The writer's
+check of a new reference looks at the pack file itself, so after the swap it finds the
+payload in the new pack, or (an orphan removed) nowhere.
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ from .._model.messages import (
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store import quarantine as _quarantine
+from .._store.artifacts import Removal
 from .._store.db import DB_NAME, Store
 from .._store.log import check_log, identity_bound
 from .._store.resync import SYNC_MARKER, read_marker
@@ -1132,7 +1141,7 @@ class ReclaimHooks:
 
 
 class ReclaimReport(msgspec.Struct, kw_only=True):
-    removed: list[str]  # paths deleted
+    removed: list[str]  # where each removed payload was (its file; its pack and offset)
     bytes_freed: int
     kept_young: int  # orphans inside the grace period
     kept_referenced: int  # became referenced before they could be deleted
@@ -1141,11 +1150,14 @@ class ReclaimReport(msgspec.Struct, kw_only=True):
 
 def reclaim_orphans(store: Store, grace_seconds: float, *,
                     hooks: ReclaimHooks | None = None) -> ReclaimReport:
-    """Delete orphaned artifact files last modified more than ``grace_seconds`` ago.
+    """Remove orphaned payloads last put more than ``grace_seconds`` ago.
 
-    Each file is re-checked and unlinked under the store's write lock (see the module
-    docstring for why that cannot race a commit). Directories are left in place: removing one
-    could race a put that has just created it.
+    The artifact store prepares each removal first (a pack is rewritten without its
+    orphans; a file has nothing to prepare), then each is re-checked and committed under the
+    store's write lock (see the module docstring for why that cannot race a commit), or
+    abandoned, leaving everything as it was, if any of its payloads was referenced or put
+    again meanwhile. Directories are left in place: removing one could race a put that has
+    just created it.
     """
     if grace_seconds < 0:
         raise ValueError(f"grace_seconds must be >= 0, not {grace_seconds!r}")
@@ -1161,47 +1173,66 @@ def reclaim_orphans(store: Store, grace_seconds: float, *,
                 candidates.append(ref)
     if not candidates:
         return report
-    with store.errors():
-        # Its own connection: the store's write connection belongs to the writer.
-        conn = store.backend.connect_writer()
-        try:
-            quarantined, last_q = _quarantined_refs(conn)
-            for ref in candidates:
-                if hooks.before_lock:
-                    hooks.before_lock(ref)
-                try:
-                    # The write lock: no commit can interleave.
-                    conn.execute(store.backend.dialect.begin_write)
-                except store.backend.BusyError:
-                    report.skipped_busy += 1
-                    continue
-                try:
-                    more, last_q = _quarantined_refs(conn, last_q)
-                    quarantined |= more
-                    _reclaim_one(store, conn, ref, quarantined, grace_seconds, hooks, report)
-                finally:
-                    conn.execute("ROLLBACK")  # nothing was written; this releases the lock
-        finally:
-            conn.close()
+    removals = collections.deque(store.artifacts.plan_removal(candidates))
+    try:
+        with store.errors():
+            # Its own connection: the store's write connection belongs to the writer.
+            conn = store.backend.connect_writer()
+            try:
+                quarantined, last_q = _quarantined_refs(conn)
+                while removals:
+                    removal = removals.popleft()
+                    for ref in removal.refs:
+                        if hooks.before_lock:
+                            hooks.before_lock(ref)
+                    try:
+                        # The write lock: no commit can interleave.
+                        conn.execute(store.backend.dialect.begin_write)
+                    except store.backend.BusyError:
+                        report.skipped_busy += len(removal.refs)
+                        removal.abort()
+                        continue
+                    try:
+                        more, last_q = _quarantined_refs(conn, last_q)
+                        quarantined |= more
+                        _reclaim_one(store, conn, removal, quarantined, grace_seconds, hooks,
+                                     report)
+                    finally:
+                        conn.execute("ROLLBACK")  # nothing was written; this releases the lock
+            finally:
+                conn.close()
+    finally:
+        for removal in removals:  # not reached: an error stopped the loop
+            removal.abort()
     return report
 
 
-def _reclaim_one(store: Store, conn: apsw.Connection, ref: ArtifactRef,
+def _reclaim_one(store: Store, conn: apsw.Connection, removal: Removal,
                  quarantined: set[tuple[str, str]], grace_seconds: float, hooks: ReclaimHooks,
                  report: ReclaimReport) -> None:
-    """Under the write lock: re-check, then unlink. Anything doubtful keeps the file."""
-    if (ref.namespace, ref.digest) in quarantined or _referenced(conn, ref):
-        report.kept_referenced += 1
+    """Under the write lock: re-check every payload of the removal, then commit it; if any
+    is referenced or young again, abort it whole. Anything doubtful keeps the bytes."""
+    refresh = getattr(store.artifacts, "refresh", None)
+    if refresh is not None:
+        refresh()  # puts again by other processes (touches) since the plan was made
+    keep = False
+    for ref in removal.refs:
+        if (ref.namespace, ref.digest) in quarantined or _referenced(conn, ref):
+            report.kept_referenced += 1
+            keep = True
+            continue
+        age = store.artifacts.age(ref)
+        if age is None:
+            keep = True
+        elif age < grace_seconds:  # put again since the scan
+            report.kept_young += 1
+            keep = True
+    if keep:
+        removal.abort()
         return
-    age = store.artifacts.age(ref)
-    if age is None:
-        return
-    if age < grace_seconds:  # written again since the scan
-        report.kept_young += 1
-        return
-    if hooks.while_locked:
-        hooks.while_locked(ref)
-    freed = store.artifacts.remove(ref)
-    if freed is not None:
-        report.removed.append(store.artifacts.location(ref))
-        report.bytes_freed += freed
+    for ref in removal.refs:
+        if hooks.while_locked:
+            hooks.while_locked(ref)
+    where = [store.artifacts.location(ref) for ref in removal.refs]
+    report.bytes_freed += removal.commit()
+    report.removed.extend(where)

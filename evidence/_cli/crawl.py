@@ -149,7 +149,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
                  "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules", "render",
-                 "render_only")
+                 "render_only", "requisites")
 
 
 def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
@@ -445,6 +445,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="claims of one URL before it is failed (default 3)")
     p.add_argument("--sitemap", action="store_true", default=None,
                    help="also seed from each seed host's /sitemap.xml")
+    p.add_argument("--requisites", action="store_true", default=None,
+                   help="also fetch each page's requisites within the scope: images "
+                   "(src, srcset, icons), scripts, stylesheets, CSS url()s, media (default: "
+                   "recorded as edges of their own kinds, not fetched)")
     p.add_argument("--ignore-robots", dest="obey_robots", action="store_false", default=None,
                    help="do not obey robots.txt (recorded in the session configuration)")
     p.add_argument("--user-agent", metavar="TEXT",

@@ -135,10 +135,15 @@ class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass
 class _Job:
+    """A claimed URL on its way through the scheduler and a worker. It carries its fetch
+    key (read with it from the frontier) and host, so no stage computes them again."""
+
     url: str
     depth: int
     attempts: int  # claims before this one
     via: str
+    key: str
+    host: str
     not_before: float = 0.0  # monotonic
 
 
@@ -336,7 +341,8 @@ class Crawler:
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
-                                 deadline=self.options.deadline)
+                                 deadline=self.options.deadline,
+                                 url_keys=self._writer.url_keys)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -499,7 +505,7 @@ class Crawler:
         return self._hosts[host]
 
     def _add(self, job: _Job) -> None:
-        self._host(url_host(job.url)).jobs.append(job)
+        self._host(job.host).jobs.append(job)
         self._pending += 1
 
     def _refill(self) -> None:
@@ -511,8 +517,9 @@ class Crawler:
             self._cursor = row.frontier_id
             not_before = parse_time_text(row.not_before)
             wait = 0.0 if not_before is None else (not_before - utc_now()).total_seconds()
-            self._add(_Job(row.url, row.depth, row.attempts, row.via,
-                           time.monotonic() + max(0.0, wait)))
+            self._pages.url_keys[row.url] = row.key  # the claim's key, for the writer
+            self._add(_Job(row.url, row.depth, row.attempts, row.via, row.key,
+                           url_host(row.key), time.monotonic() + max(0.0, wait)))
         self._db_exhausted = len(rows) < 1000
 
     def _pick(self, free: int) -> tuple[list[_Job], float]:
@@ -582,7 +589,7 @@ class Crawler:
     async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
         async with jobs:
             async for job in jobs:
-                name = url_host(job.url)
+                name = job.host
                 host = self._host(name)
                 requested = False
                 try:
@@ -620,17 +627,17 @@ class Crawler:
     async def _process(self, job: _Job) -> None:
         if self._renderer is not None:  # a capture an earlier run fetched but did not render
             stored = unrendered_capture(self._reader, self._pages.render_scope,
-                                        self.session_id, job.url)
+                                        self.session_id, job.url, job.key)
             if stored is not None:
                 self._documents -= 1  # never requested again
                 await self._render(job, stored)
                 return
-        host = url_host(job.url)
-        doc = self._baseline.lookup(job.url) if self._baseline is not None else None
-        if (doc is not None and self._baseline is not None
-                and normalize_url(job.url) not in self._sitemap_keys):
-            hint = sitemap_hint(self._reader, self.session_id, job.url)
-            reason = self._baseline.not_due(job.url, doc, hint, utc_now())
+        host = job.host
+        doc = (self._baseline.lookup(job.url, job.key) if self._baseline is not None
+               else None)
+        if doc is not None and self._baseline is not None and job.key not in self._sitemap_keys:
+            hint = sitemap_hint(self._reader, self.session_id, job.url, job.key)
+            reason = self._baseline.not_due(job.url, doc, hint, utc_now(), job.key)
             if reason is not None:
                 self._documents -= 1  # never requested
                 self._apply(job, await self._pages.not_due(
@@ -668,7 +675,8 @@ class Crawler:
     def _order(self, job: _Job, headers: dict[str, str] | None = None, *,
                baseline: bool = False) -> PageOrder:
         return PageOrder(url=job.url, depth=job.depth, attempts=job.attempts, via=job.via,
-                         headers=headers or {}, baseline=baseline)
+                         headers=headers or {}, baseline=baseline, key=job.key,
+                         host=job.host)
 
     async def _execute(self, order: PageOrder) -> PageEffects:
         """Request and settle the page: in this process, or in a worker process."""
@@ -688,7 +696,7 @@ class Crawler:
         """
         await self._service.wait_gone(lost.name)
         state, attempts, not_before = frontier.claim_state(
-            self._reader, self.session_id, order.url)
+            self._reader, self.session_id, order.url, order.key or None)
         what = f"its worker process ({lost.name}) {lost.how}"
         if state == "queued":
             due = parse_time_text(not_before)
@@ -734,7 +742,7 @@ class Crawler:
             self._last_error = effects.problem
             log.warning("%s", effects.problem)
         if effects.backoff is not None:
-            host = self._host(url_host(job.url))
+            host = self._host(job.host)
             host.next_start = max(host.next_start, now + effects.backoff)
             host.next_request = max(host.next_request, now + effects.backoff)
             host.backoff_until = max(host.backoff_until, now + effects.backoff)

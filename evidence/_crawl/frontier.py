@@ -20,7 +20,7 @@ import apsw
 import msgspec
 
 from .._errors import EvidenceError, URLError
-from .._model.urls import NORMALIZER_VERSION, normalize_url, url_host
+from .._model.urls import NORMALIZER_VERSION, key_and_host, normalize_url, url_host
 
 __all__ = ["CrawlConfig", "FrontierCounts", "QueuedRow", "Scope", "SessionRecord",
            "check_seeds"]
@@ -50,6 +50,10 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # render_only: only pages whose fetch key matches one of these regular expressions.
     render: bool = False
     render_only: list[str] = []
+    # Follow page requisites (images, scripts, stylesheets, CSS url()s, media: the edge
+    # kinds of _crawl/links.REQUISITE_KINDS) within the scope; without it they are
+    # recorded as edges only.
+    requisites: bool = False
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)
@@ -113,8 +117,11 @@ class Scope:
 
     def reason_to_skip(self, url: str, depth: int) -> str | None:
         """None when in scope, else the rule that excludes it, e.g. ``scope: host``."""
-        key = normalize_url(url)
-        host = url_host(key)
+        key, host = key_and_host(url)
+        return self.reason_to_skip_key(key, host, depth)
+
+    def reason_to_skip_key(self, key: str, host: str, depth: int) -> str | None:
+        """``reason_to_skip`` of a URL whose fetch key and host are known already."""
         if self.kind == "host" and host not in self.hosts:
             return f"scope: host {host} is not a seed host"
         if self.kind == "domain" and _registrable(host) not in self.domains:
@@ -156,6 +163,7 @@ class QueuedRow:
     attempts: int
     not_before: str | None
     via: str
+    key: str  # the URL's fetch key, as the store holds it: never computed again
 
 
 class FrontierCounts(msgspec.Struct, frozen=True, kw_only=True):
@@ -193,9 +201,10 @@ def queued_after(conn: apsw.Connection, session_id: str, after_id: int,
                  limit: int) -> list[QueuedRow]:
     """The next queued URLs in discovery order (the index makes this a range scan)."""
     return [QueuedRow(*row) for row in conn.execute(
-        "SELECT frontier_id, url, depth, attempts, not_before, via FROM frontier "
-        "WHERE session_id = ? AND state = 'queued' AND frontier_id > ? "
-        "ORDER BY frontier_id LIMIT ?", (session_id, after_id, limit))]
+        "SELECT f.frontier_id, f.url, f.depth, f.attempts, f.not_before, f.via, u.fetch_key "
+        "FROM frontier f JOIN url_identity u ON u.url_id = f.url_id "
+        "WHERE f.session_id = ? AND f.state = 'queued' AND f.frontier_id > ? "
+        "ORDER BY f.frontier_id LIMIT ?", (session_id, after_id, limit))]
 
 
 def in_flight(conn: apsw.Connection, session_id: str) -> list[tuple[str, int]]:
@@ -240,14 +249,15 @@ def attempt_body(conn: apsw.Connection, attempt_id: str) -> tuple[str, str, int]
     return rows[0] if rows else None
 
 
-def claim_state(conn: apsw.Connection, session_id: str,
-                url: str) -> tuple[str, int, str | None]:
-    """(state, attempts, not_before) of ``url`` in the session's frontier."""
+def claim_state(conn: apsw.Connection, session_id: str, url: str,
+                key: str | None = None) -> tuple[str, int, str | None]:
+    """(state, attempts, not_before) of ``url`` (fetch key ``key``, if known) in the
+    session's frontier."""
     rows = conn.execute(
         "SELECT f.state, f.attempts, f.not_before FROM frontier f "
         "JOIN url_identity u ON u.url_id = f.url_id "
         "WHERE f.session_id = ? AND u.normalizer_version = ? AND u.fetch_key = ?",
-        (session_id, NORMALIZER_VERSION, normalize_url(url))).fetchall()
+        (session_id, NORMALIZER_VERSION, key or normalize_url(url))).fetchall()
     if not rows:
         raise EvidenceError(f"{url} is not in the frontier of session {session_id}")
     return rows[0]

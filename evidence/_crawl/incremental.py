@@ -112,7 +112,8 @@ class Baseline:
         self.session_id = session_id
         self.rules = rules
 
-    def lookup(self, url: str) -> BaselineDoc | None:
+    def lookup(self, url: str, key: str | None = None) -> BaselineDoc | None:
+        """The baseline's document of ``url`` (fetch key ``key``, if known), or None."""
         rows = self.conn.execute(
             "SELECT d.http_status, d.body_digest, d.attempt_id, d.fetched_at, h.namespace, "
             "h.digest, h.size, f.content_type, b.namespace, b.digest, b.size "
@@ -124,7 +125,7 @@ class Baseline:
             "  ORDER BY a.namespace = 'content' DESC LIMIT 1) "
             "WHERE d.session_id = ? AND u.normalizer_version = ? AND u.fetch_key = ? "
             "AND d.change != 'orphaned'",
-            (self.session_id, NORMALIZER_VERSION, normalize_url(url))).fetchall()
+            (self.session_id, NORMALIZER_VERSION, key or normalize_url(url))).fetchall()
         if not rows:
             return None
         status, digest, attempt_id, fetched, hns, hdigest, hsize, ctype, bns, bd, bs = rows[0]
@@ -150,7 +151,7 @@ class Baseline:
         return [m for m in found if isinstance(m, Discovery)]
 
     def not_due(self, url: str, doc: BaselineDoc, sitemap_hint: str | None,
-                now: dt.datetime) -> str | None:
+                now: dt.datetime, key: str | None = None) -> str | None:
         """The reason a document need not be fetched yet, or None when it is due.
 
         Sitemap hints come first (lastmod, then changefreq), then the configured minimum
@@ -171,7 +172,7 @@ class Baseline:
             if every == dt.timedelta.max or now - doc.fetched_at < every:
                 return f"not due: sitemap changefreq {hints['changefreq']}"
             return None
-        key = normalize_url(url)
+        key = key or normalize_url(url)
         for rule in self.rules:
             if rule.matches(key, doc.content_type):
                 if rule.every == dt.timedelta.max or now - doc.fetched_at < rule.every:
@@ -180,14 +181,15 @@ class Baseline:
         return None
 
 
-def sitemap_hint(conn: apsw.Connection, session_id: str, url: str) -> str | None:
+def sitemap_hint(conn: apsw.Connection, session_id: str, url: str,
+                 key: str | None = None) -> str | None:
     """The lastmod/changefreq this session's sitemaps gave for a URL (``rel`` of the edge)."""
     rows = conn.execute(
         "SELECT e.rel FROM discovery_edge e JOIN url_identity u ON u.url_id = e.target_url_id "
         "JOIN crawl_run r ON r.run_id = e.run_id WHERE r.session_id = ? "
         "AND e.edge_kind = 'sitemap' AND u.normalizer_version = ? AND u.fetch_key = ? "
         "ORDER BY e.edge_id DESC LIMIT 1",
-        (session_id, NORMALIZER_VERSION, normalize_url(url))).fetchall()
+        (session_id, NORMALIZER_VERSION, key or normalize_url(url))).fetchall()
     return rows[0][0] if rows else None
 
 

@@ -54,11 +54,11 @@ from .._model.messages import (
     utc_now,
 )
 from .._model.text import charset_param
-from .._model.urls import normalize_url, resolve_reference, url_host
-from .._store.artifacts import ArtifactStore
+from .._model.urls import key_and_host, normalize_url, resolve_reference, url_host
+from .._store.backend import ArtifactBackend
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
-from .links import extract_links
+from .links import REQUISITE_KINDS, extract_links
 from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import RuleSet, evaluate_page
@@ -79,6 +79,10 @@ class PageOrder(msgspec.Struct, frozen=True, kw_only=True):
     via: str
     headers: dict[str, str] = {}  # conditional request headers from the baseline
     baseline: bool = False  # the URL has a baseline document: a 304 goes back unsettled
+    # The URL's fetch key and host, as the frontier holds them: a page job carries them
+    # so that nothing computes them again (issue 15, one pass per page).
+    key: str = ""
+    host: str = ""
 
 
 class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,8 +104,9 @@ class PageWorker:
     """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
 
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
-                 artifacts: ArtifactStore, client: httpx.AsyncClient, submit: Submit,
-                 deadline: float | None = None) -> None:
+                 artifacts: ArtifactBackend, client: httpx.AsyncClient, submit: Submit,
+                 deadline: float | None = None, url_keys: dict[str, str] | None = None
+                 ) -> None:
         self.config = config
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
@@ -112,6 +117,10 @@ class PageWorker:
         self.client = client
         self.deadline = deadline  # seconds one fetch may take in all (connect, head, body)
         self._submit = submit
+        # URL -> fetch key: the writer's memo when it runs in this process (its submit
+        # then finds every key this worker computed), else this worker's own.
+        self.url_keys = url_keys if url_keys is not None else {}
+        self._hosts: dict[str, str] = {}  # fetch key -> host
 
     # --- shared with the scheduler -----------------------------------------------------
 
@@ -132,21 +141,57 @@ class PageWorker:
         except URLError as exc:
             return f"invalid URL: {exc}"
 
-    def follow(self, refs: Sequence[ObservedRef], depth: int,
-               source_attempt_id: str) -> list[QueuedUrl]:
-        """Where a page's references lead: the frontier entries they make, one per fetch
-        key. Each URL as the page wrote it (resolved, never normalized: it is requested as
-        given), found ``via`` its edge kind; one level deeper than the page for a link or
-        an embed, at the page's own depth for a redirect (the same document, moved) or a
-        sitemap entry (listed, not linked). Every page outcome that queues URLs comes
-        through here: a fetched page, an unchanged one, a rendered one."""
-        queued = []
+    def key(self, url: str) -> tuple[str, str] | None:
+        """(fetch key, host) of ``url``, computed once per crawl (links repeat from page to
+        page) and remembered for the writer; None if it has none."""
+        key = self.url_keys.get(url)
+        host = self._hosts.get(key) if key is not None else None
+        if key is None or host is None:
+            try:
+                key, host = key_and_host(url)
+            except URLError:
+                return None
+            if len(self.url_keys) > _URL_KEYS_LIMIT:
+                self.url_keys.clear()
+            if len(self._hosts) > _URL_KEYS_LIMIT:
+                self._hosts.clear()
+            self.url_keys[url] = key
+            self._hosts[key] = host
+        return key, host
+
+    def follow(self, refs: Sequence[ObservedRef], depth: int, source_attempt_id: str
+               ) -> list[QueuedUrl]:
+        """Where a page's references lead: the frontier entries they make, the first of
+        each fetch key only, with the scope's verdict. Each URL as the page wrote it
+        (resolved, never normalized: it is requested as given; keyed once per crawl).
+        One level deeper than the page for a link or an embed, at the page's own depth for
+        a redirect (the same document, moved) or a sitemap entry (listed, not linked).
+        Page requisites keep the page's depth and are queued, ``via`` embed, only when the
+        crawl follows them (``CrawlConfig.requisites``); otherwise their edges are the
+        record. Every page outcome that queues URLs comes through here: a fetched page, an
+        unchanged one, a rendered one."""
+        queued: list[QueuedUrl] = []
+        seen: set[str] = set()
         for ref in refs:
-            at = depth if ref.edge_kind in ("redirect", "sitemap") else depth + 1
-            queued.append(QueuedUrl(url=ref.url, depth=at, via=ref.edge_kind,
+            kind = ref.edge_kind
+            if kind in REQUISITE_KINDS:
+                if not self.config.requisites:
+                    continue
+                via, at = "embed", depth
+            elif kind == "sitemap":
+                via, at = "sitemap", depth
+            elif kind == "redirect":
+                via, at = "redirect", depth
+            else:
+                via, at = ("embed" if kind == "embed" else "link"), depth + 1
+            known = self.key(ref.url)
+            if known is None or known[0] in seen:
+                continue
+            seen.add(known[0])
+            queued.append(QueuedUrl(url=ref.url, depth=at, via=via,  # type: ignore[arg-type]
                                     source_attempt_id=source_attempt_id,
-                                    skip=self.skip(ref.url, at)))
-        return dedup(queued)
+                                    skip=self.scope.reason_to_skip_key(*known, at)))
+        return queued
 
     async def fetch(self, url: str, sequence: int,
                     headers: dict[str, str] | None = None) -> FetchResult:
@@ -204,7 +249,7 @@ class PageWorker:
                 log.info("redirect from %s to an unusable location: %s", order.url, exc)
         elif 200 <= status < 300 and result.parsed is not None:
             # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
-            # the event loop, so a page that is slow to tokenize never stalls the others).
+            # the event loop, so a page that is slow to parse never stalls the others).
             refs, truncated, sitemaps = result.parsed
             truncated = truncated or attempt.body_truncated or attempt.content_truncated
         queued = self.follow(refs, order.depth, attempt.attempt_id)
@@ -313,7 +358,8 @@ class PageWorker:
         now = utc_now()
         if backoff is not None:
             messages = [*messages, HostUpdate(
-                message_id=new_id("m-"), run_id=self.run_id, host=url_host(order.url),
+                message_id=new_id("m-"), run_id=self.run_id,
+                host=order.host or url_host(order.url),
                 backoff_until=now + dt.timedelta(seconds=backoff),
                 reason=f"{what}: back off {backoff:g} s")]
         if attempts >= self.config.max_attempts:
@@ -322,7 +368,7 @@ class PageWorker:
                                  f"{self.config.max_attempts}: attempts exhausted")
             await self.commit([*messages, self.update(settled=[settled])])
             return PageEffects(backoff=backoff, problem=_problem(
-                order.url, f"{settled.reason}; failed", backoff))
+                order.url, f"{settled.reason}; failed", backoff, order.host))
         wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
         settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
                              f"{attempts + 1} of {self.config.max_attempts}",
@@ -330,14 +376,14 @@ class PageWorker:
         await self.commit([*messages, self.update(settled=[settled])])
         return PageEffects(backoff=backoff, retry_in=wait, problem=_problem(
             order.url, f"{what}: retry {attempts + 1} of {self.config.max_attempts} in "
-            f"{wait:g} s", backoff))
+            f"{wait:g} s", backoff, order.host))
 
 
-def _problem(url: str, what: str, backoff: float | None) -> str:
+def _problem(url: str, what: str, backoff: float | None, host: str = "") -> str:
     """A failed fetch in words, e.g. for the crawl's log and progress line."""
     text = f"{url}: {what}"
     if backoff is not None:
-        text += f"; host {url_host(url)} backs off {backoff:g} s"
+        text += f"; host {host or url_host(url)} backs off {backoff:g} s"
     return text
 
 
@@ -404,16 +450,4 @@ def _bounded(refs: list[ObservedRef], truncated: bool) -> tuple[list[ObservedRef
     return refs, truncated
 
 
-def dedup(queued: list[QueuedUrl]) -> list[QueuedUrl]:
-    """One entry per fetch key (the first), so a page linking twice queues once."""
-    seen: set[str] = set()
-    out = []
-    for q in queued:
-        try:
-            key = normalize_url(q.url)
-        except URLError:
-            continue
-        if key not in seen:
-            seen.add(key)
-            out.append(q)
-    return out
+_URL_KEYS_LIMIT = 100_000  # as the writer's memo: URLs whose fetch keys are remembered

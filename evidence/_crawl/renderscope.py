@@ -81,11 +81,11 @@ ORDER BY f.attempt_seq DESC LIMIT 1
 
 
 def unrendered_capture(conn: apsw.Connection, scope: RenderScope, session_id: str,
-                       url: str) -> FetchAttempt | None:
+                       url: str, key: str | None = None) -> FetchAttempt | None:
     """The session's last capture of ``url`` if it is one to render and has no render
     yet (a run ended between the two), as an attempt carrying what a render needs."""
     rows = conn.execute(_UNRENDERED, (session_id, NORMALIZER_VERSION,
-                                      normalize_url(url))).fetchall()
+                                      key or normalize_url(url))).fetchall()
     if not rows:
         return None
     (attempt_id, attempt_url, outcome, status, capture, truncated, content_type,

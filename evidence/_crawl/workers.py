@@ -38,8 +38,9 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError
-from .._store.artifacts import ArtifactStore
 from .._store.db import ARTIFACTS_DIR
+from .._store.packs import open_artifact_store
+from .._store.resync import SYNC_MARKER
 from .._write.wire import FrameReader, encode_frame
 from .frontier import CrawlConfig
 from .http import crawl_client
@@ -330,34 +331,40 @@ async def _child(fd: int) -> None:
         if not isinstance(setup, Setup):
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
-        artifacts = ArtifactStore(Path(setup.store) / ARTIFACTS_DIR, create=False)
+        root = Path(setup.store)
+        # Its own pack (packs) or files: the writer in the parent syncs what it appends.
+        artifacts = open_artifact_store(root / ARTIFACTS_DIR, create=False,
+                                        store_marker=root / SYNC_MARKER)
         http = crawl_client(connections=setup.connections, timeout=setup.timeout)
         from ..client import AsyncClient  # here: the package imports this module
 
-        async with AsyncClient(setup.socket, name=setup.name) as service, http:
-            pages = PageWorker(config=config, session_id=setup.session_id,
-                               run_id=setup.run_id, artifacts=artifacts, client=http,
-                               submit=service.submit_group, deadline=setup.deadline)
-            lock = anyio.Lock()
+        try:
+            async with AsyncClient(setup.socket, name=setup.name) as service, http:
+                pages = PageWorker(config=config, session_id=setup.session_id,
+                                   run_id=setup.run_id, artifacts=artifacts, client=http,
+                                   submit=service.submit_group, deadline=setup.deadline)
+                lock = anyio.Lock()
 
-            async def answer(frame: msgspec.Struct) -> None:
-                async with lock:
-                    await stream.send(encode_frame(frame))
+                async def answer(frame: msgspec.Struct) -> None:
+                    async with lock:
+                        await stream.send(encode_frame(frame))
 
-            async def run(order: Order) -> None:
-                try:
-                    effects = await pages.page(order.page)
-                except Exception as exc:  # the parent fails the run with this reason
-                    log.exception("%s: %s", setup.name, order.page.url)
-                    await answer(Failed(id=order.id, error=f"{type(exc).__name__}: {exc}"))
-                else:
-                    await answer(Done(id=order.id, effects=effects))
+                async def run(order: Order) -> None:
+                    try:
+                        effects = await pages.page(order.page)
+                    except Exception as exc:  # the parent fails the run with this reason
+                        log.exception("%s: %s", setup.name, order.page.url)
+                        await answer(Failed(id=order.id, error=f"{type(exc).__name__}: {exc}"))
+                    else:
+                        await answer(Done(id=order.id, effects=effects))
 
-            await answer(Ready(pid=os.getpid()))
-            async with anyio.create_task_group() as tg:
-                while (order := await _read(reader, _down)) is not None:
-                    tg.start_soon(run, order)
-                tg.cancel_scope.cancel()  # the parent is gone: so is this run
+                await answer(Ready(pid=os.getpid()))
+                async with anyio.create_task_group() as tg:
+                    while (order := await _read(reader, _down)) is not None:
+                        tg.start_soon(run, order)
+                    tg.cancel_scope.cancel()  # the parent is gone: so is this run
+        finally:
+            artifacts.close()  # seals this process's pack
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -180,7 +180,10 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     render_id: Id | None = None
 
 
-EdgeKind = Literal["link", "redirect", "embed", "sitemap"]
+# A page requisite (an image, script, stylesheet, CSS url(), media) has its own kind
+# (issue 15); messages from before carry only the first four.
+EdgeKind = Literal["link", "redirect", "embed", "sitemap", "image", "script",
+                   "stylesheet", "style", "media"]
 
 
 class ObservedRef(msgspec.Struct, **_STRUCT | {"tag_field": None}):

@@ -48,7 +48,8 @@ import idna
 from .._errors import URLError
 from .text import percent_encode_query
 
-__all__ = ["NORMALIZER_VERSION", "normalize_url", "resolve_reference", "url_host"]
+__all__ = ["NORMALIZER_VERSION", "key_and_host", "normalize_url", "resolve_reference",
+           "url_host"]
 
 NORMALIZER_VERSION: int = 1
 MAX_URL_LENGTH = 8192
@@ -298,6 +299,16 @@ def _simple_key(url: str) -> re.Match[str] | None:
         if "" in params or keys != sorted(keys):
             return None
     return match
+
+
+def key_and_host(url: str) -> tuple[str, str]:
+    """``(normalize_url(url), url_host(url))`` from one parse: what a crawl needs of each
+    URL it meets (issue 15: one pass per page)."""
+    match = _simple_key(url) if isinstance(url, str) else None
+    if match is not None:
+        return url, match.group(2)
+    parts = _checked(url)
+    return parts.serialize(), parts.host
 
 
 def url_host(url: str) -> str:

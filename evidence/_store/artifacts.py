@@ -41,7 +41,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,7 +56,7 @@ from .._errors import (
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
 from .fsync import fsync_dir
 
-__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps"]
+__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
@@ -102,6 +102,28 @@ class FileOps:
                 raise OSError(errno.EIO, "write made no progress")
             view = view[written:]
 
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> None:
+        """Write the buffers one after another, in one system call when the kernel takes
+        them all (a pack record: its header and payload, the payload not copied)."""
+        written = os.writev(fd, buffers)
+        if written == sum(len(b) for b in buffers):  # nearly always: all of it at once
+            return
+        views = [memoryview(b).cast("B") for b in buffers if len(b)]
+        while written and views:  # skip what went out, then write the rest
+            if written >= views[0].nbytes:
+                written -= views.pop(0).nbytes
+            else:
+                views[0], written = views[0][written:], 0
+        while views:
+            written = os.writev(fd, views)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            while views and written >= views[0].nbytes:
+                written -= views[0].nbytes
+                views.pop(0)
+            if written:
+                views[0] = views[0][written:]
+
     def open_existing(self, path: Path) -> int:
         """Open an existing file for rewriting in place (the store's resync, after a failed
         fsync); never creates one."""
@@ -114,6 +136,22 @@ class FileOps:
             if written <= 0:
                 raise OSError(errno.EIO, "write made no progress")
             view, offset = view[written:], offset + written
+
+    def create_exclusive(self, path: Path, mode: int) -> int:
+        """Create ``path`` (it must not exist) for writing, with ``mode`` from the start: a
+        pack segment is made 0444 and written through this descriptor only."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        return os.open(path, flags, mode)
+
+    def open_read(self, path: Path) -> int:
+        """Open an existing file read-only: the writer fsyncs a pack another process
+        appends to through such a descriptor (fsync needs no write access)."""
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def make_writable(self, path: Path) -> None:
+        """Give a read-only file its owner's write bit back (sealing a pack whose
+        appender died, or rewriting one in a resync); ``chmod_readonly`` undoes it."""
+        os.chmod(path, 0o644)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -253,6 +291,7 @@ class ArtifactStore:
         file_ops: FileOps | None = None,
         create: bool = True,
         read_only: bool = False,
+        layout: int | None = None,
     ) -> None:
         if type(max_payload) is not int or max_payload < 0:
             raise ValueError(f"max_payload must be a non-negative int, not {max_payload!r}")
@@ -278,7 +317,9 @@ class ArtifactStore:
                 hint="check the path, or open with create=True",
                 path=self.root,
             )
-        self.layout = self._open_layout()
+        # ``layout`` is given only for the payload files of a store being converted to
+        # packs (its LAYOUT already says packs): they are read, and removed once packed.
+        self.layout = layout if layout is not None else self._open_layout()
         if not read_only:
             self.clean_stale_temp()
 
@@ -521,6 +562,13 @@ class ArtifactStore:
         """Make the listed payloads durable: nothing is left to do here, since a put in
         this store is durable when it returns (``backend.ArtifactBackend``)."""
 
+    def close(self) -> None:
+        """Nothing to release: every put is complete when it returns."""
+
+    def plan_removal(self, refs: Iterable[ArtifactRef]) -> list[Removal]:
+        """One removal per payload file (reclaim commits each under the write lock)."""
+        return [_FileRemoval(self, ref) for ref in refs]
+
     def location(self, ref: ArtifactRef) -> str:
         """The payload's file, for findings and errors."""
         return self._file(ref.namespace, ref.digest)
@@ -710,6 +758,32 @@ class ArtifactStore:
                     continue
             removed += 1
         return removed
+
+
+class Removal:
+    """Payloads that reclaim removes together, prepared before it takes the write lock:
+    ``commit`` (under the lock, after its re-check) removes them and says how many bytes it
+    freed; ``abort`` leaves everything as it was. A pack's removal rewrites the pack
+    without them first (``_store/packs.py``); a file's has nothing to prepare."""
+
+    refs: list[ArtifactRef]
+
+    def commit(self) -> int:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+
+class _FileRemoval(Removal):
+    def __init__(self, store: ArtifactStore, ref: ArtifactRef) -> None:
+        self.store, self.refs = store, [ref]
+
+    def commit(self) -> int:
+        return self.store.remove(self.refs[0]) or 0
+
+    def abort(self) -> None:
+        pass
 
 
 def _prefixes(relative: Path) -> Iterator[Path]:

@@ -7,10 +7,11 @@
     ArtifactBackend  content-addressed payloads: put (durable when ``sync`` returns for
                      it), get, exists, iterate, and remove for reclaim.
 
-One implementation of each today: ``_store/sqlite.py`` (``SQLiteBackend``) and
-``_store/artifacts.py`` (``ArtifactStore``, one file per payload). The guarantees both must
-keep are written once, as contract tests parametrized over the implementations
-(``tests/contract/``): a second backend is one more parameter there.
+The implementations: ``_store/sqlite.py`` (``SQLiteBackend``); ``_store/packs.py``
+(``PackStore``: append-only pack segments, new stores) and ``_store/artifacts.py``
+(``ArtifactStore``, one file per payload: stores made before packs). The guarantees they
+must keep are written once, as contract tests parametrized over the implementations
+(``tests/contract/``): another backend is one more parameter there.
 
 What a later backend has to provide, and where the protocol already leaves room:
 
@@ -20,11 +21,13 @@ What a later backend has to provide, and where the protocol already leaves room:
   the store's advisory lock; ``copy_snapshot`` writes one snapshot into a private SQLite
   file, which the canonical dump reads exactly as it reads a SQLite store's copy, so both
   export the same bytes.
-- Artifact packs (issue 15): ``put`` may return before its bytes are synced, as long as
-  ``sync(refs)`` makes every listed payload durable before it returns; the writer calls
-  it with every payload a batch references, before that batch's COMMIT, so "durable
-  before referenced" holds exactly as it does for today's put (which is durable already,
-  so its ``sync`` has nothing left to do).
+- Artifact packs: ``put`` returns before its bytes are synced, and ``sync(refs)`` makes
+  every listed payload durable before it returns; the writer calls it with every payload
+  a batch references, before that batch's COMMIT, so "durable before referenced" holds
+  as it does for the file store's put (durable already: its ``sync`` has nothing to do).
+  A ``sync`` whose fsync failed raises ``ArtifactError`` with ``sync_failed=True``: the
+  writer then stops and marks the store, as after a failed fsync of the database. A
+  sealed pack never changes, and is read by range: what an object store holds.
 - S3-compatible objects (issue 16): every method is synchronous and thread-safe; the
   crawler already puts from worker threads (``anyio.to_thread``), and the writer checks
   references on its commit thread, so a blocking HTTP client fits without an event loop
@@ -38,11 +41,14 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import msgspec
 
 from .._model.refs import ArtifactRef
+
+if TYPE_CHECKING:
+    from .artifacts import Removal
 
 __all__ = ["ArtifactBackend", "Connection", "Dialect", "StoreBackend"]
 
@@ -212,6 +218,15 @@ class ArtifactBackend(Protocol):
         """Delete one payload; the bytes freed (None if it was gone already)."""
         ...
 
+    def plan_removal(self, refs: Iterable[ArtifactRef]) -> list[Removal]:
+        """Removals of ``refs`` prepared now (a pack rewritten without them); reclaim
+        commits each under the write lock after its re-check, or aborts it."""
+        ...
+
+    def close(self) -> None:
+        """Release what the store holds (packs: seal this process's pack)."""
+        ...
+
     def location(self, ref: ArtifactRef) -> str:
         """Where the payload is, for findings and errors: a path, an object URL."""
         ...
@@ -224,8 +239,10 @@ class ArtifactBackend(Protocol):
 
 def _check_protocols() -> None:  # pragma: no cover - for the type checker only
     from .artifacts import ArtifactStore
+    from .packs import PackStore
     from .sqlite import SQLiteBackend
 
     store: ArtifactBackend = ArtifactStore(os.devnull)
+    packs: ArtifactBackend = PackStore(os.devnull)
     backend: StoreBackend = SQLiteBackend(Path(os.devnull))
-    del store, backend
+    del store, packs, backend

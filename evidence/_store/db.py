@@ -22,7 +22,8 @@ from typing import Any
 import apsw
 
 from .._errors import CorruptStoreError, StoreError, SyncError
-from .artifacts import DEFAULT_MAX_PAYLOAD, ArtifactStore, FileOps
+from .artifacts import ArtifactStore, FileOps
+from .packs import Layout, PackStore, open_artifact_store, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
@@ -52,7 +53,8 @@ class Store:
     ``connection``; readers call ``reader()`` for their own short-lived connections.
     """
 
-    def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactStore,
+    def __init__(self, path: Path, connection: apsw.Connection,
+                 artifacts: ArtifactStore | PackStore,
                  *, sync: Sync, busy_timeout_ms: int, schema_version: int,
                  vfs: str | None = None, file_ops: FileOps | None = None,
                  wal_frames: WalFrames | None = None, read_only: bool = False) -> None:
@@ -77,7 +79,7 @@ class Store:
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
              max_payload: int | None = None, vfs: str | None = None,
              sqlite_version: str | None = None, file_ops: FileOps | None = None,
-             read_only: bool = False) -> Store:
+             read_only: bool = False, artifact_layout: Layout = "packs") -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
         ``read_only=True`` opens a store on read-only media or someone else's for reading:
@@ -91,6 +93,11 @@ class Store:
 
         A store marked after a failed fsync (``sync-failed``) is resynced first; if that
         fails, ``SyncError`` and nothing is opened.
+
+        A new store keeps its payloads in packs (``artifact_layout="packs"``, the default)
+        or one file each (``"files"``, the layout of stores made before packs). An
+        existing store is opened in the layout it has, whatever this says: it is never
+        converted silently (``evidence convert`` does that, when asked).
         """
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
@@ -108,7 +115,8 @@ class Store:
         elif not (root / ARTIFACTS_DIR).is_dir():
             raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
         if (root / SYNC_MARKER).exists():
-            resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs)
+            resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+                   also=lambda: resync_packs(root / ARTIFACTS_DIR, ops))
         hook = WalFrames()
         backend = SQLiteBackend(db_path, sync=sync, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
                                 wal_frames=hook)
@@ -122,8 +130,13 @@ class Store:
             except BaseException:
                 conn.close()
                 raise
-        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops,
-                                  max_payload=_payload_limit(max_payload))
+        try:
+            artifacts = open_artifact_store(root / ARTIFACTS_DIR, file_ops=ops,
+                                            max_payload=max_payload, layout=artifact_layout,
+                                            store_marker=root / SYNC_MARKER)
+        except BaseException:
+            conn.close()
+            raise
         if create:
             ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
         return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
@@ -143,8 +156,8 @@ class Store:
                 conn.close()
                 raise
         try:
-            artifacts = ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True,
-                                      max_payload=_payload_limit(max_payload))
+            artifacts = open_artifact_store(root / ARTIFACTS_DIR, create=False, read_only=True,
+                                            max_payload=max_payload)
         except BaseException:
             conn.close()
             raise
@@ -244,7 +257,9 @@ class Store:
 
     def close(self) -> None:
         """Checkpoint (seeing the result), then close. The WAL is removed only after a
-        checkpoint that copied all of it and fsynced the database file."""
+        checkpoint that copied all of it and fsynced the database file. The artifact store
+        is closed first (packs: this process's pack is sealed)."""
+        self.artifacts.close()
         conn = self.connection
         if self.sync_failed is None and not self.read_only:
             try:
@@ -316,7 +331,3 @@ def _marking_sync_failures(root: Path, ops: FileOps) -> Iterator[None]:
         raise SyncError(f"{root}: an fsync failed while opening the store ({describe(cause)})",
                         hint="check the disk (dmesg), then open the store again",
                         path=str(root)) from cause
-
-
-def _payload_limit(max_payload: int | None) -> int:
-    return DEFAULT_MAX_PAYLOAD if max_payload is None else max_payload

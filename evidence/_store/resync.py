@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
@@ -125,9 +126,10 @@ def mark_sync_failed(root: Path, file_ops: FileOps, reason: str) -> bool:
 
 
 def resync(root: Path, db_name: str, *, file_ops: FileOps, busy_timeout_ms: int,
-           vfs: str | None = None) -> None:
+           vfs: str | None = None, also: Callable[[], None] | None = None) -> None:
     """Rewrite the database and its WAL in place, fsync them and the directory, then
     remove the marker. Raises ``SyncError`` if any of it fails (the marker stays).
+    ``also`` resyncs the rest of the store (its artifact packs) before the marker goes.
 
     Needs the database to itself: an exclusive lock (``locking_mode=EXCLUSIVE``, then a
     transaction) keeps every other connection, reader or writer, out while bytes are
@@ -156,6 +158,8 @@ def resync(root: Path, db_name: str, *, file_ops: FileOps, busy_timeout_ms: int,
                 _rewrite(file_ops, fd)  # of the database would drop SQLite's POSIX locks
                 file_ops.fsync(fd)
             file_ops.fsync_dir(root)
+            if also is not None:
+                also()
         finally:
             conn.execute("ROLLBACK")
     except apsw.BusyError as exc:

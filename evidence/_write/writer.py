@@ -247,6 +247,13 @@ class Writer:
 
     # --- lifecycle ---------------------------------------------------------------------
 
+    @property
+    def url_keys(self) -> dict[str, str]:
+        """The writer's memo of fetch keys (URL -> ``normalize_url(URL)``). A producer in
+        this process that computed keys with ``normalize_url`` may add them here, so the
+        writer does not compute them again at submit (the crawler's page workers do)."""
+        return self._url_keys
+
     async def __aenter__(self) -> Writer:
         # The commit thread calls _commit_batch through the instance, so a profiler (the
         # benchmark's) can wrap it.
@@ -647,6 +654,13 @@ class Writer:
         try:
             self.store.artifacts.sync(refs)
         except ArtifactError as exc:
+            if getattr(exc, "sync_failed", False):
+                # A pack's fsync failed: what it holds past its last good fsync may be lost
+                # though reads show it. The same rule as a failed fsync of the database:
+                # nothing of this batch is acked, the store is marked, the writer stops,
+                # and the next open for writing resyncs the packs too.
+                self._stopping = self.store.mark_sync_failed(
+                    f"batch {batch_seq}, before its COMMIT: {exc}")
             raise CommitError(
                 f"batch {batch_seq}: its payloads could not be made durable ({exc}); nothing "
                 "of it was written", hint="redeliver the messages once the artifact store "

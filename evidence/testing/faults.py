@@ -598,6 +598,9 @@ class CrashFileOps(FileOps):
         self.disk.wrote(ino, offset, bytes(data))
         self._fds[fd][1] = offset + len(data)
 
+    def writev(self, fd: int, buffers) -> None:  # type: ignore[no-untyped-def]
+        self.write(fd, b"".join(bytes(b) for b in buffers))  # one write, as the model sees it
+
     def fsync(self, fd: int) -> None:
         ino, _, path = self._fds[fd]
         try:
@@ -606,6 +609,22 @@ class CrashFileOps(FileOps):
             self.disk.sync_failed(ino)
             raise
         self.disk.synced(ino, path)  # the model decides what is durable: no real fsync
+
+    def create_exclusive(self, path: Path, mode: int) -> int:
+        self._fail("meta", path)
+        fd = super().create_exclusive(path, mode)
+        self._fds[fd] = [self.disk.created(Path(path), mode), 0, Path(path)]
+        return fd
+
+    def open_read(self, path: Path) -> int:
+        fd = super().open_read(path)
+        self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
+        return fd
+
+    def make_writable(self, path: Path) -> None:
+        self._fail("meta", path)
+        super().make_writable(path)
+        self.disk.chmod(Path(path), 0o644)
 
     def open_existing(self, path: Path) -> int:
         fd = super().open_existing(path)
@@ -626,6 +645,9 @@ class CrashFileOps(FileOps):
         self._fail("meta", dst)
         super().rename(src, dst)
         self.disk.renamed(src, dst)
+        for entry in self._fds.values():  # a file still open (a pack) has its new name
+            if entry[2] == Path(src):
+                entry[2] = Path(dst)
 
     def fsync_dir(self, path: Path) -> None:
         self._fail("sync", path)
@@ -666,6 +688,10 @@ class Workload:
     body_bytes: int = 2_000
     sync: Literal["full", "normal"] = "full"
     checkpoint_wal_bytes: int = 48 * 1024  # small, so checkpoints run inside the workload
+    # Where payloads go: packs (many puts, one fsync, in the writer's sync before COMMIT)
+    # or one fsynced file each (stores made before packs).
+    artifacts: Literal["packs", "files"] = "packs"
+    pack_bytes: int | None = None  # packs: rotate at this size (small: rotations happen)
 
     def limits(self) -> WriterLimits:
         return WriterLimits(checkpoint_wal_bytes=self.checkpoint_wal_bytes)
@@ -728,7 +754,9 @@ class Trial:
     sync: str
     acked: dict[tuple[str, str], str] = field(default_factory=dict)  # (id, hash) -> status
     ack_order: list[tuple[str, str]] = field(default_factory=list)
-    puts: list[ArtifactRef] = field(default_factory=list)  # puts that returned
+    # Payloads that must survive: files, every put that returned; packs, every payload of
+    # a group that was acknowledged (its batch synced it before COMMIT).
+    puts: list[ArtifactRef] = field(default_factory=list)
     fired: list[str] = field(default_factory=list)
     errors_seen: list[str] = field(default_factory=list)  # what the workload was told
     restarts: int = 0
@@ -757,7 +785,7 @@ def run_trial(root: os.PathLike[str] | str, fault: Fault | None, *,
     workload = workload or Workload()
     root = Path(root)
     store_path = root / "store"
-    with Store.create(store_path):
+    with Store.create(store_path, artifact_layout=workload.artifacts):
         pass
     disk = SimulatedDisk(root, seed=seed, sync_failure=sync_failure)
     disk.capture()
@@ -783,7 +811,7 @@ def count_operations(root: os.PathLike[str] | str, workload: Workload | None = N
     """Run the workload without a fault; how many operations of each kind it makes."""
     workload = workload or Workload()
     root = Path(root)
-    with Store.create(root / "store"):
+    with Store.create(root / "store", artifact_layout=workload.artifacts):
         pass
     disk = SimulatedDisk(root)
     disk.capture()
@@ -798,15 +826,20 @@ def count_operations(root: os.PathLike[str] | str, workload: Workload | None = N
     return collections.Counter(disk.counts) + disk.kind_counts
 
 
-def open_store(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, sync: str = "full"
-               ) -> Store:
+def open_store(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, sync: str = "full",
+               pack_bytes: int | None = None) -> Store:
     """Open a store whose database and artifacts both live on the simulated disk."""
-    return Store.open(store_path, vfs=vfs.name, sync=sync,  # type: ignore[arg-type]
-                      file_ops=CrashFileOps(disk))
+    store = Store.open(store_path, vfs=vfs.name, sync=sync,  # type: ignore[arg-type]
+                       file_ops=CrashFileOps(disk))
+    if pack_bytes is not None and hasattr(store.artifacts, "pack_bytes"):
+        store.artifacts.pack_bytes = pack_bytes
+    return store
 
 
 def _close(store: Store | None) -> None:
     if store is not None:
+        with contextlib.suppress(EvidenceError):
+            store.artifacts.close()  # packs: sealed (an fsync that may fail, or be cut)
         with contextlib.suppress(apsw.Error):
             store.connection.close()
 
@@ -819,14 +852,20 @@ async def _drive(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, workload:
     while k < len(groups) and not disk.crashed and failures <= 8:
         store = None
         try:
-            store = open_store(store_path, vfs, disk, workload.sync)
+            store = open_store(store_path, vfs, disk, workload.sync, workload.pack_bytes)
+            durable_at_put = workload.artifacts == "files"
             async with Writer(store, limits=workload.limits()) as writer:
                 while k < len(groups) and not disk.crashed and failures <= 8:
                     group = groups[k]
                     try:
+                        refs = []
                         for body in group.bodies:
-                            trial.puts.append(store.artifacts.put("body", body))
+                            refs.append(store.artifacts.put("body", body))
+                            if durable_at_put:
+                                trial.puts.append(refs[-1])
                         acks = await writer.submit_group(group.messages)
+                        if not durable_at_put:
+                            trial.puts += refs
                     except EvidenceError as exc:
                         trial.errors_seen.append(f"{type(exc).__name__}: {exc}")
                         failures += 1

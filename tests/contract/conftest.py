@@ -1,7 +1,7 @@
 """The backends the contract suites run over: one parameter per implementation.
 
-A second store backend (PostgreSQL, issue 16) or artifact store (packs, issue 15; S3,
-issue 16) is added here, as one more parameter, with a factory that opens it in a fresh
+A second store backend (PostgreSQL, issue 16) or artifact store (S3, issue 16) is added
+here, as one more parameter, with a factory that opens it in a fresh
 place and, for the commit-outcome rule, a way to make its next COMMIT fail.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from evidence import ArtifactStore, Store
+from evidence._store.packs import PackStore
 from evidence.testing.faults import CrashFileOps, SimulatedDisk
 
 from ..faultvfs import FaultVFS
@@ -56,6 +57,9 @@ ARTIFACT_STORES = {
     "directory": ArtifactKind(
         open=lambda root: ArtifactStore(root),
         open_on=lambda root, disk: ArtifactStore(root, file_ops=CrashFileOps(disk))),
+    "packs": ArtifactKind(
+        open=lambda root: PackStore(root),
+        open_on=lambda root, disk: PackStore(root, file_ops=CrashFileOps(disk))),
 }
 
 

@@ -1,0 +1,381 @@
+"""Artifact packs (issue 15): what only a pack store has to prove, beyond the artifact-store
+contract it shares with the file store (tests/contract/test_artifact_store.py).
+
+Group commit, rotation, recovery of a torn or unsynced tail after a crash (any sequence of
+puts and syncs, any crash mode of the simulated disk), a failed fsync that poisons a pack,
+another process appending while this one syncs, compaction, streaming, and the format as
+docs/store.md describes it, read here by a reader written from that page alone.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import threading
+import zlib
+from pathlib import Path
+
+import blake3
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from evidence import (
+    ArtifactCorruptError,
+    ArtifactError,
+    ArtifactMissingError,
+    ArtifactRef,
+    PayloadTooLargeError,
+)
+from evidence._store.packs import PACKS_DIR, PackStore
+from evidence.testing.faults import CrashFileOps, Fault, SimulatedDisk
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _payload(i: int, size: int = 3000) -> bytes:
+    return (f"<p>{i}</p>".encode() * (size // 8 + 1))[:size]
+
+
+# --- a third party's reader, written from docs/store.md ("Artifact packs") only ----------
+
+def third_party_read(pack: Path, namespace: str, digest_hex: str) -> bytes | None:
+    """Read one payload from a sealed pack: the trailer, then the index, then one record,
+    each by (offset, length), as an object store serves ranges."""
+    data = pack.read_bytes()
+    trailer = data[-64:]
+    assert trailer[:8] == b"EVIDPEND"
+    assert struct.unpack("<I", trailer[60:64])[0] == zlib.crc32(trailer[:60])
+    index_offset, count = struct.unpack("<QQ", trailer[8:24])
+    index = data[index_offset:index_offset + 96 * count]
+    assert blake3.blake3(index).digest() == trailer[24:56]
+    want = (namespace.encode().ljust(32, b"\0"), bytes.fromhex(digest_hex))
+    for i in range(count):
+        entry = index[96 * i:96 * (i + 1)]
+        kind = entry[0]
+        if kind != 1 or (entry[8:40], entry[40:72]) != want:
+            continue
+        offset, length, _time = struct.unpack("<QQQ", entry[72:96])
+        header = data[offset:offset + 96]
+        assert header[:4] == b"EVR1" and header[4] == 1
+        assert struct.unpack("<I", header[92:96])[0] == zlib.crc32(header[:92])
+        assert struct.unpack("<Q", header[8:16])[0] == length
+        assert header[24:56] == bytes.fromhex(digest_hex)
+        payload = data[offset + 96:offset + 96 + length]
+        assert blake3.blake3(payload).hexdigest() == digest_hex
+        return payload
+    return None
+
+
+def test_a_sealed_pack_is_read_by_the_documented_format_alone(tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts")
+    items = [("body", _payload(i, 100 + 37 * i)) for i in range(20)]
+    items += [("headers", b"HTTP/1.1 200 OK\r\n\r\n"), ("body", b"")]
+    refs = [store.put(ns, data) for ns, data in items]
+    store.close()  # seals
+    (pack,) = (tmp_path / "artifacts" / PACKS_DIR).glob("*.pack")
+    assert pack.stat().st_mode & 0o777 == 0o444
+    header = pack.read_bytes()[:64]
+    assert header[:8] == b"EVIDPACK" and struct.unpack("<I", header[8:12])[0] == 1
+    assert struct.unpack("<I", header[60:64])[0] == zlib.crc32(header[:60])
+    for ref, (_, data) in zip(refs, items, strict=True):
+        assert third_party_read(pack, ref.namespace, ref.digest) == data
+    assert third_party_read(pack, "body", "0" * 64) is None
+
+
+# --- group commit, rotation ----------------------------------------------------------------
+
+def test_many_puts_from_many_threads_share_one_fsync(tmp_path: Path) -> None:
+    disk = SimulatedDisk(tmp_path)
+    disk.capture()
+    store = PackStore(tmp_path / "artifacts", file_ops=CrashFileOps(disk))
+    refs: list[ArtifactRef] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        mine = [store.put("body", _payload(100 * k + i)) for i in range(25)]
+        with lock:
+            refs.extend(mine)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    before = disk.kind_counts["sync:artifact"]
+    store.sync(refs)
+    assert disk.kind_counts["sync:artifact"] - before == 1  # 200 payloads, one fsync
+    store.sync(refs)  # nothing left to make durable: no fsync at all
+    assert disk.kind_counts["sync:artifact"] - before == 1
+    disk.power_loss("drop")
+    disk.write_crash_image()
+    after = PackStore(tmp_path / "artifacts")
+    assert sorted(after.iter_refs(), key=str) == sorted(set(refs), key=str)
+    for ref in refs:
+        after.verify(ref)
+
+
+def test_packs_rotate_at_their_size_and_a_large_payload_gets_its_own(tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts", pack_bytes=64 * 1024)
+    refs = [store.put("body", _payload(i, 10_000)) for i in range(20)]
+    big = store.put("body", os.urandom(200_000))
+    store.close()
+    packs = PackStore(tmp_path / "artifacts").packs()
+    assert len(packs) >= 4 and all(sealed for _, sealed, _ in packs)
+    assert all(size <= 64 * 1024 + 96 * 10 for _, _, size in packs if size < 200_000)
+    reopened = PackStore(tmp_path / "artifacts")
+    for ref in [*refs, big]:
+        reopened.verify(ref)
+
+
+def test_a_put_of_stored_bytes_writes_nothing_but_an_old_one_is_touched(
+        tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    store = PackStore(tmp_path / "artifacts", clock=lambda: now[0])
+    ref = store.put("body", b"same")
+    pack = next((tmp_path / "artifacts" / PACKS_DIR).glob("*.pack"))
+    size = pack.stat().st_size
+    assert store.put("body", b"same") == ref and pack.stat().st_size == size  # dedup
+    now[0] += 2 * 86400
+    assert store.age(ref) == pytest.approx(2 * 86400)
+    store.put("body", b"same")  # put again two days later: young again, 96 bytes more
+    assert pack.stat().st_size == size + 96
+    assert store.age(ref) == pytest.approx(0)
+    store.close()
+    assert PackStore(tmp_path / "artifacts", clock=lambda: now[0] + 5).age(ref) == pytest.approx(5)
+
+
+# --- crashes ---------------------------------------------------------------------------------
+
+ops = st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 40)),
+                         st.tuples(st.just("sync"), st.just(0))), min_size=1, max_size=30)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=ops, unsynced=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+       mode=st.sampled_from(["drop", "torn", "reorder", "keep"]), seed=st.integers(0, 2**16),
+       small=st.booleans())
+@example(steps=[("put", 1), ("sync", 0)], unsynced=[2, 3, 4], mode="torn", seed=0,
+         small=False)
+def test_any_sequence_of_puts_and_syncs_then_a_crash_keeps_every_synced_payload(
+        tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]],
+        unsynced: list[int], mode: str, seed: int, small: bool) -> None:
+    """Any sequence of puts and syncs, then power loss in any crash mode: every payload
+    synced before the crash reads back whole; the torn or unsynced tail is recognised and
+    left out (nothing listed fails its hash); the store takes new puts after it."""
+    root = tmp_path_factory.mktemp("p")
+    disk = SimulatedDisk(root, seed=seed)
+    disk.capture()
+    store = PackStore(root / "artifacts", file_ops=CrashFileOps(disk),
+                      pack_bytes=8192 if small else 1 << 20)
+    synced: set[ArtifactRef] = set()
+    pending: list[ArtifactRef] = []
+    for op, n in steps:
+        if op == "put":
+            pending.append(store.put("body", _payload(n, 500 + 97 * n)))
+        else:
+            store.sync(pending)
+            synced.update(pending)
+            pending.clear()
+    for n in unsynced:  # the tail a crash tears, reorders or drops
+        store.put("body", _payload(n, 500 + 97 * n))
+    disk.power_loss(mode)  # type: ignore[arg-type]
+    disk.write_crash_image()
+    after = PackStore(root / "artifacts")  # recovers: re-hashes and seals what the crash left
+    for ref in synced:
+        assert after.read(ref, verify=True) == _payload(int(_n_of(ref, steps)),
+                                                        ref.size)
+    for ref in after.iter_refs():
+        after.verify(ref)  # the torn tail is never indexed
+    new = after.put("body", b"after the crash")
+    after.sync([new])
+    after.close()
+    again = PackStore(root / "artifacts", read_only=True)
+    assert again.read(new, verify=True) == b"after the crash"
+    assert all(sealed for _, sealed, _ in again.packs())
+
+
+def _n_of(ref: ArtifactRef, steps: list[tuple[str, int]]) -> int:
+    for op, n in steps:
+        if op == "put" and blake3.blake3(_payload(n, 500 + 97 * n)).hexdigest() == ref.digest:
+            return n
+    raise AssertionError(ref)
+
+
+def test_a_failed_pack_fsync_is_never_trusted_again(tmp_path: Path) -> None:
+    """Linux marks the pages of a failed fsync clean: a retried fsync succeeds without
+    writing them. So a payload whose sync failed must be appended again by a later put of
+    the same bytes, and a sync of the failed ref itself must keep failing."""
+    disk = SimulatedDisk(tmp_path, sync_failure="lose")
+    disk.capture()
+    store = PackStore(tmp_path / "artifacts", file_ops=CrashFileOps(disk))
+    kept = store.put("body", b"synced before")
+    store.sync([kept])
+    lost = store.put("body", _payload(7))
+    disk.arm(Fault(action="io_error", at=1, ops=frozenset({"sync"}),
+                   files=frozenset({"artifact"})))
+    with pytest.raises(ArtifactError, match="fsync") as info:
+        store.sync([lost])
+    assert info.value.sync_failed is True
+    disk.arm(None)  # the device works again: an fsync now succeeds, having lost the pages
+    with pytest.raises(ArtifactError):
+        store.sync([lost])  # the failed ref is not in any trusted pack
+    again = store.put("body", _payload(7))  # the same bytes: appended to a new pack
+    assert again == lost
+    store.sync([again])
+    assert (tmp_path / "artifacts" / PACKS_DIR / "SYNC-FAILED").read_text().strip()
+    disk.power_loss("drop")
+    disk.write_crash_image()
+    after = PackStore(tmp_path / "artifacts")
+    assert after.read(lost, verify=True) == _payload(7)
+    assert after.read(kept, verify=True) == b"synced before"
+
+
+def test_a_write_that_fails_mid_record_leaves_the_pack_readable(tmp_path: Path) -> None:
+    disk = SimulatedDisk(tmp_path)
+    disk.capture()
+    store = PackStore(tmp_path / "artifacts", file_ops=CrashFileOps(disk))
+    first = store.put("body", b"one")
+    disk.arm(Fault(action="disk_full", at=1, ops=frozenset({"write"}),
+                   files=frozenset({"artifact"})))
+    with pytest.raises(ArtifactError):
+        store.put("body", _payload(1))
+    disk.arm(None)
+    second = store.put("body", _payload(2))  # goes to a new pack
+    store.sync([first, second])
+    store.close()
+    after = PackStore(tmp_path / "artifacts")
+    assert after.read(first, verify=True) == b"one"
+    assert after.read(second, verify=True) == _payload(2)
+    assert not after.exists(ArtifactRef("body", blake3.blake3(_payload(1)).hexdigest(), 3000))
+
+
+def test_a_streamed_put_refused_half_way_leaves_the_records_after_it_readable(
+        tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts", max_payload=10_000)
+    before = store.put("body", b"before")
+    with pytest.raises(PayloadTooLargeError):
+        store.put("body", iter([b"x" * 6000, b"y" * 6000]))
+    streamed = store.put("body", io.BytesIO(_payload(3, 9000)))
+    after = store.put("body", b"after")
+    store.sync([before, streamed, after])
+    store.close()
+    reopened = PackStore(tmp_path / "artifacts")
+    for ref, data in ((before, b"before"), (streamed, _payload(3, 9000)), (after, b"after")):
+        assert reopened.read(ref, verify=True) == data
+
+
+def test_an_unsealed_pack_left_by_a_crash_is_sealed_by_the_next_writable_open(
+        tmp_path: Path) -> None:
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from evidence._store.packs import PackStore\n"
+            f"s = PackStore({str(tmp_path / 'artifacts')!r})\n"
+            "r = s.put('body', b'from a process that is killed')\n"
+            "s.sync([r])\n"
+            "print(r.digest, flush=True)\n"
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == -9
+    digest = done.stdout.strip()
+    ref = ArtifactRef("body", digest, len(b"from a process that is killed"))
+    reader = PackStore(tmp_path / "artifacts", read_only=True)  # reads it, seals nothing
+    assert reader.read(ref, verify=True) == b"from a process that is killed"
+    assert [sealed for _, sealed, _ in PackStore(tmp_path / "artifacts", read_only=True).packs()] \
+        == [True]  # read as closed: nobody appends to it
+    (pack,) = (tmp_path / "artifacts" / PACKS_DIR).glob("*.pack")
+    assert pack.read_bytes()[-64:][:8] != b"EVIDPEND"
+    PackStore(tmp_path / "artifacts").close()  # the writable open seals it
+    assert third_party_read(pack, "body", digest) == b"from a process that is killed"
+
+
+# --- another process ---------------------------------------------------------------------------
+
+def test_the_writer_syncs_and_reads_what_another_process_appended(tmp_path: Path) -> None:
+    """A crawl worker process appends to its own pack and never fsyncs; the writer's
+    process finds those payloads (tailing the pack) and makes them durable."""
+    mine = PackStore(tmp_path / "artifacts")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from evidence._store.packs import PackStore\n"
+            f"s = PackStore({str(tmp_path / 'artifacts')!r}, create=False)\n"
+            "refs = [s.put('body', b'child %d' % i) for i in range(50)]\n"
+            "print(' '.join(r.digest for r in refs), flush=True)\n"
+            "sys.stdin.readline()\n"  # still alive (its pack locked) while the writer syncs
+            "s.close()\n")
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None and child.stdin is not None
+        digests = child.stdout.readline().split()
+        refs = [ArtifactRef("body", d, len(b"child %d" % i)) for i, d in enumerate(digests)]
+        for ref in refs:
+            mine.check(ref)  # found by tailing the child's pack
+        mine.sync(refs)
+        assert mine.read(refs[7], verify=True) == b"child 7"
+        assert mine.put("body", b"child 3") == refs[3]  # dedup across processes
+        child.stdin.write("\n")
+        child.stdin.close()
+        assert child.wait() == 0
+    mine.close()
+    assert PackStore(tmp_path / "artifacts", read_only=True).read(refs[49]) == b"child 49"
+
+
+# --- compaction ----------------------------------------------------------------------------------
+
+def test_removal_rewrites_the_pack_without_the_payloads_and_keeps_the_rest(
+        tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts")
+    refs = [store.put("body", _payload(i)) for i in range(10)]
+    store.close()
+    store = PackStore(tmp_path / "artifacts")
+    (old,) = (tmp_path / "artifacts" / PACKS_DIR).glob("*.pack")
+    removals = store.plan_removal(refs[:4])
+    assert [r.refs for r in removals] == [sorted(refs[:4], key=lambda r: r.digest)]
+    assert old.exists()  # prepared, not committed: nothing is gone yet
+    for ref in refs:
+        store.verify(ref)
+    assert removals[0].commit() == 4 * 3000
+    assert not old.exists()
+    for ref in refs[:4]:
+        assert not store.exists(ref)
+        with pytest.raises(ArtifactMissingError):
+            store.read(ref)
+    for ref in refs[4:]:
+        store.verify(ref)
+    fresh = PackStore(tmp_path / "artifacts", read_only=True)
+    assert list(fresh.iter_refs()) == sorted(refs[4:], key=lambda r: r.digest)
+
+
+def test_an_aborted_removal_changes_nothing(tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts")
+    refs = [store.put("body", _payload(i)) for i in range(3)]
+    store.close()
+    store = PackStore(tmp_path / "artifacts")
+    before = sorted(p.name for p in (tmp_path / "artifacts" / PACKS_DIR).iterdir())
+    (removal,) = store.plan_removal(refs[:1])
+    removal.abort()
+    assert sorted(p.name for p in (tmp_path / "artifacts" / PACKS_DIR).iterdir()) == before
+    for ref in refs:
+        store.verify(ref)
+
+
+def test_a_damaged_payload_is_found_by_verify_and_not_compacted_away(tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts")
+    refs = [store.put("body", _payload(i)) for i in range(3)]
+    store.close()
+    (pack,) = (tmp_path / "artifacts" / PACKS_DIR).glob("*.pack")
+    data = bytearray(pack.read_bytes())
+    offset = data.index(_payload(1)) + 10
+    data[offset] ^= 0xFF
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+    pack.chmod(0o444)
+    store = PackStore(tmp_path / "artifacts")
+    store.check(refs[1])  # the size is right: only a re-hash finds it
+    with pytest.raises(ArtifactCorruptError, match="expected blake3"):
+        store.verify(refs[1])
+    with pytest.raises(ArtifactCorruptError, match="does not match its digest"):
+        store.plan_removal(refs[:1])
+    store.verify(refs[0])

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Benchmark artifact puts (issue 15): a put stream into packs against raw appends.
+
+The workload: ``--payloads`` (10,000) payloads of 2-64 KiB (uniform, a fixed seed, random
+bytes so nothing compresses or repeats), stored in groups of ``--group`` (100: a writer
+batch), each group made durable before the next, as the writer does before a COMMIT:
+
+  raw     the same bytes appended to one file (``os.write`` each payload), one ``fsync``
+          per group: the floor, a store that hashes, indexes and checks nothing;
+  packs   ``PackStore.put`` each payload (BLAKE3, the dedup lookup, a record header, one
+          write), then ``PackStore.sync`` of the group's refs (one fsync of the pack);
+  files   ``ArtifactStore.put`` each payload (temp file, fsync, rename, directory fsync),
+          the layout of stores made before packs; ``sync`` has nothing left to do.
+
+Each kind runs ``--reps`` times, interleaved (raw, packs, files, then rotated), each into a
+fresh directory under ``--dir`` (the working directory's file system by default: not
+tmpfs, where fsync costs nothing). Reported per run: seconds, MB/s, payloads/s; then the
+medians and the ratio packs/raw (the bar: >= 0.8). The machine's load average is printed
+with each run: on a shared machine, ratios from one interleaved run are what count.
+
+Examples:
+  python tools/bench_packs.py                       # 10,000 payloads, groups of 100, 5 reps
+  python tools/bench_packs.py --quick               # 1,000 payloads, 2 reps
+  python tools/bench_packs.py --group 20 --json packs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from evidence._store.artifacts import ArtifactStore  # noqa: E402 - after the path set-up
+from evidence._store.packs import PackStore  # noqa: E402
+
+
+def payloads(count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(2 * 1024, 64 * 1024)) for _ in range(count)]
+
+
+def run_raw(directory: Path, data: list[bytes], group: int) -> float:
+    fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        started = time.perf_counter()
+        os.fsync(dfd)  # the file's entry, as a pack's creation makes it durable
+        for i, payload in enumerate(data, 1):
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            if i % group == 0 or i == len(data):
+                os.fsync(fd)
+        return time.perf_counter() - started
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
+def run_packs(directory: Path, data: list[bytes], group: int) -> float:
+    store = PackStore(directory / "artifacts")  # opening a store is not the stream
+    started = time.perf_counter()
+    pending = []
+    for i, payload in enumerate(data, 1):
+        pending.append(store.put("body", payload))
+        if i % group == 0 or i == len(data):
+            store.sync(pending)
+            pending.clear()
+    elapsed = time.perf_counter() - started
+    store.close()  # sealing is not part of the stream (one fsync per 64 MiB)
+    return elapsed
+
+
+def run_files(directory: Path, data: list[bytes], group: int) -> float:
+    store = ArtifactStore(directory / "artifacts")
+    started = time.perf_counter()
+    pending = []
+    for i, payload in enumerate(data, 1):
+        pending.append(store.put("body", payload))
+        if i % group == 0 or i == len(data):
+            store.sync(pending)
+            pending.clear()
+    return time.perf_counter() - started
+
+
+KINDS = {"raw": run_raw, "packs": run_packs, "files": run_files}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--payloads", type=int, default=10_000, help="payloads (default 10000)")
+    p.add_argument("--group", type=int, default=100,
+                   help="payloads per fsync / sync (default 100)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions of each kind (default 5)")
+    p.add_argument("--kinds", default="raw,packs,files",
+                   help="what to run, comma-separated (default raw,packs,files)")
+    p.add_argument("--dir", type=Path, default=Path.cwd(),
+                   help="where the runs write (default: the working directory; not tmpfs)")
+    p.add_argument("--seed", type=int, default=15, help="payload sizes and bytes (default 15)")
+    p.add_argument("--quick", action="store_true", help="1,000 payloads, 2 reps")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.payloads, args.reps = 1000, 2
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        p.error(f"unknown kinds {sorted(unknown)}; known: {sorted(KINDS)}")
+    data = payloads(args.payloads, args.seed)
+    total = sum(map(len, data))
+    print(f"{len(data)} payloads, {total / 1e6:.1f} MB (2-64 KiB), a sync every "
+          f"{args.group}; {args.reps} reps, interleaved; under {args.dir}", flush=True)
+    runs: dict[str, list[float]] = {k: [] for k in kinds}
+    rows = []
+    for rep in range(args.reps):
+        order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]
+        for kind in order:
+            directory = Path(tempfile.mkdtemp(prefix=f"bench-packs-{kind}-", dir=args.dir))
+            try:
+                os.sync()  # no dirty pages of the previous run left to flush on this one's time
+                load = os.getloadavg()[0]
+                seconds = KINDS[kind](directory, data, args.group)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            runs[kind].append(seconds)
+            rows.append({"kind": kind, "rep": rep, "seconds": seconds, "load_1m": load})
+            print(f"  {kind:<6} #{rep}: {seconds:6.3f} s  {total / seconds / 1e6:7.1f} MB/s  "
+                  f"{len(data) / seconds:8.0f} payloads/s  load {load:.1f}", flush=True)
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    print()
+    for kind, seconds in medians.items():
+        print(f"{kind:<6} median {seconds:.3f} s = {total / seconds / 1e6:.1f} MB/s, "
+              f"{len(data) / seconds:.0f} payloads/s")
+    report = {"payloads": len(data), "bytes": total, "group": args.group, "reps": args.reps,
+              "runs": rows, "median_seconds": medians}
+    if "raw" in medians and "packs" in medians:
+        ratio = medians["raw"] / medians["packs"]
+        report["packs_over_raw"] = ratio
+        print(f"packs / raw appends (throughput, medians): {ratio:.2f}   bar >= 0.8: "
+              f"{'met' if ratio >= 0.8 else 'NOT met'}")
+    if "files" in medians and "packs" in medians:
+        report["packs_over_files"] = medians["files"] / medians["packs"]
+        print(f"packs / one file per payload: {report['packs_over_files']:.1f}x")
+    print("rerun: python tools/bench_packs.py --payloads "
+          f"{args.payloads} --group {args.group} --reps {args.reps}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
