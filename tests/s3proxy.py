@@ -29,11 +29,14 @@ class Seen:
 class Action:
     """What to do with one request: ``forward``, ``status`` (answer it with ``status``
     ourselves), ``cut_before`` (close without sending it on), ``cut_after`` (send it on,
-    read the answer, close without relaying it); ``hold``: wait for this event first."""
+    read the answer, close without relaying it), ``partial`` (send the head and half the
+    body on, set ``sent``, wait for ``hold``, then send the rest); ``hold``: otherwise,
+    wait for this event before anything."""
 
     kind: str = "forward"
     status: int = 503
     hold: threading.Event | None = None
+    sent: threading.Event | None = None
 
 
 Rule = Callable[[Seen, int], Action]  # (request, its index among all requests) -> action
@@ -99,7 +102,7 @@ class S3Proxy:
                     self.seen.append(seen)
                 self.received.set()
                 action = self.rule(seen, index)
-                if action.hold is not None:
+                if action.hold is not None and action.kind != "partial":
                     action.hold.wait(60)
                 if action.kind == "status":
                     text = f"<Error><Code>Injected</Code><Message>{action.status}</Message></Error>"
@@ -110,7 +113,7 @@ class S3Proxy:
                 if action.kind == "cut_before":
                     return
                 try:
-                    answer = self._forward(head, body)
+                    answer = self._forward(head, body, action)
                 except OSError:
                     return  # the server is gone: the client sees its connection end
                 if action.kind == "cut_after":
@@ -121,12 +124,19 @@ class S3Proxy:
                     return
                 return  # upstream closed after its answer: so do we (Connection: close)
 
-    def _forward(self, head: bytes, body: bytes) -> bytes:
+    def _forward(self, head: bytes, body: bytes, action: Action) -> bytes:
         lines = head.split(b"\r\n")
         kept = [line for line in lines[1:] if line and not line.lower().startswith(
             b"connection:")]
         request = b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]) + body
         with socket.create_connection(self.upstream, timeout=30) as up:
+            if action.kind == "partial":
+                cut = len(request) - len(body) // 2
+                up.sendall(request[:cut])
+                assert action.sent is not None and action.hold is not None
+                action.sent.set()
+                action.hold.wait(60)
+                request = request[cut:]
             up.sendall(request)
             chunks = []
             while True:

@@ -44,8 +44,9 @@ from .._errors import (
     StoreError,
 )
 from .._model.refs import ArtifactRef
+from .._store import artifactspec
 from .._store.artifacts import ArtifactStore
-from .._store.backend import StoreBackend
+from .._store.backend import ArtifactBackend, StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.log import check_log, load_head
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
@@ -323,7 +324,7 @@ def _line_format(table: Table, fmt: Format) -> Callable[[tuple], str]:
 
 # --- one consistent snapshot, without blocking the writer ----------------------------------
 
-def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
+def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
     """(database backend, artifact store) of a Store or a store directory."""
     if isinstance(source, Store):
         return source.backend, source.artifacts
@@ -336,7 +337,10 @@ def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
                          hint="pass a store directory (or a backup of one)", path=str(root))
     backend = SQLiteBackend(root / DB_NAME)
     _check_schema_version(backend)
-    return backend, ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True)
+    with backend.snapshot() as conn:
+        spec = artifactspec.recorded(conn)
+    return backend, artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR,
+                                                create=False, read_only=True)
 
 
 def _check_schema_version(backend: StoreBackend) -> None:
@@ -441,7 +445,7 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
         os.close(lock)
 
 
-def copy_artifacts(refs: list[ArtifactRef], src: ArtifactStore, dst: ArtifactStore,
+def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactBackend,
                    progress: Progress | None = None, *, workers: int = 8
                    ) -> tuple[int, list[Gap]]:
     """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what failed).

@@ -41,8 +41,10 @@ __all__ = ["main"]
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    with Store.create(args.store, sync=args.sync) as store:
-        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})")
+    with Store.create(args.store, sync=args.sync, artifacts=args.artifacts) as store:
+        where = getattr(store.artifacts, "url", None)  # an object store's, if not artifacts/
+        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})"
+              + (f", payloads at {where}" if where else ""))
     return 0
 
 
@@ -106,7 +108,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError("not confirmed: --clean abandons the open session",
                             hint="add --yes to skip the question")
     _log_to(stderr)
-    with Store.create(path, sync=args.sync) as store, crawl_lock(path):
+    with Store.create(path, sync=args.sync, artifacts=args.artifacts) as store, \
+            crawl_lock(path):
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
         progress = _Progress(stderr)
@@ -493,6 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="full (default): every commit survives power loss; normal: survives "
                    "a process crash, may lose the last commits on power loss")
+    p.add_argument("--artifacts", metavar="URL",
+                   help="keep the payloads in an S3-compatible object store, "
+                   "s3://BUCKET/PREFIX[?endpoint=URL&region=NAME] (credentials from "
+                   "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; endpoint and region also "
+                   "from AWS_ENDPOINT_URL and AWS_REGION); recorded in the store, so later "
+                   "commands find it (default: STORE/artifacts; see docs/scale.md)")
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser(
@@ -506,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
         "reached its cap; 1 when it failed, or when not one seed could be fetched.")
     p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
     p.add_argument("--store", required=True, help="the store directory (created if absent)")
+    p.add_argument("--artifacts", metavar="URL",
+                   help="a new store: keep its payloads at s3://BUCKET/PREFIX (see 'evidence "
+                   "init --help'); an existing store knows where they are")
     p.add_argument("--workers", type=_positive, default=8, metavar="N",
                    help="fetches in flight at once, in all")
     p.add_argument("--per-host", type=_positive, metavar="N",

@@ -36,7 +36,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     path = Path(args.store)
-    with Store.open(path, sync=args.sync) as store:
+    with Store.open(path, sync=args.sync, artifacts=args.artifacts) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
         # nothing, not even the lock file.
         service = Service(
@@ -111,6 +111,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "(clients block). SIGTERM or 'evidence stop STORE' stops accepting, commits and "
         "acknowledges what was read, and exits 0.")
     p.add_argument("store", metavar="STORE", help="the store directory (see 'evidence init')")
+    p.add_argument("--artifacts", metavar="URL",
+                   help="the store's s3:// payload location with other options (another "
+                   "endpoint, say); default: the one the store records")
     p.add_argument("--socket", metavar="PATH",
                    help="listen on a Unix socket, created with mode 0600")
     p.add_argument("--listen", metavar="HOST:PORT",

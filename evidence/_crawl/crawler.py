@@ -359,6 +359,7 @@ class Crawler:
             return
         assert self._service.socket_path is not None
         setup = Setup(store=str(self.store.path), socket=str(self._service.socket_path),
+                      artifacts=getattr(self.store.artifacts, "url", ""),
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
                       timeout=self.options.timeout, deadline=self.options.deadline)

@@ -38,7 +38,7 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError
-from .._store.artifacts import ArtifactStore
+from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
 from .._write.wire import FrameReader, encode_frame
 from .frontier import CrawlConfig
@@ -65,6 +65,7 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
     timeout: float
     name: str = ""  # how the service knows this child's connection
     deadline: float | None = None  # seconds one fetch may take in all
+    artifacts: str = ""  # the store's artifact location (default: STORE/artifacts)
 
 
 class Order(msgspec.Struct, tag="order"):
@@ -330,7 +331,10 @@ async def _child(fd: int) -> None:
         if not isinstance(setup, Setup):
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
-        artifacts = ArtifactStore(Path(setup.store) / ARTIFACTS_DIR, create=False)
+        # An s3:// location is opened with this process's environment (its credentials).
+        artifacts = open_artifacts(setup.artifacts or None,
+                                   local=Path(setup.store) / ARTIFACTS_DIR, create=False,
+                                   read_only=False)
         http = crawl_client(connections=setup.connections, timeout=setup.timeout)
         from ..client import AsyncClient  # here: the package imports this module
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import apsw
 
 from .._errors import CorruptStoreError, StoreError, SyncError
-from .artifacts import ArtifactStore, FileOps
+from . import artifactspec
+from .artifacts import FileOps
+from .backend import ArtifactBackend
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
@@ -51,7 +53,7 @@ class Store:
     ``connection``; readers call ``reader()`` for their own short-lived connections.
     """
 
-    def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactStore,
+    def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactBackend,
                  *, sync: Sync, busy_timeout_ms: int, schema_version: int,
                  vfs: str | None = None, file_ops: FileOps | None = None,
                  wal_frames: WalFrames | None = None, read_only: bool = False) -> None:
@@ -76,7 +78,7 @@ class Store:
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
              max_payload: int | None = None, vfs: str | None = None,
              sqlite_version: str | None = None, file_ops: FileOps | None = None,
-             read_only: bool = False) -> Store:
+             read_only: bool = False, artifacts: str | None = None) -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
         ``read_only=True`` opens a store on read-only media or someone else's for reading:
@@ -90,6 +92,10 @@ class Store:
 
         A store marked after a failed fsync (``sync-failed``) is resynced first; if that
         fails, ``SyncError`` and nothing is opened.
+
+        ``artifacts``: an ``s3://bucket/prefix`` URL for a new store's payloads, recorded in
+        the store; later opens find it there (``_store/artifactspec.py`` has the rules).
+        Without one, payloads live in the store's ``artifacts/`` directory.
         """
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
@@ -98,14 +104,14 @@ class Store:
         db_path = root / DB_NAME
         ops = file_ops or FileOps()
         _check_store_path(root, create=create and not read_only)
+        if artifacts is not None and not read_only:
+            artifactspec.check_given(artifacts)  # before anything is created
         if read_only:
             return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
-                                       max_payload=max_payload, vfs=vfs)
+                                       max_payload=max_payload, vfs=vfs, artifacts=artifacts)
         if create:
             for directory in ops.makedirs(root):  # each new entry durable in its parent
                 ops.fsync_dir(directory.parent)
-        elif not (root / ARTIFACTS_DIR).is_dir():
-            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
         if (root / SYNC_MARKER).exists():
             resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs)
         hook = WalFrames()
@@ -121,34 +127,51 @@ class Store:
             except BaseException:
                 conn.close()
                 raise
-        kwargs = {} if max_payload is None else {"max_payload": max_payload}
-        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops, **kwargs)
+        try:
+            with backend.errors():
+                spec = artifactspec.choose(
+                    artifactspec.recorded(conn), artifacts,
+                    create=create and artifactspec.is_new(conn), where=str(root))
+                if spec is not None and create:
+                    artifactspec.record(conn, spec)
+            if spec is None and not create and not (root / ARTIFACTS_DIR).is_dir():
+                raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing",
+                                        path=str(root))
+            payloads = artifactspec.open_artifacts(
+                spec, local=root / ARTIFACTS_DIR, create=True, read_only=False,
+                max_payload=max_payload, file_ops=ops)
+        except BaseException:
+            conn.close()
+            raise
         if create:
             ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
-        return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
+        return cls(root, conn, payloads, sync=sync, busy_timeout_ms=busy_timeout_ms,
                    schema_version=version, vfs=vfs, file_ops=ops, wal_frames=hook)
 
     @classmethod
     def _open_read_only(cls, root: Path, *, busy_timeout_ms: int, max_payload: int | None,
-                        vfs: str | None) -> Store:
-        if not (root / ARTIFACTS_DIR).is_dir():
-            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
+                        vfs: str | None, artifacts: str | None = None) -> Store:
         db_path = root / DB_NAME
         with map_sqlite_errors(db_path):
             conn = connect_reader(db_path, busy_timeout_ms, vfs=vfs)
             try:
                 version = applied_version(conn, load_migrations())
+                spec = artifactspec.choose(artifactspec.recorded(conn), artifacts,
+                                           create=False, where=str(root))
+                if spec is None and not (root / ARTIFACTS_DIR).is_dir():
+                    raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing",
+                                            path=str(root))
             except BaseException:
                 conn.close()
                 raise
-        kwargs = {} if max_payload is None else {"max_payload": max_payload}
         try:
-            artifacts = ArtifactStore(root / ARTIFACTS_DIR, create=False, read_only=True,
-                                      **kwargs)
+            payloads = artifactspec.open_artifacts(
+                spec, local=root / ARTIFACTS_DIR, create=False, read_only=True,
+                max_payload=max_payload)
         except BaseException:
             conn.close()
             raise
-        return cls(root, conn, artifacts, sync="full", busy_timeout_ms=busy_timeout_ms,
+        return cls(root, conn, payloads, sync="full", busy_timeout_ms=busy_timeout_ms,
                    schema_version=version, vfs=vfs, read_only=True)
 
     @classmethod
@@ -245,6 +268,14 @@ class Store:
     def close(self) -> None:
         """Checkpoint (seeing the result), then close. The WAL is removed only after a
         checkpoint that copied all of it and fsynced the database file."""
+        try:
+            self._close_database()
+        finally:
+            close = getattr(self.artifacts, "close", None)  # an object store's connections
+            if close is not None:
+                close()
+
+    def _close_database(self) -> None:
         conn = self.connection
         if self.sync_failed is None and not self.read_only:
             try:

@@ -204,6 +204,11 @@ class S3ArtifactStore:
     def close(self) -> None:
         self.client.close()
 
+    def __del__(self) -> None:  # a store dropped unclosed still releases its sockets
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+
     def __repr__(self) -> str:
         return f"S3ArtifactStore({self.url!r})"
 

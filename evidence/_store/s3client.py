@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import logging
 import random
+import ssl
 import threading
 import time
 import urllib.parse
@@ -147,7 +148,9 @@ class S3Client:
         self.config = config
         parts = urllib.parse.urlsplit(config.endpoint)
         self._host = parts.netloc
-        verify: bool | str = config.ca_file or True
+        verify: bool | ssl.SSLContext = True
+        if config.ca_file:
+            verify = ssl.create_default_context(cafile=config.ca_file)
         self._http = httpx.Client(
             base_url=config.endpoint, timeout=config.timeout, verify=verify,
             # The artifact store is shared by a crawl's worker threads; more connections
