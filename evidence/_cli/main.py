@@ -30,6 +30,8 @@ from .._errors import EvidenceError, only_evidence_error
 from .._store.db import DB_NAME, Store
 from .._store.runlock import crawl_lock, stop
 from .archive import add_commands as add_archive_commands
+from .hosts import add_commands as add_host_commands
+from .hosts import add_listen_options, listen_options
 from .rules import add_commands as add_rules_commands
 from .service import add_commands as add_service_commands
 from .verify import add_commands as add_verify_commands
@@ -98,6 +100,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     elif not (path / DB_NAME).exists():
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
+    listen, tls, token = listen_options(args)  # checked before the store is touched
     rules = None
     if args.rules is not None:  # the full definitions are recorded with the session
         from .._crawl.rules import load_rules
@@ -118,6 +121,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             timeout=args.timeout, deadline=args.deadline, grace=args.grace,
             max_documents=args.max_documents, clean=args.clean, full=args.full,
             processes=args.processes, render=render, progress=progress,
+            listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
             progress_interval=1.0)
         crawler = Crawler(store, config, options)
 
@@ -538,6 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=_non_negative, default=0, metavar="N",
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one)")
+    add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
+    p.add_argument("--lease-timeout", type=_seconds, default=15.0, metavar="SECONDS",
+                   help="a worker host silent this long loses the pages it holds, which "
+                   "return to the frontier (default %(default)s)")
     p.add_argument("--max-documents", type=_positive, metavar="N",
                    help="pages this run requests; the next run continues the session "
                    "(default: no cap)")
@@ -635,6 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_commands(sub)
     add_rules_commands(sub)
     add_service_commands(sub)
+    add_host_commands(sub)
     return parser
 
 

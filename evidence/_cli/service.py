@@ -20,8 +20,9 @@ from .._errors import EvidenceError
 from .._store.db import Store
 from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
-from .._write.wire import ServiceError, ServiceStatistics, read_token
+from .._write.wire import ServiceError, ServiceStatistics
 from .._write.writer import WriterLimits
+from .hosts import add_listen_options, listen_options
 
 __all__ = ["add_commands"]
 
@@ -32,7 +33,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.socket is None and args.listen is None:
         raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
                            "--listen 127.0.0.1:PORT --token-file FILE")
-    token = read_token(args.token_file) if args.token_file else None
+    listen, tls, token = listen_options(args)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     path = Path(args.store)
@@ -40,7 +41,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # Built (and so checked) before the lock is taken: a refused configuration changes
         # nothing, not even the lock file.
         service = Service(
-            store, socket_path=args.socket, listen=args.listen, token=token,
+            store, socket_path=args.socket, listen=listen, token=token, tls=tls,
             metrics=args.metrics,
             limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
                                  max_in_flight=args.max_in_flight,
@@ -116,11 +117,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    "endpoint, say); default: the one the store records")
     p.add_argument("--socket", metavar="PATH",
                    help="listen on a Unix socket, created with mode 0600")
-    p.add_argument("--listen", metavar="HOST:PORT",
-                   help="also listen on a loopback TCP address, e.g. 127.0.0.1:7400 (port 0 "
-                   "picks one); needs --token-file")
-    p.add_argument("--token-file", metavar="FILE",
-                   help="a file (mode 600) holding the token every client must present")
+    add_listen_options(p, what="also")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only)")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
