@@ -1,17 +1,20 @@
-"""A small S3 client of our own: Signature Version 4 over httpx, path-style requests.
+"""A small S3 client of our own: Signature Version 4 over ``http.client``, path-style.
 
 Why not boto3 or obstore: the artifact store's guarantees rest on two request headers, and
 this module sends them exactly and visibly. A put is ``PUT`` with ``If-None-Match: *`` (a
 conditional create: the server refuses it with 412 if the key exists) and with both
 ``Content-MD5`` and ``x-amz-checksum-sha256`` (the server recomputes them from the body it
 received and refuses a mismatch with 400 ``BadDigest`` / ``InvalidDigest``), and the body's
-SHA-256 is signed (``x-amz-content-sha256``). httpx is already a dependency; SigV4 is one
-HMAC chain. tests/test_s3.py proves against a real server that both headers are enforced.
+SHA-256 is signed (``x-amz-content-sha256``). SigV4 is one HMAC chain; the transport is the
+standard library's ``http.client`` with a small pool of keep-alive connections, which costs
+a third of the CPU per request that httpx does (0.26 against 0.73 ms for a HEAD, measured
+here; docs/benchmarks.md, "Scale-out"). tests/test_s3.py proves against a real server that
+both headers are enforced.
 
 Only what the artifact store needs: put (conditional), head, get (whole or a byte range),
-list (v2, paged), delete. Every method is synchronous and thread-safe (one pooled
-``httpx.Client``): the crawler puts from worker threads and the writer checks references on
-its commit thread (``backend.py``).
+list (v2, paged), delete. Every method is synchronous and thread-safe (a connection is
+used by one thread at a time, then pooled): the crawler puts from worker threads and the
+writer checks references on its commit thread (``backend.py``).
 
 Failures are retried here, boundedly (``S3Config.attempts``, exponential backoff with
 jitter): a connection that could not be made or broke mid-request, a timeout, 5xx, 429 and
@@ -25,11 +28,14 @@ appear in an error, a log line or a ``repr``.
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import hashlib
 import hmac
+import http.client
 import logging
 import random
+import socket
 import ssl
 import threading
 import time
@@ -38,8 +44,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from xml.etree import ElementTree
-
-import httpx
 
 from .._errors import ArtifactError
 
@@ -50,6 +54,7 @@ log = logging.getLogger("evidence.s3")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNRESERVED = "-_.~"  # RFC 3986 unreserved, besides letters and digits (never encoded)
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_POOL_SIZE = 64  # idle connections kept (a crawl's worker threads, the writer's)
 _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
@@ -75,6 +80,17 @@ class S3Config:
     backoff: float = 0.05  # seconds before the first retry, doubling, with jitter
     backoff_max: float = 2.0
     ca_file: str | None = None  # trust this CA for an https endpoint (else the system's)
+
+
+@dataclass(frozen=True)
+class _Response:
+    status_code: int
+    headers: dict[str, str]  # names in lower case
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -148,22 +164,43 @@ class S3Client:
         self.config = config
         parts = urllib.parse.urlsplit(config.endpoint)
         self._host = parts.netloc
-        verify: bool | ssl.SSLContext = True
-        if config.ca_file:
-            verify = ssl.create_default_context(cafile=config.ca_file)
-        self._http = httpx.Client(
-            base_url=config.endpoint, timeout=config.timeout, verify=verify,
-            # The artifact store is shared by a crawl's worker threads; more connections
-            # than threads only idle.
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-            follow_redirects=False, trust_env=False)
+        self._address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https"
+                                                                else 80))
+        self._tls: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self._tls = ssl.create_default_context(cafile=config.ca_file)
+        self._idle: collections.deque[http.client.HTTPConnection] = collections.deque()
+        self._lock = threading.Lock()
         self._closed = threading.Event()
         self.requests = 0  # sent, retries included (for the benchmarks)
         self.retries = 0
 
     def close(self) -> None:
         self._closed.set()
-        self._http.close()
+        with self._lock:
+            idle, self._idle = list(self._idle), collections.deque()
+        for conn in idle:
+            conn.close()
+
+    # --- connections: one thread's at a time, kept alive between requests ----------------
+
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection (True: reused) or a new one."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        host, port = self._address
+        if self._tls is not None:
+            return http.client.HTTPSConnection(host, port, timeout=self.config.timeout,
+                                               context=self._tls), False
+        return http.client.HTTPConnection(host, port, timeout=self.config.timeout), False
+
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed.is_set() and len(self._idle) < _POOL_SIZE:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def __repr__(self) -> str:
         return f"S3Client({self.config.endpoint!r}, bucket={self.config.bucket!r})"
@@ -268,7 +305,7 @@ class S3Client:
 
     def _send(self, method: str, key: str | None, *, headers: Mapping[str, str] | None = None,
               query: Mapping[str, str] | None = None, body: bytes = b"",
-              payload_sha256: str | None = None, ok: tuple[int, ...]) -> httpx.Response:
+              payload_sha256: str | None = None, ok: tuple[int, ...]) -> _Response:
         """Sign and send; retry what may succeed later; raise ``S3Error`` otherwise."""
         config = self.config
         path = f"/{config.bucket}" if key is None else f"/{config.bucket}/{key}"
@@ -298,7 +335,7 @@ class S3Client:
         raise AssertionError("unreachable")
 
     def _once(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
-              body: bytes, payload_sha256: str, ok: tuple[int, ...]) -> httpx.Response:
+              body: bytes, payload_sha256: str, ok: tuple[int, ...]) -> _Response:
         config = self.config
         now = dt.datetime.now(dt.UTC)
         headers["x-amz-date"] = now.strftime("%Y%m%dT%H%M%SZ")
@@ -315,14 +352,8 @@ class S3Client:
         if query:
             url += "?" + "&".join(f"{_quote(k, keep_slash=False)}={_quote(v, keep_slash=False)}"
                                   for k, v in sorted(query.items()))
-        self.requests += 1
-        try:
-            response = self._http.request(method, url, headers=headers,
-                                          content=body if body or method == "PUT" else None)
-        except (httpx.TransportError, httpx.DecodingError) as exc:
-            # Not connected, cut mid-request, timed out: the outcome of a PUT is unknown,
-            # and retrying it is safe (module docstring).
-            raise _Retryable(f"{type(exc).__name__}: {exc or 'no answer'}") from exc
+        headers["host"] = self._host
+        response = self._exchange(method, url, headers, body)
         status = response.status_code
         if status in ok:
             return response
@@ -332,6 +363,38 @@ class S3Client:
         raise S3Error(
             f"S3 {method} {path} at {config.endpoint}: HTTP {status} {code}: {message}".rstrip(),
             hint=_hint(status, code), status=status, code=code)
+
+
+    def _exchange(self, method: str, url: str, headers: dict[str, str],
+                  body: bytes) -> _Response:
+        """One request and its whole answer. A kept-alive connection the server closed
+        while idle fails before any answer: that one is tried once more on a new
+        connection, silently; any other failure is ``_Retryable``."""
+        while True:
+            conn, reused = self._connection()
+            self.requests += 1
+            try:
+                conn.request(method, url, body=body if body or method == "PUT" else None,
+                             headers=headers)
+                answer = conn.getresponse()
+                content = answer.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if reused and isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError
+                                         | ConnectionResetError):
+                    continue  # the idle connection had been closed by the server
+                # Not connected, cut mid-request, timed out: the outcome of a PUT is
+                # unknown, and retrying it is safe (module docstring).
+                what = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else (
+                    str(exc) or "no answer")
+                raise _Retryable(f"{type(exc).__name__}: {what}") from exc
+            response = _Response(answer.status,
+                                 {k.lower(): v for k, v in answer.getheaders()}, content)
+            if answer.will_close:
+                conn.close()
+            else:
+                self._release(conn)
+            return response
 
 
 def _hint(status: int, code: str) -> str:
@@ -346,7 +409,7 @@ def _hint(status: int, code: str) -> str:
     return "check the object store's logs"
 
 
-def _error_of(response: httpx.Response) -> tuple[str, str]:
+def _error_of(response: _Response) -> tuple[str, str]:
     """(code, message) of an S3 error answer; a HEAD has no body, so only its status."""
     if not response.content:
         return "", ""
@@ -357,7 +420,7 @@ def _error_of(response: httpx.Response) -> tuple[str, str]:
     return (root.findtext("Code") or "").strip(), (root.findtext("Message") or "").strip()
 
 
-def _xml(response: httpx.Response) -> ElementTree.Element:
+def _xml(response: _Response) -> ElementTree.Element:
     try:
         return ElementTree.fromstring(response.content)
     except ElementTree.ParseError as exc:

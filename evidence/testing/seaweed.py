@@ -34,8 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 __all__ = ["SeaweedError", "SeaweedS3", "find_weed"]
 
 ACCESS_KEY = "evidence-test"
@@ -229,13 +227,6 @@ class SeaweedS3:
                 self.kill()
                 time.sleep(0.5)  # the killed server's ports may take a moment to free
         self._launch()
-
-    def reachable(self) -> bool:
-        try:
-            httpx.get(self.endpoint, timeout=1.0)
-        except httpx.TransportError:
-            return False
-        return True
 
     def close(self) -> None:
         self.kill()
