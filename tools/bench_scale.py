@@ -27,7 +27,8 @@ pages/s here: the figures to read are the CPU per page of each part (docs/benchm
 "Scale-out").
 
 Options: --pages N (2000), --workers N (16), --reps N (2), --hosts 1,2,4, --json FILE,
---keep, --server auto|nginx|python, --only local,local-s3,hosts.
+--keep, --server auto|nginx|python, --only local,local-s3,hosts, --quick (200 pages, one
+rep, 1 and 2 hosts: about a minute).
 
 Network: only 127.0.0.0/8.
 """
@@ -181,7 +182,10 @@ def main() -> int:
     parser.add_argument("--server", default="auto", choices=("auto", "nginx", "python"))
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    if args.quick:
+        args.pages, args.reps, args.hosts = 200, 1, "1,2"
     only = set(args.only.split(","))
     configs = [c for c in ("local", "local-s3") if c in only]
     if "hosts" in only:

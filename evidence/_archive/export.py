@@ -445,7 +445,7 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
         os.close(lock)
 
 
-def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactBackend,
+def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactStore,
                    progress: Progress | None = None, *, workers: int = 8
                    ) -> tuple[int, list[Gap]]:
     """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what failed).

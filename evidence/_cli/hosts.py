@@ -85,7 +85,7 @@ def _cmd_tls_cert(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "worker", help="fetch pages for a crawl running on another host",
         description="Connect to a crawl started with --listen (the coordinator), take the "

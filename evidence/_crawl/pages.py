@@ -44,7 +44,7 @@ from .._model.messages import (
 )
 from .._model.text import charset_param
 from .._model.urls import normalize_url, resolve_reference, url_host
-from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 from .crawlrender import RenderScope
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
@@ -88,7 +88,7 @@ class PageWorker:
     """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
 
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
-                 artifacts: ArtifactStore, client: httpx.AsyncClient, submit: Submit,
+                 artifacts: ArtifactBackend, client: httpx.AsyncClient, submit: Submit,
                  deadline: float | None = None) -> None:
         self.config = config
         self.scope = Scope(config)

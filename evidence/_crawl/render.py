@@ -41,7 +41,7 @@ import httpx
 from .._errors import BrowserError
 from .._model.messages import FetchAttempt, ObservedRef, Render, new_id, utc_now
 from .._model.refs import ArtifactRef
-from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 from .cdp import Browser, Page
 from .fetch import FetchResult, fetch
 from .links import extract_links
@@ -89,7 +89,7 @@ class Rendered:
 class Renderer:
     """Renders stored captures of one run in one shared browser. Use ``async with``."""
 
-    def __init__(self, *, artifacts: ArtifactStore, client: httpx.AsyncClient, run_id: str,
+    def __init__(self, *, artifacts: ArtifactBackend, client: httpx.AsyncClient, run_id: str,
                  user_agent: str, max_body_bytes: int,
                  options: RenderOptions | None = None) -> None:
         self.artifacts = artifacts
