@@ -296,3 +296,34 @@ def test_a_server_killed_mid_put_leaves_no_object_and_no_reference(
                 assert store.artifacts.read(ref, verify=True) == data
     finally:
         server.close()
+
+
+def test_a_reference_check_the_object_store_cannot_answer_fails_the_batch_not_the_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store is down when the writer checks a new reference: that is not the message's
+    fault, so it is not rejected (quarantined for good) but its batch fails with a
+    CommitError, nothing written; redelivered once the store is back, it commits."""
+    from evidence import CommitError
+
+    server = SeaweedS3.start(tmp_path / "s3")
+    try:
+        for name, value in server.environ.items():
+            monkeypatch.setenv(name, value)
+        with Store.create(tmp_path / "store", artifacts=server.url("down")) as store:
+            make = Factory(store)
+            ref = store.artifacts.put("body", b"stored while the server was up")
+            assert [a.status for a in submit_all(store, [make.session(), make.run()])] == [
+                "committed", "committed"]
+            attempt = make.attempt(body=ref)
+            server.kill()
+            with pytest.raises(CommitError, match="could not check its payloads"):
+                submit_all(store, [attempt])
+            assert store.connection.execute(
+                "SELECT count(*) FROM fetch_attempt").fetchall() == [(0,)]
+            assert store.connection.execute(
+                "SELECT count(*) FROM quarantine").fetchall() == [(0,)]
+            server.restart()
+            [ack] = submit_all(store, [attempt])
+            assert ack.status == "committed"
+    finally:
+        server.close()
