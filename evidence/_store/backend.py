@@ -7,8 +7,9 @@
     ArtifactBackend  content-addressed payloads: put (durable when ``sync`` returns for
                      it), get, exists, iterate, and remove for reclaim.
 
-One implementation of each today: ``_store/sqlite.py`` (``SQLiteBackend``) and
-``_store/artifacts.py`` (``ArtifactStore``, one file per payload). The guarantees both must
+The implementations: ``_store/sqlite.py`` (``SQLiteBackend``); ``_store/artifacts.py``
+(``ArtifactStore``, one file per payload) and ``_store/s3.py`` (``S3ArtifactStore``, one
+object per payload in an S3-compatible object store). The guarantees both must
 keep are written once, as contract tests parametrized over the implementations
 (``tests/contract/``): a second backend is one more parameter there.
 
@@ -25,10 +26,10 @@ What a later backend has to provide, and where the protocol already leaves room:
   it with every payload a batch references, before that batch's COMMIT, so "durable
   before referenced" holds exactly as it does for today's put (which is durable already,
   so its ``sync`` has nothing left to do).
-- S3-compatible objects (issue 16): every method is synchronous and thread-safe; the
-  crawler already puts from worker threads (``anyio.to_thread``), and the writer checks
-  references on its commit thread, so a blocking HTTP client fits without an event loop
-  in the store.
+- S3-compatible objects (issue 16, ``_store/s3.py``): every method is synchronous and
+  thread-safe; the crawler puts from worker threads (``anyio.to_thread``), and the writer
+  checks references on its commit thread, so a blocking HTTP client fits without an event
+  loop in the store.
 """
 
 from __future__ import annotations
@@ -224,8 +225,10 @@ class ArtifactBackend(Protocol):
 
 def _check_protocols() -> None:  # pragma: no cover - for the type checker only
     from .artifacts import ArtifactStore
+    from .s3 import S3ArtifactStore
     from .sqlite import SQLiteBackend
 
     store: ArtifactBackend = ArtifactStore(os.devnull)
+    objects: ArtifactBackend = S3ArtifactStore.__new__(S3ArtifactStore)
     backend: StoreBackend = SQLiteBackend(Path(os.devnull))
-    del store, backend
+    del store, objects, backend
