@@ -11,6 +11,7 @@ naming an object that is not there.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import threading
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import blake3
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from evidence import ArtifactRef, Store
 from evidence._store.s3 import S3ArtifactStore, open_s3
@@ -327,3 +330,48 @@ def test_a_reference_check_the_object_store_cannot_answer_fails_the_batch_not_th
             assert ack.status == "committed"
     finally:
         server.close()
+
+
+_FAULTS = {"503": Action("status", status=503), "500": Action("status", status=500),
+           "cut_before": Action("cut_before"), "cut_after": Action("cut_after")}
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=st.lists(st.sampled_from(["forward", *_FAULTS]), max_size=10),
+       payloads=st.lists(st.binary(max_size=3000), min_size=1, max_size=4))
+def test_any_schedule_of_failures_leaves_each_put_whole_or_raised(
+        seaweed: SeaweedS3, schedule: list[str], payloads: list[bytes]) -> None:
+    """Whatever answers the payload requests get (an error status, a connection cut before
+    the server saw the request or after it stored the object), each put either returns a
+    ref whose object holds exactly its bytes, or raises S3Error; no object ever holds
+    other bytes than its digest says."""
+    port = int(seaweed.endpoint.rsplit(":", 1)[1])
+    counter = iter(range(10**6))
+
+    def rule(seen, index):
+        if "/body/" not in seen.path:
+            return Action()
+        n = next(counter)
+        return _FAULTS.get(schedule[n], Action()) if n < len(schedule) else Action()
+
+    with S3Proxy(upstream=("127.0.0.1", port), rule=rule) as proxy:
+        url = new_s3_url(seaweed, "faults").replace(seaweed.endpoint, proxy.endpoint)
+        store = open_s3(url, create=True, read_only=False, environ=seaweed.environ)
+        returned: list[tuple[ArtifactRef, bytes]] = []
+        try:
+            for data in payloads:
+                with contextlib.suppress(S3Error):
+                    returned.append((store.put("body", data), data))
+        finally:
+            store.close()
+    check = open_s3(url.replace(proxy.endpoint, seaweed.endpoint), create=False,
+                    read_only=True, environ=seaweed.environ)  # read past the proxy
+    try:
+        for ref, data in returned:
+            assert check.read(ref, verify=True) == data
+        for ref in check.iter_refs():
+            check.verify(ref)  # whole, or it would raise ArtifactCorruptError
+            assert check.read(ref) in payloads
+    finally:
+        check.close()

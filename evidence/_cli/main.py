@@ -227,6 +227,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _lease(text: str) -> float:
+    value = _seconds(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 second or more, not {text}")
+    return value
+
+
 def _crawl_config(args: argparse.Namespace, store: Store,
                   rules: list[dict[str, object]] | None) -> CrawlConfig:
     """The arguments given, over the open session's recorded configuration when resuming."""
@@ -543,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one)")
     add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
-    p.add_argument("--lease-timeout", type=_seconds, default=15.0, metavar="SECONDS",
+    p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
                    help="a worker host silent this long loses the pages it holds, which "
                    "return to the frontier (default %(default)s)")
     p.add_argument("--max-documents", type=_positive, metavar="N",

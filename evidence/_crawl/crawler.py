@@ -112,7 +112,7 @@ class CrawlOptions:
     listen: str | None = None
     tls: TLSFiles | None = None
     token: str | None = None
-    heartbeat: float = 2.0  # seconds between beats on a worker host's channel
+    heartbeat: float = 2.0  # seconds between beats on a worker host's channel (at most)
     lease_timeout: float = 15.0  # a worker host silent this long loses its leases
 
 
@@ -383,8 +383,9 @@ class Crawler:
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
                       timeout=self.options.timeout, deadline=self.options.deadline)
-        async with WorkerPool(self.options.processes, setup,
-                              heartbeat=self.options.heartbeat,
+        # At least three beats per lease, so one late beat never expires a live host.
+        heartbeat = min(self.options.heartbeat, self.options.lease_timeout / 3)
+        async with WorkerPool(self.options.processes, setup, heartbeat=heartbeat,
                               lease_timeout=self.options.lease_timeout) as pool:
             self._pool = pool
             self._service.worker_handler = pool.serve_remote
