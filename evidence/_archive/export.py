@@ -44,12 +44,12 @@ from .._errors import (
     StoreError,
 )
 from .._model.refs import ArtifactRef
+from .._store import artifactspec
 from .._store.artifacts import ArtifactStore
 from .._store.backend import ArtifactBackend, StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
-from .._store.packs import open_artifact_store
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
 __all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest",
@@ -338,7 +338,10 @@ def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
                          hint="pass a store directory (or a backup of one)", path=str(root))
     backend = SQLiteBackend(root / DB_NAME)
     _check_schema_version(backend)
-    return backend, open_artifact_store(root / ARTIFACTS_DIR, create=False, read_only=True)
+    with backend.snapshot() as conn:
+        spec = artifactspec.recorded(conn)
+    return backend, artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR,
+                                                create=False, read_only=True)
 
 
 def _check_schema_version(backend: StoreBackend) -> None:

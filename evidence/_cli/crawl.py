@@ -36,6 +36,7 @@ from .common import (
     print_json,
     seconds,
 )
+from .hosts import add_listen_options, listen_options
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._crawl.crawler import CrawlProgress, CrawlResult
@@ -44,8 +45,10 @@ __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    with Store.create(args.store, sync=args.sync) as store:
-        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})")
+    with Store.create(args.store, sync=args.sync, artifacts=args.artifacts) as store:
+        where = getattr(store.artifacts, "url", None)  # an object store's, if not artifacts/
+        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})"
+              + (f", payloads at {where}" if where else ""))
     return 0
 
 
@@ -99,6 +102,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     elif not (path / DB_NAME).exists():
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
+    listen, tls, token = listen_options(args)  # checked before the store is touched
     rules = None
     if args.rules is not None:  # the full definitions are recorded with the session
         from .._crawl.rules import load_rules
@@ -109,7 +113,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError("not confirmed: --clean abandons the open session",
                             hint="add --yes to skip the question")
     log_to(stderr)
-    with Store.create(path, sync=args.sync) as store, crawl_lock(path):
+    with Store.create(path, sync=args.sync, artifacts=args.artifacts) as store, \
+            crawl_lock(path):
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
         progress = _CrawlProgressLine(stderr)
@@ -118,6 +123,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             timeout=args.timeout, deadline=args.deadline, grace=args.grace,
             max_documents=args.max_documents, clean=args.clean, full=args.full,
             processes=args.processes, render=render, progress=progress,
+            listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
             progress_interval=1.0)
         crawler = Crawler(store, config, options)
 
@@ -145,6 +151,13 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             return result
 
         return anyio.run(main)
+
+
+def _lease(text: str) -> float:
+    value = seconds(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 second or more, not {text}")
+    return value
 
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
@@ -397,6 +410,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="full (default): every commit survives power loss; normal: survives "
                    "a process crash, may lose the last commits on power loss")
+    p.add_argument("--artifacts", metavar="URL",
+                   help="keep the payloads in an S3-compatible object store, "
+                   "s3://BUCKET/PREFIX[?endpoint=URL&region=NAME] (credentials from "
+                   "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; endpoint and region also "
+                   "from AWS_ENDPOINT_URL and AWS_REGION); recorded in the store, so later "
+                   "commands find it (default: STORE/artifacts; see docs/scale.md)")
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser(
@@ -410,6 +429,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "reached its cap; 1 when it failed, or when not one seed could be fetched.")
     p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
     p.add_argument("--store", required=True, help="the store directory (created if absent)")
+    p.add_argument("--artifacts", metavar="URL",
+                   help="a new store: keep its payloads at s3://BUCKET/PREFIX (see 'evidence "
+                   "init --help'); an existing store knows where they are")
     p.add_argument("--workers", type=positive, default=8, metavar="N",
                    help="fetches in flight at once, in all")
     p.add_argument("--per-host", type=positive, metavar="N",
@@ -430,6 +452,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--processes", type=non_negative, default=0, metavar="N",
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one)")
+    add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
+    p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
+                   help="a worker host silent this long loses the pages it holds, which "
+                   "return to the frontier (default %(default)s)")
     p.add_argument("--max-documents", type=positive, metavar="N",
                    help="pages this run requests; the next run continues the session "
                    "(default: no cap)")

@@ -24,13 +24,13 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from .._errors import EvidenceError, only_evidence_error
-from . import archive, convert, crawl, proofs, replay, rules, service, verify
+from . import archive, convert, crawl, hosts, proofs, replay, rules, service, verify
 from .common import Parser, error_text
 
 __all__ = ["build_parser", "main"]
 
 # The command groups, in the order --help lists their commands.
-GROUPS = (crawl, archive, convert, verify, proofs, replay, rules, service)
+GROUPS = (crawl, archive, convert, verify, proofs, replay, rules, service, hosts)
 
 
 def build_parser() -> argparse.ArgumentParser:

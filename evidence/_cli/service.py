@@ -20,9 +20,10 @@ from .._errors import EvidenceError
 from .._store.db import Store
 from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
-from .._write.wire import ServiceError, ServiceStatistics, read_token
+from .._write.wire import ServiceError, ServiceStatistics
 from .._write.writer import WriterLimits
 from .common import log_to, print_json
+from .hosts import add_listen_options, listen_options
 
 __all__ = ["add_commands"]
 
@@ -33,14 +34,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.socket is None and args.listen is None:
         raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
                            "--listen 127.0.0.1:PORT --token-file FILE")
-    token = read_token(args.token_file) if args.token_file else None
+    listen, tls, token = listen_options(args)
     log_to(sys.stderr)
     path = Path(args.store)
-    with Store.open(path, sync=args.sync) as store:
+    with Store.open(path, sync=args.sync, artifacts=args.artifacts) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
         # nothing, not even the lock file.
         service = Service(
-            store, socket_path=args.socket, listen=args.listen, token=token,
+            store, socket_path=args.socket, listen=listen, token=token, tls=tls,
             metrics=args.metrics,
             limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
                                  max_in_flight=args.max_in_flight,
@@ -107,13 +108,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "(clients block). SIGTERM or 'evidence stop STORE' stops accepting, commits and "
         "acknowledges what was read, and exits 0.")
     p.add_argument("store", metavar="STORE", help="the store directory (see 'evidence init')")
+    p.add_argument("--artifacts", metavar="URL",
+                   help="the store's s3:// payload location with other options (another "
+                   "endpoint, say); default: the one the store records")
     p.add_argument("--socket", metavar="PATH",
                    help="listen on a Unix socket, created with mode 0600")
-    p.add_argument("--listen", metavar="HOST:PORT",
-                   help="also listen on a loopback TCP address, e.g. 127.0.0.1:7400 (port 0 "
-                   "picks one); needs --token-file")
-    p.add_argument("--token-file", metavar="FILE",
-                   help="a file (mode 600) holding the token every client must present")
+    add_listen_options(p, what="also")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only)")
     p.add_argument("--sync", choices=("full", "normal"), default="full",

@@ -59,6 +59,7 @@ from .._model.messages import (
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._store.db import Store
 from .._write.service import Service
+from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
 from . import frontier
 from .fetch import FetchResult
@@ -103,6 +104,14 @@ class CrawlOptions:
     # How pages are rendered when the session renders (``CrawlConfig.render``): the
     # browser, timeouts, tabs, MHTML. Rendering always happens in this process.
     render: RenderOptions | None = None
+    # Worker hosts (``evidence worker --connect``): the writer service also listens here
+    # ("HOST:PORT"; beyond loopback only with ``tls``), every client presenting ``token``.
+    # The payloads must be in an object store the hosts reach (``--artifacts s3://``).
+    listen: str | None = None
+    tls: TLSFiles | None = None
+    token: str | None = None
+    heartbeat: float = 2.0  # seconds between beats on a worker host's channel (at most)
+    lease_timeout: float = 15.0  # a worker host silent this long loses its leases
 
 
 class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +129,7 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     errors: int = 0  # fetches of this run that failed (network, timeout, 5xx, 429)
     last_error: str | None = None  # the latest, as logged
     limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so
+    worker_hosts: list[str] = []  # the worker hosts serving the run, with --listen
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -329,12 +339,22 @@ class Crawler:
         connections = self.options.workers * 2
         client = await stack.enter_async_context(crawl_client(
             connections=connections, timeout=self.options.timeout))
-        if self.options.processes > 0:
+        if self.options.processes > 0 or self.options.listen:
+            if self.options.listen and not getattr(self.store.artifacts, "url", ""):
+                raise EvidenceError(
+                    "worker hosts put payloads into the store's object store, and this "
+                    "store keeps them in a local directory",
+                    hint="crawl into a new store with --artifacts s3://BUCKET/PREFIX")
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="evidence-"))
             self._service = await stack.enter_async_context(Service(
                 self.store, socket_path=Path(directory) / "writer.sock",
+                listen=self.options.listen, tls=self.options.tls, token=self.options.token,
                 writer_limits=limits))
             self._writer = self._service.writer
+            if self._service.tcp_address is not None:
+                log.info("worker hosts may connect to %s:%d (%s)",
+                         *self._service.tcp_address,
+                         "TLS" if self.options.tls else "no TLS: loopback only")
         else:
             self._writer = await stack.enter_async_context(Writer(self.store, limits=limits))
         # Its session_id is set by _begin, once the store says which session this run is of.
@@ -358,19 +378,25 @@ class Crawler:
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:
-        if self.options.processes <= 0:
+        if self.options.processes <= 0 and not self.options.listen:
             yield
             return
         assert self._service.socket_path is not None
         setup = Setup(store=str(self.store.path), socket=str(self._service.socket_path),
+                      artifacts=getattr(self.store.artifacts, "url", ""),
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
                       timeout=self.options.timeout, deadline=self.options.deadline)
-        async with WorkerPool(self.options.processes, setup) as pool:
+        # At least three beats per lease, so one late beat never expires a live host.
+        heartbeat = min(self.options.heartbeat, self.options.lease_timeout / 3)
+        async with WorkerPool(self.options.processes, setup, heartbeat=heartbeat,
+                              lease_timeout=self.options.lease_timeout) as pool:
             self._pool = pool
+            self._service.worker_handler = pool.serve_remote
             try:
                 yield
             finally:
+                self._service.worker_handler = None
                 self._pool = None
 
     async def _begin(self) -> bool:
@@ -694,7 +720,10 @@ class Crawler:
         committed: a page it settled stays settled (a retry it queued is claimed again);
         a page still in flight is requeued, or failed once claimed ``max_attempts`` times.
         """
-        await self._service.wait_gone(lost.name)
+        if lost.remote:  # nothing it sends from now on is written: then read the store
+            await self._service.fence(lost.name)
+        else:
+            await self._service.wait_gone(lost.name)
         state, attempts, not_before = frontier.claim_state(
             self._reader, self.session_id, order.url, order.key or None)
         what = f"its worker process ({lost.name}) {lost.how}"
@@ -838,6 +867,7 @@ class Crawler:
             pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
             elapsed=elapsed, writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
+            worker_hosts=self._pool.hosts if self._pool is not None else [],
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error, limited_by=self._limited_by())
         tmp = path.with_suffix(".tmp")

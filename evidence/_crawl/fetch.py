@@ -35,7 +35,7 @@ from .._model.http1 import Split, derive_content, head_length
 from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import charset_param, is_html, sniff
-from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 from .http import Exchange, record_exchange
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]
@@ -74,7 +74,7 @@ async def _off_the_loop(work: Callable[[], T], size: int) -> T:
     return await anyio.to_thread.run_sync(work)
 
 
-def _put_each(artifacts: ArtifactStore, items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
+def _put_each(artifacts: ArtifactBackend, items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
     return [artifacts.put(namespace, data) for namespace, data in items]
 
 
@@ -145,7 +145,7 @@ async def _read_body(response: httpx.Response, exchange: Exchange,
     return "response", None, False
 
 
-async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str,
+async def fetch(client: httpx.AsyncClient, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
                 extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes], Any] | None = None,
@@ -238,7 +238,7 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactStore, *, url: str
                        wire.split.head, wire.body, parsed)
 
 
-async def _failed(artifacts: ArtifactStore, common: dict[str, Any], outcome: Outcome,
+async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: Outcome,
                   error: str, exchange: Exchange, t0: float, cap: int) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0

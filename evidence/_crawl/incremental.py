@@ -36,7 +36,7 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
-from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 
 __all__ = ["Baseline", "DueRule", "SessionDiff", "diff_sessions", "parse_frequency",
            "session_records"]
@@ -105,7 +105,7 @@ class BaselineDoc:
 class Baseline:
     """Read access to one baseline session's record, for the crawler's workers."""
 
-    def __init__(self, conn: apsw.Connection, artifacts: ArtifactStore, session_id: str,
+    def __init__(self, conn: apsw.Connection, artifacts: ArtifactBackend, session_id: str,
                  rules: list[DueRule]) -> None:
         self.conn = conn
         self.artifacts = artifacts

@@ -49,7 +49,7 @@ from .._model.messages import (
     utc_now,
 )
 from .._model.refs import ArtifactRef
-from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .links import extract_links
@@ -97,7 +97,7 @@ class Rendered:
 class Renderer:
     """Renders stored captures of one run in one shared browser. Use ``async with``."""
 
-    def __init__(self, *, artifacts: ArtifactStore, client: httpx.AsyncClient, run_id: str,
+    def __init__(self, *, artifacts: ArtifactBackend, client: httpx.AsyncClient, run_id: str,
                  user_agent: str, max_body_bytes: int,
                  options: RenderOptions | None = None) -> None:
         self.artifacts = artifacts

@@ -35,7 +35,7 @@ from .._model.messages import FetchAttempt
 from .._model.refs import ArtifactRef
 from .._model.text import is_html
 from .._model.urls import NORMALIZER_VERSION, normalize_url
-from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 from .frontier import CrawlConfig
 from .render import SourceCapture
 
@@ -101,7 +101,7 @@ def unrendered_capture(conn: apsw.Connection, scope: RenderScope, session_id: st
     return attempt if scope.wants(attempt) else None
 
 
-def source_capture(artifacts: ArtifactStore, attempt: FetchAttempt) -> SourceCapture:
+def source_capture(artifacts: ArtifactBackend, attempt: FetchAttempt) -> SourceCapture:
     """The stored response head and body of ``attempt``, checked against their digests."""
     assert attempt.response_headers is not None and attempt.body is not None
     return SourceCapture(url=attempt.url, attempt_id=attempt.attempt_id,

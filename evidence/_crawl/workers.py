@@ -1,4 +1,4 @@
-"""Worker processes for ``evidence crawl --processes N``.
+"""Worker processes for ``evidence crawl --processes N``, and worker hosts (``--listen``).
 
 The parent process keeps everything that reads the store: the scheduler and its frontier
 claims, robots.txt, an incremental session's baseline; and it runs the writer as a service
@@ -16,6 +16,19 @@ so a restarted crawl never races an orphan still submitting results.
 A child that dies (SIGKILL, OOM) loses only what it had in flight: each of its orders
 raises ``WorkerLost`` in the parent, which settles the URL from what the store holds (see
 ``Crawler._lost``), and a replacement child is started.
+
+Worker hosts (``evidence worker --connect``, ``_crawl/workerhost.py``) are the same design
+over TCP and TLS: a host connects to the crawl's writer service with ``role: worker``, and
+the service hands the connection to ``WorkerPool.serve_remote``, which speaks the same
+frames on it. What a socketpair gives for free, a network does not: a host that dies or is
+cut off sends no end of stream. So the orders a host holds are *leases*: both sides send a
+``Beat`` every ``heartbeat`` seconds, and a host from which nothing came for
+``lease_timeout`` seconds is lost; its orders raise ``WorkerLost(remote=True)``, and the
+crawl *fences* it at the service (``Service.fence``: its connections end, its name is
+refused from then on) before it settles those URLs from the store, so a late submission
+from a host that was only cut off can never race the requeue. The host, seeing its channel
+gone, drops what it held and connects again as a new worker. At the run's end the crawl
+says ``Bye``, and the host exits.
 """
 
 from __future__ import annotations
@@ -38,8 +51,8 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError
+from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
-from .._store.packs import open_artifact_store
 from .._store.resync import SYNC_MARKER
 from .._write.wire import FrameReader, encode_frame
 from .frontier import CrawlConfig
@@ -66,6 +79,9 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
     timeout: float
     name: str = ""  # how the service knows this child's connection
     deadline: float | None = None  # seconds one fetch may take in all
+    artifacts: str = ""  # the store's artifact location (default: STORE/artifacts)
+    heartbeat: float = 0.0  # a worker host: seconds between beats (0: a local child)
+    lease_timeout: float = 0.0  # a worker host: silence after which its leases expire
 
 
 class Order(msgspec.Struct, tag="order"):
@@ -87,8 +103,18 @@ class Failed(msgspec.Struct, tag="failed"):
     error: str
 
 
-_down = msgspec.msgpack.Decoder(Setup | Order)
-_up = msgspec.msgpack.Decoder(Ready | Done | Failed)
+class Beat(msgspec.Struct, tag="beat"):
+    """Both ways on a worker host's channel: still here (the lease goes on)."""
+
+
+class Bye(msgspec.Struct, tag="bye"):
+    """Down a worker host's channel: the run is over; exit."""
+
+    reason: str = ""
+
+
+_down = msgspec.msgpack.Decoder(Setup | Order | Beat | Bye)
+_up = msgspec.msgpack.Decoder(Ready | Done | Failed | Beat)
 
 
 async def _read(reader: FrameReader, decoder: msgspec.msgpack.Decoder) -> Any:
@@ -102,12 +128,14 @@ async def _read(reader: FrameReader, decoder: msgspec.msgpack.Decoder) -> Any:
 
 
 class WorkerLost(Exception):
-    """The worker process holding an order died before answering it."""
+    """The worker process (or host) holding an order died (or its lease expired) before
+    answering it."""
 
-    def __init__(self, name: str, how: str) -> None:
+    def __init__(self, name: str, how: str, *, remote: bool = False) -> None:
         super().__init__(f"{name} {how}")
         self.name = name  # its connection's name at the writer service
         self.how = how
+        self.remote = remote  # a worker host: fence it before settling its pages
 
 
 # --- the parent's side -----------------------------------------------------------------
@@ -126,15 +154,16 @@ class _Waiter:
 
 
 class _Child:
-    def __init__(self, index: int, name: str, process: anyio.abc.Process,
-                 stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, index: int, name: str, process: anyio.abc.Process | None,
+                 stream: anyio.abc.ByteStream) -> None:
         self.index = index
         self.name = name
-        self.process = process
+        self.process = process  # None: a worker host
         self.stream = stream
         self.pending: dict[int, _Waiter] = {}
         self.send_lock = anyio.Lock()
         self.alive = False  # set once it said ready; cleared when its channel ends
+        self.scope = anyio.CancelScope()  # a worker host's channel, ended at the run's end
 
 
 class WorkerPool:
@@ -150,12 +179,19 @@ class WorkerPool:
     first pages, and ``page`` waits for the first child that is ready.
     """
 
-    def __init__(self, processes: int, setup: Setup) -> None:
-        if processes < 1:
-            raise ValueError("a worker pool needs at least one process")
+    def __init__(self, processes: int, setup: Setup, *, heartbeat: float = 2.0,
+                 lease_timeout: float = 15.0) -> None:
+        if processes < 0:
+            raise ValueError("a worker pool needs zero or more processes")
+        if lease_timeout <= heartbeat:
+            raise ValueError("the lease timeout must be longer than the heartbeat")
         self.processes = processes
         self.setup = setup
+        self.heartbeat = heartbeat
+        self.lease_timeout = lease_timeout
         self._children: dict[int, _Child] = {}
+        self._hosts: dict[str, _Child] = {}  # worker hosts, by name
+        self._host_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._closing = False
         self._failure: EvidenceError | None = None  # a replacement that did not start
@@ -164,7 +200,13 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        return [c.process.pid for c in self._children.values() if c.alive]
+        return [c.process.pid for c in self._children.values()
+                if c.alive and c.process is not None]
+
+    @property
+    def hosts(self) -> list[str]:
+        """The worker hosts serving this run now."""
+        return [c.name for c in self._hosts.values() if c.alive]
 
     async def __aenter__(self) -> WorkerPool:
         self._changed = anyio.Event()
@@ -183,6 +225,12 @@ class WorkerPool:
         """
         self._closing = True
         with anyio.CancelScope(shield=True):
+            for host in list(self._hosts.values()):
+                with contextlib.suppress(OSError, anyio.BrokenResourceError,
+                                         anyio.ClosedResourceError), anyio.move_on_after(5):
+                    async with host.send_lock:
+                        await host.stream.send(encode_frame(Bye(reason="the run is over")))
+                host.scope.cancel()
             for child in list(self._children.values()):
                 with contextlib.suppress(OSError, anyio.BrokenResourceError,
                                          anyio.ClosedResourceError):
@@ -202,7 +250,7 @@ class WorkerPool:
 
     async def _kill_all(self) -> None:
         for child in list(self._children.values()):
-            if child.process.returncode is None:
+            if child.process is not None and child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
                 with anyio.CancelScope(shield=True):
@@ -231,7 +279,7 @@ class WorkerPool:
         while True:
             if self._failure is not None:
                 raise self._failure
-            live = [c for c in self._children.values() if c.alive]
+            live = [c for c in (*self._children.values(), *self._hosts.values()) if c.alive]
             if live:
                 return min(live, key=lambda c: len(c.pending))
             self._changed = anyio.Event() if self._changed.is_set() else self._changed
@@ -283,6 +331,8 @@ class WorkerPool:
                 frame = await _read(reader, _up)
                 if frame is None:
                     break
+                if isinstance(frame, Beat | Ready):
+                    continue
                 waiter = child.pending.get(frame.id)
                 if waiter is None:
                     continue
@@ -296,6 +346,7 @@ class WorkerPool:
         child.alive = False
         with contextlib.suppress(OSError):
             await child.stream.aclose()
+        assert child.process is not None
         code = await child.process.wait()
         how = (f"was killed by signal {-code}" if code is not None and code < 0
                else f"exited with status {code}")
@@ -321,6 +372,82 @@ class WorkerPool:
             self._changed.set()
 
 
+    # --- worker hosts ---------------------------------------------------------------------
+
+    async def serve_remote(self, stream: anyio.abc.ByteStream, initial: bytes, client: str,
+                           peer: str) -> None:
+        """One worker host's channel, for as long as it lasts (the writer service calls
+        this for a connection whose hello says ``role: worker``)."""
+        if self._closing:
+            return
+        peer_host = peer.split(" from ", 1)[-1].split(" ", 1)[0].rsplit(":", 1)[0]
+        name = f"worker host {peer_host} #{next(self._host_ids)}"
+        host = _Child(-1, name, None, stream)
+        reader = FrameReader(stream, initial)
+        setup = msgspec.structs.replace(self.setup, name=name, socket="",
+                                        heartbeat=self.heartbeat,
+                                        lease_timeout=self.lease_timeout)
+        try:
+            with anyio.fail_after(_START_TIMEOUT):
+                await stream.send(encode_frame(setup))
+                ready = await _read(reader, _up)
+        except (OSError, TimeoutError, anyio.BrokenResourceError, anyio.EndOfStream,
+                msgspec.DecodeError, EvidenceError) as exc:
+            log.warning("%s (%s) did not start: %s", name, client or "unnamed", exc)
+            return
+        if not isinstance(ready, Ready):
+            log.warning("%s did not say ready", name)
+            return
+        self._hosts[name] = host
+        host.alive = True
+        self._changed.set()
+        log.info("%s joined: %s, pid %d", name, client or "unnamed", ready.pid)
+        how = "was dropped at the end of the run"
+        with host.scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._beat, host)
+                how = await self._receive_remote(host, reader)
+                tg.cancel_scope.cancel()
+        host.alive = False
+        self._hosts.pop(name, None)
+        for waiter in list(host.pending.values()):
+            waiter.resolve(WorkerLost(name, how, remote=True))
+        if not self._closing:
+            log.warning("%s %s; the pages it held are settled from the store", name, how)
+
+    async def _beat(self, host: _Child) -> None:
+        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            while True:
+                await anyio.sleep(self.heartbeat)
+                async with host.send_lock:
+                    await host.stream.send(encode_frame(Beat()))
+
+    async def _receive_remote(self, host: _Child, reader: FrameReader) -> str:
+        """Answers from a worker host until its channel ends or its lease expires; how it
+        ended, in words."""
+        try:
+            while True:
+                with anyio.move_on_after(self.lease_timeout) as silent:
+                    frame = await _read(reader, _up)
+                if silent.cancelled_caught:
+                    return (f"sent nothing for {self.lease_timeout:g} s: its leases "
+                            "expired")
+                if frame is None:
+                    return "closed its connection"
+                if isinstance(frame, Beat | Ready):
+                    continue
+                waiter = host.pending.get(frame.id)
+                if waiter is None:
+                    continue
+                if isinstance(frame, Done):
+                    waiter.resolve(frame.effects)
+                elif isinstance(frame, Failed):
+                    waiter.resolve(EvidenceError(f"{host.name}: {frame.error}"))
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                msgspec.DecodeError, EvidenceError) as exc:
+            return f"broke its connection ({type(exc).__name__}: {exc})"
+
+
 # --- the child's side ------------------------------------------------------------------
 
 async def _child(fd: int) -> None:
@@ -332,9 +459,11 @@ async def _child(fd: int) -> None:
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
         root = Path(setup.store)
-        # Its own pack (packs) or files: the writer in the parent syncs what it appends.
-        artifacts = open_artifact_store(root / ARTIFACTS_DIR, create=False,
-                                        store_marker=root / SYNC_MARKER)
+        # Its own pack (packs), files, or an s3:// location opened with this process's
+        # environment (its credentials): the writer in the parent syncs what it appends.
+        artifacts = open_artifacts(setup.artifacts or None, local=root / ARTIFACTS_DIR,
+                                   create=False, read_only=False,
+                                   store_marker=root / SYNC_MARKER)
         http = crawl_client(connections=setup.connections, timeout=setup.timeout)
         from ..client import AsyncClient  # here: the package imports this module
 

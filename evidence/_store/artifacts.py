@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import blake3
 
@@ -56,7 +56,7 @@ from .._errors import (
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
 from .fsync import fsync_dir
 
-__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal"]
+__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal", "SingleRemoval"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
@@ -567,7 +567,7 @@ class ArtifactStore:
 
     def plan_removal(self, refs: Iterable[ArtifactRef]) -> list[Removal]:
         """One removal per payload file (reclaim commits each under the write lock)."""
-        return [_FileRemoval(self, ref) for ref in refs]
+        return [SingleRemoval(self, ref) for ref in refs]
 
     def location(self, ref: ArtifactRef) -> str:
         """The payload's file, for findings and errors."""
@@ -775,8 +775,10 @@ class Removal:
         raise NotImplementedError
 
 
-class _FileRemoval(Removal):
-    def __init__(self, store: ArtifactStore, ref: ArtifactRef) -> None:
+class SingleRemoval(Removal):
+    """One payload removed alone (a file, an object): nothing to prepare, nothing to undo."""
+
+    def __init__(self, store: ArtifactStore | Any, ref: ArtifactRef) -> None:
         self.store, self.refs = store, [ref]
 
     def commit(self) -> int:

@@ -8,10 +8,11 @@
                      it), get, exists, iterate, and remove for reclaim.
 
 The implementations: ``_store/sqlite.py`` (``SQLiteBackend``); ``_store/packs.py``
-(``PackStore``: append-only pack segments, new stores) and ``_store/artifacts.py``
-(``ArtifactStore``, one file per payload: stores made before packs). The guarantees they
-must keep are written once, as contract tests parametrized over the implementations
-(``tests/contract/``): another backend is one more parameter there.
+(``PackStore``: append-only pack segments, new stores), ``_store/artifacts.py``
+(``ArtifactStore``, one file per payload: stores made before packs) and ``_store/s3.py``
+(``S3ArtifactStore``, one object per payload in an S3-compatible object store). The
+guarantees they must keep are written once, as contract tests parametrized over the
+implementations (``tests/contract/``): another backend is one more parameter there.
 
 What a later backend has to provide, and where the protocol already leaves room:
 
@@ -28,7 +29,7 @@ What a later backend has to provide, and where the protocol already leaves room:
   A ``sync`` whose fsync failed raises ``ArtifactError`` with ``sync_failed=True``: the
   writer then stops and marks the store, as after a failed fsync of the database. A
   sealed pack never changes, and is read by range: what an object store holds.
-- S3-compatible objects (issue 16): every method is synchronous and thread-safe; the
+- S3-compatible objects (``_store/s3.py``): every method is synchronous and thread-safe; the
   crawler already puts from worker threads (``anyio.to_thread``), and the writer checks
   references on its commit thread, so a blocking HTTP client fits without an event loop
   in the store.
@@ -240,9 +241,11 @@ class ArtifactBackend(Protocol):
 def _check_protocols() -> None:  # pragma: no cover - for the type checker only
     from .artifacts import ArtifactStore
     from .packs import PackStore
+    from .s3 import S3ArtifactStore
     from .sqlite import SQLiteBackend
 
     store: ArtifactBackend = ArtifactStore(os.devnull)
     packs: ArtifactBackend = PackStore(os.devnull)
+    objects: ArtifactBackend = S3ArtifactStore.__new__(S3ArtifactStore)
     backend: StoreBackend = SQLiteBackend(Path(os.devnull))
-    del store, packs, backend
+    del store, packs, objects, backend

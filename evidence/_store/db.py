@@ -22,8 +22,10 @@ from typing import Any
 import apsw
 
 from .._errors import CorruptStoreError, StoreError, SyncError
-from .artifacts import ArtifactStore, FileOps
-from .packs import Layout, PackStore, open_artifact_store, resync_packs
+from . import artifactspec
+from .artifacts import FileOps
+from .backend import ArtifactBackend
+from .packs import Layout, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
@@ -53,8 +55,7 @@ class Store:
     ``connection``; readers call ``reader()`` for their own short-lived connections.
     """
 
-    def __init__(self, path: Path, connection: apsw.Connection,
-                 artifacts: ArtifactStore | PackStore,
+    def __init__(self, path: Path, connection: apsw.Connection, artifacts: ArtifactBackend,
                  *, sync: Sync, busy_timeout_ms: int, schema_version: int,
                  vfs: str | None = None, file_ops: FileOps | None = None,
                  wal_frames: WalFrames | None = None, read_only: bool = False) -> None:
@@ -79,7 +80,8 @@ class Store:
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
              max_payload: int | None = None, vfs: str | None = None,
              sqlite_version: str | None = None, file_ops: FileOps | None = None,
-             read_only: bool = False, artifact_layout: Layout = "packs") -> Store:
+             read_only: bool = False, artifacts: str | None = None,
+             artifact_layout: Layout = "packs") -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
         ``read_only=True`` opens a store on read-only media or someone else's for reading:
@@ -98,6 +100,10 @@ class Store:
         or one file each (``"files"``, the layout of stores made before packs). An
         existing store is opened in the layout it has, whatever this says: it is never
         converted silently (``evidence convert`` does that, when asked).
+
+        ``artifacts``: an ``s3://bucket/prefix`` URL for a new store's payloads, recorded in
+        the store; later opens find it there (``_store/artifactspec.py`` has the rules).
+        Without one, payloads live in the store's ``artifacts/`` directory.
         """
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
@@ -106,14 +112,14 @@ class Store:
         db_path = root / DB_NAME
         ops = file_ops or FileOps()
         _check_store_path(root, create=create and not read_only)
+        if artifacts is not None and not read_only:
+            artifactspec.check_given(artifacts)  # before anything is created
         if read_only:
             return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
-                                       max_payload=max_payload, vfs=vfs)
+                                       max_payload=max_payload, vfs=vfs, artifacts=artifacts)
         if create:
             for directory in ops.makedirs(root):  # each new entry durable in its parent
                 ops.fsync_dir(directory.parent)
-        elif not (root / ARTIFACTS_DIR).is_dir():
-            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
         if (root / SYNC_MARKER).exists():
             resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
                    also=lambda: resync_packs(root / ARTIFACTS_DIR, ops))
@@ -131,37 +137,51 @@ class Store:
                 conn.close()
                 raise
         try:
-            artifacts = open_artifact_store(root / ARTIFACTS_DIR, file_ops=ops,
-                                            max_payload=max_payload, layout=artifact_layout,
-                                            store_marker=root / SYNC_MARKER)
+            with backend.errors():
+                spec = artifactspec.choose(
+                    artifactspec.recorded(conn), artifacts,
+                    create=create and artifactspec.is_new(conn), where=str(root))
+                if spec is not None and create:
+                    artifactspec.record(conn, spec)
+            if spec is None and not create and not (root / ARTIFACTS_DIR).is_dir():
+                raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing",
+                                        path=str(root))
+            payloads = artifactspec.open_artifacts(
+                spec, local=root / ARTIFACTS_DIR, create=True, read_only=False,
+                max_payload=max_payload, file_ops=ops, layout=artifact_layout,
+                store_marker=root / SYNC_MARKER)
         except BaseException:
             conn.close()
             raise
         if create:
             ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
-        return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
+        return cls(root, conn, payloads, sync=sync, busy_timeout_ms=busy_timeout_ms,
                    schema_version=version, vfs=vfs, file_ops=ops, wal_frames=hook)
 
     @classmethod
     def _open_read_only(cls, root: Path, *, busy_timeout_ms: int, max_payload: int | None,
-                        vfs: str | None) -> Store:
-        if not (root / ARTIFACTS_DIR).is_dir():
-            raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
+                        vfs: str | None, artifacts: str | None = None) -> Store:
         db_path = root / DB_NAME
         with map_sqlite_errors(db_path):
             conn = connect_reader(db_path, busy_timeout_ms, vfs=vfs)
             try:
                 version = applied_version(conn, load_migrations())
+                spec = artifactspec.choose(artifactspec.recorded(conn), artifacts,
+                                           create=False, where=str(root))
+                if spec is None and not (root / ARTIFACTS_DIR).is_dir():
+                    raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing",
+                                            path=str(root))
             except BaseException:
                 conn.close()
                 raise
         try:
-            artifacts = open_artifact_store(root / ARTIFACTS_DIR, create=False, read_only=True,
-                                            max_payload=max_payload)
+            payloads = artifactspec.open_artifacts(
+                spec, local=root / ARTIFACTS_DIR, create=False, read_only=True,
+                max_payload=max_payload)
         except BaseException:
             conn.close()
             raise
-        return cls(root, conn, artifacts, sync="full", busy_timeout_ms=busy_timeout_ms,
+        return cls(root, conn, payloads, sync="full", busy_timeout_ms=busy_timeout_ms,
                    schema_version=version, vfs=vfs, read_only=True)
 
     @classmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import socket
@@ -35,6 +36,7 @@ from .._errors import (
     StoreError,
 )
 from .._model.messages import new_id, now_text
+from .artifactspec import LOCAL_META
 from .backend import Dialect, Progress
 from .resync import describe, is_sync_failure
 
@@ -345,6 +347,8 @@ def copy_snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_B
     with a crawler committing every few milliseconds it would never finish. In WAL mode the
     read transaction never blocks the writer; it only keeps checkpoints from recycling the
     WAL while the pages are copied (seconds), never while the dump is formatted.
+
+    The copy leaves out ``store_meta``'s local keys (``artifactspec.LOCAL_META``).
     """
     check_sqlite_version()
     with map_sqlite_errors(db_path):
@@ -364,6 +368,10 @@ def copy_snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_B
                                      backup.page_count)
                     pages = backup.page_count
                 src.execute("COMMIT")
+                # Where this deployment keeps its payloads is not part of what the store
+                # holds: exports, backups and comparisons of the copy never carry it.
+                dst.execute("DELETE FROM store_meta WHERE key IN (SELECT value FROM "
+                            "json_each(?))", (json.dumps(LOCAL_META),))
             finally:
                 dst.close()
         finally:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .._errors import ArtifactError, URLError
+from .._errors import ArtifactCorruptError, ArtifactMissingError, URLError
 from .._model.messages import (
     Discovery,
     FetchAttempt,
@@ -413,8 +413,11 @@ class Applier:
                     self.store.artifacts.verify(ref)
                 else:
                     self.store.artifacts.check(ref)
-            except ArtifactError as exc:
+            except (ArtifactMissingError, ArtifactCorruptError) as exc:
                 raise Rejected(f"{_text(what)}: {exc}") from exc
+            # Any other ArtifactError is the artifact store failing to answer (an object
+            # store unreachable, an I/O error), not the message's fault: it fails the
+            # batch (the writer's CommitError; nothing written, redeliver), never rejects.
         if row is not None:
             self.interner.put("artifact", key, row)
             known: int = row[0]

@@ -42,8 +42,10 @@ import logging
 import math
 import os
 import socket
+import ssl
 import stat
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -51,10 +53,12 @@ from types import TracebackType
 import anyio
 import anyio.abc
 import anyio.lowlevel
+from anyio.streams.tls import TLSStream
 
 from .._errors import CommitError, MessageError, WriterClosedError
 from .._model.messages import Message, decode_message
 from .._store.db import Store
+from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
     HEADER,
     PROTOCOL_VERSION,
@@ -208,6 +212,8 @@ class _Connection:
         self.held = 0  # bytes of the read budget this connection holds
         self.body_time_left: float | None = None  # while a frame's body is being read
         self.hello_scope = anyio.CancelScope()  # cancelled to drop it before its hello
+        self.tls = False  # the TLS handshake is due before the hello
+        self.role = ""  # the hello's: "worker" hands the connection to the coordinator
 
     def push(self, data: bytes, *, slot: bool) -> None:
         """Queue an answer without blocking; ``slot``: it releases a request slot when sent."""
@@ -302,30 +308,46 @@ def _error_frame(exc: Exception, request_id: int) -> ErrorFrame:
     return ErrorFrame(code="writer_closed", message=str(exc), id=request_id, retryable=True)
 
 
+WorkerHandler = Callable[[anyio.abc.ByteStream, bytes, str, str], Awaitable[None]]
+
+
 class Service:
-    """The writer of ``store``, serving clients on a Unix socket and/or a loopback port.
+    """The writer of ``store``, serving clients on a Unix socket and/or a TCP port.
 
     ``socket_path``: a Unix socket, created with mode 0600 (a stale socket left by a killed
-    service is replaced; a live one is refused). ``listen``: ``"127.0.0.1:PORT"`` (port 0
-    picks one; see ``tcp_address``), which needs ``token``. When ``token`` is set, every
-    connection must present it. ``metrics``: a loopback ``HOST:PORT`` serving ``/metrics``.
+    service is replaced; a live one is refused). ``listen``: ``"HOST:PORT"`` (port 0 picks
+    one; see ``tcp_address``), which needs ``token``; a loopback address, or with ``tls``
+    (the certificate and key, ``_write/tls.py``) any address, each connection a TLS one.
+    When ``token`` is set, every connection must present it. ``metrics``: a loopback
+    ``HOST:PORT`` serving ``/metrics``.
+
+    ``worker_handler``: a crawl coordinator's (``_crawl/workers.py``): a connection whose
+    hello says ``role: worker`` is handed to it after the welcome, as (stream, bytes read
+    past the hello, the client's name, its peer). ``fence(name)`` ends a client's
+    connections and refuses that name from then on (an expired lease).
     """
 
     def __init__(self, store: Store, *, socket_path: os.PathLike[str] | str | None = None,
                  listen: str | None = None, token: str | None = None,
                  metrics: str | None = None, limits: ServiceLimits | None = None,
-                 writer_limits: WriterLimits | None = None) -> None:
+                 writer_limits: WriterLimits | None = None,
+                 tls: TLSFiles | ssl.SSLContext | None = None,
+                 worker_handler: WorkerHandler | None = None) -> None:
         if socket_path is None and listen is None:
-            raise ServiceError("the service needs a Unix socket path or a loopback address",
+            raise ServiceError("the service needs a Unix socket path or a TCP address",
                                hint="give --socket PATH, or --listen 127.0.0.1:PORT")
         if listen is not None and not token:
-            raise ServiceError("listening on a TCP port needs a token: any local user can "
-                               "connect to it", hint="add --token-file FILE (mode 600)")
+            raise ServiceError("listening on a TCP port needs a token: anyone who can reach "
+                               "it could connect", hint="add --token-file FILE (mode 600)")
         self.store = store
         self.limits = limits or ServiceLimits()
         self.writer_limits = writer_limits or WriterLimits(max_batch_delay=0.002)
         self.socket_path = None if socket_path is None else Path(socket_path)
-        self._listen = None if listen is None else parse_loopback(listen)
+        self._tls = server_context(tls) if isinstance(tls, TLSFiles) else tls
+        self._listen = None if listen is None else parse_listen(listen,
+                                                                tls=self._tls is not None)
+        self.worker_handler = worker_handler
+        self._fenced: set[str] = set()
         self._metrics = None if metrics is None else parse_loopback(metrics, what="--metrics")
         self._token = token or None
         self.tcp_address: tuple[str, int] | None = None
@@ -333,7 +355,8 @@ class Service:
         self.writer: Writer  # set on entry
         self._stack = contextlib.AsyncExitStack()
         self._tg: anyio.abc.TaskGroup
-        self._listeners: list[anyio.abc.SocketListener] = []
+        self._listeners: list[anyio.abc.Listener] = []
+        self._tcp_listeners: list[anyio.abc.Listener] = []
         self._connections: set[_Connection] = set()
         # anyio primitives need the event loop: made in __aenter__
         self._accept_scopes: list[anyio.CancelScope] = []
@@ -365,7 +388,7 @@ class Service:
             await self._open_listeners()
             self._tg = await self._stack.enter_async_context(anyio.create_task_group())
             for listener in self._listeners:
-                self._tg.start_soon(self._accept, listener)
+                self._tg.start_soon(self._accept, listener, listener in self._tcp_listeners)
             if self._metrics is not None:
                 metrics = await anyio.create_tcp_listener(local_host=self._metrics[0],
                                                           local_port=self._metrics[1])
@@ -416,6 +439,24 @@ class Service:
         while any(conn.client == client for conn in self._connections):
             await self._connections_change()
 
+    async def fence(self, client: str) -> None:
+        """Refuse the client named ``client`` from now on, end its connections, and wait
+        until they are gone: what they had read has committed (or failed) by then, and
+        nothing it sends later is written. A worker host whose lease expired is fenced so
+        that its pages can be settled from the store without a late submission racing."""
+        self._fenced.add(client)
+        for conn in list(self._connections):
+            if conn.client == client:
+                conn.read_scope.cancel()
+        await self.wait_gone(client)
+
+    async def _start_tls(self, conn: _Connection) -> None:
+        """The TLS handshake (inside the hello's deadline: a peer that stalls it is
+        dropped like one that says nothing)."""
+        assert self._tls is not None
+        conn.stream = await TLSStream.wrap(conn.stream, server_side=True,
+                                           ssl_context=self._tls, standard_compatible=False)
+
     async def _connections_change(self) -> None:
         if self._connections_changed.is_set():  # shared by every waiter until it fires
             self._connections_changed = anyio.Event()
@@ -431,9 +472,8 @@ class Service:
         if self._listen is not None:
             tcp = await anyio.create_tcp_listener(local_host=self._listen[0],
                                                   local_port=self._listen[1])
-            for listener in tcp.listeners:  # one per address family, each accepts alone
-                assert isinstance(listener, anyio.abc.SocketListener)
-                self._listeners.append(listener)
+            self._listeners.extend(tcp.listeners)
+            self._tcp_listeners.extend(tcp.listeners)
             self.tcp_address = (self._listen[0], tcp.extra(anyio.abc.SocketAttribute.local_port))
 
     def _unlink_socket(self) -> None:
@@ -445,7 +485,7 @@ class Service:
                 self.socket_path.unlink()
         self._socket_inode = None
 
-    async def _accept(self, listener: anyio.abc.SocketListener) -> None:
+    async def _accept(self, listener: anyio.abc.Listener, tcp: bool = False) -> None:
         with anyio.CancelScope() as scope:
             self._accept_scopes.append(scope)
             if self._stopping:
@@ -458,21 +498,22 @@ class Service:
                         log.warning("accept failed: %s", exc)
                         await anyio.sleep(0.1)
                         continue
-                    self._tg.start_soon(self._handle, stream)
+                    self._tg.start_soon(self._handle, stream, tcp and self._tls is not None)
 
     # --- one connection ----------------------------------------------------------------
 
-    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
+    async def _handle(self, stream: anyio.abc.ByteStream, tls: bool = False) -> None:
         self._counts["connections"] += 1
         conn = _Connection(stream, self.limits,
                            f"connection {self._counts['connections']} {_peer(stream)}")
+        conn.tls = tls
         self._connections.add(conn)
         try:
             with conn.scope:
                 await self._serve(conn)
         finally:
             with anyio.CancelScope(shield=True):
-                await stream.aclose()
+                await conn.stream.aclose()  # the TLS stream, if one was started
             self._unauthenticated.pop(conn, None)
             self._budget.frame_done(conn)
             self._budget.release(conn.held)  # what it read and never handed on
@@ -497,6 +538,8 @@ class Service:
         reader = FrameReader(_MeteredStream(conn, self._budget, self._counts))
         try:
             with conn.hello_scope, anyio.fail_after(self.limits.handshake_timeout):
+                if conn.tls:
+                    await self._start_tls(conn)
                 await self._handshake(conn, reader)
         except ProtocolError as exc:
             self._unauthenticated.pop(conn, None)
@@ -508,13 +551,20 @@ class Service:
                                                    "no valid hello in time"))
             return
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-                OSError):
+                OSError, ssl.SSLError):
             return
         if conn.hello_scope.cancelled_caught:  # dropped for a newer connection (not logged:
             self._errors["too_many_unauthenticated"] += 1  # a flood would flood the log)
             return
         self._authenticated += 1
         try:
+            if conn.role == "worker" and self.worker_handler is not None:
+                # The connection is the coordinator's now: the worker protocol, its own
+                # reads (a worker channel carries a few small frames, not the budget's).
+                with conn.read_scope:
+                    await self.worker_handler(conn.stream, reader.take_buffered(),
+                                              conn.client, conn.peer)
+                return
             await self._serve_authenticated(conn, reader)
         finally:
             self._authenticated -= 1
@@ -557,6 +607,14 @@ class Service:
                                 f"version {PROTOCOL_VERSION}, the client {hello.versions}")
         if self._token is not None and not tokens_match(self._token, hello.token):
             raise ProtocolError("unauthorized", "wrong or missing token")
+        if hello.client and hello.client in self._fenced:
+            raise ProtocolError("lease_expired", f"{hello.client}: its leases expired and "
+                                "were returned to the frontier; reconnect as a new worker")
+        if hello.role not in ("", "worker"):
+            raise ProtocolError("protocol", f"unknown role {hello.role!r}")
+        if hello.role == "worker" and self.worker_handler is None:
+            raise ProtocolError("no_workers", "this service takes no worker hosts (only a "
+                                "crawl started with --listen does)", retryable=True)
         if self._stopping:
             raise ProtocolError("shutting_down", "the service is stopping", retryable=True)
         if self._authenticated >= self.limits.max_connections:
@@ -564,6 +622,7 @@ class Service:
                                 "clients are connected; retry later", retryable=True)
         self._unauthenticated.pop(conn, None)  # from here on it counts as a client
         conn.client = hello.client
+        conn.role = hello.role
         conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
         from .. import __version__  # here: the package imports this module
 
@@ -596,7 +655,8 @@ class Service:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
                                  anyio.EndOfStream, OSError), \
                 anyio.move_on_after(min(self.limits.send_timeout, 5.0)):
-            await conn.stream.send_eof()
+            if not conn.tls:  # TLS has no half-close: the peer closes after our answers
+                await conn.stream.send_eof()
             while True:
                 await conn.stream.receive()
 

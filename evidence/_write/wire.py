@@ -95,10 +95,14 @@ class TruncatedFrame(ProtocolError):
 _STRICT = {"tag_field": "type", "forbid_unknown_fields": True, "frozen": True}
 
 
-class Hello(msgspec.Struct, tag="hello", **_STRICT):
+class Hello(msgspec.Struct, tag="hello", omit_defaults=True, **_STRICT):
     versions: Annotated[list[int], msgspec.Meta(max_length=16)]
     token: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     client: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    # "worker": after the welcome, the connection is a crawl coordinator's channel to a
+    # worker host (``_crawl/workers.py``), not a submitter's. Omitted when empty, so a
+    # hello without it is the same bytes as before.
+    role: Annotated[str, msgspec.Meta(max_length=32)] = ""
 
 
 class Submit(msgspec.Struct, tag="submit", **_STRICT):
@@ -219,9 +223,9 @@ class FrameReader:
     and reserve room for it before reading its body. Memory held: one chunk plus one frame.
     """
 
-    def __init__(self, stream: ByteSource) -> None:
+    def __init__(self, stream: ByteSource, initial: bytes = b"") -> None:
         self._stream = stream
-        self._buffer = bytearray()
+        self._buffer = bytearray(initial)  # bytes already read from the stream by another
 
     async def _fill(self, wanted: int) -> None:
         while len(self._buffer) < wanted:
@@ -230,6 +234,12 @@ class FrameReader:
     def buffered(self) -> int:
         """Bytes read from the stream and not yet returned."""
         return len(self._buffer)
+
+    def take_buffered(self) -> bytes:
+        """Hand over what was read and not returned (the stream changes readers)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
 
     def frame_ready(self) -> bool:
         """Whether a whole frame is buffered (reading it will not wait on the stream)."""

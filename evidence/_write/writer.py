@@ -554,6 +554,14 @@ class Writer:
                 hint="redeliver the messages; if the disk is full, free space first",
                 batch_seq=batch_seq, sqlite_code=getattr(exc, "extendedresult", None),
             ) from exc
+        except ArtifactError as exc:
+            # The artifact store did not answer a reference check (an object store down):
+            # not the messages' fault, unlike a missing payload, which is a rejection.
+            self._rollback(conn)
+            raise CommitError(
+                f"batch {batch_seq}: the artifact store could not check its payloads ({exc}); "
+                "nothing of it was written", hint="redeliver the messages once the artifact "
+                "store answers again", batch_seq=batch_seq) from exc
         except BaseException:
             self._rollback(conn)
             raise

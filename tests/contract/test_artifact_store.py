@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evidence import ArtifactCorruptError, ArtifactMissingError, ArtifactRef
-from evidence.testing.faults import SimulatedDisk
 
 from .conftest import ArtifactKind
 
@@ -19,18 +18,16 @@ payloads = st.binary(max_size=4096)
 namespaces = st.sampled_from(["body", "headers", "robots"])
 
 
-def test_a_put_that_returned_and_was_synced_survives_power_loss(
+def test_a_put_that_returned_and_was_synced_survives_a_crash_of_its_medium(
         artifact_kind: ArtifactKind, tmp_path: Path) -> None:
-    disk = SimulatedDisk(tmp_path)
-    disk.capture()
-    artifacts = artifact_kind.open_on(tmp_path / "artifacts", disk)
-    refs = [artifacts.put("body", f"payload {i}".encode()) for i in range(3)]
-    artifacts.sync(refs)  # what the writer does before the COMMIT that references them
-    disk.power_loss("drop")  # nothing that was not synced reaches the medium
-    disk.write_crash_image()
-    after = artifact_kind.open(tmp_path / "artifacts")
-    for i, ref in enumerate(refs):
-        assert after.read(ref, verify=True) == f"payload {i}".encode()
+    with artifact_kind.crashable(tmp_path) as medium:
+        artifacts = medium.open()
+        refs = [artifacts.put("body", f"payload {i}".encode()) for i in range(3)]
+        artifacts.sync(refs)  # what the writer does before the COMMIT that references them
+        medium.crash()  # power loss (a directory), SIGKILL and restart (an object store)
+        after = medium.open()
+        for i, ref in enumerate(refs):
+            assert after.read(ref, verify=True) == f"payload {i}".encode()
 
 
 @settings(max_examples=40, deadline=None,
