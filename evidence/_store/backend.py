@@ -103,6 +103,10 @@ class Dialect:
     param: str = "?"
     list_member: str = "{column} IN (SELECT value FROM json_each({param}))"
     encode_list: Callable[[list[Any]], object] = _json_array  # how that parameter is bound
+    # The two inserts whose new key the writer reads back (``last_insert_rowid``) end in
+    # ``RETURNING <key>`` (SQLite's changes() and last_insert_rowid() are two C calls; a
+    # server has no last rowid to ask for).
+    returning: bool = False
 
     def values(self, width: int) -> str:
         """``(?, ?, ...)``: one row's placeholders."""

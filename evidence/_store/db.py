@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import apsw
@@ -23,6 +24,7 @@ import apsw
 from .._errors import CorruptStoreError, StoreError, SyncError
 from .artifacts import ArtifactStore, FileOps
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
+from .runlock import crawl_lock, running_pid
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
     DB_NAME,
@@ -76,7 +78,7 @@ class Store:
              busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
              max_payload: int | None = None, vfs: str | None = None,
              sqlite_version: str | None = None, file_ops: FileOps | None = None,
-             read_only: bool = False) -> Store:
+             read_only: bool = False, artifacts: str | None = None) -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
         ``read_only=True`` opens a store on read-only media or someone else's for reading:
@@ -90,7 +92,23 @@ class Store:
 
         A store marked after a failed fsync (``sync-failed``) is resynced first; if that
         fails, ``SyncError`` and nothing is opened.
+
+        ``path`` may also be a PostgreSQL connection string (``postgresql://...``, or libpq's
+        ``host=... dbname=...``): the store is that database (``_store/pgstore.py``), its
+        payloads in the directory ``artifacts`` names (recorded when it is created).
         """
+        from .postgresql import is_postgres_location
+
+        if is_postgres_location(path):
+            from .pgstore import PostgresStore
+
+            return PostgresStore.open_location(
+                str(path), create=create, read_only=read_only, artifacts=artifacts, sync=sync,
+                max_payload=max_payload)
+        if artifacts is not None:
+            raise StoreError("--artifacts is for a PostgreSQL store; a store directory keeps "
+                             "its payloads in its artifacts/",
+                             hint="leave out --artifacts for a store directory")
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
             raise StoreError(f"sync must be 'full' or 'normal', not {sync!r}")
@@ -157,6 +175,12 @@ class Store:
         return cls.open(path, create=True, **options)  # type: ignore[arg-type]
 
     @property
+    def location(self) -> str:
+        """What messages and reports call the store: its directory, or a connection string
+        (without its password)."""
+        return str(self.path)
+
+    @property
     def store_id(self) -> str:
         return self.meta("store_id")
 
@@ -170,7 +194,7 @@ class Store:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the write connection; rollback on error."""
         self.check_writable()
         conn = self.connection
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(self.backend.dialect.begin_write)
         try:
             yield conn
         except BaseException:
@@ -241,6 +265,25 @@ class Store:
             return (self.path / (DB_NAME + "-wal")).stat().st_size
         except FileNotFoundError:
             return 0
+
+    def writer_lock(self, *, wait: bool = False,
+                    on_wait: Callable[[str], None] | None = None
+                    ) -> contextlib.AbstractContextManager[None]:
+        """One writer per store: held by a crawl or a writer service for its whole run.
+        Here the ``crawl.lock`` flock (refused at once when held: ``wait`` is for a
+        PostgreSQL store's standby); a PostgreSQL store's is an advisory lock."""
+        return crawl_lock(self.path)
+
+    def writer_claim(self) -> contextlib.AbstractContextManager[None]:
+        """What a ``Writer`` holds for its life: nothing here (every write transaction is
+        BEGIN IMMEDIATE, and a crawl or service holds ``writer_lock``); on PostgreSQL the
+        writer lock, so that no two writers of one store ever interleave batches."""
+        return contextlib.nullcontext()
+
+    def running_writer(self) -> tuple[int, str] | None:
+        """(pid, host) of the crawl or service holding the writer lock, if any."""
+        pid = running_pid(self.path)
+        return None if pid is None else (pid, socket.gethostname())
 
     def close(self) -> None:
         """Checkpoint (seeing the result), then close. The WAL is removed only after a

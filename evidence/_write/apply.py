@@ -95,8 +95,10 @@ class Statements:
     def __init__(self, d: Dialect) -> None:
         p = d.param
         self.encode_list = d.encode_list
+        returning = d.returning
         self.url_insert = (f"INSERT INTO url_identity (normalizer_version, fetch_key) VALUES "
-                           f"{d.values(2)} ON CONFLICT (normalizer_version, fetch_key) DO NOTHING")
+                           f"{d.values(2)} ON CONFLICT (normalizer_version, fetch_key) DO NOTHING"
+                           + (" RETURNING url_id" if returning else ""))
         self.url_select = (f"SELECT url_id FROM url_identity WHERE normalizer_version = {p} "
                            f"AND fetch_key = {p}")
         # Many keys at once: the IN list probes the unique index once per key (written as a
@@ -105,7 +107,8 @@ class Statements:
         self.urls_select = (f"SELECT fetch_key, url_id FROM url_identity WHERE "
                             f"normalizer_version = {p} AND {d.in_list('fetch_key')}")
         self.attempt_insert = (f"INSERT INTO fetch_attempt ({_ATTEMPT_COLUMNS}) VALUES "
-                               f"{d.values(_ATTEMPT_WIDTH)} ON CONFLICT (attempt_id) DO NOTHING")
+                               f"{d.values(_ATTEMPT_WIDTH)} ON CONFLICT (attempt_id) DO NOTHING"
+                               + (" RETURNING attempt_seq" if returning else ""))
         # Rule 5: a late or redelivered attempt never moves the projection backward.
         self.current = RowInsert(
             "INSERT INTO url_current (run_id, url_id, sequence, attempt_seq)", 4,
@@ -332,9 +335,23 @@ class Applier:
             self._edges.extend(rows)
 
     def flush(self) -> None:
-        """Write the deferred rows (``defer``), in the order the messages made them."""
+        """Write the deferred rows (``defer``), in the order the messages made them.
+
+        The projection is written one row per (run, URL): the one with the highest
+        sequence, which is where upserting them one by one in order leaves url_current
+        (a lower or equal sequence never moves it). PostgreSQL refuses an upsert that
+        touches one row twice in one statement; this never asks it to.
+        """
         if self._attempt_rows:
             self._write_attempts()
+        if self._projection:
+            best: dict[tuple[object, object], tuple[object, ...]] = {}
+            for row in self._projection:
+                key = (row[0], row[1])
+                kept = best.get(key)
+                if kept is None or row[2] > kept[2]:  # type: ignore[operator]
+                    best[key] = row
+            self._projection[:] = best.values()
         for rows, insert in ((self._edges, self.sql.edges),
                              (self._projection, self.sql.current)):
             if rows:
@@ -646,11 +663,13 @@ def _host(ctx: Applier, m: HostUpdate) -> None:
     ctx.conn.execute(
         "INSERT INTO host_state (host, robots_attempt_id, robots_expires_at, crawl_delay, "
         "backoff_until, reason, updated_log_index) VALUES (?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (host) DO UPDATE SET "
-        "robots_attempt_id = coalesce(excluded.robots_attempt_id, robots_attempt_id), "
-        "robots_expires_at = coalesce(excluded.robots_expires_at, robots_expires_at), "
-        "crawl_delay = CASE WHEN excluded.robots_attempt_id IS NULL THEN crawl_delay "
-        "ELSE excluded.crawl_delay END, "
+        "ON CONFLICT (host) DO UPDATE SET "  # qualified: PostgreSQL needs it, SQLite takes it
+        "robots_attempt_id = coalesce(excluded.robots_attempt_id, "
+        "host_state.robots_attempt_id), "
+        "robots_expires_at = coalesce(excluded.robots_expires_at, "
+        "host_state.robots_expires_at), "
+        "crawl_delay = CASE WHEN excluded.robots_attempt_id IS NULL THEN "
+        "host_state.crawl_delay ELSE excluded.crawl_delay END, "
         "backoff_until = excluded.backoff_until, reason = excluded.reason, "
         "updated_log_index = excluded.updated_log_index",
         (m.host, m.robots_attempt_id,

@@ -1,0 +1,696 @@
+"""The PostgreSQL store backend: connections, the server's durability, migrations, the
+writer's lock, snapshots, errors.
+
+A PostgreSQL store is one database (its tables are the SQLite store's, mirrored by
+``schema/postgresql/NNN_name.sql``) and an artifact directory named by the store's meta
+(``artifacts``), given when the store is created. This module owns ``PostgresBackend``,
+the second implementation of ``backend.StoreBackend``. Invariants:
+  - the server owns durability, and the backend checks at every connection that it can:
+    ``fsync`` and ``full_page_writes`` on, ``data_sync_retry`` off (a failed fsync makes
+    the server PANIC and recover from its WAL, instead of retrying an fsync that can no
+    longer fail: the "fsyncgate" rule docs/design.md states for SQLite), and the session's
+    ``synchronous_commit`` set to ``on`` (a commit is flushed when COMMIT returns);
+  - one writer per store: the writer's connection holds a session-level advisory lock
+    (``WRITER_LOCK``) for its whole life; a second writer waits for it (a standby) or is
+    refused, and every write transaction also takes the transaction-level form of the same
+    lock, so any other write (a migration, ``evidence init``) waits for the writer;
+  - the same messages make the same rows, ids included, as on SQLite: the migrations give
+    the next id as SQLite's rowid does, and the hot statements are the SQLite ones, their
+    ``?`` and ``:name`` placeholders translated once per statement text (``_translate``);
+  - ``copy_snapshot`` writes one REPEATABLE READ snapshot into a private SQLite file made
+    by the SQLite migrations of the store's version, which is what the canonical dump, the
+    archives and verify read: both engines export the same bytes for the same evidence;
+  - psycopg errors become ``StoreError`` and its kin at one boundary, ``map_pg_errors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import decimal
+import logging
+import os
+import re
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from .._errors import EvidenceError, MigrationError, StoreError
+from .._model.messages import new_id, now_text
+from .backend import Dialect, Progress
+from .sqlite import apply_migrations, load_migrations, schema_dir
+
+try:
+    import psycopg
+    import psycopg.errors
+    from psycopg.adapt import Loader
+    from psycopg.pq import TransactionStatus
+except ImportError:  # pragma: no cover - only without the postgresql extra
+    psycopg = None  # type: ignore[assignment]
+    Loader = object  # type: ignore[assignment,misc]
+
+__all__ = ["POSTGRESQL", "PostgresBackend", "is_postgres_location", "redact"]
+
+log = logging.getLogger("evidence.postgresql")
+
+# One writer per store. Advisory locks belong to one database, which is one store, so a
+# fixed key is enough: ('evid', 1).
+WRITER_LOCK = (0x65766964, 1)
+_LOCK_ARGS = f"{WRITER_LOCK[0]}, {WRITER_LOCK[1]}"
+
+POSTGRESQL = Dialect(
+    name="postgresql",
+    # The transaction-level form of the writer's lock: re-entrant for the writer's own
+    # connection (it holds the session-level one), a wait for any other.
+    begin_write=f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({_LOCK_ARGS})",
+    begin_read="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+    list_member="{column} = ANY({param})",
+    encode_list=list,
+    returning=True,
+)
+
+DEFAULT_LOCK_TIMEOUT_MS = 5_000
+RECONNECT_SECONDS = 60.0  # how long a lost connection is retried before the writer gives up
+MIN_SERVER_VERSION = 130000
+_PG_MIGRATIONS = "postgresql"
+
+
+# --- where a store is ----------------------------------------------------------------
+
+_KEYWORDS = re.compile(r"^\s*(host|hostaddr|port|dbname|user|service|sslmode|"
+                       r"application_name|connect_timeout|password|passfile)\s*=")
+
+
+def is_postgres_location(location: object) -> bool:
+    """A PostgreSQL connection string: a ``postgresql://`` or ``postgres://`` URI, or a
+    libpq keyword/value string (``host=/run/postgresql dbname=evidence``)."""
+    if not isinstance(location, str):
+        return False
+    return location.startswith(("postgresql://", "postgres://")) or bool(
+        _KEYWORDS.match(location))
+
+
+def redact(location: str) -> str:
+    """The connection string without its password, for messages and reports."""
+    if location.startswith(("postgresql://", "postgres://")):
+        parts = urllib.parse.urlsplit(location)
+        if parts.password is not None:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+            parts = parts._replace(netloc=netloc)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if any(k == "password" for k, _ in query):
+            parts = parts._replace(query=urllib.parse.urlencode(
+                [(k, "***" if k == "password" else v) for k, v in query], safe="/"))
+        return urllib.parse.urlunsplit(parts)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", location)
+
+
+def _need_driver() -> None:
+    if psycopg is None:
+        raise StoreError("a PostgreSQL store needs the psycopg driver, which is not installed",
+                         hint="pip install 'evidence[postgresql]'")
+
+
+# --- errors ----------------------------------------------------------------------------
+
+class TextHoldsNul(Exception):
+    """A text value holds U+0000, which PostgreSQL text cannot store (SQLite can): the
+    message is refused, as a row the schema refuses is (``ConstraintError``)."""
+
+
+def _error_classes() -> tuple[type[Exception], ...]:
+    if psycopg is None:  # pragma: no cover
+        return (Exception, Exception, Exception)
+    constraint = type("ConstraintError", (psycopg.errors.IntegrityError, TextHoldsNul), {})
+    return (psycopg.Error, psycopg.errors.LockNotAvailable, constraint)
+
+
+_Error, _BusyError, _ConstraintError = _error_classes()
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """The connection to the server was lost (the server stopped, restarted or is out of
+    reach): whatever the transaction had not committed is rolled back by the server."""
+    if psycopg is None or not isinstance(exc, psycopg.Error):
+        return False
+    if isinstance(exc, (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown,
+                        psycopg.errors.CannotConnectNow)):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and getattr(exc, "sqlstate", None) in (
+        None, "08000", "08003", "08006", "57P01", "57P02", "57P03")
+
+
+@contextlib.contextmanager
+def map_pg_errors(location: str) -> Iterator[None]:
+    """Translate psycopg errors at the store boundary, keeping the SQLSTATE."""
+    try:
+        yield
+    except EvidenceError:
+        raise
+    except Exception as exc:
+        if psycopg is None or not isinstance(exc, psycopg.Error):
+            raise
+        where = redact(location)
+        if is_disconnect(exc):
+            raise StoreError(f"{where}: the connection to PostgreSQL was lost ({exc})",
+                             hint="check that the server runs and is reachable, then retry",
+                             path=where, sqlstate=exc.sqlstate) from exc
+        if isinstance(exc, psycopg.errors.DiskFull):
+            raise StoreError(f"{where}: the server's disk is full ({exc})",
+                             hint="free disk space on the database server and retry",
+                             path=where, sqlstate=exc.sqlstate) from exc
+        raise StoreError(f"{where}: {str(exc).strip()}", path=where,
+                         sqlstate=getattr(exc, "sqlstate", None)) from exc
+
+
+# --- the connection: the small part of apsw's the write path and the readers use -------
+
+_TOKEN = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|::|"""
+                    r""":[A-Za-z_]\w*|\?|%""", re.S)
+_DML = ("INSERT", "UPDATE", "DELETE")
+
+
+def _translate(sql: str) -> str:
+    """SQLite's ``?`` and ``:name`` placeholders as psycopg's, ``%`` escaped; quoted text,
+    identifiers and comments untouched."""
+    def one(match: re.Match[str]) -> str:
+        token = match.group()
+        if token[0] == "'":  # psycopg reads % in quoted text too
+            return token.replace("%", "%%")
+        if token == "?":
+            return "%s"
+        if token == "%":
+            return "%%"
+        if token[0] == ":" and token != "::":
+            return f"%({token[1:]})s"
+        return token
+    return _TOKEN.sub(one, sql)
+
+
+class _IntLoader(Loader):  # type: ignore[misc,valid-type]
+    """numeric (sum, avg) and boolean results as SQLite gives them: a whole number as an
+    int, a fraction as a float, true and false as 1 and 0."""
+
+    def load(self, data: Any) -> Any:
+        text = bytes(data).decode()
+        if text in ("t", "f"):
+            return int(text == "t")
+        value = decimal.Decimal(text)
+        if value.is_finite() and value == value.to_integral_value():
+            return int(value)
+        return float(value)
+
+
+class PgCursor:
+    """A cursor with apsw's surface: ``execute`` returns it, iterating gives tuples."""
+
+    __slots__ = ("_conn", "_cursor")
+
+    def __init__(self, conn: PgConnection) -> None:
+        self._conn = conn
+        self._cursor = conn.raw.cursor()
+
+    def execute(self, statement: str, binding: Any = None) -> PgCursor:
+        self._conn._run(self._cursor, statement, binding)
+        return self
+
+    def executemany(self, statement: str, sequenceofbindings: Any) -> PgCursor:
+        self._conn._run_many(self._cursor, statement, sequenceofbindings)
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._cursor.pgresult is None or self._cursor.description is None:
+            raise StopIteration
+        row = self._cursor.fetchone()
+        if row is None:
+            raise StopIteration
+        return row
+
+    def fetchall(self) -> list[Any]:
+        if self._cursor.description is None:
+            return []
+        return self._cursor.fetchall()
+
+    def fetchone(self) -> Any:
+        return None if self._cursor.description is None else self._cursor.fetchone()
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+class PgConnection:
+    """A psycopg connection behind ``backend.Connection``: SQLite-style statements, explicit
+    BEGIN/COMMIT (the psycopg connection is in autocommit mode, as apsw's is until BEGIN),
+    ``changes``/``total_changes`` from row counts, and ``last_insert_rowid`` from the
+    ``RETURNING`` the PostgreSQL dialect adds to the two inserts that need it."""
+
+    def __init__(self, raw: Any, location: str) -> None:
+        self.raw = raw
+        self.location = location
+        self._changes = 0
+        self._total = 0
+        self._last: Any = None  # the cursor of the last statement (for last_insert_rowid)
+        self._sql: dict[str, tuple[str, bool]] = {}
+
+    def _statement(self, statement: str) -> tuple[str, bool]:
+        known = self._sql.get(statement)
+        if known is None:
+            if len(self._sql) > 2000:
+                self._sql.clear()
+            known = self._sql[statement] = (
+                _translate(statement), statement.lstrip().upper().startswith(_DML))
+        return known
+
+    def _run(self, cursor: Any, statement: str, binding: Any) -> None:
+        if binding is None or (not binding and not isinstance(binding, dict)):
+            cursor.execute(statement)  # no placeholders: % is taken as it is
+            dml = statement.lstrip().upper().startswith(_DML)
+        else:
+            sql, dml = self._statement(statement)
+            try:
+                cursor.execute(sql, binding)
+            except psycopg.DataError as exc:
+                _nul(exc)
+                raise
+        self._last = cursor
+        if dml:
+            self._changes = max(cursor.rowcount, 0)
+            self._total += self._changes
+
+    def _run_many(self, cursor: Any, statement: str, bindings: Any) -> None:
+        sql, dml = self._statement(statement)
+        try:
+            cursor.executemany(sql, bindings)
+        except psycopg.DataError as exc:
+            _nul(exc)
+            raise
+        self._last = cursor
+        if dml:
+            self._changes = max(cursor.rowcount, 0)
+            self._total += self._changes
+
+    def execute(self, statement: str, binding: Any = None) -> PgCursor:
+        return PgCursor(self).execute(statement, binding)
+
+    def executemany(self, statement: str, sequenceofbindings: Any) -> PgCursor:
+        return PgCursor(self).executemany(statement, sequenceofbindings)
+
+    def cursor(self) -> PgCursor:
+        return PgCursor(self)
+
+    def changes(self) -> int:
+        return self._changes
+
+    def total_changes(self) -> int:
+        return self._total
+
+    def last_insert_rowid(self) -> int:
+        row = self._last.fetchone() if self._last is not None else None
+        if row is None:
+            raise StoreError("no row id: the last statement returned none")
+        return int(row[0])
+
+    def get_autocommit(self) -> bool:
+        return self.raw.info.transaction_status == TransactionStatus.IDLE
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def broken(self) -> bool:
+        return self.raw.closed or self.raw.broken
+
+
+def _nul(exc: BaseException) -> None:
+    if "NUL" in str(exc):
+        raise _ConstraintError(
+            "a text value holds U+0000 (NUL), which PostgreSQL text cannot store") from exc
+
+
+# --- the server's policy: what a store requires of it ------------------------------------
+
+def check_server(conn: PgConnection) -> None:
+    """Refuse a server that cannot keep a commit: fsync or full_page_writes off, or fsync
+    failures retried (``data_sync_retry``), or a version older than 13."""
+    settings = dict(conn.raw.execute(
+        "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'full_page_writes', "
+        "'data_sync_retry', 'server_version_num')").fetchall())
+    where = redact(conn.location)
+    if int(settings.get("server_version_num", "0")) < MIN_SERVER_VERSION:
+        raise StoreError(f"{where}: PostgreSQL {settings.get('server_version_num')} is too old "
+                         "(13 or newer is needed)", hint="use PostgreSQL 13 or newer",
+                         path=where)
+    wrong = [f"{name} is {settings.get(name)!r}, needs {want!r}" for name, want in
+             (("fsync", "on"), ("full_page_writes", "on"), ("data_sync_retry", "off"))
+             if name in settings and settings[name] != want]
+    if wrong:
+        raise StoreError(
+            f"{where}: the server cannot guarantee that a commit survives a crash: "
+            + "; ".join(wrong),
+            hint="set fsync = on, full_page_writes = on and data_sync_retry = off in "
+            "postgresql.conf and restart the server", path=where)
+
+
+def connect(location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+            read_only: bool = False) -> PgConnection:
+    """A connection with the policy applied: checked server, synchronous commits, bounded
+    lock waits, results typed as SQLite types them, and a name saying who holds it."""
+    _need_driver()
+    raw = psycopg.connect(location, autocommit=True,
+                          application_name=f"evidence pid={os.getpid()} "
+                                           f"host={socket.gethostname()}"[:63])
+    try:
+        for name in ("numeric", "bool"):
+            raw.adapters.register_loader(name, _IntLoader)
+        conn = PgConnection(raw, location)
+        check_server(conn)
+        raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")
+        raw.execute("SET synchronous_commit = on")  # durable when COMMIT returns
+        raw.execute("SET idle_in_transaction_session_timeout = 0")
+        if read_only:
+            raw.execute("SET default_transaction_read_only = on")
+    except BaseException:
+        raw.close()
+        raise
+    return conn
+
+
+# --- migrations ---------------------------------------------------------------------------
+
+def pg_migrations() -> list[tuple[int, str, str, str]]:
+    """(version, name, checksum, sql) of ``schema/postgresql``: one per SQLite migration,
+    with the same number and name."""
+    mine = load_migrations(schema_dir() / _PG_MIGRATIONS)
+    canonical = load_migrations()
+    if [(v, n) for v, n, _c, _s in mine] != [(v, n) for v, n, _c, _s in canonical]:
+        raise MigrationError("schema/postgresql does not mirror schema/: every NNN_name.sql "
+                             "needs its PostgreSQL twin")
+    return mine
+
+
+def _tables_exist(conn: PgConnection, *names: str) -> set[str]:
+    return {n for (n,) in conn.raw.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+        "current_schema() AND table_name = ANY(%s)", (list(names),))}
+
+
+def apply_pg_migrations(conn: PgConnection) -> int:
+    """Check applied migrations, apply the new ones (each in its own transaction, under
+    the writer's lock); return the schema version.
+
+    ``schema_migration`` holds what a SQLite store holds (the canonical migration's name
+    and checksum: its dump's schema is the SQLite one); ``postgresql_migration`` the
+    checksum of the file applied here. An edit of either file after it was applied, or a
+    store newer than the program, is refused as on SQLite.
+    """
+    canonical = load_migrations()
+    mine = pg_migrations()
+    raw = conn.raw
+    raw.execute("CREATE TABLE IF NOT EXISTS schema_migration (version bigint PRIMARY KEY, "
+                "name text NOT NULL, checksum text NOT NULL, applied_at text NOT NULL)")
+    raw.execute("CREATE TABLE IF NOT EXISTS postgresql_migration (version bigint PRIMARY KEY,"
+                " name text NOT NULL, checksum text NOT NULL, applied_at text NOT NULL)")
+    applied = {v: (n, c) for v, n, c in raw.execute(
+        "SELECT version, name, checksum FROM schema_migration ORDER BY version")}
+    applied_pg = {v: c for v, c in raw.execute(
+        "SELECT version, checksum FROM postgresql_migration")}
+    newest = len(canonical)
+    if applied and max(applied) > newest:
+        raise MigrationError(
+            f"the store has schema version {max(applied)}, newer than this program "
+            f"supports ({newest})", hint="upgrade evidence to open this store",
+            schema_version=max(applied))
+    pairs = list(zip(canonical, mine, strict=True))
+    for (version, name, checksum, _sql), (_v, _n, pg_checksum, _s) in pairs:
+        stored = applied.get(version)
+        if stored is not None and (stored[1] != checksum or
+                                   applied_pg.get(version, pg_checksum) != pg_checksum):
+            which = ("schema/postgresql/" if stored[1] == checksum else "schema/")
+            raise MigrationError(
+                f"migration {version:03d}_{name} was edited after it was applied "
+                f"({which}{version:03d}_{name}.sql differs from what the store recorded)",
+                hint="never edit an applied migration; add a new NNN_name.sql instead",
+                schema_version=version)
+    for (version, name, checksum, _sql), (_v, _n, pg_checksum, sql) in pairs:
+        if version in applied:
+            continue
+        now = now_text()
+        conn.execute(POSTGRESQL.begin_write)
+        try:
+            raw.execute(sql)
+            raw.execute("INSERT INTO schema_migration VALUES (%s, %s, %s, %s)",
+                        (version, name, checksum, now))
+            raw.execute("INSERT INTO postgresql_migration VALUES (%s, %s, %s, %s)",
+                        (version, name, pg_checksum, now))
+            raw.execute("COMMIT")
+        except BaseException:
+            if not conn.broken and not conn.get_autocommit():
+                raw.execute("ROLLBACK")
+            raise
+    return newest
+
+
+def applied_version(conn: PgConnection) -> int:
+    """The schema version of a store opened for reading (nothing applied); newer refused."""
+    if "schema_migration" not in _tables_exist(conn, "schema_migration"):
+        raise StoreError(f"{redact(conn.location)}: no evidence store in this database "
+                         "(it has no schema_migration table)",
+                         hint=f"create one with 'evidence init {redact(conn.location)} "
+                         "--artifacts DIR'", path=redact(conn.location))
+    version = conn.raw.execute(
+        "SELECT coalesce(max(version), 0) FROM schema_migration").fetchall()[0][0]
+    newest = len(load_migrations())
+    if version > newest:
+        raise MigrationError(
+            f"the store has schema version {version}, newer than this program supports "
+            f"({newest})", hint="upgrade evidence to open this store", schema_version=version)
+    return int(version)
+
+
+def ensure_store_id(conn: PgConnection, artifacts: str | None) -> None:
+    """Give a new store its identity and its artifact location, once."""
+    conn.execute(POSTGRESQL.begin_write)
+    try:
+        conn.raw.execute(
+            "INSERT INTO store_meta (key, value) VALUES ('store_id', %s), ('created_at', %s),"
+            " ('created_on', %s) ON CONFLICT (key) DO NOTHING",
+            (new_id("store-"), now_text(), socket.gethostname()))
+        if artifacts is not None:
+            conn.raw.execute("INSERT INTO store_meta (key, value) VALUES ('artifacts', %s) "
+                             "ON CONFLICT (key) DO NOTHING", (artifacts,))
+        conn.raw.execute("COMMIT")
+    except BaseException:
+        if not conn.broken and not conn.get_autocommit():
+            conn.raw.execute("ROLLBACK")
+        raise
+
+
+# --- the writer's lock -----------------------------------------------------------------------
+
+def lock_holder(conn: PgConnection) -> str | None:
+    """Who holds the store's writer lock: its application name (pid and host) and since
+    when; None if nobody does."""
+    rows = conn.raw.execute(
+        "SELECT a.application_name, a.client_addr::text, a.backend_start::text "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = "
+        "'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE "
+        "datname = current_database()) AND l.classid = %s AND l.objid = %s AND "
+        "l.objsubid = 2", WRITER_LOCK).fetchall()
+    if not rows:
+        return None
+    name, addr, since = rows[0]
+    return f"{name or 'a connection'}{f' from {addr}' if addr else ''}, connected since {since}"
+
+
+def holder_pid(conn: PgConnection) -> tuple[int, str] | None:
+    """(pid, host) of the process holding the writer lock, from its application name."""
+    holder = lock_holder(conn)
+    match = re.search(r"evidence pid=(\d+) host=(\S+)", holder or "")
+    return (int(match[1]), match[2].rstrip(",")) if match else None
+
+
+def take_writer_lock(conn: PgConnection, *, wait: bool,
+                     on_wait: Callable[[str], None] | None = None) -> None:
+    """Hold the store's writer lock on ``conn`` (session level: until it is released or
+    the connection ends, however the process ends). ``wait``: as a standby, until the
+    holder is gone; else refused at once, naming the holder."""
+    if conn.raw.execute(f"SELECT pg_try_advisory_lock({_LOCK_ARGS})").fetchall()[0][0]:
+        return
+    holder = lock_holder(conn) or "another connection"
+    where = redact(conn.location)
+    if not wait:
+        raise StoreError(f"{where}: another writer holds this store ({holder})",
+                         hint="stop it first (one writer per store), or start this one as a "
+                         "standby that takes over when it ends", path=where)
+    if on_wait is not None:
+        on_wait(holder)
+    conn.raw.execute("SET lock_timeout = 0")
+    try:
+        conn.raw.execute(f"SELECT pg_advisory_lock({_LOCK_ARGS})")
+    finally:
+        if not conn.broken:
+            conn.raw.execute(f"SET lock_timeout = {DEFAULT_LOCK_TIMEOUT_MS}")
+
+
+def release_writer_lock(conn: PgConnection) -> None:
+    if not conn.broken:
+        conn.raw.execute(f"SELECT pg_advisory_unlock({_LOCK_ARGS})")
+
+
+# --- snapshots into SQLite -------------------------------------------------------------------
+
+def copy_snapshot(location: str, dest: Path, *, progress: Progress | None = None,
+                  version: int | None = None) -> int:
+    """Copy one consistent snapshot of the store into the new SQLite file ``dest`` (with the
+    SQLite schema of the store's version); return its size in pages.
+
+    One REPEATABLE READ, READ ONLY transaction: the writer is never blocked (MVCC), and
+    every table is read at the same instant. Rows go in ordered by primary key, each
+    table's columns by name, so the file is the one a SQLite store of the same content
+    holds (the dump orders rows itself: the file's physical order does not matter).
+    """
+    conn = connect(location, read_only=True)
+    try:
+        conn.raw.execute(POSTGRESQL.begin_read)
+        store_version = applied_version(conn) if version is None else version
+        dst = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READWRITE
+                              | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_EXCLUSIVE)
+        try:
+            dst.execute("PRAGMA synchronous = OFF")  # fsynced by the caller when it keeps it
+            apply_migrations(dst, load_migrations()[:store_version])
+            dst.execute("DELETE FROM schema_migration")  # the store's own rows follow
+            dst.execute("PRAGMA foreign_keys = OFF")
+            dst.execute("PRAGMA ignore_check_constraints = ON")  # copy what is there
+            tables = [(name, [c for _cid, c, *_ in dst.execute(f"PRAGMA table_info({name})")])
+                      for (name,) in dst.execute(
+                          "SELECT name FROM sqlite_schema WHERE type = 'table' AND "
+                          "name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")]
+            total = sum(conn.raw.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
+                        for name, _ in tables)
+            done = 0
+            dst.execute("BEGIN")
+            for name, columns in tables:
+                cols = ", ".join(columns)
+                insert = f"INSERT INTO {name} ({cols}) VALUES ({', '.join('?' * len(columns))})"
+                with conn.raw.cursor(name=f"copy_{name}") as cursor:
+                    cursor.itersize = 5000
+                    cursor.execute(f"SELECT {cols} FROM {name} ORDER BY 1")
+                    while rows := cursor.fetchmany(5000):
+                        dst.executemany(insert, rows)
+                        done += len(rows)
+                        if progress:
+                            progress("snapshot", done, total)
+            dst.execute("COMMIT")
+            conn.raw.execute("COMMIT")
+            pages = dst.execute("PRAGMA page_count").fetchall()[0][0]
+        finally:
+            dst.close()
+    finally:
+        conn.close()
+    return pages
+
+
+# --- the backend ---------------------------------------------------------------------------
+
+class PostgresBackend:
+    """A store's database as one PostgreSQL database (``backend.StoreBackend``)."""
+
+    dialect = POSTGRESQL
+    Error = _Error
+    BusyError = _BusyError
+    ConstraintError = _ConstraintError
+
+    def __init__(self, location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+                 reconnect_seconds: float = RECONNECT_SECONDS) -> None:
+        _need_driver()
+        self.conninfo = location
+        self.location = redact(location)
+        self.lock_timeout_ms = lock_timeout_ms
+        self.reconnect_seconds = reconnect_seconds
+        self.writer_locked = False  # the write connection holds the writer lock
+
+    def connect_writer(self, *, create: bool = False) -> PgConnection:
+        return connect(self.conninfo, lock_timeout_ms=self.lock_timeout_ms)
+
+    def reconnect_writer(self, *, on_retry: Callable[[BaseException, float], None] | None = None
+                         ) -> PgConnection:
+        """A new write connection after the last one was lost, retried with bounded
+        exponential backoff (0.1 s doubling to 2 s, for ``reconnect_seconds`` in all); the
+        writer lock is taken again at once if the old connection held it (if another writer
+        took over meanwhile, that is refused: this one must not write)."""
+        deadline = time.monotonic() + self.reconnect_seconds
+        delay = 0.1
+        while True:
+            try:
+                conn = self.connect_writer()
+                break
+            except psycopg.OperationalError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                if on_retry is not None:
+                    on_retry(exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        if self.writer_locked:
+            try:
+                take_writer_lock(conn, wait=False)
+            except BaseException:
+                conn.close()
+                self.writer_locked = False
+                raise
+        return conn
+
+    def migrate(self, conn: PgConnection) -> int:
+        return apply_pg_migrations(conn)
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[PgConnection]:
+        with map_pg_errors(self.conninfo):
+            conn = connect(self.conninfo, read_only=True)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[PgConnection]:
+        with self.reader() as conn, map_pg_errors(self.conninfo):
+            conn.raw.execute(POSTGRESQL.begin_read)
+            try:
+                yield conn
+            finally:
+                if not conn.broken:
+                    conn.raw.execute("ROLLBACK")
+
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        return map_pg_errors(self.conninfo)
+
+    def is_sync_failure(self, exc: BaseException) -> bool:
+        # The server owns durability: with data_sync_retry off (checked at connect) a failed
+        # fsync makes it PANIC and recover from its WAL, so what a new connection reads is
+        # what is durable. The client never sees an fsync error of its own.
+        return False
+
+    def is_disconnect(self, exc: BaseException) -> bool:
+        return is_disconnect(exc)
+
+    def describe(self, exc: BaseException) -> str:
+        code = getattr(exc, "sqlstate", None)
+        return f"{type(exc).__name__}{f' (SQLSTATE {code})' if code else ''}: {exc}"
+
+    def after_commit(self, conn: PgConnection, *, wal_limit_bytes: int,
+                     counted: Callable[[str], None]) -> None:
+        """Nothing: the server checkpoints its own WAL."""
+
+    def copy_snapshot(self, dest: Path, *, progress: Progress | None = None) -> int:
+        with map_pg_errors(self.conninfo):
+            return copy_snapshot(self.conninfo, dest, progress=progress)
+
+
