@@ -47,6 +47,7 @@ from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
 from .._store.backend import StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
+from .._store.location import is_postgres_location
 from .._store.log import check_log, load_head
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
@@ -327,6 +328,9 @@ def open_source(source: Source) -> tuple[StoreBackend, ArtifactStore]:
     """(database backend, artifact store) of a Store or a store directory."""
     if isinstance(source, Store):
         return source.backend, source.artifacts
+    if is_postgres_location(source):  # the version is checked at open
+        with Store.open(source, read_only=True) as store:
+            return store.backend, store.artifacts
     root = Path(source)
     if not (root / DB_NAME).is_file():
         if (root / MANIFEST).is_file():

@@ -97,7 +97,7 @@ class Store:
         ``host=... dbname=...``): the store is that database (``_store/pgstore.py``), its
         payloads in the directory ``artifacts`` names (recorded when it is created).
         """
-        from .postgresql import is_postgres_location
+        from .location import is_postgres_location
 
         if is_postgres_location(path):
             from .pgstore import PostgresStore

@@ -32,7 +32,6 @@ import os
 import re
 import socket
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import apsw
 from .._errors import EvidenceError, MigrationError, StoreError
 from .._model.messages import new_id, now_text
 from .backend import Dialect, Progress
+from .location import is_postgres_location, redact
 from .sqlite import apply_migrations, load_migrations, schema_dir
 
 try:
@@ -77,36 +77,6 @@ DEFAULT_LOCK_TIMEOUT_MS = 5_000
 RECONNECT_SECONDS = 60.0  # how long a lost connection is retried before the writer gives up
 MIN_SERVER_VERSION = 130000
 _PG_MIGRATIONS = "postgresql"
-
-
-# --- where a store is ----------------------------------------------------------------
-
-_KEYWORDS = re.compile(r"^\s*(host|hostaddr|port|dbname|user|service|sslmode|"
-                       r"application_name|connect_timeout|password|passfile)\s*=")
-
-
-def is_postgres_location(location: object) -> bool:
-    """A PostgreSQL connection string: a ``postgresql://`` or ``postgres://`` URI, or a
-    libpq keyword/value string (``host=/run/postgresql dbname=evidence``)."""
-    if not isinstance(location, str):
-        return False
-    return location.startswith(("postgresql://", "postgres://")) or bool(
-        _KEYWORDS.match(location))
-
-
-def redact(location: str) -> str:
-    """The connection string without its password, for messages and reports."""
-    if location.startswith(("postgresql://", "postgres://")):
-        parts = urllib.parse.urlsplit(location)
-        if parts.password is not None:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-            parts = parts._replace(netloc=netloc)
-        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        if any(k == "password" for k, _ in query):
-            parts = parts._replace(query=urllib.parse.urlencode(
-                [(k, "***" if k == "password" else v) for k, v in query], safe="/"))
-        return urllib.parse.urlunsplit(parts)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", location)
 
 
 def _need_driver() -> None:
@@ -457,6 +427,75 @@ def apply_pg_migrations(conn: PgConnection) -> int:
     return newest
 
 
+def _create_schema(conn: PgConnection, version: int) -> None:
+    """Inside the caller's transaction: the tables of migrations 001..``version`` and the
+    postgresql_migration rows (restore writes schema_migration's rows from its archive)."""
+    raw = conn.raw
+    raw.execute("CREATE TABLE schema_migration (version bigint PRIMARY KEY, "
+                "name text NOT NULL, checksum text NOT NULL, applied_at text NOT NULL)")
+    raw.execute("CREATE TABLE postgresql_migration (version bigint PRIMARY KEY,"
+                " name text NOT NULL, checksum text NOT NULL, applied_at text NOT NULL)")
+    now = now_text()
+    for number, name, pg_checksum, sql in pg_migrations()[:version]:
+        raw.execute(sql)
+        raw.execute("INSERT INTO postgresql_migration VALUES (%s, %s, %s, %s)",
+                    (number, name, pg_checksum, now))
+
+
+def restore_rows(location: str, source: Path, version: int, artifacts: str,
+                 check: Callable[[Path], list[str]]) -> list[str]:
+    """Load every row of the SQLite database ``source`` (a loaded, checked dump) into the
+    empty database ``location``, with the schema of ``version``, in one transaction; before
+    it commits, its snapshot is handed to ``check`` (which re-dumps it against the
+    manifest): any problem rolls everything back, and the database is left empty.
+    Returns the problems (empty: committed)."""
+    conn = connect(location)
+    try:
+        if _tables_exist(conn, "schema_migration", "store_meta", "ingest_ledger"):
+            where = redact(location)
+            raise StoreError(f"{where} is not empty: it holds an evidence store already",
+                             hint="restore into a new, empty database", path=where)
+        src = apsw.Connection(str(source), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            conn.execute(POSTGRESQL.begin_write)
+            raw = conn.raw
+            _create_schema(conn, version)
+            raw.execute("SET CONSTRAINTS ALL DEFERRED")  # whole tables, in the dump's order
+            for (name,) in src.execute(
+                    "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE "
+                    "'sqlite\\_%' ESCAPE '\\' ORDER BY name").fetchall():
+                columns = [c for _cid, c, *_ in src.execute(f"PRAGMA table_info({name})")]
+                cols = ", ".join(columns)
+                with raw.cursor().copy(f"COPY {name} ({cols}) FROM STDIN") as copy:
+                    for row in src.execute(f"SELECT {cols} FROM {name}"):
+                        copy.write_row(row)
+            raw.execute("INSERT INTO store_meta (key, value) VALUES ('artifacts', %s) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (artifacts,))
+            raw.execute("SET CONSTRAINTS ALL IMMEDIATE")  # every reference checked, here
+            with contextlib.ExitStack() as stack:
+                scratch = Path(stack.enter_context(_scratch_dir(source.parent)))
+                snapshot_into(conn, scratch / "check.db", version)
+                problems = check(scratch / "check.db")
+            raw.execute("ROLLBACK" if problems else "COMMIT")
+            return problems
+        except BaseException:
+            if not conn.broken and not conn.get_autocommit():
+                conn.raw.execute("ROLLBACK")
+            raise
+        finally:
+            src.close()
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _scratch_dir(near: Path) -> Iterator[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=".evidence-check-", dir=near) as path:
+        yield path
+
+
 def applied_version(conn: PgConnection) -> int:
     """The schema version of a store opened for reading (nothing applied); newer refused."""
     if "schema_migration" not in _tables_exist(conn, "schema_migration"):
@@ -546,55 +585,68 @@ def release_writer_lock(conn: PgConnection) -> None:
 
 # --- snapshots into SQLite -------------------------------------------------------------------
 
-def copy_snapshot(location: str, dest: Path, *, progress: Progress | None = None,
-                  version: int | None = None) -> int:
+# Keys of store_meta that say where a deployment keeps things, not what the store holds:
+# a copy of the same store elsewhere exports the same bytes.
+LOCAL_META = ("artifacts",)
+
+
+def copy_snapshot(location: str, dest: Path, *, progress: Progress | None = None) -> int:
     """Copy one consistent snapshot of the store into the new SQLite file ``dest`` (with the
     SQLite schema of the store's version); return its size in pages.
 
     One REPEATABLE READ, READ ONLY transaction: the writer is never blocked (MVCC), and
-    every table is read at the same instant. Rows go in ordered by primary key, each
-    table's columns by name, so the file is the one a SQLite store of the same content
-    holds (the dump orders rows itself: the file's physical order does not matter).
+    every table is read at the same instant.
     """
     conn = connect(location, read_only=True)
     try:
         conn.raw.execute(POSTGRESQL.begin_read)
-        store_version = applied_version(conn) if version is None else version
-        dst = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READWRITE
-                              | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_EXCLUSIVE)
-        try:
-            dst.execute("PRAGMA synchronous = OFF")  # fsynced by the caller when it keeps it
-            apply_migrations(dst, load_migrations()[:store_version])
-            dst.execute("DELETE FROM schema_migration")  # the store's own rows follow
-            dst.execute("PRAGMA foreign_keys = OFF")
-            dst.execute("PRAGMA ignore_check_constraints = ON")  # copy what is there
-            tables = [(name, [c for _cid, c, *_ in dst.execute(f"PRAGMA table_info({name})")])
-                      for (name,) in dst.execute(
-                          "SELECT name FROM sqlite_schema WHERE type = 'table' AND "
-                          "name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")]
-            total = sum(conn.raw.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
-                        for name, _ in tables)
-            done = 0
-            dst.execute("BEGIN")
-            for name, columns in tables:
-                cols = ", ".join(columns)
-                insert = f"INSERT INTO {name} ({cols}) VALUES ({', '.join('?' * len(columns))})"
-                with conn.raw.cursor(name=f"copy_{name}") as cursor:
-                    cursor.itersize = 5000
-                    cursor.execute(f"SELECT {cols} FROM {name} ORDER BY 1")
-                    while rows := cursor.fetchmany(5000):
-                        dst.executemany(insert, rows)
-                        done += len(rows)
-                        if progress:
-                            progress("snapshot", done, total)
-            dst.execute("COMMIT")
-            conn.raw.execute("COMMIT")
-            pages = dst.execute("PRAGMA page_count").fetchall()[0][0]
-        finally:
-            dst.close()
+        pages = snapshot_into(conn, dest, applied_version(conn), progress=progress)
+        conn.raw.execute("COMMIT")
     finally:
         conn.close()
     return pages
+
+
+def snapshot_into(conn: PgConnection, dest: Path, version: int, *,
+                  progress: Progress | None = None) -> int:
+    """What ``conn``'s transaction sees, written into the new SQLite file ``dest``: the
+    schema SQLite migrations 001..``version`` make, then every row, ordered by primary key
+    (the dump orders rows itself, so the file's order does not matter), columns by name.
+    ``store_meta``'s local keys (``LOCAL_META``) are left out."""
+    dst = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READWRITE
+                          | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_EXCLUSIVE)
+    try:
+        dst.execute("PRAGMA synchronous = OFF")  # fsynced by the caller when it keeps it
+        apply_migrations(dst, load_migrations()[:version])
+        dst.execute("DELETE FROM schema_migration")  # the store's own rows follow
+        dst.execute("PRAGMA foreign_keys = OFF")
+        dst.execute("PRAGMA ignore_check_constraints = ON")  # a copy of what is there
+        tables = [(name, [c for _cid, c, *_ in dst.execute(f"PRAGMA table_info({name})")])
+                  for (name,) in dst.execute(
+                      "SELECT name FROM sqlite_schema WHERE type = 'table' AND "
+                      "name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")]
+        raw = conn.raw
+        total = sum(raw.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
+                    for name, _ in tables)
+        done = 0
+        dst.execute("BEGIN")
+        for name, columns in tables:
+            cols = ", ".join(columns)
+            where = (" WHERE key <> ALL(%s)" if name == "store_meta" else "")
+            insert = f"INSERT INTO {name} ({cols}) VALUES ({', '.join('?' * len(columns))})"
+            with raw.cursor(name=f"snapshot_{name}") as cursor:  # server side: streamed
+                cursor.itersize = 5000
+                cursor.execute(f"SELECT {cols} FROM {name}{where} ORDER BY 1",
+                               (list(LOCAL_META),) if where else None)
+                while rows := cursor.fetchmany(5000):
+                    dst.executemany(insert, rows)
+                    done += len(rows)
+                    if progress:
+                        progress("snapshot", done, total)
+        dst.execute("COMMIT")
+        return dst.execute("PRAGMA page_count").fetchall()[0][0]
+    finally:
+        dst.close()
 
 
 # --- the backend ---------------------------------------------------------------------------

@@ -223,6 +223,10 @@ class WriterHooks:
 
     before_commit: Callable[[int], None] | None = None  # batch_seq, inside the transaction
     after_commit: Callable[[int], None] | None = None  # batch_seq, before any ack resolves
+    # The time a batch records (its received_at and committed_at, as now_text() spells it):
+    # two writers given the same clock and the same batches write the same bytes (the
+    # cross-backend export test); every writer that is not a test uses the system clock.
+    batch_time: Callable[[], str] | None = None
 
 
 class Writer:
@@ -270,12 +274,19 @@ class Writer:
         # it); nothing on SQLite, where every write transaction is BEGIN IMMEDIATE. The head
         # is read again under it: another writer may have committed since __init__.
         self._claim = self.store.writer_claim()
-        self._claim.__enter__()
+        try:
+            self._claim.__enter__()
+        except BaseException:
+            self._send.close()  # nothing was queued: the writer never started
+            self._receive.close()
+            raise
         try:
             with self.store.errors():
                 self._head = load_head(self.store.connection)
         except BaseException:
             self._claim.__exit__(None, None, None)
+            self._send.close()
+            self._receive.close()
             raise
         # The commit thread calls _commit_batch through the instance, so a profiler (the
         # benchmark's) can wrap it.
@@ -572,7 +583,7 @@ class Writer:
                 raise _Lost(batch_seq, exc) from exc
             raise
         try:
-            received_at = now_text()
+            received_at = (self._hooks.batch_time or now_text)()
             self._records = _quarantine.BatchRecords()  # what this batch quarantines
             verify = self.limits.verify_artifacts
             applied = None

@@ -6,6 +6,8 @@
 -- double precision, BLOB bytea. Where SQLite gives an INTEGER PRIMARY KEY the next rowid
 -- (one more than the largest), a trigger gives the same number, so the same messages make
 -- the same rows, ids included, on either engine (and exports of the same bytes).
+-- Foreign keys are DEFERRABLE (checked at each statement's end, as SQLite checks them,
+-- unless a transaction defers them): restore loads whole tables in the dump's order.
 -- Append-only: triggers refuse UPDATE, DELETE and TRUNCATE (ERRCODE 23000, the class of
 -- constraint violations, as SQLite's RAISE(ABORT) is a constraint error).
 
@@ -24,7 +26,7 @@ CREATE TABLE crawl_session (
     started_at          text NOT NULL,
     mode                text NOT NULL CHECK (mode IN ('full', 'incremental')),
     config              text NOT NULL,
-    baseline_session_id text REFERENCES crawl_session (session_id),
+    baseline_session_id text REFERENCES crawl_session (session_id) DEFERRABLE,
     ended_at            text,
     outcome             text CHECK (outcome IN ('completed', 'abandoned')),
     CHECK ((ended_at IS NULL) = (outcome IS NULL))
@@ -32,7 +34,7 @@ CREATE TABLE crawl_session (
 
 CREATE TABLE crawl_run (
     run_id     text PRIMARY KEY,
-    session_id text NOT NULL REFERENCES crawl_session (session_id),
+    session_id text NOT NULL REFERENCES crawl_session (session_id) DEFERRABLE,
     started_at text NOT NULL,
     program    text NOT NULL,
     host       text NOT NULL,
@@ -85,8 +87,8 @@ CREATE TABLE ingest_ledger (
 CREATE TABLE fetch_attempt (
     attempt_seq          bigint PRIMARY KEY,
     attempt_id           text NOT NULL UNIQUE,
-    run_id               text NOT NULL REFERENCES crawl_run (run_id),
-    url_id               bigint NOT NULL REFERENCES url_identity (url_id),
+    run_id               text NOT NULL REFERENCES crawl_run (run_id) DEFERRABLE,
+    url_id               bigint NOT NULL REFERENCES url_identity (url_id) DEFERRABLE,
     url                  text NOT NULL,
     sequence             bigint NOT NULL CHECK (sequence >= 0),
     method               text NOT NULL,
@@ -95,13 +97,13 @@ CREATE TABLE fetch_attempt (
     outcome              text NOT NULL CHECK (outcome IN ('response', 'network_error', 'timeout',
                              'too_large', 'refused_by_robots', 'skipped')),
     http_status          bigint,
-    request_headers_id   bigint REFERENCES artifact (artifact_id),
-    response_headers_id  bigint REFERENCES artifact (artifact_id),
-    body_id              bigint REFERENCES artifact (artifact_id),
+    request_headers_id   bigint REFERENCES artifact (artifact_id) DEFERRABLE,
+    response_headers_id  bigint REFERENCES artifact (artifact_id) DEFERRABLE,
+    body_id              bigint REFERENCES artifact (artifact_id) DEFERRABLE,
     body_truncated       bigint NOT NULL CHECK (body_truncated IN (0, 1)),
     content_type         text,
     error                text,
-    log_index            bigint NOT NULL UNIQUE REFERENCES ingest_ledger (log_index),
+    log_index            bigint NOT NULL UNIQUE REFERENCES ingest_ledger (log_index) DEFERRABLE,
     UNIQUE (run_id, url_id, sequence)
 );
 CREATE INDEX fetch_attempt_by_url ON fetch_attempt (url_id, run_id);
@@ -109,17 +111,17 @@ CREATE INDEX fetch_attempt_by_body ON fetch_attempt (body_id) WHERE body_id IS N
 
 CREATE TABLE discovery_edge (
     edge_id            bigint PRIMARY KEY,
-    run_id             text NOT NULL REFERENCES crawl_run (run_id),
-    source_attempt_seq bigint NOT NULL REFERENCES fetch_attempt (attempt_seq),
-    source_artifact_id bigint NOT NULL REFERENCES artifact (artifact_id),
+    run_id             text NOT NULL REFERENCES crawl_run (run_id) DEFERRABLE,
+    source_attempt_seq bigint NOT NULL REFERENCES fetch_attempt (attempt_seq) DEFERRABLE,
+    source_artifact_id bigint NOT NULL REFERENCES artifact (artifact_id) DEFERRABLE,
     position           bigint NOT NULL,
     observed_ref       text NOT NULL,
-    target_url_id      bigint NOT NULL REFERENCES url_identity (url_id),
+    target_url_id      bigint NOT NULL REFERENCES url_identity (url_id) DEFERRABLE,
     edge_kind          text NOT NULL CHECK (edge_kind IN ('link', 'redirect', 'embed', 'sitemap')),
     tag                text NOT NULL,
     attr               text NOT NULL,
     rel                text NOT NULL,
-    log_index          bigint NOT NULL REFERENCES ingest_ledger (log_index),
+    log_index          bigint NOT NULL REFERENCES ingest_ledger (log_index) DEFERRABLE,
     UNIQUE (run_id, source_artifact_id, position, observed_ref)
 );
 CREATE INDEX discovery_edge_by_source ON discovery_edge (source_attempt_seq);
@@ -127,24 +129,24 @@ CREATE INDEX discovery_edge_by_target ON discovery_edge (target_url_id);
 
 CREATE TABLE rule_evaluation (
     evaluation_id bigint PRIMARY KEY,
-    run_id        text NOT NULL REFERENCES crawl_run (run_id),
-    url_id        bigint NOT NULL REFERENCES url_identity (url_id),
+    run_id        text NOT NULL REFERENCES crawl_run (run_id) DEFERRABLE,
+    url_id        bigint NOT NULL REFERENCES url_identity (url_id) DEFERRABLE,
     rule_id       text NOT NULL,
     rule_version  text NOT NULL,
     input_hash    text NOT NULL,
     verdict       text NOT NULL CHECK (verdict IN ('pass', 'fail', 'error', 'not_applicable')),
-    attempt_seq   bigint REFERENCES fetch_attempt (attempt_seq),
+    attempt_seq   bigint REFERENCES fetch_attempt (attempt_seq) DEFERRABLE,
     evaluated_at  text NOT NULL,
     details       text NOT NULL,
-    log_index     bigint NOT NULL UNIQUE REFERENCES ingest_ledger (log_index),
+    log_index     bigint NOT NULL UNIQUE REFERENCES ingest_ledger (log_index) DEFERRABLE,
     UNIQUE (run_id, url_id, rule_id, rule_version, input_hash)
 );
 
 CREATE TABLE url_current (
-    run_id      text NOT NULL REFERENCES crawl_run (run_id),
-    url_id      bigint NOT NULL REFERENCES url_identity (url_id),
+    run_id      text NOT NULL REFERENCES crawl_run (run_id) DEFERRABLE,
+    url_id      bigint NOT NULL REFERENCES url_identity (url_id) DEFERRABLE,
     sequence    bigint NOT NULL,
-    attempt_seq bigint NOT NULL REFERENCES fetch_attempt (attempt_seq),
+    attempt_seq bigint NOT NULL REFERENCES fetch_attempt (attempt_seq) DEFERRABLE,
     PRIMARY KEY (run_id, url_id)
 );
 

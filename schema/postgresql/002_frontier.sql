@@ -3,8 +3,8 @@
 
 CREATE TABLE frontier (
     frontier_id       bigint PRIMARY KEY,
-    session_id        text NOT NULL REFERENCES crawl_session (session_id),
-    url_id            bigint NOT NULL REFERENCES url_identity (url_id),
+    session_id        text NOT NULL REFERENCES crawl_session (session_id) DEFERRABLE,
+    url_id            bigint NOT NULL REFERENCES url_identity (url_id) DEFERRABLE,
     url               text NOT NULL,
     state             text NOT NULL CHECK (state IN ('queued', 'in_flight', 'done', 'failed',
                                                      'skipped')),
@@ -15,21 +15,21 @@ CREATE TABLE frontier (
     attempts          bigint NOT NULL DEFAULT 0,
     reason            text NOT NULL DEFAULT '',
     not_before        text,
-    claimed_run_id    text REFERENCES crawl_run (run_id),
+    claimed_run_id    text REFERENCES crawl_run (run_id) DEFERRABLE,
     claimed_at        text,
-    updated_log_index bigint NOT NULL REFERENCES ingest_ledger (log_index),
+    updated_log_index bigint NOT NULL REFERENCES ingest_ledger (log_index) DEFERRABLE,
     UNIQUE (session_id, url_id)
 );
 CREATE INDEX frontier_by_state ON frontier (session_id, state, frontier_id);
 
 CREATE TABLE host_state (
     host              text PRIMARY KEY,
-    robots_attempt_id text REFERENCES fetch_attempt (attempt_id),
+    robots_attempt_id text REFERENCES fetch_attempt (attempt_id) DEFERRABLE,
     robots_expires_at text,
     crawl_delay       double precision,
     backoff_until     text,
     reason            text NOT NULL DEFAULT '',
-    updated_log_index bigint NOT NULL REFERENCES ingest_ledger (log_index)
+    updated_log_index bigint NOT NULL REFERENCES ingest_ledger (log_index) DEFERRABLE
 );
 
 CREATE FUNCTION frontier_next_id() RETURNS trigger LANGUAGE plpgsql AS $$

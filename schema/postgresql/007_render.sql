@@ -3,8 +3,8 @@
 CREATE TABLE render (
     render_seq           bigint PRIMARY KEY,
     render_id            text NOT NULL UNIQUE,
-    run_id               text NOT NULL REFERENCES crawl_run (run_id),
-    source_attempt_seq   bigint NOT NULL REFERENCES fetch_attempt (attempt_seq),
+    run_id               text NOT NULL REFERENCES crawl_run (run_id) DEFERRABLE,
+    source_attempt_seq   bigint NOT NULL REFERENCES fetch_attempt (attempt_seq) DEFERRABLE,
     url                  text NOT NULL,
     started_at           text NOT NULL,
     elapsed_ms           double precision NOT NULL,
@@ -17,13 +17,13 @@ CREATE TABLE render (
     settle               text CHECK (settle IN ('quiet', 'deadline')),
     final_url            text,
     title                text NOT NULL,
-    dom_id               bigint REFERENCES artifact (artifact_id),
-    screenshot_id        bigint REFERENCES artifact (artifact_id),
+    dom_id               bigint REFERENCES artifact (artifact_id) DEFERRABLE,
+    screenshot_id        bigint REFERENCES artifact (artifact_id) DEFERRABLE,
     screenshot_truncated bigint NOT NULL CHECK (screenshot_truncated IN (0, 1)),
-    mhtml_id             bigint REFERENCES artifact (artifact_id),
+    mhtml_id             bigint REFERENCES artifact (artifact_id) DEFERRABLE,
     requests             bigint NOT NULL CHECK (requests >= 0),
     not_recorded         text NOT NULL,
-    log_index            bigint NOT NULL UNIQUE REFERENCES ingest_ledger (log_index),
+    log_index            bigint NOT NULL UNIQUE REFERENCES ingest_ledger (log_index) DEFERRABLE,
     CHECK ((outcome = 'rendered') = (dom_id IS NOT NULL))
 );
 CREATE INDEX render_by_source ON render (source_attempt_seq);
@@ -36,6 +36,6 @@ WHEN (NEW.render_seq IS NULL) EXECUTE FUNCTION render_next_id();
 CREATE TRIGGER render_no_update BEFORE UPDATE OR DELETE OR TRUNCATE ON render
 FOR EACH STATEMENT EXECUTE FUNCTION evidence_refuse('render is append-only');
 
-ALTER TABLE fetch_attempt ADD COLUMN render_seq bigint REFERENCES render (render_seq);
-ALTER TABLE discovery_edge ADD COLUMN render_seq bigint REFERENCES render (render_seq);
+ALTER TABLE fetch_attempt ADD COLUMN render_seq bigint REFERENCES render (render_seq) DEFERRABLE;
+ALTER TABLE discovery_edge ADD COLUMN render_seq bigint REFERENCES render (render_seq) DEFERRABLE;
 CREATE INDEX fetch_attempt_by_render ON fetch_attempt (render_seq) WHERE render_seq IS NOT NULL;
