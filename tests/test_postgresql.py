@@ -238,3 +238,33 @@ def test_the_connection_string_is_shown_without_its_password() -> None:
     assert not is_postgres_location("./store")
     assert not is_postgres_location(Path("postgresql:/x"))
 
+
+
+async def test_verify_quick_and_full_pass_on_postgresql_and_locate_an_edit(
+        tmp_path: Path, pg_url: str, pg_cluster) -> None:
+    from urllib.parse import urlsplit
+
+    from evidence import verify
+
+    with Store.create(pg_url, artifacts=str(tmp_path / "art")) as store:
+        await feed(store, stream(Factory(store), lambda *_: None))
+        for full in (False, True):
+            report = verify(store, full=full)
+            assert report.ok, [str(f.message) for f in report.errors]
+            assert report.checks["schema_objects"] > 50 and report.checks["ledger_entries"] > 5
+        dbname = urlsplit(pg_url).path.lstrip("/")
+        # An edit made with the guard disabled: the trigger is reported (disabled), and the
+        # row is located by the row checks, exactly as on SQLite.
+        pg_cluster.sql("ALTER TABLE fetch_attempt DISABLE TRIGGER fetch_attempt_no_update; "
+                       "UPDATE fetch_attempt SET http_status = 500 WHERE attempt_seq = 1",
+                       dbname=dbname)
+        report = verify(store)
+        messages = [f.message for f in report.errors]
+        assert any("trigger fetch_attempt_no_update differs" in m and "disabled" in m
+                   for m in messages), messages
+        assert any(f.location.table == "fetch_attempt" and f.kind != "schema"
+                   for f in report.errors), messages
+        pg_cluster.sql("DROP TRIGGER commit_log_no_update ON commit_log", dbname=dbname)
+        messages = [f.message for f in verify(store).errors]
+        assert "trigger commit_log_no_update is missing (schema/postgresql creates it)" \
+            in messages

@@ -28,7 +28,8 @@ from .._audit.status import RunStatus, StoreStatus, status
 from .._crawl.frontier import CrawlConfig, check_seeds, last_session
 from .._errors import EvidenceError, only_evidence_error
 from .._store.db import DB_NAME, Store
-from .._store.runlock import crawl_lock, stop
+from .._store.location import is_postgres_location
+from .._store.runlock import stop
 from .archive import add_commands as add_archive_commands
 from .rules import add_commands as add_rules_commands
 from .service import add_commands as add_service_commands
@@ -41,8 +42,9 @@ __all__ = ["main"]
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    with Store.create(args.store, sync=args.sync) as store:
-        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})")
+    with Store.create(args.store, sync=args.sync, artifacts=args.artifacts) as store:
+        print(f"store {store.store_id} ready at {store.location} "
+              f"(schema v{store.schema_version})")
     return 0
 
 
@@ -91,9 +93,10 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
     stderr = stderr or sys.stderr
     path = Path(args.store)
+    postgres = is_postgres_location(args.store)  # a database: resuming is checked at open
     if args.urls:
         check_seeds(list(args.urls))
-    elif not (path / DB_NAME).exists():
+    elif not postgres and not (path / DB_NAME).exists():
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
     rules = None
@@ -106,7 +109,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError("not confirmed: --clean abandons the open session",
                             hint="add --yes to skip the question")
     _log_to(stderr)
-    with Store.create(path, sync=args.sync) as store, crawl_lock(path):
+    with Store.create(args.store if postgres else path, sync=args.sync,
+                      artifacts=args.artifacts) as store, store.writer_lock():
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
         progress = _Progress(stderr)
@@ -336,7 +340,12 @@ class _Progress:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    pid = stop(Path(args.store))
+    if is_postgres_location(args.store):
+        from .._store.pgstore import stop_writer
+
+        pid = stop_writer(args.store)
+    else:
+        pid = stop(Path(args.store))
     if pid is None:
         print(f"no crawl is running on {args.store}")
         return 1
@@ -489,10 +498,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "evidence.db and artifacts/) in a new or empty directory. Opening an "
                        "existing store is harmless; a file or a directory of other things "
                        "(an archive, say) is refused.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE",
+                   help="the store directory, or a PostgreSQL connection string "
+                   "(postgresql://..., or libpq's 'host=... dbname=...'): see docs/store.md")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="full (default): every commit survives power loss; normal: survives "
                    "a process crash, may lose the last commits on power loss")
+    p.add_argument("--artifacts", metavar="DIR",
+                   help="a PostgreSQL store: the directory for its payloads, recorded in the "
+                   "store so that later commands find it (default: none; a store directory "
+                   "keeps them in STORE/artifacts)")
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser(
@@ -505,7 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
         "signal; the session stays open). Exit status 0 when the run completed, stopped or "
         "reached its cap; 1 when it failed, or when not one seed could be fetched.")
     p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
-    p.add_argument("--store", required=True, help="the store directory (created if absent)")
+    p.add_argument("--store", required=True, help="the store directory (created if absent), "
+                   "or a PostgreSQL connection string")
+    p.add_argument("--artifacts", metavar="DIR",
+                   help="a new PostgreSQL store: the directory for its payloads (see "
+                   "'evidence init --help')")
     p.add_argument("--workers", type=_positive, default=8, metavar="N",
                    help="fetches in flight at once, in all")
     p.add_argument("--per-host", type=_positive, metavar="N",

@@ -18,6 +18,7 @@ import msgspec
 
 from .._errors import EvidenceError
 from .._store.db import Store
+from .._store.location import is_postgres_location
 from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
 from .._write.wire import ServiceError, ServiceStatistics, read_token
@@ -35,8 +36,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file else None
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
+    postgres = is_postgres_location(args.store)
     path = Path(args.store)
-    with Store.open(path, sync=args.sync) as store:
+    with Store.open(args.store if postgres else path, sync=args.sync,
+                    artifacts=args.artifacts) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
         # nothing, not even the lock file.
         service = Service(
@@ -55,12 +58,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             writer_limits=WriterLimits(queue_size=args.queue_size,
                                        max_batch_messages=args.batch_messages,
                                        max_batch_delay=args.batch_delay))
+        if postgres:  # a second service waits as a standby and takes over when this one ends
+            with store.writer_lock(wait=True, on_wait=lambda holder: log.info(
+                    "standby: the writer lock of %s is held by %s; this service takes over "
+                    "when it ends", store.location, holder)):
+                stats = anyio.run(_serve, service, args)
+            return _stopped(stats, args)
         pid = running_pid(path)
         if pid is not None:
             raise EvidenceError(f"{path}: a crawl or service (pid {pid}) is writing this store",
                                 hint=f"stop it first: evidence stop {path}", path=str(path))
         with crawl_lock(path):  # one writer per store: 'evidence stop' sends us SIGTERM
             stats = anyio.run(_serve, service, args)
+    return _stopped(stats, args)
+
+
+def _stopped(stats: ServiceStatistics, args: argparse.Namespace) -> int:
     w = stats.writer
     summary = (f"stopped: {stats.connections_total} connections, {w.committed} committed, "
                f"{w.duplicates} duplicates, {w.conflicts} conflicts, {w.rejections} rejected, "
@@ -110,7 +123,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "commits. When the writer falls behind, the service stops reading from sockets "
         "(clients block). SIGTERM or 'evidence stop STORE' stops accepting, commits and "
         "acknowledges what was read, and exits 0.")
-    p.add_argument("store", metavar="STORE", help="the store directory (see 'evidence init')")
+    p.add_argument("store", metavar="STORE",
+                   help="the store directory, or a PostgreSQL connection string (see "
+                   "'evidence init'); on PostgreSQL a second service of the same store waits "
+                   "as a standby and takes over when the first ends")
+    p.add_argument("--artifacts", metavar="DIR",
+                   help="a PostgreSQL store: its payload directory, if not where the store "
+                   "records it (default: the recorded one)")
     p.add_argument("--socket", metavar="PATH",
                    help="listen on a Unix socket, created with mode 0600")
     p.add_argument("--listen", metavar="HOST:PORT",

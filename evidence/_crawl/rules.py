@@ -63,7 +63,6 @@ from .._model.messages import RuleEvaluated, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import Sniffed, decode_document
 from .._model.urls import resolve_reference
-from .._store.runlock import crawl_lock
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -857,7 +856,7 @@ def evaluate_stored(store: Store, rules: RuleSet | Sequence[Rule], *,
     Synchronous (it runs its own event loop); from async code, call it in a thread.
     """
     rules = tuple(r for r in rules if not r.reads_rendered)  # judged with their renders
-    with crawl_lock(store.path), store.reader() as conn, store.errors():
+    with store.writer_lock(), store.reader() as conn, store.errors():
         if run_id is not None and not conn.execute(
                 "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
             raise NotFoundError(f"no run {run_id!r} in the store", run_id=run_id,

@@ -56,7 +56,7 @@ _START_TIMEOUT = 60.0  # seconds for a child to import, connect to the service a
 
 
 class Setup(msgspec.Struct, tag="setup", kw_only=True):
-    store: str  # the store directory: payloads go to its artifact store
+    store: str  # the store (its directory, or a connection string): for messages
     socket: str  # the writer service
     config: dict[str, Any]  # the session's CrawlConfig record
     session_id: str
@@ -65,6 +65,7 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
     timeout: float
     name: str = ""  # how the service knows this child's connection
     deadline: float | None = None  # seconds one fetch may take in all
+    artifacts: str = ""  # the store's artifact directory (default: STORE/artifacts)
 
 
 class Order(msgspec.Struct, tag="order"):
@@ -330,7 +331,8 @@ async def _child(fd: int) -> None:
         if not isinstance(setup, Setup):
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
-        artifacts = ArtifactStore(Path(setup.store) / ARTIFACTS_DIR, create=False)
+        artifacts = ArtifactStore(setup.artifacts or Path(setup.store) / ARTIFACTS_DIR,
+                                  create=False)
         http = crawl_client(connections=setup.connections, timeout=setup.timeout)
         from ..client import AsyncClient  # here: the package imports this module
 

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ from .postgresql import (
     take_writer_lock,
 )
 
-__all__ = ["PostgresStore", "open_artifacts"]
+__all__ = ["PostgresStore", "open_artifacts", "stop_writer"]
 
 log = logging.getLogger("evidence.postgresql")
 
@@ -204,3 +207,18 @@ class PostgresStore(Store):
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.backend.conninfo)!r})"
+
+
+def stop_writer(location: str, *, sig: int = signal.SIGTERM) -> int | None:
+    """Ask the crawl or service holding the store's writer lock to stop (``evidence stop``);
+    its pid, or None when nothing holds it. One on another host is named, not signalled."""
+    with PostgresStore.open_location(location, read_only=True) as store:
+        holder = store.running_writer()
+    if holder is None:
+        return None
+    pid, host = holder
+    if host != socket.gethostname():
+        raise StoreError(f"{store.location}: the writer runs on host {host} (pid {pid})",
+                         hint=f"stop it there: evidence stop STORE on {host}, or kill {pid}")
+    os.kill(pid, sig)
+    return pid

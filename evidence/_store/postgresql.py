@@ -746,3 +746,92 @@ class PostgresBackend:
             return copy_snapshot(self.conninfo, dest, progress=progress)
 
 
+
+
+# --- the server's objects against the migrations (verify) ------------------------------------
+
+_REFERENCE = "evidence_verify_reference"
+
+
+def _describe(raw: Any, schema: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(kind, name) -> (table, definition) of every table, column set, constraint, index,
+    trigger (with whether it is enabled) and function in ``schema``, spelled without the
+    schema's name so that two schemas made by the same migrations describe alike."""
+    raw.execute("SELECT set_config('search_path', %s, true)", (schema,))
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    columns: dict[str, list[str]] = {}
+    for table, column, kind, nullable, default in raw.execute(
+            "SELECT table_name, column_name, data_type, is_nullable, "
+            "coalesce(column_default, '') FROM information_schema.columns "
+            "WHERE table_schema = %s ORDER BY table_name, ordinal_position", (schema,)):
+        columns.setdefault(table, []).append(f"{column} {kind} {nullable} {default}")
+    for table, spec in columns.items():
+        found[("table", table)] = (table, "; ".join(spec))
+    queries = (
+        ("constraint", "SELECT c.relname, o.conname, pg_get_constraintdef(o.oid) FROM "
+         "pg_constraint o JOIN pg_class c ON c.oid = o.conrelid JOIN pg_namespace n ON "
+         "n.oid = o.connamespace WHERE n.nspname = %s"),
+        ("index", "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE "
+         "schemaname = %s"),
+        ("trigger", "SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) || ' ' || "
+         "t.tgenabled::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN "
+         "pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT "
+         "t.tgisinternal"),
+        ("function", "SELECT '', p.proname, pg_get_functiondef(p.oid) FROM pg_proc p JOIN "
+         "pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s"),
+    )
+    for kind, sql in queries:
+        for table, name, definition in raw.execute(sql, (schema,)):
+            text = definition.replace(f'"{schema}".', "").replace(f"{schema}.", "")
+            found[(kind, f"{table}.{name}" if kind == "constraint" else name)] = (table, text)
+    return found
+
+
+def check_schema(location: str, add: Callable[..., None], version: int) -> int:
+    """Compare the store's tables, constraints, indexes, triggers and functions with what
+    schema/postgresql 001..``version`` creates, made again in a scratch schema inside a
+    transaction that is rolled back (nothing is left; it needs the CREATE privilege on the
+    database); and postgresql_migration's rows with the files. Findings go to ``add``."""
+    conn = connect(location)
+    raw = conn.raw
+    try:
+        raw.execute("BEGIN READ WRITE")
+        try:
+            home = raw.execute("SELECT current_schema()").fetchall()[0][0]
+            have = _describe(raw, home)
+            raw.execute(f"CREATE SCHEMA {_REFERENCE}")
+            raw.execute(f"SET LOCAL search_path = {_REFERENCE}")
+            for statement in (
+                    "CREATE TABLE schema_migration (version bigint PRIMARY KEY, name text NOT "
+                    "NULL, checksum text NOT NULL, applied_at text NOT NULL)",
+                    "CREATE TABLE postgresql_migration (version bigint PRIMARY KEY, name text "
+                    "NOT NULL, checksum text NOT NULL, applied_at text NOT NULL)"):
+                raw.execute(statement)
+            for _v, _n, _c, sql in pg_migrations()[:version]:
+                raw.execute(sql)
+            want = _describe(raw, _REFERENCE)
+            recorded = {v: (n, c) for v, n, c in raw.execute(
+                f'SELECT version, name, checksum FROM "{home}".postgresql_migration')}
+        finally:
+            raw.execute("ROLLBACK")
+    finally:
+        conn.close()
+    for key in sorted(want.keys() | have.keys()):
+        kind, name = key
+        if key not in have:
+            add("schema", f"{kind} {name} is missing (schema/postgresql creates it)",
+                table=want[key][0] or None)
+        elif key not in want:
+            add("schema", f"{kind} {name} is not created by any migration",
+                table=have[key][0] or None)
+        elif want[key] != have[key]:
+            add("schema", f"{kind} {name} differs from its migration"
+                + ("" if kind != "trigger" or not have[key][1].endswith(" D")
+                   else " (it is disabled)"), table=have[key][0] or None)
+    files = {v: (n, c) for v, n, c, _s in pg_migrations()[:version]}
+    for v in sorted(files.keys() | recorded.keys()):
+        if recorded.get(v) != files.get(v):
+            add("schema", f"postgresql_migration row {v} does not match "
+                f"schema/postgresql/{v:03d}_{files.get(v, ('?',))[0]}.sql",
+                table="postgresql_migration", row_id=v)
+    return len(have)
