@@ -555,27 +555,46 @@ def holder_pid(conn: PgConnection) -> tuple[int, str] | None:
     return (int(match[1]), match[2].rstrip(",")) if match else None
 
 
+DEAD_HOLDER_WAIT_MS = 10_000  # a killed holder's server session ends within this
+
+
 def take_writer_lock(conn: PgConnection, *, wait: bool,
                      on_wait: Callable[[str], None] | None = None) -> None:
     """Hold the store's writer lock on ``conn`` (session level: until it is released or
     the connection ends, however the process ends). ``wait``: as a standby, until the
-    holder is gone; else refused at once, naming the holder."""
+    holder is gone; else refused at once, naming the holder, unless the holder is a
+    process of this host that no longer exists (killed a moment ago: the server ends its
+    session when it notices, and the lock with it), which is waited for, boundedly."""
     if conn.raw.execute(f"SELECT pg_try_advisory_lock({_LOCK_ARGS})").fetchall()[0][0]:
         return
     holder = lock_holder(conn) or "another connection"
     where = redact(conn.location)
+    timeout = 0  # no bound: a standby waits as long as the holder lives
     if not wait:
-        raise StoreError(f"{where}: another writer holds this store ({holder})",
-                         hint="stop it first (one writer per store), or start this one as a "
-                         "standby that takes over when it ends", path=where)
-    if on_wait is not None:
+        found = holder_pid(conn)
+        if found is None or found[1] != socket.gethostname() or _alive(found[0]):
+            raise StoreError(f"{where}: another writer holds this store ({holder})",
+                             hint="stop it first (one writer per store), or start this one "
+                             "as a standby that takes over when it ends", path=where)
+        timeout = DEAD_HOLDER_WAIT_MS
+    elif on_wait is not None:
         on_wait(holder)
-    conn.raw.execute("SET lock_timeout = 0")
+    conn.raw.execute(f"SET lock_timeout = {timeout}")
     try:
         conn.raw.execute(f"SELECT pg_advisory_lock({_LOCK_ARGS})")
     finally:
         if not conn.broken:
             conn.raw.execute(f"SET lock_timeout = {DEFAULT_LOCK_TIMEOUT_MS}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def release_writer_lock(conn: PgConnection) -> None:
