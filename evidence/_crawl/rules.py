@@ -829,16 +829,16 @@ def check_rules(conn: apsw.Connection, rules: Iterable[Rule]) -> None:
 _PAGES = """
 SELECT f.attempt_seq FROM url_current c JOIN fetch_attempt f ON f.attempt_seq = c.attempt_seq
 WHERE f.http_status IS NOT NULL AND f.response_headers_id IS NOT NULL
-  AND (?1 IS NULL OR c.run_id = ?1)
+  AND (CAST(? AS TEXT) IS NULL OR c.run_id = ?)
 ORDER BY f.attempt_seq
 """
 _ATTEMPTS = """
 SELECT f.attempt_id, f.run_id, f.url_id, f.url, f.elapsed_ms,
-       f.body_truncated OR f.content_truncated, f.capture = 'wire', f.content_coding,
+       f.body_truncated + f.content_truncated > 0, f.capture = 'wire', f.content_coding,
        h.namespace, h.digest, h.size, b.namespace, b.digest, b.size
 FROM fetch_attempt f JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = coalesce(f.content_id, f.body_id)
-WHERE f.attempt_seq IN (SELECT value FROM json_each(?)) ORDER BY f.attempt_seq
+WHERE f.attempt_seq IN (SELECT CAST(value AS BIGINT) FROM json_each(?)) ORDER BY f.attempt_seq
 """
 _CHUNK = 256
 _MAX_PROBLEMS = 50
@@ -862,7 +862,7 @@ def evaluate_stored(store: Store, rules: RuleSet | Sequence[Rule], *,
             raise NotFoundError(f"no run {run_id!r} in the store", run_id=run_id,
                                 hint="'evidence status' lists the runs")
         check_rules(conn, rules)
-        seqs = [s for (s,) in conn.execute(_PAGES, (run_id,))]
+        seqs = [s for (s,) in conn.execute(_PAGES, (run_id, run_id))]
         return anyio.run(_evaluate_stored, store, conn, rules, seqs, recheck)
 
 

@@ -16,6 +16,14 @@ BEGIN
     RAISE EXCEPTION '%', TG_ARGV[0] USING ERRCODE = 'integrity_constraint_violation';
 END $$;
 
+-- The two JSON functions of SQLite that the readers' statements use (on text holding JSON),
+-- so that one statement reads either engine: json_extract with a '$.key.key' path, and
+-- json_each's value column for an array.
+CREATE FUNCTION json_extract(doc text, path text) RETURNS text LANGUAGE sql IMMUTABLE AS
+$$ SELECT doc::jsonb #>> string_to_array(substr(path, 3), '.') $$;
+CREATE FUNCTION json_each(doc text) RETURNS TABLE (value text) LANGUAGE sql IMMUTABLE AS
+$$ SELECT jsonb_array_elements_text(doc::jsonb) $$;
+
 CREATE TABLE store_meta (
     key   text PRIMARY KEY,
     value text NOT NULL
