@@ -344,6 +344,10 @@ def connect(location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
         raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")
         raw.execute("SET synchronous_commit = on")  # durable when COMMIT returns
         raw.execute("SET idle_in_transaction_session_timeout = 0")
+        # Every execution planned for its own parameters: a prepared statement's generic
+        # plan, made while a table was small, kept scanning url_identity whole for each
+        # batch's URL lookup once it was not (513 msgs/s instead of 2,500, measured).
+        raw.execute("SET plan_cache_mode = force_custom_plan")
         if read_only:
             raw.execute("SET default_transaction_read_only = on")
     except BaseException:
