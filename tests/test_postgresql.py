@@ -170,7 +170,7 @@ def test_init_records_the_artifact_directory_and_later_opens_find_it(
         assert again.store_id == store_id
         assert again.artifacts.read(ref) == b"payload"
         assert again.location == pg_url
-    with pytest.raises(StoreError, match="artifact location"):
+    with pytest.raises(StoreError, match="needs a directory for its payloads"):
         Store.create(new_pg_database_for(pg_url))
 
 
@@ -268,3 +268,35 @@ async def test_verify_quick_and_full_pass_on_postgresql_and_locate_an_edit(
         messages = [f.message for f in verify(store).errors]
         assert "trigger commit_log_no_update is missing (schema/postgresql creates it)" \
             in messages
+
+
+def test_a_libpq_keyword_string_with_a_unix_socket_host_names_a_store(
+        pg_cluster, tmp_path: Path) -> None:
+    url = new_pg_database(pg_cluster)
+    dbname = url.split("?")[0].rsplit("/", 1)[1]
+    keywords = (f"host={pg_cluster.root} port={pg_cluster.port} dbname={dbname} "
+                f"user={pg_cluster.superuser}")
+    with Store.create(keywords, artifacts=str(tmp_path / "art")) as store:
+        store_id = store.store_id
+    with Store.open(url, read_only=True) as same:  # the URI form, the same database
+        assert same.store_id == store_id
+
+
+def test_cli_init_without_artifacts_is_a_user_error_that_changes_nothing(
+        pg_url: str, pg_cluster) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "evidence", "init", pg_url],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error: ") and "\nTry: give one: --artifacts DIR" in \
+        result.stderr and "Traceback" not in result.stderr
+    dbname = pg_url.split("?")[0].rsplit("/", 1)[1]
+    assert pg_cluster.sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+                          dbname=dbname).strip() == "0"
+    unreachable = pg_url.replace(f"port={pg_cluster.port}", "port=1")
+    result = subprocess.run([sys.executable, "-m", "evidence", "status", unreachable],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "cannot connect to PostgreSQL" in result.stderr
+    assert "Try: check the connection string" in result.stderr

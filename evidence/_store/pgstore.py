@@ -62,6 +62,15 @@ def open_artifacts(spec: str, *, create: bool, read_only: bool,
                          **kwargs)
 
 
+def _recorded_artifacts(conn: PgConnection) -> str | None:
+    """The artifact directory a store in this database records (None: no store, or none)."""
+    exists = conn.raw.execute("SELECT to_regclass('store_meta') IS NOT NULL").fetchall()[0][0]
+    if not exists:
+        return None
+    rows = conn.raw.execute("SELECT value FROM store_meta WHERE key = 'artifacts'").fetchall()
+    return rows[0][0] if rows else None
+
+
 class PostgresStore(Store):
     """An open PostgreSQL store: its write connection (unless read-only) and artifacts."""
 
@@ -106,6 +115,12 @@ class PostgresStore(Store):
             try:
                 if read_only or not create:
                     version = applied_version(conn)
+                elif artifacts is None and _recorded_artifacts(conn) is None:
+                    # Refused before anything is written: a new store needs its directory.
+                    raise StoreError(f"{backend.location}: a new PostgreSQL store needs a "
+                                     "directory for its payloads",
+                                     hint="give one: --artifacts DIR (it is recorded in the "
+                                     "store; later commands find it)", path=backend.location)
                 if not read_only:
                     version = backend.migrate(conn)
                     if create:

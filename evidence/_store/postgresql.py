@@ -102,6 +102,10 @@ def _error_classes() -> tuple[type[Exception], ...]:
 _Error, _BusyError, _ConstraintError = _error_classes()
 
 
+class _Unreachable(StoreError):
+    """No connection could be made (``reconnect_writer`` retries these)."""
+
+
 def is_disconnect(exc: BaseException) -> bool:
     """The connection to the server was lost (the server stopped, restarted or is out of
     reach): whatever the transaction had not committed is rolled back by the server."""
@@ -333,9 +337,16 @@ def connect(location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
     """A connection with the policy applied: checked server, synchronous commits, bounded
     lock waits, results typed as SQLite types them, and a name saying who holds it."""
     _need_driver()
-    raw = psycopg.connect(location, autocommit=True,
-                          application_name=f"evidence pid={os.getpid()} "
-                                           f"host={socket.gethostname()}"[:63])
+    try:
+        raw = psycopg.connect(location, autocommit=True,
+                              application_name=f"evidence pid={os.getpid()} "
+                                               f"host={socket.gethostname()}"[:63])
+    except psycopg.OperationalError as exc:
+        where = redact(location)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise _Unreachable(f"{where}: cannot connect to PostgreSQL ({first})",
+                           hint="check the connection string, that the server runs, and that "
+                           "it lets this user in", path=where) from exc
     try:
         for name in ("numeric", "bool"):
             raw.adapters.register_loader(name, _IntLoader)
@@ -706,7 +717,7 @@ class PostgresBackend:
             try:
                 conn = self.connect_writer()
                 break
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, _Unreachable) as exc:
                 if time.monotonic() + delay > deadline:
                     raise
                 if on_retry is not None:
