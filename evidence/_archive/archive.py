@@ -477,7 +477,7 @@ def _summarize(source: Source, path: Path, progress: Progress | None
                ) -> tuple[dict, list[Difference]]:
     notes: list[Difference] = []
     label = source.location if isinstance(source, Store) else (
-        redact(source) if is_postgres_location(source) else str(source))
+        redact(str(source)) if is_postgres_location(source) else str(source))
     kind = "store" if isinstance(source, Store) or is_postgres_location(source) or not (
         Path(source) / MANIFEST).exists() else "archive"
     if kind == "store":

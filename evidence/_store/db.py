@@ -140,10 +140,10 @@ class Store:
                 conn.close()
                 raise
         kwargs = {} if max_payload is None else {"max_payload": max_payload}
-        artifacts = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops, **kwargs)
+        payloads = ArtifactStore(root / ARTIFACTS_DIR, file_ops=ops, **kwargs)
         if create:
             ops.fsync_dir(root)  # evidence.db's and artifacts/'s entries, on purpose
-        return cls(root, conn, artifacts, sync=sync, busy_timeout_ms=busy_timeout_ms,
+        return cls(root, conn, payloads, sync=sync, busy_timeout_ms=busy_timeout_ms,
                    schema_version=version, vfs=vfs, file_ops=ops, wal_frames=hook)
 
     @classmethod

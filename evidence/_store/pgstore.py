@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import StoreError
-from .artifacts import ArtifactStore
+from .artifacts import DEFAULT_MAX_PAYLOAD, ArtifactStore
 from .db import Store
 from .postgresql import (
     DEFAULT_LOCK_TIMEOUT_MS,
@@ -52,14 +52,14 @@ def open_artifacts(spec: str, *, create: bool, read_only: bool,
     if "://" in spec:
         raise StoreError(f"artifacts at {spec!r}: only a local directory is supported here",
                          hint="give --artifacts a directory path")
-    kwargs = {} if max_payload is None else {"max_payload": max_payload}
     root = Path(spec)
     if not create and not root.is_dir():
         raise StoreError(f"the store's artifact directory {root} does not exist",
                          hint="mount it there, or give its path with --artifacts PATH",
                          path=str(root))
     return ArtifactStore(root, create=create and not read_only, read_only=read_only,
-                         **kwargs)
+                         max_payload=DEFAULT_MAX_PAYLOAD if max_payload is None
+                         else max_payload)
 
 
 def _recorded_artifacts(conn: PgConnection) -> str | None:
@@ -75,7 +75,7 @@ class PostgresStore(Store):
     """An open PostgreSQL store: its write connection (unless read-only) and artifacts."""
 
     backend: PostgresBackend  # type: ignore[assignment]
-    connection: PgConnection  # type: ignore[assignment]
+    connection: PgConnection
 
     def __init__(self, backend: PostgresBackend, connection: PgConnection,
                  artifacts: ArtifactStore, *, schema_version: int, read_only: bool) -> None:

@@ -165,7 +165,7 @@ def _translate(sql: str) -> str:
     return _TOKEN.sub(one, sql)
 
 
-class _IntLoader(Loader):  # type: ignore[misc,valid-type]
+class _IntLoader(Loader):
     """numeric (sum, avg) and boolean results as SQLite gives them: a whole number as an
     int, a fraction as a float, true and false as 1 and 0."""
 
