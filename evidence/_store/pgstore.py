@@ -167,6 +167,9 @@ class PostgresStore(Store):
         bounded backoff, and hold the writer lock again if the old one did."""
         self.check_writable()
         with contextlib.suppress(Exception):
+            if self.backend.writer_locked:  # released now, not when the server notices
+                release_writer_lock(self.connection)
+        with contextlib.suppress(Exception):
             self.connection.close()
 
         def retry(exc: BaseException, delay: float) -> None:

@@ -25,7 +25,11 @@ Invariants (DESIGN.md "Writer rules"):
   - except after a failed fsync (at COMMIT or in a checkpoint): then reads are no evidence
     of what is on the disk, so nothing of that batch is acked, the store is marked for a
     resync and the writer stops (``_resync``; docs/design.md, "The writer");
-  - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails.
+  - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails;
+  - on a server database (PostgreSQL) a lost connection is made again with bounded backoff
+    (``_reconnect``): a batch cut before its COMMIT is applied again (the server rolled it
+    back); one cut during its COMMIT is acked only if the commit log holds its row with
+    the chain hash this writer computed, else applied again. Nothing is acked before that.
 
 Where the time goes and what was measured: docs/benchmarks.md ("Where the time goes").
 """
