@@ -226,3 +226,27 @@ async def test_sigkill_of_the_active_writer_a_standby_takes_over_nothing_lost_or
                     proc.wait()
                 assert proc.stdout is not None
                 proc.stdout.close()
+
+
+def test_evidence_stop_signals_the_writer_service_of_a_postgresql_store(
+        pg_url: str, tmp_path: Path) -> None:
+    """`evidence stop URL` finds the writer lock's holder (pid and host from its connection)
+    and sends it SIGTERM: the service drains and exits 0, and the lock is free again."""
+    with Store.create(pg_url, artifacts=str(tmp_path / "art")):
+        pass
+    service = _serve(pg_url, tmp_path / "w.sock", tmp_path / "s.log")
+    try:
+        _Ready(service).wait(30)
+        stop = subprocess.run([sys.executable, "-m", "evidence", "stop", pg_url],
+                              capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert f"pid {service.pid}" in stop.stdout
+        assert service.wait(30) == 0
+        with Store.open(pg_url, read_only=True) as store:
+            assert store.running_writer() is None
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+        assert service.stdout is not None
+        service.stdout.close()
