@@ -95,6 +95,7 @@ class WriterLimits:
 
 
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
+_MAX_LOSSES = 10  # lost connections while writing one batch before it fails
 _URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
          for kind in Message.__args__}  # type: ignore[attr-defined]
@@ -522,13 +523,13 @@ class Writer:
     def _commit_batch(self, batch: list[_Pending]) -> list[Ack]:
         committed = False
         try:
-            while True:
+            for losses in itertools.count(1):
                 try:
                     acks, committed = self._write_batch(batch)
                     return acks
                 except _Lost as lost:  # the database connection: reconnect, then resolve
                     self._interner.batch_done(committed=False)
-                    resolved = self._reconnect(lost)
+                    resolved = self._reconnect(lost, last=losses == _MAX_LOSSES)
                     if resolved is not None:
                         committed = True
                         return resolved
@@ -541,14 +542,15 @@ class Writer:
         is_disconnect = getattr(self._db, "is_disconnect", None)
         return bool(is_disconnect is not None and is_disconnect(exc))
 
-    def _reconnect(self, lost: _Lost) -> list[Ack] | None:
+    def _reconnect(self, lost: _Lost, *, last: bool = False) -> list[Ack] | None:
         """The connection was lost during batch ``lost.batch_seq``: reconnect (with bounded
         backoff, ``Store.reopen_connection``; the writer lock is taken again) and find out
         what the batch left. Before COMMIT: nothing (the server rolled it back), so it is
         applied again. During COMMIT the outcome is unknown until the commit log says: the
         batch's row with the chain hash this writer computed means it committed (its acks
         are returned), no row means it did not (applied again). The head is read again
-        either way. Past the backoff's bound: ``CommitError``, nothing acked."""
+        either way. Past the backoff's bound, or at the ``last`` of ``_MAX_LOSSES`` losses
+        in one batch: ``CommitError``, nothing acked."""
         batch_seq = lost.batch_seq
         self._counts["reconnects"] += 1
         log.warning("batch %d: the connection to the database was lost %s (%s); "
@@ -559,10 +561,9 @@ class Writer:
             conn = self.store.connection
             with self.store.errors():
                 self._head = load_head(conn)
-                if lost.acks is None:
-                    return None
-                row = conn.execute("SELECT entry_hash FROM commit_log WHERE batch_seq = ?",
-                                   (batch_seq,)).fetchall()
+                row = [] if lost.acks is None else conn.execute(
+                    "SELECT entry_hash FROM commit_log WHERE batch_seq = ?",
+                    (batch_seq,)).fetchall()
         except EvidenceError as exc:
             raise CommitError(
                 f"batch {batch_seq}: the database connection was lost and could not be made "
@@ -570,8 +571,15 @@ class Writer:
                 hint="redeliver the messages once the database is reachable",
                 batch_seq=batch_seq) from exc
         committed = bool(row) and bytes(row[0][0]) == lost.chain
-        log.warning("batch %d: its COMMIT %s", batch_seq, "had committed: acknowledged"
-                    if committed else "had not committed: applying it again")
+        if not committed and last:
+            raise CommitError(
+                f"batch {batch_seq}: the database connection was lost {_MAX_LOSSES} times "
+                "while writing it; it did not commit and none of its messages were "
+                "acknowledged", hint="redeliver the messages once the database is stable",
+                batch_seq=batch_seq)
+        if lost.acks is not None:
+            log.warning("batch %d: its COMMIT %s", batch_seq, "had committed: acknowledged"
+                        if committed else "had not committed: applying it again")
         return lost.acks if committed else None
 
     def _write_batch(self, batch: list[_Pending]) -> tuple[list[Ack], bool]:
