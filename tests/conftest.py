@@ -325,3 +325,41 @@ def seaweed():
 def new_s3_url(server, name: str = "t") -> str:
     """A fresh prefix of the session's bucket, as an ``s3://`` URL with its endpoint."""
     return server.url(f"{name}-{next(_s3_prefixes)}")
+
+
+# --- PostgreSQL: one throwaway cluster per test session, a fresh database per test ---------
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A PostgreSQL cluster started for this test session (evidence.testing.pgcluster):
+    from the Debian package, in a temporary directory, on a Unix socket and 127.0.0.1.
+    A test that needs it FAILS when it cannot start (with the reason), never skips:
+    .ci/run installs the server."""
+    try:
+        import psycopg  # noqa: F401
+
+        from evidence.testing.pgcluster import ClusterError, PgCluster
+    except ImportError as exc:
+        pytest.fail(f"the PostgreSQL tests need psycopg: pip install -e '.[test]' ({exc})")
+    try:
+        cluster = PgCluster.start()
+    except ClusterError as exc:
+        pytest.fail(f"PostgreSQL could not be started for the tests: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def pg_url(pg_cluster) -> str:
+    """A new, empty database of the session's cluster: its connection string."""
+    return pg_cluster.create_database(f"t{next(_databases)}")
+
+
+def new_pg_database(cluster) -> str:
+    """Another fresh database (for tests that need more than one, or one per example)."""
+    return cluster.create_database(f"t{next(_databases)}")

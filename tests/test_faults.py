@@ -46,6 +46,7 @@ from evidence import (
 )
 from evidence._archive.export import export
 from evidence._cli.main import main as cli_main
+from evidence._store.log import check_log
 from evidence._store.sqlite import connect_writer
 from evidence._write.writer import WriterHooks
 from evidence.testing.faults import (
@@ -63,7 +64,7 @@ from evidence.testing.faults import (
     run_trial,
 )
 
-from .conftest import LAYOUTS, backdate_payload
+from .conftest import LAYOUTS, Factory, backdate_payload
 
 SMALL = Workload(batches=4, pages_per_batch=2)
 
@@ -587,6 +588,28 @@ def test_interruption_during_an_export_changes_nothing(
         export(store, fast_dir / "again")
     assert (fast_dir / "out" / "dump.sql").read_bytes() == (
         fast_dir / "again" / "dump.sql").read_bytes()
+
+
+def test_a_batch_records_the_time_its_clock_gives(tmp_path: Path) -> None:
+    """WriterHooks(batch_time=...) is not a fault point but a fixed clock (the cross-backend
+    export test gives two writers the same one): each batch's ledger rows and commit-log
+    row carry its value, and the log still checks."""
+    times = iter(["2026-03-03T12:00:00.000001Z", "2026-03-03T12:00:00.000002Z"])
+
+    async def feed(store: Store) -> None:
+        make = Factory(store)
+        async with Writer(store, hooks=WriterHooks(batch_time=lambda: next(times))) as w:
+            await w.submit_group([make.session(), make.run()])
+            await w.submit(make.attempt())
+
+    with Store.create(tmp_path / "s") as store:
+        anyio.run(feed, store)
+        rows = store.connection.execute(
+            "SELECT l.received_at, c.committed_at FROM ingest_ledger l JOIN commit_log c "
+            "USING (batch_seq) ORDER BY l.log_index").fetchall()
+        assert rows == [("2026-03-03T12:00:00.000001Z",) * 2] * 2 + [
+            ("2026-03-03T12:00:00.000002Z",) * 2]
+        assert check_log(store.connection)[2] == []
 
 
 def test_every_writer_fault_point_has_a_test() -> None:

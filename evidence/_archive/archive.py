@@ -30,6 +30,7 @@ from .._errors import CorruptStoreError, MigrationError, StoreError
 from .._store.artifacts import ArtifactStore
 from .._store.db import Store
 from .._store.fsync import fsync_file
+from .._store.location import is_postgres_location, redact
 from .._store.log import check_log, load_head
 from .._store.packs import open_artifact_store
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
@@ -257,8 +258,13 @@ def _mismatches(conn: apsw.Connection, manifest: Manifest, migrations: list,
 
 
 def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str, *,
+            artifacts: os.PathLike[str] | str | None = None,
             progress: Progress | None = None) -> RestoreReport:
     """Build a store at ``store_path`` (new or empty) from an archive, and prove it.
+
+    ``store_path`` may be a PostgreSQL connection string to an empty database; the
+    payloads then go to the new or empty directory ``artifacts``, which the store's meta
+    names (``_restore_postgres``).
 
     Raises ``StoreError`` for a non-empty target, ``CorruptStoreError`` when anything
     differs from the manifest (the partial store is removed: nothing appears at the target).
@@ -278,6 +284,13 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
         raise CorruptStoreError(f"{dump_file} is missing or does not match its manifest "
                                 "(size or BLAKE3)", hint="the archive was altered or damaged",
                                 path=str(dump_file))
+    if is_postgres_location(store_path):
+        return _restore_postgres(archive, manifest, migrations, str(store_path), artifacts,
+                                 progress)
+    if artifacts is not None:
+        raise StoreError("--artifacts is for a restore into PostgreSQL; a store directory "
+                         "keeps its payloads in its artifacts/",
+                         hint="leave out --artifacts, or restore into postgresql://...")
     with building(store_path, "restoring") as tmp:
         db = tmp / DB_NAME
         conn = load_dump(dump_file, db, progress)
@@ -308,17 +321,77 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
                 "written at the target:\n  " + "\n  ".join(problems),
                 hint="the archive was altered or damaged; use another copy",
                 path=str(archive), problems=problems)
+    return _report(manifest, str(Path(store_path)), counts, size, root, refs, gaps, copied,
+                   findings)
+
+
+def _report(manifest: Manifest, where: str, counts: dict[str, int], size: int, root: bytes,
+            refs: list, gaps: list, copied: int, findings: list[str],
+            extra: tuple[str, ...] = ()) -> RestoreReport:
     checks = ["dump.sql size and BLAKE3", "schema section", f"{len(counts)} table sections "
               "(rows and BLAKE3)", "schema equals the migrations'", "integrity_check",
-              f"{len(refs) - len(gaps)} artifacts re-hashed"]
+              f"{len(refs) - len(gaps)} artifacts re-hashed", *extra]
     if manifest.run_id is None:
         checks.append("Merkle tree size and root")
     return RestoreReport(
-        path=str(Path(store_path)), store_id=manifest.store_id,
+        path=where, store_id=manifest.store_id,
         schema_version=manifest.schema_version, run_id=manifest.run_id, tables=counts,
         tree_size=size, root=root.hex(), artifacts=len(refs), artifact_bytes=copied,
         checks=checks, findings=findings + [f"known gap, {g.kind}: {g.subject}: {g.detail}"
                                  for g in manifest.gaps])
+
+
+def _restore_postgres(archive: Path, manifest: Manifest, migrations: list, location: str,
+                      artifacts: os.PathLike[str] | str | None,
+                      progress: Progress | None) -> RestoreReport:
+    """Restore into an empty PostgreSQL database: the dump is loaded and proved in a private
+    SQLite file exactly as for a store directory; the artifacts are copied into a hidden
+    sibling of ``artifacts``; then every row goes into the database in one transaction,
+    which commits only if its own snapshot dumps to the manifest's hashes again (else it
+    rolls back, leaving the database empty); last, the artifact directory is renamed into
+    place."""
+    from .._store.postgresql import restore_rows
+
+    if artifacts is None:
+        raise StoreError("a restore into PostgreSQL needs a directory for the payloads",
+                         hint="add --artifacts DIR (a new or empty directory)")
+    where = redact(location)
+    with building(artifacts, "restoring") as tmp, \
+            tempfile.TemporaryDirectory(prefix=".evidence-restore-", dir=tmp.parent) as scratch:
+        db = Path(scratch) / DB_NAME
+        conn = load_dump(archive / "dump.sql", db, progress)
+        try:
+            with map_sqlite_errors(db):
+                size, root, _ = check_log(conn)
+                problems, counts = _mismatches(conn, manifest, migrations, (size, root))
+                problems += _integrity(conn)
+                findings = _foreign_keys(conn)
+                refs = artifact_refs(conn)
+        finally:
+            conn.close()
+        copied, gaps = copy_artifacts(refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False),
+                                      ArtifactStore(tmp, max_payload=2**62), progress)
+        known = {(g.kind, g.subject) for g in manifest.gaps}
+        problems += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
+                     if (g.kind, g.subject) not in known]
+
+        def check(snapshot: Path) -> list[str]:
+            with map_sqlite_errors(snapshot), contextlib.closing(
+                    apsw.Connection(str(snapshot))) as copy:
+                return [f"in PostgreSQL: {p}" for p in _mismatches(
+                    copy, manifest, migrations, check_log(copy)[:2])[0]]
+
+        if not problems:
+            problems = restore_rows(location, db, manifest.schema_version,
+                                    str(Path(artifacts).absolute()), check)
+        if problems:
+            raise CorruptStoreError(
+                f"{archive} does not restore to what its manifest describes; nothing was "
+                "written at the target:\n  " + "\n  ".join(problems),
+                hint="the archive was altered or damaged; use another copy",
+                path=str(archive), problems=problems)
+    return _report(manifest, where, counts, size, root, refs, gaps, copied, findings,
+                   ("the database's own snapshot dumps to the same hashes",))
 
 
 # --- compare ---------------------------------------------------------------------------------
@@ -412,13 +485,16 @@ def compare(a: Source, b: Source, *, rows_per_table: int = 20,
 def _summarize(source: Source, path: Path, progress: Progress | None
                ) -> tuple[dict, list[Difference]]:
     notes: list[Difference] = []
-    label = str(source.path if isinstance(source, Store) else source)
-    if isinstance(source, Store) or not (Path(source) / MANIFEST).exists():
-        kind = "store"
+    label = source.location if isinstance(source, Store) else (
+        redact(str(source)) if is_postgres_location(source) else str(source))
+    kind = "store" if isinstance(source, Store) or is_postgres_location(source) or not (
+        Path(source) / MANIFEST).exists() else "archive"
+    if kind == "store":
         backend, _artifacts = open_source(source)
         backend.copy_snapshot(path, progress=progress)
         conn = apsw.Connection(str(path))
     else:
+        assert not isinstance(source, Store)
         kind = "archive"
         manifest = read_manifest(source)
         if manifest.format != "sql":

@@ -49,6 +49,7 @@ from .._store.artifacts import ArtifactStore
 from .._store.backend import ArtifactBackend, StoreBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_dir
+from .._store.location import is_postgres_location
 from .._store.log import check_log, load_head
 from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
 
@@ -329,6 +330,9 @@ def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
     """(database backend, artifact store) of a Store or a store directory."""
     if isinstance(source, Store):
         return source.backend, source.artifacts
+    if is_postgres_location(source):  # the version is checked at open
+        with Store.open(source, read_only=True) as store:
+            return store.backend, store.artifacts
     root = Path(source)
     if not (root / DB_NAME).is_file():
         if (root / MANIFEST).is_file():
@@ -475,8 +479,9 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactB
     # Packs: the copies are durable once synced (one fsync per pack); files already are.
     done = {g.subject for g in gaps}
     dst.sync(r for r in refs if f"{r.namespace}/{r.digest}" not in done)
-    with contextlib.suppress(OSError):
-        (dst.root / ".tmp").rmdir()
+    if isinstance(dst.root, Path):  # a directory: its temp directory, if left empty
+        with contextlib.suppress(OSError):
+            (dst.root / ".tmp").rmdir()
     return copied, gaps
 
 

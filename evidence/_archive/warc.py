@@ -80,7 +80,7 @@ LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
 LEFT JOIN artifact c ON c.artifact_id = f.content_id
 WHERE f.attempt_seq > ? AND f.attempt_seq <= ? AND f.http_status IS NOT NULL
-  AND (? IS NULL OR f.run_id = ?)
+  AND (CAST(? AS TEXT) IS NULL OR f.run_id = ?)
 ORDER BY f.attempt_seq LIMIT ?
 """
 
@@ -113,7 +113,7 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
                             "ORDER BY batch_seq DESC LIMIT 1").fetchall()
         date, tree_size = head[0] if head else ("1970-01-01T00:00:00.000000Z", 0)
         total = _one(conn, "SELECT count(*) FROM fetch_attempt WHERE attempt_seq <= ? AND "
-                     "(? IS NULL OR run_id = ?)", (last_seq, run_id, run_id))
+                     "(CAST(? AS TEXT) IS NULL OR run_id = ?)", (last_seq, run_id, run_id))
         if run_id is not None and not _one(conn, "SELECT 1 FROM crawl_run WHERE run_id = ?",
                                            (run_id,)):
             raise NotFoundError(f"no run {run_id!r} in the store",

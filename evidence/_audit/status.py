@@ -17,7 +17,6 @@ from .._model.merkle import root as merkle_root
 from .._model.messages import now_text
 from .._model.urls import NORMALIZER_VERSION
 from .._store.db import Store
-from .._store.runlock import running_pid
 
 __all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status"]
 
@@ -105,19 +104,20 @@ def status(store: Store, *, recent_runs: int = 20) -> StoreStatus:
             "SELECT host, backoff_until, reason FROM host_state "
             "WHERE backoff_until > ? ORDER BY host", (now_text(),))]
     tree_size, root, last = head[0] if head else (0, None, None)
-    pid = running_pid(store.path)
+    holder = store.running_writer()
+    pid = None if holder is None or holder[1] != socket.gethostname() else holder[0]
     runs = [RunStatus(run_id=r, session_id=s, started_at=a, ended_at=e, outcome=o,
                       attempts=n, pid=p, host=h, state=run_state(o, p, h, pid))
             for r, s, a, e, o, n, p, h in runs]
     return StoreStatus(
-        path=str(store.path), store_id=meta.get("store_id", ""),
+        path=store.location, store_id=meta.get("store_id", ""),
         schema_version=store.schema_version, normalizer_version=NORMALIZER_VERSION,
         sync=store.sync, sessions=sessions, runs=runs, rows=rows,
         artifact_bytes=artifact_bytes, conflicts=conflicts,
         quarantined=rows["quarantine"], tree_size=tree_size,
         root=(root if root is not None else merkle_root([])).hex(), last_commit_at=last,
         wal_bytes=store.wal_size(), hosts_in_backoff=backoff, crawl_pid=pid,
-        live=_live(store.path / LIVE_STATS) if pid else None)
+        live=_live(store.path / LIVE_STATS) if pid and store.path is not None else None)
 
 
 def run_state(outcome: str | None, pid: int, host: str, holder: int | None) -> str:

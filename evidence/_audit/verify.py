@@ -46,6 +46,7 @@ import collections
 import contextlib
 import functools
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,17 +220,20 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
     found = Findings(max_findings_per_kind)
     checks: dict[str, int] = {}
     step = _Steps(found, checks)
-    marker = read_marker(store.path)
+    marker = None if store.path is None else read_marker(store.path)
     if marker is not None:
         found.add("sync_failed", "an fsync of this store failed and it has not been resynced "
                   "since: what is read here may not all be on the disk (" +
                   "; ".join(marker.strip().splitlines()[1:]) + "); opening it for writing "
                   "resyncs it", path=str(store.path / SYNC_MARKER))
-    with store.snapshot() as conn:
+    with _snapshot(store) as (conn, server):
         store_id = step(None, _meta, conn, "store_id") or ""
-        step("schema_objects", _check_schema, conn, found, store.schema_version)
-        step("sqlite_" + ("integrity_check" if full else "quick_check"), _check_sqlite,
-             conn, found, full)
+        if server is None:
+            step("schema_objects", _check_schema, conn, found, store.schema_version)
+            step("sqlite_" + ("integrity_check" if full else "quick_check"), _check_sqlite,
+                 conn, found, full)
+        else:  # the server's own objects; the copy's schema is the migrations' by making
+            step("schema_objects", server, found, store.schema_version)
         step("foreign_key_check", _check_foreign_keys, conn, found)
         step("migration_rows", _check_migrations, conn, found, store.schema_version)
         size, root = step("log_entries", _check_log, conn, found) or (0, EMPTY_ROOT)
@@ -252,11 +256,40 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
                   path=store.artifacts.location(ref), digest=ref.digest)
     checks["orphans"] = len(orphans)
     return VerifyReport(
-        path=str(store.path), store_id=store_id, full=full, checked_at=now_text(),
+        path=store.location, store_id=store_id, full=full, checked_at=now_text(),
         tree_size=size, root=root.hex(), checks=checks,
         findings=[Finding(kind=k, severity=s, location=loc, message=m)
                   for k, s, loc, m in found.items],
         omitted=dict(found.omitted))
+
+
+@contextlib.contextmanager
+def _snapshot(store: Store) -> Iterator[tuple[Any, Callable[..., int] | None]]:
+    """The connection every check reads, and for a server database, its schema check.
+
+    A SQLite store is read in one snapshot of its own file. A PostgreSQL store is read in
+    a private SQLite copy of one REPEATABLE READ snapshot (``copy_snapshot``, what export
+    reads): every row check, the log, the replayed state and the artifacts then run exactly
+    as they do on SQLite, over exactly what the server held; the objects that only the
+    server has (tables, triggers, functions: the append-only guards) are compared with
+    what schema/postgresql creates (``postgresql.check_schema``)."""
+    if store.path is not None:
+        with store.snapshot() as conn:
+            yield conn, None
+        return
+    from .._store.postgresql import check_schema
+
+    with tempfile.TemporaryDirectory(prefix="evidence-verify-") as scratch:
+        copy = Path(scratch) / DB_NAME
+        with store.errors():
+            store.backend.copy_snapshot(copy)
+        conn = apsw.Connection(str(copy), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            conn.execute("BEGIN")
+            yield conn, lambda found, version: check_schema(store.backend.conninfo,
+                                                           found.add, version)
+        finally:
+            conn.close()
 
 
 def unreadable(path: Path | str, error: BaseException, *, full: bool = False) -> VerifyReport:

@@ -130,7 +130,8 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     from .._archive.archive import restore
 
     with Progress() as progress:
-        report = restore(args.archive, args.store, progress=progress)
+        report = restore(args.archive, args.store, artifacts=args.artifacts,
+                         progress=progress)
     if args.json:
         print_json(report)
     else:
@@ -216,8 +217,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "then check row counts, section hashes, the Merkle root, the schema and every "
         "artifact against the manifest. On any mismatch nothing is left at NEW.")
     p.add_argument("archive", metavar="ARCHIVE", help="a directory written by evidence export")
-    p.add_argument("--store", required=True, type=Path, metavar="NEW",
-                   help="where to create the store")
+    p.add_argument("--store", required=True, metavar="NEW",
+                   help="where to create the store: a new or empty directory, or a "
+                   "PostgreSQL connection string to an empty database")
+    p.add_argument("--artifacts", metavar="DIR",
+                   help="restoring into PostgreSQL: a new or empty directory for the "
+                   "payloads, recorded in the store")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_restore)
 

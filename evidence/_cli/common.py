@@ -7,10 +7,12 @@
 - the argument types (whole numbers, seconds, durations), so ``--workers 0`` or
   ``--grace 1x`` is a usage error in the same words in every command;
 - ``Progress``, the phase-and-count line long library calls report through, and
-  ``log_to``, which keeps log lines off a live progress line.
+  ``log_to``, which keeps log lines off a live progress line;
+- ``add_listen_options`` / ``listen_options``: listening beyond the Unix socket (TCP, TLS,
+  the token), for ``crawl`` taking worker hosts and ``serve``.
 
-Each command group (``crawl``, ``archive``, ``verify``, ``proofs``, ``replay``, ``rules``,
-``service``) imports from here and from the library, never from another group.
+Each command group (``crawl``, ``archive``, ``convert``, ``verify``, ``proofs``,
+``replay``, ``rules``, ``service``, ``hosts``) imports from here and from the library, never from another group.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import msgspec
 
-__all__ = ["Parser", "Progress", "confirm", "error_text", "format_bytes", "integer",
-           "log_to", "non_negative", "parse_duration", "positive", "positive_seconds",
-           "print_json", "seconds", "write_output"]
+if TYPE_CHECKING:
+    from .._write.tls import TLSFiles
+
+__all__ = ["Parser", "Progress", "add_listen_options", "confirm", "error_text",
+           "format_bytes", "integer", "listen_options", "log_to", "non_negative",
+           "parse_duration", "positive", "positive_seconds", "print_json", "seconds",
+           "write_output"]
 
 
 # --- the parser's form ----------------------------------------------------------------
@@ -187,3 +193,44 @@ def parse_duration(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 24h, 30m, 7d)")
     return float(match[1]) * _UNITS[match[2]]
+
+
+# --- listening beyond this machine (crawl --listen, serve) ----------------------------
+
+def add_listen_options(p: argparse.ArgumentParser, *, what: str) -> None:
+    """``--listen``, ``--tls-cert``, ``--tls-key`` and ``--token-file``: how a command
+    (``crawl`` taking worker hosts, ``serve``) listens beyond its Unix socket."""
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help=f"{what} listen on this TCP address (port 0 picks one): a loopback "
+                   "address, or with --tls-cert and --tls-key any address; needs "
+                   "--token-file")
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help="the certificate (PEM) the service presents on --listen")
+    p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="a file (mode 600) holding the token every client must present")
+
+
+def listen_options(args: argparse.Namespace) -> tuple[str | None, TLSFiles | None,
+                                                      str | None]:
+    """The listening options, each checked now: the address (a non-loopback one needs
+    TLS), the certificate and key (loaded once to see they work), the token file."""
+    from .._errors import ServiceError
+    from .._write.tls import TLSFiles, parse_listen, server_context
+    from .._write.wire import read_token
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ServiceError("--tls-cert and --tls-key go together",
+                           hint="give both (make a pair with 'evidence tls-cert')")
+    tls = None if args.tls_cert is None else TLSFiles(cert=args.tls_cert, key=args.tls_key)
+    if tls is not None:
+        if args.listen is None:
+            raise ServiceError("--tls-cert is for --listen", hint="add --listen HOST:PORT")
+        server_context(tls)
+    token = read_token(args.token_file) if args.token_file else None
+    if args.listen is not None:
+        parse_listen(args.listen, tls=tls is not None)
+        if token is None:
+            raise ServiceError("listening on a TCP port needs a token",
+                               hint="add --token-file FILE (mode 600)")
+    return args.listen, tls, token

@@ -24,11 +24,14 @@ from .._audit.status import RunStatus, StoreStatus, status
 from .._crawl.frontier import CrawlConfig, check_seeds, last_session
 from .._errors import EvidenceError
 from .._store.db import DB_NAME, Store
-from .._store.runlock import crawl_lock, stop
+from .._store.location import is_postgres_location
+from .._store.runlock import stop
 from .common import (
     Parser,
+    add_listen_options,
     confirm,
     format_bytes,
+    listen_options,
     log_to,
     non_negative,
     positive,
@@ -36,7 +39,6 @@ from .common import (
     print_json,
     seconds,
 )
-from .hosts import add_listen_options, listen_options
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._crawl.crawler import CrawlProgress, CrawlResult
@@ -47,8 +49,8 @@ __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
 def _cmd_init(args: argparse.Namespace) -> int:
     with Store.create(args.store, sync=args.sync, artifacts=args.artifacts) as store:
         where = getattr(store.artifacts, "url", None)  # an object store's, if not artifacts/
-        print(f"store {store.store_id} ready at {store.path} (schema v{store.schema_version})"
-              + (f", payloads at {where}" if where else ""))
+        print(f"store {store.store_id} ready at {store.location} "
+              f"(schema v{store.schema_version})" + (f", payloads at {where}" if where else ""))
     return 0
 
 
@@ -97,9 +99,10 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
     stderr = stderr or sys.stderr
     path = Path(args.store)
+    postgres = is_postgres_location(args.store)  # a database: resuming is checked at open
     if args.urls:
         check_seeds(list(args.urls))
-    elif not (path / DB_NAME).exists():
+    elif not postgres and not (path / DB_NAME).exists():
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
     listen, tls, token = listen_options(args)  # checked before the store is touched
@@ -113,8 +116,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError("not confirmed: --clean abandons the open session",
                             hint="add --yes to skip the question")
     log_to(stderr)
-    with Store.create(path, sync=args.sync, artifacts=args.artifacts) as store, \
-            crawl_lock(path):
+    with Store.create(args.store if postgres else path, sync=args.sync,
+                      artifacts=args.artifacts) as store, store.writer_lock():
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
         progress = _CrawlProgressLine(stderr)
@@ -286,7 +289,12 @@ class _CrawlProgressLine:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    pid = stop(Path(args.store))
+    if is_postgres_location(args.store):
+        from .._store.pgstore import stop_writer
+
+        pid = stop_writer(args.store)
+    else:
+        pid = stop(Path(args.store))
     if pid is None:
         print(f"no crawl is running on {args.store}")
         return 1
@@ -406,16 +414,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        "evidence.db and artifacts/) in a new or empty directory. Opening an "
                        "existing store is harmless; a file or a directory of other things "
                        "(an archive, say) is refused.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE",
+                   help="the store directory, or a PostgreSQL connection string "
+                   "(postgresql://..., or libpq's 'host=... dbname=...'): see docs/store.md")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="full (default): every commit survives power loss; normal: survives "
                    "a process crash, may lose the last commits on power loss")
-    p.add_argument("--artifacts", metavar="URL",
-                   help="keep the payloads in an S3-compatible object store, "
+    p.add_argument("--artifacts", metavar="DIR|URL",
+                   help="where the payloads live, recorded in the store so that later "
+                   "commands find it: an S3-compatible object store, "
                    "s3://BUCKET/PREFIX[?endpoint=URL&region=NAME] (credentials from "
                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; endpoint and region also "
-                   "from AWS_ENDPOINT_URL and AWS_REGION); recorded in the store, so later "
-                   "commands find it (default: STORE/artifacts; see docs/scale.md)")
+                   "from AWS_ENDPOINT_URL and AWS_REGION), or, for a PostgreSQL store, a "
+                   "directory (default: a store directory keeps them in STORE/artifacts; a "
+                   "PostgreSQL store needs one; see docs/scale.md)")
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser(
@@ -428,10 +440,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "signal; the session stays open). Exit status 0 when the run completed, stopped or "
         "reached its cap; 1 when it failed, or when not one seed could be fetched.")
     p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
-    p.add_argument("--store", required=True, help="the store directory (created if absent)")
-    p.add_argument("--artifacts", metavar="URL",
-                   help="a new store: keep its payloads at s3://BUCKET/PREFIX (see 'evidence "
-                   "init --help'); an existing store knows where they are")
+    p.add_argument("--store", required=True, help="the store directory (created if absent), "
+                   "or a PostgreSQL connection string")
+    p.add_argument("--artifacts", metavar="DIR|URL",
+                   help="a new store: where its payloads live, s3://BUCKET/PREFIX or (a "
+                   "PostgreSQL store) a directory (see 'evidence init --help'); an existing "
+                   "store knows where they are")
     p.add_argument("--workers", type=positive, default=8, metavar="N",
                    help="fetches in flight at once, in all")
     p.add_argument("--per-host", type=positive, metavar="N",

@@ -2,10 +2,9 @@
 ``evidence tls-cert`` (a self-signed pair for a test deployment), and the options the
 coordinator's ``crawl`` and ``serve`` take to listen beyond this machine.
 
-``add_commands(subparsers)`` adds the two commands; ``add_listen_options(parser)`` adds
-``--listen``, ``--tls-cert``, ``--tls-key`` and ``--token-file`` to a command, and
-``listen_options(args)`` checks them (before anything is opened) into
-``(listen, TLSFiles | None, token)``. docs/scale.md is the deployment guide.
+``add_commands(subparsers)`` adds the two commands; the listening options the coordinator's
+``crawl`` and ``serve`` share are in ``common`` (``add_listen_options``,
+``listen_options``). docs/scale.md is the deployment guide.
 """
 
 from __future__ import annotations
@@ -16,51 +15,10 @@ import sys
 
 import anyio
 
-from .._errors import ServiceError
-from .._write.tls import (
-    TLSFiles,
-    client_context,
-    make_self_signed,
-    parse_connect,
-    parse_listen,
-    server_context,
-)
+from .._write.tls import client_context, make_self_signed, parse_connect
 from .._write.wire import read_token
 
-__all__ = ["add_commands", "add_listen_options", "listen_options"]
-
-
-def add_listen_options(p: argparse.ArgumentParser, *, what: str) -> None:
-    p.add_argument("--listen", metavar="HOST:PORT",
-                   help=f"{what} listen on this TCP address (port 0 picks one): a loopback "
-                   "address, or with --tls-cert and --tls-key any address; needs "
-                   "--token-file")
-    p.add_argument("--tls-cert", metavar="FILE",
-                   help="the certificate (PEM) the service presents on --listen")
-    p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
-    p.add_argument("--token-file", metavar="FILE",
-                   help="a file (mode 600) holding the token every client must present")
-
-
-def listen_options(args: argparse.Namespace) -> tuple[str | None, TLSFiles | None,
-                                                      str | None]:
-    """The listening options, each checked now: the address (a non-loopback one needs
-    TLS), the certificate and key (loaded once to see they work), the token file."""
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ServiceError("--tls-cert and --tls-key go together",
-                           hint="give both (make a pair with 'evidence tls-cert')")
-    tls = None if args.tls_cert is None else TLSFiles(cert=args.tls_cert, key=args.tls_key)
-    if tls is not None:
-        if args.listen is None:
-            raise ServiceError("--tls-cert is for --listen", hint="add --listen HOST:PORT")
-        server_context(tls)
-    token = read_token(args.token_file) if args.token_file else None
-    if args.listen is not None:
-        parse_listen(args.listen, tls=tls is not None)
-        if token is None:
-            raise ServiceError("listening on a TCP port needs a token",
-                               hint="add --token-file FILE (mode 600)")
-    return args.listen, tls, token
+__all__ = ["add_commands"]
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:

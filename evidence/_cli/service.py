@@ -18,12 +18,12 @@ import anyio
 
 from .._errors import EvidenceError
 from .._store.db import Store
+from .._store.location import is_postgres_location
 from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
 from .._write.wire import ServiceError, ServiceStatistics
 from .._write.writer import WriterLimits
-from .common import log_to, print_json
-from .hosts import add_listen_options, listen_options
+from .common import add_listen_options, listen_options, log_to, print_json
 
 __all__ = ["add_commands"]
 
@@ -36,8 +36,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                            "--listen 127.0.0.1:PORT --token-file FILE")
     listen, tls, token = listen_options(args)
     log_to(sys.stderr)
+    postgres = is_postgres_location(args.store)
     path = Path(args.store)
-    with Store.open(path, sync=args.sync, artifacts=args.artifacts) as store:
+    with Store.open(args.store if postgres else path, sync=args.sync,
+                    artifacts=args.artifacts) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
         # nothing, not even the lock file.
         service = Service(
@@ -56,12 +58,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             writer_limits=WriterLimits(queue_size=args.queue_size,
                                        max_batch_messages=args.batch_messages,
                                        max_batch_delay=args.batch_delay))
+        if postgres:  # a second service waits as a standby and takes over when this one ends
+            with store.writer_lock(wait=True, on_wait=lambda holder: log.info(
+                    "standby: the writer lock of %s is held by %s; this service takes over "
+                    "when it ends", store.location, holder)):
+                stats = anyio.run(_serve, service, args)
+            return _stopped(stats, args)
         pid = running_pid(path)
         if pid is not None:
             raise EvidenceError(f"{path}: a crawl or service (pid {pid}) is writing this store",
                                 hint=f"stop it first: evidence stop {path}", path=str(path))
         with crawl_lock(path):  # one writer per store: 'evidence stop' sends us SIGTERM
             stats = anyio.run(_serve, service, args)
+    return _stopped(stats, args)
+
+
+def _stopped(stats: ServiceStatistics, args: argparse.Namespace) -> int:
     w = stats.writer
     summary = (f"stopped: {stats.connections_total} connections, {w.committed} committed, "
                f"{w.duplicates} duplicates, {w.conflicts} conflicts, {w.rejections} rejected, "
@@ -107,10 +119,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "commits. When the writer falls behind, the service stops reading from sockets "
         "(clients block). SIGTERM or 'evidence stop STORE' stops accepting, commits and "
         "acknowledges what was read, and exits 0.")
-    p.add_argument("store", metavar="STORE", help="the store directory (see 'evidence init')")
-    p.add_argument("--artifacts", metavar="URL",
-                   help="the store's s3:// payload location with other options (another "
-                   "endpoint, say); default: the one the store records")
+    p.add_argument("store", metavar="STORE",
+                   help="the store directory, or a PostgreSQL connection string (see "
+                   "'evidence init'); on PostgreSQL a second service of the same store waits "
+                   "as a standby and takes over when the first ends")
+    p.add_argument("--artifacts", metavar="DIR|URL",
+                   help="the store's payload location, if not where the store records it: "
+                   "its s3:// location with other options (another endpoint, say), or a "
+                   "PostgreSQL store's directory (default: the recorded one)")
     p.add_argument("--socket", metavar="PATH",
                    help="listen on a Unix socket, created with mode 0600")
     add_listen_options(p, what="also")

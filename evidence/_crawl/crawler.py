@@ -286,10 +286,10 @@ class Crawler:
                     await self._end(outcome, reason, complete=False)
                 if _disk_full(exc):
                     raise StoreError(
-                        f"{self.store.path}: the disk is full; the run stopped (everything "
-                        "committed before is kept, and the session stays open)",
+                        f"{self.store.location}: the disk is full; the run stopped "
+                        "(everything committed before is kept, and the session stays open)",
                         hint=f"free disk space, then resume: evidence crawl --store "
-                        f"{self.store.path}", path=str(self.store.path)) from exc
+                        f"{self.store.location}", path=self.store.location) from exc
                 raise
             if self._fetching.cancelled_caught:
                 self._cancelled = self._cancelled or (
@@ -382,8 +382,9 @@ class Crawler:
             yield
             return
         assert self._service.socket_path is not None
-        setup = Setup(store=str(self.store.path), socket=str(self._service.socket_path),
-                      artifacts=getattr(self.store.artifacts, "url", ""),
+        artifacts = self.store.artifacts
+        setup = Setup(store=self.store.location, socket=str(self._service.socket_path),
+                      artifacts=getattr(artifacts, "url", None) or str(artifacts.root),
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
                       timeout=self.options.timeout, deadline=self.options.deadline)
@@ -851,7 +852,8 @@ class Crawler:
         The file is how ``evidence status`` (another process) shows a live crawl's writer
         metrics; it is a convenience, replaced atomically, not evidence.
         """
-        path = self.store.path / LIVE_STATS
+        # A PostgreSQL store has no directory to put it in: status names the writer instead.
+        path = None if self.store.path is None else self.store.path / LIVE_STATS
         with self.store.reader() as own:  # counting a large frontier takes a while:
             while not self._stop.is_set():  # its own connection, off the event loop
                 with anyio.move_on_after(self.options.progress_interval):
@@ -859,7 +861,7 @@ class Crawler:
                 counts = await anyio.to_thread.run_sync(frontier.counts, own, self.session_id)
                 self._report(started, counts, path)
 
-    def _report(self, started: float, counts: FrontierCounts, path: Path) -> None:
+    def _report(self, started: float, counts: FrontierCounts, path: Path | None) -> None:
         elapsed = time.monotonic() - started
         progress = CrawlProgress(
             session_id=self.session_id, run_id=self.run_id, counts=counts,
@@ -870,10 +872,11 @@ class Crawler:
             worker_hosts=self._pool.hosts if self._pool is not None else [],
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error, limited_by=self._limited_by())
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(msgspec.json.encode(progress))
-            os.replace(tmp, path)
+            if path is not None:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_bytes(msgspec.json.encode(progress))
+                os.replace(tmp, path)
         except OSError as exc:  # a convenience for 'evidence status', never worth a run
             if not self._live_stats_failed:
                 log.warning("cannot write %s (%s); 'evidence status' will not show this "

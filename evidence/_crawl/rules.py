@@ -63,7 +63,6 @@ from .._model.messages import RuleEvaluated, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import Sniffed, decode_document
 from .._model.urls import resolve_reference
-from .._store.runlock import crawl_lock
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -831,16 +830,16 @@ def check_rules(conn: apsw.Connection, rules: Iterable[Rule]) -> None:
 _PAGES = """
 SELECT f.attempt_seq FROM url_current c JOIN fetch_attempt f ON f.attempt_seq = c.attempt_seq
 WHERE f.http_status IS NOT NULL AND f.response_headers_id IS NOT NULL
-  AND (?1 IS NULL OR c.run_id = ?1)
+  AND (CAST(? AS TEXT) IS NULL OR c.run_id = ?)
 ORDER BY f.attempt_seq
 """
 _ATTEMPTS = """
 SELECT f.attempt_id, f.run_id, f.url_id, f.url, f.elapsed_ms,
-       f.body_truncated OR f.content_truncated, f.capture = 'wire', f.content_coding,
+       f.body_truncated + f.content_truncated > 0, f.capture = 'wire', f.content_coding,
        h.namespace, h.digest, h.size, b.namespace, b.digest, b.size
 FROM fetch_attempt f JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = coalesce(f.content_id, f.body_id)
-WHERE f.attempt_seq IN (SELECT value FROM json_each(?)) ORDER BY f.attempt_seq
+WHERE f.attempt_seq IN (SELECT CAST(value AS BIGINT) FROM json_each(?)) ORDER BY f.attempt_seq
 """
 _CHUNK = 256
 _MAX_PROBLEMS = 50
@@ -858,13 +857,13 @@ def evaluate_stored(store: Store, rules: RuleSet | Sequence[Rule], *,
     Synchronous (it runs its own event loop); from async code, call it in a thread.
     """
     rules = tuple(r for r in rules if not r.reads_rendered)  # judged with their renders
-    with crawl_lock(store.path), store.reader() as conn, store.errors():
+    with store.writer_lock(), store.reader() as conn, store.errors():
         if run_id is not None and not conn.execute(
                 "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
             raise NotFoundError(f"no run {run_id!r} in the store", run_id=run_id,
                                 hint="'evidence status' lists the runs")
         check_rules(conn, rules)
-        seqs = [s for (s,) in conn.execute(_PAGES, (run_id,))]
+        seqs = [s for (s,) in conn.execute(_PAGES, (run_id, run_id))]
         return anyio.run(_evaluate_stored, store, conn, rules, seqs, recheck)
 
 

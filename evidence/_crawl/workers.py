@@ -53,7 +53,9 @@ import msgspec
 from .._errors import EvidenceError
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
+from .._store.location import is_postgres_location
 from .._store.resync import SYNC_MARKER
+from .._store.s3 import is_s3_url
 from .._write.wire import FrameReader, encode_frame
 from .frontier import CrawlConfig
 from .http import crawl_client
@@ -70,7 +72,7 @@ _START_TIMEOUT = 60.0  # seconds for a child to import, connect to the service a
 
 
 class Setup(msgspec.Struct, tag="setup", kw_only=True):
-    store: str  # the store directory: payloads go to its artifact store
+    store: str  # the store (its directory, or a connection string): for messages
     socket: str  # the writer service
     config: dict[str, Any]  # the session's CrawlConfig record
     session_id: str
@@ -79,7 +81,8 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
     timeout: float
     name: str = ""  # how the service knows this child's connection
     deadline: float | None = None  # seconds one fetch may take in all
-    artifacts: str = ""  # the store's artifact location (default: STORE/artifacts)
+    # the store's artifact location: an s3:// URL or a directory (default: STORE/artifacts)
+    artifacts: str = ""
     heartbeat: float = 0.0  # a worker host: seconds between beats (0: a local child)
     lease_timeout: float = 0.0  # a worker host: silence after which its leases expire
 
@@ -239,7 +242,8 @@ class WorkerPool:
                 await self._kill_all()
             with anyio.move_on_after(30):
                 for child in list(self._children.values()):
-                    await child.process.wait()
+                    if child.process is not None:  # a worker host has no process here
+                        await child.process.wait()
         # Nothing is in flight any more: stop a start still waiting for its child.
         self._tg.cancel_scope.cancel()
         await self._kill_all()
@@ -458,12 +462,15 @@ async def _child(fd: int) -> None:
         if not isinstance(setup, Setup):
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
-        root = Path(setup.store)
         # Its own pack (packs), files, or an s3:// location opened with this process's
         # environment (its credentials): the writer in the parent syncs what it appends.
-        artifacts = open_artifacts(setup.artifacts or None, local=root / ARTIFACTS_DIR,
-                                   create=False, read_only=False,
-                                   store_marker=root / SYNC_MARKER)
+        spec = setup.artifacts or None
+        server = is_postgres_location(setup.store)  # no store directory: no store marker
+        local = (Path(spec) if spec is not None and not is_s3_url(spec)
+                 else Path(setup.store) / ARTIFACTS_DIR)
+        artifacts = open_artifacts(spec, local=local, create=False, read_only=False,
+                                   store_marker=None if server
+                                   else Path(setup.store) / SYNC_MARKER)
         http = crawl_client(connections=setup.connections, timeout=setup.timeout)
         from ..client import AsyncClient  # here: the package imports this module
 

@@ -42,3 +42,4 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_errors: int
     wal_truncations: int
     tree_size: int
+    reconnects: int = 0  # connections to a database server made again after one was lost

@@ -110,6 +110,10 @@ class Dialect:
     param: str = "?"
     list_member: str = "{column} IN (SELECT value FROM json_each({param}))"
     encode_list: Callable[[list[Any]], object] = _json_array  # how that parameter is bound
+    # The two inserts whose new key the writer reads back (``last_insert_rowid``) end in
+    # ``RETURNING <key>`` (SQLite's changes() and last_insert_rowid() are two C calls; a
+    # server has no last rowid to ask for).
+    returning: bool = False
 
     def values(self, width: int) -> str:
         """``(?, ?, ...)``: one row's placeholders."""
@@ -222,6 +226,12 @@ class ArtifactBackend(Protocol):
     def plan_removal(self, refs: Iterable[ArtifactRef]) -> list[Removal]:
         """Removals of ``refs`` prepared now (a pack rewritten without them); reclaim
         commits each under the write lock after its re-check, or aborts it."""
+        ...
+
+    @property
+    def root(self) -> Path | str:
+        """Where the payloads are: a directory, or (an object store) its ``s3://`` URL:
+        what a worker process is told to open."""
         ...
 
     def close(self) -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from .artifacts import FileOps
 from .backend import ArtifactBackend
 from .packs import Layout, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
+from .runlock import crawl_lock, running_pid
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
     DB_NAME,
@@ -104,7 +106,20 @@ class Store:
         ``artifacts``: an ``s3://bucket/prefix`` URL for a new store's payloads, recorded in
         the store; later opens find it there (``_store/artifactspec.py`` has the rules).
         Without one, payloads live in the store's ``artifacts/`` directory.
+
+        ``path`` may also be a PostgreSQL connection string (``postgresql://...``, or libpq's
+        ``host=... dbname=...``): the store is that database (``_store/pgstore.py``), its
+        payloads in the directory or ``s3://`` location ``artifacts`` names (recorded when
+        it is created).
         """
+        from .location import is_postgres_location
+
+        if is_postgres_location(path):
+            from .pgstore import PostgresStore
+
+            return PostgresStore.open_location(
+                str(path), create=create, read_only=read_only, artifacts=artifacts, sync=sync,
+                max_payload=max_payload, artifact_layout=artifact_layout)
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
             raise StoreError(f"sync must be 'full' or 'normal', not {sync!r}")
@@ -190,6 +205,12 @@ class Store:
         return cls.open(path, create=True, **options)
 
     @property
+    def location(self) -> str:
+        """What messages and reports call the store: its directory, or a connection string
+        (without its password)."""
+        return str(self.path)
+
+    @property
     def store_id(self) -> str:
         return self.meta("store_id")
 
@@ -203,7 +224,7 @@ class Store:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on the write connection; rollback on error."""
         self.check_writable()
         conn = self.connection
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(self.backend.dialect.begin_write)
         try:
             yield conn
         except BaseException:
@@ -274,6 +295,25 @@ class Store:
             return (self.path / (DB_NAME + "-wal")).stat().st_size
         except FileNotFoundError:
             return 0
+
+    def writer_lock(self, *, wait: bool = False,
+                    on_wait: Callable[[str], None] | None = None
+                    ) -> contextlib.AbstractContextManager[None]:
+        """One writer per store: held by a crawl or a writer service for its whole run.
+        Here the ``crawl.lock`` flock (refused at once when held: ``wait`` is for a
+        PostgreSQL store's standby); a PostgreSQL store's is an advisory lock."""
+        return crawl_lock(self.path)
+
+    def writer_claim(self) -> contextlib.AbstractContextManager[None]:
+        """What a ``Writer`` holds for its life: nothing here (every write transaction is
+        BEGIN IMMEDIATE, and a crawl or service holds ``writer_lock``); on PostgreSQL the
+        writer lock, so that no two writers of one store ever interleave batches."""
+        return contextlib.nullcontext()
+
+    def running_writer(self) -> tuple[int, str] | None:
+        """(pid, host) of the crawl or service holding the writer lock, if any."""
+        pid = running_pid(self.path)
+        return None if pid is None else (pid, socket.gethostname())
 
     def close(self) -> None:
         """Checkpoint (seeing the result), then close. The WAL is removed only after a

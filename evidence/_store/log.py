@@ -64,6 +64,10 @@ def _store_id(conn: apsw.Connection) -> str:
 
 
 def _has_column(conn: apsw.Connection, table: str, column: str) -> bool:
+    if not isinstance(conn, apsw.Connection):  # a server database: its catalog says
+        return bool(conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = ? AND column_name = ?", (table, column)).fetchall())
     return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
 
 

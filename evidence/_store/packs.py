@@ -82,6 +82,7 @@ from .artifacts import (
     _os_errors,
     _subdirs,
 )
+from .fsync import fsync_file
 
 __all__ = ["DEFAULT_PACK_BYTES", "PACKS_DIR", "PackStore", "open_artifact_store",
            "resync_packs", "store_layout"]
@@ -1234,10 +1235,10 @@ def _append_line(path: Path, line: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, (line + "\n").encode("ascii"))
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
     finally:
         os.close(fd)
+    with contextlib.suppress(OSError):
+        fsync_file(path)
 
 
 def _write_small_file(ops: FileOps, directory: Path, name: str, data: bytes) -> None:

@@ -40,7 +40,8 @@ _UPSERT = (
     "INSERT INTO quarantine (received_at, message_id, kind, reason_code, reason, "
     "payload_hash, payload, deliveries, last_received_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?) "
     "ON CONFLICT (payload_hash, reason_code, reason) WHERE deliveries IS NOT NULL "
-    "DO UPDATE SET deliveries = deliveries + 1, last_received_at = excluded.received_at "
+    "DO UPDATE SET deliveries = quarantine.deliveries + 1, "  # qualified: PostgreSQL needs it
+    "last_received_at = excluded.received_at "
     "RETURNING quarantine_id")
 
 

@@ -355,8 +355,8 @@ class Service:
         self.writer: Writer  # set on entry
         self._stack = contextlib.AsyncExitStack()
         self._tg: anyio.abc.TaskGroup
-        self._listeners: list[anyio.abc.Listener] = []
-        self._tcp_listeners: list[anyio.abc.Listener] = []
+        self._listeners: list[anyio.abc.SocketListener] = []
+        self._tcp_listeners: list[anyio.abc.SocketListener] = []
         self._connections: set[_Connection] = set()
         # anyio primitives need the event loop: made in __aenter__
         self._accept_scopes: list[anyio.CancelScope] = []
@@ -472,8 +472,10 @@ class Service:
         if self._listen is not None:
             tcp = await anyio.create_tcp_listener(local_host=self._listen[0],
                                                   local_port=self._listen[1])
-            self._listeners.extend(tcp.listeners)
-            self._tcp_listeners.extend(tcp.listeners)
+            for listener in tcp.listeners:  # one per address family, each accepts alone
+                assert isinstance(listener, anyio.abc.SocketListener)
+                self._listeners.append(listener)
+                self._tcp_listeners.append(listener)
             self.tcp_address = (self._listen[0], tcp.extra(anyio.abc.SocketAttribute.local_port))
 
     def _unlink_socket(self) -> None:
@@ -485,7 +487,7 @@ class Service:
                 self.socket_path.unlink()
         self._socket_inode = None
 
-    async def _accept(self, listener: anyio.abc.Listener, tcp: bool = False) -> None:
+    async def _accept(self, listener: anyio.abc.SocketListener, tcp: bool = False) -> None:
         with anyio.CancelScope() as scope:
             self._accept_scopes.append(scope)
             if self._stopping:

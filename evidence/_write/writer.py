@@ -25,7 +25,11 @@ Invariants (DESIGN.md "Writer rules"):
   - except after a failed fsync (at COMMIT or in a checkpoint): then reads are no evidence
     of what is on the disk, so nothing of that batch is acked, the store is marked for a
     resync and the writer stops (``_store.resync``; docs/design.md, "The writer");
-  - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails.
+  - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails;
+  - on a server database (PostgreSQL) a lost connection is made again with bounded backoff
+    (``_reconnect``): a batch cut before its COMMIT is applied again (the server rolled it
+    back); one cut during its COMMIT is acked only if the commit log holds its row with
+    the chain hash this writer computed, else applied again. Nothing is acked before that.
 
 Where the time goes and what was measured: docs/benchmarks.md ("Where the time goes").
 """
@@ -48,7 +52,14 @@ from typing import Literal
 import anyio
 import sniffio
 
-from .._errors import ArtifactError, CommitError, MessageError, SyncError, WriterClosedError
+from .._errors import (
+    ArtifactError,
+    CommitError,
+    EvidenceError,
+    MessageError,
+    SyncError,
+    WriterClosedError,
+)
 from .._model.acks import Ack, WriterStatistics
 from .._model.merkle import CompactTree, leaf_hash
 from .._model.messages import (
@@ -85,6 +96,7 @@ class WriterLimits:
 
 
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
+_MAX_LOSSES = 10  # lost connections while writing one batch before it fails
 _URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
          for kind in Message.__args__}
@@ -200,12 +212,29 @@ class _CommitThread:
                 log.error("writer event loop closed with a batch in flight")
 
 
+class _Lost(Exception):
+    """The connection to the database server was lost during a batch (``acks``: during its
+    COMMIT, with what would be acknowledged and the chain hash that says it committed)."""
+
+    def __init__(self, batch_seq: int, error: BaseException, acks: list[Ack] | None = None,
+                 chain: bytes = b"") -> None:
+        super().__init__(f"batch {batch_seq}: connection lost")
+        self.batch_seq = batch_seq
+        self.error = error
+        self.acks = acks
+        self.chain = chain
+
+
 @dataclass(frozen=True, kw_only=True)
 class WriterHooks:
     """Named fault points, for tests that crash the writer at exact places."""
 
     before_commit: Callable[[int], None] | None = None  # batch_seq, inside the transaction
     after_commit: Callable[[int], None] | None = None  # batch_seq, before any ack resolves
+    # The time a batch records (its received_at and committed_at, as now_text() spells it):
+    # two writers given the same clock and the same batches write the same bytes (the
+    # cross-backend export test); every writer that is not a test uses the system clock.
+    batch_time: Callable[[], str] | None = None
 
 
 class Writer:
@@ -255,6 +284,25 @@ class Writer:
         return self._url_keys
 
     async def __aenter__(self) -> Writer:
+        # One writer per store: on PostgreSQL the writer lock, held on the write connection
+        # for the writer's life (re-entrant: a crawl or service that holds it already keeps
+        # it); nothing on SQLite, where every write transaction is BEGIN IMMEDIATE. The head
+        # is read again under it: another writer may have committed since __init__.
+        self._claim = self.store.writer_claim()
+        try:
+            self._claim.__enter__()
+        except BaseException:
+            self._send.close()  # nothing was queued: the writer never started
+            self._receive.close()
+            raise
+        try:
+            with self.store.errors():
+                self._head = load_head(self.store.connection)
+        except BaseException:
+            self._claim.__exit__(None, None, None)
+            self._send.close()
+            self._receive.close()
+            raise
         # The commit thread calls _commit_batch through the instance, so a profiler (the
         # benchmark's) can wrap it.
         self._committer = _CommitThread(lambda batch: self._commit_batch(batch))
@@ -265,6 +313,7 @@ class Writer:
             await self._task_group.__aenter__()
         except BaseException:
             self._committer.stop()
+            self._claim.__exit__(None, None, None)
             raise
         self._task_group.start_soon(self._run)
         return self
@@ -286,6 +335,7 @@ class Writer:
             return await self._task_group.__aexit__(exc_type, exc, tb)
         finally:
             self._committer.stop()  # idle by now: _run waited for its last batch
+            self._claim.__exit__(None, None, None)
 
     # --- submitting --------------------------------------------------------------------
 
@@ -485,10 +535,65 @@ class Writer:
     def _commit_batch(self, batch: list[_Pending]) -> list[Ack]:
         committed = False
         try:
-            acks, committed = self._write_batch(batch)
-            return acks
+            for losses in itertools.count(1):
+                try:
+                    acks, committed = self._write_batch(batch)
+                    return acks
+                except _Lost as lost:  # the database connection: reconnect, then resolve
+                    self._interner.batch_done(committed=False)
+                    resolved = self._reconnect(lost, last=losses == _MAX_LOSSES)
+                    if resolved is not None:
+                        committed = True
+                        return resolved
+            raise AssertionError("unreachable: itertools.count() never ends")
         finally:
             self._interner.batch_done(committed)  # cached ids survive only a clean COMMIT
+
+    def _lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the connection to a database server was lost (the server
+        then rolls back whatever was not committed); never on SQLite."""
+        is_disconnect = getattr(self._db, "is_disconnect", None)
+        return bool(is_disconnect is not None and is_disconnect(exc))
+
+    def _reconnect(self, lost: _Lost, *, last: bool = False) -> list[Ack] | None:
+        """The connection was lost during batch ``lost.batch_seq``: reconnect (with bounded
+        backoff, ``Store.reopen_connection``; the writer lock is taken again) and find out
+        what the batch left. Before COMMIT: nothing (the server rolled it back), so it is
+        applied again. During COMMIT the outcome is unknown until the commit log says: the
+        batch's row with the chain hash this writer computed means it committed (its acks
+        are returned), no row means it did not (applied again). The head is read again
+        either way. Past the backoff's bound, or at the ``last`` of ``_MAX_LOSSES`` losses
+        in one batch: ``CommitError``, nothing acked."""
+        batch_seq = lost.batch_seq
+        self._counts["reconnects"] += 1
+        log.warning("batch %d: the connection to the database was lost %s (%s); "
+                    "reconnecting", batch_seq, "during COMMIT" if lost.acks is not None
+                    else "before COMMIT", self._db.describe(lost.error))
+        try:
+            self.store.reopen_connection()
+            conn = self.store.connection
+            with self.store.errors():
+                self._head = load_head(conn)
+                row = [] if lost.acks is None else conn.execute(
+                    "SELECT entry_hash FROM commit_log WHERE batch_seq = ?",
+                    (batch_seq,)).fetchall()
+        except EvidenceError as exc:
+            raise CommitError(
+                f"batch {batch_seq}: the database connection was lost and could not be made "
+                f"again ({exc}); none of its messages were acknowledged",
+                hint="redeliver the messages once the database is reachable",
+                batch_seq=batch_seq) from exc
+        committed = bool(row) and bytes(row[0][0]) == lost.chain
+        if not committed and last:
+            raise CommitError(
+                f"batch {batch_seq}: the database connection was lost {_MAX_LOSSES} times "
+                "while writing it; it did not commit and none of its messages were "
+                "acknowledged", hint="redeliver the messages once the database is stable",
+                batch_seq=batch_seq)
+        if lost.acks is not None:
+            log.warning("batch %d: its COMMIT %s", batch_seq, "had committed: acknowledged"
+                        if committed else "had not committed: applying it again")
+        return lost.acks if committed else None
 
     def _write_batch(self, batch: list[_Pending]) -> tuple[list[Ack], bool]:
         store = self.store
@@ -496,9 +601,14 @@ class Writer:
         head = self._head
         batch_seq = head.batch_seq + 1
         first_index = head.tree.size
-        self._begin(conn)
         try:
-            received_at = now_text()
+            self._begin(conn)
+        except self._db.Error as exc:
+            if self._lost(exc):
+                raise _Lost(batch_seq, exc) from exc
+            raise
+        try:
+            received_at = (self._hooks.batch_time or now_text)()
             self._records = _quarantine.BatchRecords()  # what this batch quarantines
             verify = self.limits.verify_artifacts
             applied = None
@@ -544,6 +654,8 @@ class Writer:
             if self._hooks.before_commit:
                 self._hooks.before_commit(batch_seq)
         except self._db.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
+            if self._lost(exc):
+                raise _Lost(batch_seq, exc) from exc
             self._rollback(conn)
             # No fsync runs before COMMIT in WAL mode; if one did:
             if self._db.is_sync_failure(exc):
@@ -568,7 +680,9 @@ class Writer:
         try:
             conn.execute("COMMIT")
         except self._db.Error as exc:
-            return self._recover(batch_seq, acks, exc), False
+            if self._lost(exc):
+                raise _Lost(batch_seq, exc, acks, chain) from exc
+            return self._recover(batch_seq, acks, exc, chain), False
         self._head = type(head)(tree, batch_seq, chain)
         if self._hooks.after_commit:
             self._hooks.after_commit(batch_seq)
@@ -698,10 +812,11 @@ class Writer:
                         f"the database stayed locked through {attempt + 1} attempts to begin "
                         "a write transaction; nothing was written",
                         hint="another process is writing this store; stop it",
-                        sqlite_code=exc.extendedresult) from exc
+                        sqlite_code=getattr(exc, "extendedresult", None)) from exc
                 time.sleep(min(0.05 * 2**attempt, 1.0))
 
-    def _recover(self, batch_seq: int, acks: list[Ack], exc: Exception) -> list[Ack]:
+    def _recover(self, batch_seq: int, acks: list[Ack], exc: Exception,
+                 chain: bytes) -> list[Ack]:
         """COMMIT failed: outcome unknown. Reopen and ask the commit log what happened.
 
         Unless an fsync failed: then the commit log read back may be the page cache's,
@@ -722,10 +837,10 @@ class Writer:
             ) from exc
         self.store.reopen_connection()  # raises StoreError if the database is gone
         conn = self.store.connection
-        committed = conn.execute(
-            "SELECT 1 FROM commit_log WHERE batch_seq = ?", (batch_seq,)).fetchall()
+        row = conn.execute(
+            "SELECT entry_hash FROM commit_log WHERE batch_seq = ?", (batch_seq,)).fetchall()
         self._head = load_head(conn)
-        if committed:
+        if row and bytes(row[0][0]) == chain:  # this batch's row, not another writer's
             return acks
         raise CommitError(
             f"batch {batch_seq} did not commit ({exc}); none of its messages were acked",
@@ -839,4 +954,5 @@ class Writer:
             checkpoint_errors=self._counts["checkpoint_errors"],
             wal_truncations=self._counts["wal_truncations"],
             tree_size=self._head.tree.size,
+            reconnects=self._counts["reconnects"],
         )

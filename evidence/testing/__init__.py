@@ -5,5 +5,9 @@ artifact-store ``FileOps`` that model power loss (dropped, torn, reordered write
 entries durable only once their directory is synced) and I/O or disk-full errors at the
 N-th operation (docs/reliability.md).
 
+``evidence.testing.pgcluster`` starts a throwaway PostgreSQL cluster (the Debian package's
+server, in a temporary directory, on a Unix socket and 127.0.0.1) for the PostgreSQL
+backend's tests and benchmark.
+
 The website the crawler tests run against is the demo site, ``evidence._demo.site``.
 """

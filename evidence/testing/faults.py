@@ -598,7 +598,7 @@ class CrashFileOps(FileOps):
         self.disk.wrote(ino, offset, bytes(data))
         self._fds[fd][1] = offset + len(data)
 
-    def writev(self, fd: int, buffers) -> None:  # type: ignore[no-untyped-def]
+    def writev(self, fd: int, buffers) -> None:
         self.write(fd, b"".join(bytes(b) for b in buffers))  # one write, as the model sees it
 
     def fsync(self, fd: int) -> None:

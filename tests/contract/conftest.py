@@ -1,20 +1,22 @@
 """The backends the contract suites run over: one parameter per implementation.
 
-A second store backend (PostgreSQL, issue 16) or artifact store (packs, issue 15; S3,
-issue 16) is added here, as one more parameter, with a factory that opens it in a fresh
-place and, for the commit-outcome rule, a way to make its next COMMIT fail; for the
-durability rule, a medium that can be crashed.
+A store backend (SQLite; PostgreSQL, a fresh database of the session's cluster per store)
+or artifact store (a directory of files; packs, issue 15; S3, issue 16) is one parameter
+here, with a factory that opens it in a fresh place and, for the commit-outcome rule, a way
+to make its next COMMIT fail; for the durability rule, a medium that can be crashed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -25,6 +27,7 @@ from evidence._store.s3 import S3ArtifactStore, open_s3
 from evidence.testing.faults import CrashFileOps, SimulatedDisk
 from evidence.testing.seaweed import SeaweedS3
 
+from ..conftest import new_pg_database, new_s3_url
 from ..faultvfs import FaultVFS
 
 
@@ -36,19 +39,61 @@ class StoreKind:
     fail_next_commit: Callable[[], None]
 
 
+# Where a store of the contract suite keeps its payloads: its own directory (packs, the
+# default for a new store; a PostgreSQL store names one) or an S3 object store. Every store
+# backend runs with each (the {SQLite, PostgreSQL} x {packs, S3} matrix of issue 16).
+ARTIFACT_PLACES = ("packs", "s3")
+
+
 @contextlib.contextmanager
-def _sqlite() -> Iterator[Callable[[Path], StoreKind]]:
+def _sqlite(s3: Callable[[], str] | None) -> Iterator[Callable[[Path], StoreKind]]:
     vfs = FaultVFS("contractvfs")
     try:
         def kind(root: Path) -> StoreKind:
-            return StoreKind(open=lambda path: Store.create(path, vfs=vfs.name),
+            return StoreKind(open=lambda path: Store.create(
+                                 path, vfs=vfs.name, artifacts=s3() if s3 else None),
                              fail_next_commit=lambda: vfs.arm("write", "-wal"))
         yield kind
     finally:
         vfs.unregister()
 
 
-STORE_BACKENDS = {"sqlite": _sqlite}
+# A COMMIT that fails, on PostgreSQL: a deferred constraint trigger on commit_log that raises
+# an I/O-class error (SQLSTATE 58030) at COMMIT while a sequence (not rolled back with the
+# transaction) says it is armed. Installed in the test's database only.
+_FAIL_AT_COMMIT = """
+CREATE SEQUENCE test_fail_commit START 1000;
+CREATE FUNCTION test_fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('test_fail_commit') = 1 THEN
+        RAISE EXCEPTION 'injected: the COMMIT failed' USING ERRCODE = '58030';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER test_fail_commit AFTER INSERT ON commit_log
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_fail_commit();
+"""
+
+
+@contextlib.contextmanager
+def _postgresql(s3: Callable[[], str] | None, cluster) -> Iterator[Callable[[Path], StoreKind]]:
+    databases: list[str] = []
+
+    def open_store(path: Path) -> Store:
+        url = new_pg_database(cluster)
+        databases.append(url)
+        store = Store.create(url, artifacts=s3() if s3 else str(path / "artifacts"))
+        cluster.sql(_FAIL_AT_COMMIT, dbname=urlsplit(url).path.lstrip("/"))
+        return store
+
+    def fail_next_commit() -> None:
+        dbname = urlsplit(databases[-1]).path.lstrip("/")
+        cluster.sql("ALTER SEQUENCE test_fail_commit RESTART WITH 1", dbname=dbname)
+
+    yield lambda root: StoreKind(open=open_store, fail_next_commit=fail_next_commit)
+
+
+STORE_BACKENDS = {"sqlite": _sqlite, "postgresql": _postgresql}
 
 
 class Medium(Protocol):
@@ -148,9 +193,19 @@ ARTIFACT_STORES = {
 }
 
 
-@pytest.fixture(params=sorted(STORE_BACKENDS))
-def store_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreKind]:
-    with STORE_BACKENDS[request.param]() as kind:
+@pytest.fixture(params=[f"{backend}-{place}" for backend in sorted(STORE_BACKENDS)
+                        for place in ARTIFACT_PLACES])
+def store_kind(request: pytest.FixtureRequest, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[StoreKind]:
+    backend, place = request.param.split("-")
+    s3 = None
+    if place == "s3":
+        server = request.getfixturevalue("seaweed")
+        for name, value in server.environ.items():  # the credentials, as an operator's
+            monkeypatch.setenv(name, value)
+        s3 = functools.partial(new_s3_url, server, "contract")
+    args = [request.getfixturevalue("pg_cluster")] if backend == "postgresql" else []
+    with STORE_BACKENDS[backend](s3, *args) as kind:
         yield kind(tmp_path)
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import blake3
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence import CommitError, Store, Writer, WriterClosedError
+from evidence import ArtifactRef, CommitError, Store, Writer, WriterClosedError
 from evidence._write.writer import WriterHooks
 
 from ..conftest import Factory, asubmit
@@ -129,3 +130,23 @@ async def test_a_commit_whose_ack_was_lost_is_a_duplicate_when_redelivered(
         [ack] = await asubmit(store, [attempt])
         assert ack.status == "duplicate"
         assert count(store, "fetch_attempt") == 1
+
+
+async def test_a_payload_is_referenced_only_once_its_store_holds_it(
+        store_kind: StoreKind, tmp_path: Path) -> None:
+    """Durable before referenced, through the writer, wherever the store keeps its payloads
+    (its directory's packs, or an S3 bucket): a message naming a payload the artifact store
+    does not hold is refused whole; once the payload is put, the same evidence commits."""
+    with store_kind.open(tmp_path / "s") as store:
+        make = Factory(store)
+        await asubmit(store, [make.session(), make.run()])
+        data = b"<p>not stored yet</p>"
+        ref = ArtifactRef("body", blake3.blake3(data).hexdigest(), len(data))
+        [ack] = await asubmit(store, [make.attempt(body=ref)])
+        assert ack.status == "rejected"
+        assert (count(store, "fetch_attempt"), count(store, "artifact")) == (0, 0)
+        assert store.artifacts.put("body", data) == ref
+        [ack] = await asubmit(store, [make.attempt(body=ref)])
+        assert ack.status == "committed"
+        assert (count(store, "fetch_attempt"), count(store, "artifact")) == (1, 1)
+        assert store.artifacts.read(ref, verify=True) == data

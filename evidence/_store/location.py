@@ -1,0 +1,41 @@
+"""What a store location names: a store directory, or a PostgreSQL database.
+
+Kept apart from ``postgresql`` so that telling the two apart (every ``Store.open`` does)
+never imports the PostgreSQL driver.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+__all__ = ["is_postgres_location", "redact"]
+
+_KEYWORDS = re.compile(r"^\s*(host|hostaddr|port|dbname|user|service|sslmode|"
+                       r"application_name|connect_timeout|password|passfile)\s*=")
+
+
+def is_postgres_location(location: object) -> bool:
+    """A PostgreSQL connection string: a ``postgresql://`` or ``postgres://`` URI, or a
+    libpq keyword/value string (``host=/run/postgresql dbname=evidence``)."""
+    if not isinstance(location, str):
+        return False
+    return location.startswith(("postgresql://", "postgres://")) or bool(
+        _KEYWORDS.match(location))
+
+
+def redact(location: str) -> str:
+    """The connection string without its password, for messages and reports."""
+    if location.startswith(("postgresql://", "postgres://")):
+        parts = urllib.parse.urlsplit(location)
+        if parts.password is not None:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+            parts = parts._replace(netloc=netloc)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if any(k == "password" for k, _ in query):
+            parts = parts._replace(query=urllib.parse.urlencode(
+                [(k, "***" if k == "password" else v) for k, v in query], safe="/"))
+        return urllib.parse.urlunsplit(parts)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", location)
+
+

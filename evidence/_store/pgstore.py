@@ -1,0 +1,263 @@
+"""A store whose database is PostgreSQL: ``Store.open("postgresql://...")`` returns one.
+
+It is a ``Store`` (the writer, the readers, the archives and verify take it as they take a
+SQLite one): its backend is ``PostgresBackend``, and its artifacts live where the store's
+meta says (``store_meta.artifacts``, set once by ``evidence init URL --artifacts PATH``;
+an open may name another path for the same payloads, as a host mounts them). What differs
+from a SQLite store, and why:
+  - no store directory: nothing is kept next to the database (no ``crawl.lock``, no
+    ``sync-failed`` marker, no WAL): the writer's lock is an advisory lock in the
+    database, and the server owns durability (``postgresql.check_server``);
+  - a lost connection is not a lost store: ``reopen_connection`` reconnects with bounded
+    backoff and takes the writer's lock again, so the writer can resolve an in-doubt
+    COMMIT from the commit log and go on (docs/store.md, "PostgreSQL").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .._errors import StoreError
+from . import artifactspec
+from .backend import ArtifactBackend
+from .db import Store
+from .packs import Layout
+from .postgresql import (
+    DEFAULT_LOCK_TIMEOUT_MS,
+    PgConnection,
+    PostgresBackend,
+    applied_version,
+    connect,
+    ensure_store_id,
+    holder_pid,
+    map_pg_errors,
+    redact,
+    release_writer_lock,
+    take_writer_lock,
+)
+from .s3 import S3Location, is_s3_url
+
+__all__ = ["PostgresStore", "open_artifacts", "stop_writer"]
+
+log = logging.getLogger("evidence.postgresql")
+
+
+def open_artifacts(spec: str, *, create: bool, read_only: bool, max_payload: int | None,
+                   layout: Layout | None = None) -> ArtifactBackend:
+    """The artifact store a PostgreSQL store names: an ``s3://`` location (what several
+    hosts share), or a local directory (packs for a new one, or the layout it has)."""
+    if is_s3_url(spec):
+        return artifactspec.open_artifacts(spec, local=os.devnull, create=create,
+                                           read_only=read_only, max_payload=max_payload)
+    if "://" in spec:
+        raise StoreError(f"artifacts at {spec!r}: a directory path or an s3:// URL",
+                         hint="give --artifacts DIR or --artifacts s3://BUCKET/PREFIX")
+    root = Path(spec)
+    if not create and not root.is_dir():
+        raise StoreError(f"the store's artifact directory {root} does not exist",
+                         hint="mount it there, or give its path with --artifacts PATH",
+                         path=str(root))
+    return artifactspec.open_artifacts(None, local=root, create=create and not read_only,
+                                       read_only=read_only, max_payload=max_payload,
+                                       layout=layout)
+
+
+def _to_record(artifacts: str) -> str:
+    """What the store records of ``--artifacts``: an s3:// URL with its options and no
+    credential, or a directory's absolute path."""
+    return S3Location(artifacts).url if is_s3_url(artifacts) else str(Path(artifacts).absolute())
+
+
+def _recorded_artifacts(conn: PgConnection) -> str | None:
+    """The artifact directory a store in this database records (None: no store, or none)."""
+    exists = conn.raw.execute("SELECT to_regclass('store_meta') IS NOT NULL").fetchall()[0][0]
+    if not exists:
+        return None
+    rows = conn.raw.execute("SELECT value FROM store_meta WHERE key = 'artifacts'").fetchall()
+    return rows[0][0] if rows else None
+
+
+class PostgresStore(Store):
+    """An open PostgreSQL store: its write connection (unless read-only) and artifacts."""
+
+    backend: PostgresBackend  # type: ignore[assignment]
+    connection: PgConnection
+
+    def __init__(self, backend: PostgresBackend, connection: PgConnection,
+                 artifacts: ArtifactBackend, *, schema_version: int, read_only: bool) -> None:
+        # Not Store.__init__: nothing here is a file. The attributes the rest of the package
+        # reads are set to what they mean for a server database.
+        self.backend = backend
+        self.connection = connection
+        self.artifacts = artifacts
+        self.schema_version = schema_version
+        self.read_only = read_only
+        self.sync = "full"
+        self.busy_timeout_ms = backend.lock_timeout_ms
+        self.sync_failed = None
+        self.path = None  # type: ignore[assignment]
+        self.db_path = None  # type: ignore[assignment]
+        self.vfs = None
+        self._lock_depth = 0
+
+    @property
+    def location(self) -> str:
+        return self.backend.location
+
+    @classmethod
+    def open_location(cls, location: str, *, create: bool = False, read_only: bool = False,
+                      artifacts: str | None = None, sync: str = "full",
+                      max_payload: int | None = None, artifact_layout: Layout = "packs",
+                      lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> PostgresStore:
+        """Open (``create``: create) the store in the database ``location`` names."""
+        if sync != "full":
+            raise StoreError("a PostgreSQL store is always sync='full': the server flushes "
+                             "every commit (synchronous_commit = on)",
+                             hint="leave out --sync for a PostgreSQL store")
+        if artifacts is not None and is_s3_url(artifacts) and not read_only:
+            artifactspec.check_given(artifacts)  # before anything is created
+        backend = PostgresBackend(location, lock_timeout_ms=lock_timeout_ms)
+        with map_pg_errors(location):
+            conn = (connect(location, lock_timeout_ms=lock_timeout_ms, read_only=True)
+                    if read_only else backend.connect_writer())
+            try:
+                if read_only or not create:
+                    version = applied_version(conn)
+                elif artifacts is None and _recorded_artifacts(conn) is None:
+                    # Refused before anything is written: a new store needs its directory.
+                    raise StoreError(f"{backend.location}: a new PostgreSQL store needs a "
+                                     "directory for its payloads",
+                                     hint="give one: --artifacts DIR (it is recorded in the "
+                                     "store; later commands find it)", path=backend.location)
+                if not read_only:
+                    version = backend.migrate(conn)
+                    if create:
+                        ensure_store_id(conn, None if artifacts is None
+                                        else _to_record(artifacts))
+                meta = dict(conn.raw.execute("SELECT key, value FROM store_meta").fetchall())
+            except BaseException:
+                conn.close()
+                raise
+        spec = artifacts if artifacts is not None else meta.get("artifacts")
+        try:
+            if spec is None:
+                raise StoreError(f"{backend.location}: the store names no artifact location",
+                                 hint="give one: --artifacts PATH", path=backend.location)
+            recorded = meta.get("artifacts")
+            if artifacts is not None and (is_s3_url(artifacts) or (
+                    recorded is not None and is_s3_url(recorded))):
+                # The object store's rules: the same bucket and prefix, other options allowed.
+                spec = artifactspec.choose(recorded, artifacts, create=recorded is None,
+                                           where=backend.location) or spec
+            elif create and recorded not in (None, _to_record(spec)):
+                log.info("artifacts of %s are in %s; this open uses %s", backend.location,
+                         recorded, spec)
+            store_artifacts = open_artifacts(spec, create=create, read_only=read_only,
+                                             max_payload=max_payload, layout=artifact_layout)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(backend, conn, store_artifacts, schema_version=version,
+                   read_only=read_only)
+
+    # --- what differs from a SQLite store ---------------------------------------------
+
+    @contextlib.contextmanager
+    def write_transaction(self) -> Iterator[Any]:
+        self.check_writable()
+        conn = self.connection
+        with self.errors():
+            conn.execute(self.backend.dialect.begin_write)
+            try:
+                yield conn
+            except BaseException:
+                if not conn.broken and not conn.get_autocommit():
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def reopen_connection(self) -> None:
+        """A new write connection after the last one failed or was lost: reconnect with
+        bounded backoff, and hold the writer lock again if the old one did."""
+        self.check_writable()
+        with contextlib.suppress(Exception):
+            if self.backend.writer_locked:  # released now, not when the server notices
+                release_writer_lock(self.connection)
+        with contextlib.suppress(Exception):
+            self.connection.close()
+
+        def retry(exc: BaseException, delay: float) -> None:
+            log.warning("PostgreSQL at %s is unreachable (%s); retrying in %.1f s",
+                        self.location, str(exc).strip().splitlines()[0], delay)
+
+        with self.errors():
+            self.connection = self.backend.reconnect_writer(on_retry=retry)
+
+    def mark_sync_failed(self, reason: str) -> Any:  # never called: see is_sync_failure
+        raise StoreError(f"{self.location}: {reason}")
+
+    def check_synced(self) -> None:
+        """Nothing to check: the server recovers from a failed fsync by itself."""
+
+    def wal_size(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.connection.close()
+
+    # --- one writer per store --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def writer_lock(self, *, wait: bool = False,
+                    on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+        """Hold the store's writer lock (re-entrant) on the write connection: one writer
+        per store. ``wait``: as a standby, until the holder ends (``on_wait`` is told who
+        holds it first); else ``StoreError`` at once, naming the holder."""
+        self.check_writable()
+        if self._lock_depth == 0:
+            with self.errors():
+                take_writer_lock(self.connection, wait=wait, on_wait=on_wait)
+            self.backend.writer_locked = True
+        self._lock_depth += 1
+        try:
+            yield
+        finally:
+            self._lock_depth -= 1
+            if self._lock_depth == 0:
+                self.backend.writer_locked = False
+                with contextlib.suppress(Exception):
+                    release_writer_lock(self.connection)
+
+    def writer_claim(self) -> contextlib.AbstractContextManager[None]:
+        return self.writer_lock(wait=False)
+
+    def running_writer(self) -> tuple[int, str] | None:
+        """(pid, host) of the process that holds the writer lock, if any."""
+        with self.backend.reader() as conn, self.errors():
+            return holder_pid(conn)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact(self.backend.conninfo)!r})"
+
+
+def stop_writer(location: str, *, sig: int = signal.SIGTERM) -> int | None:
+    """Ask the crawl or service holding the store's writer lock to stop (``evidence stop``);
+    its pid, or None when nothing holds it. One on another host is named, not signalled."""
+    with PostgresStore.open_location(location, read_only=True) as store:
+        holder = store.running_writer()
+    if holder is None:
+        return None
+    pid, host = holder
+    if host != socket.gethostname():
+        raise StoreError(f"{store.location}: the writer runs on host {host} (pid {pid})",
+                         hint=f"stop it there: evidence stop STORE on {host}, or kill {pid}")
+    os.kill(pid, sig)
+    return pid
