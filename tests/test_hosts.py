@@ -52,14 +52,14 @@ def deployment(tmp_path: Path, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPat
         port = s.getsockname()[1]
     env = {**os.environ, **seaweed.environ}
     return {"cert": cert, "key": key, "token": token, "env": env, "port": port,
-            "address": f"{COORDINATOR}:{port}", "tmp": tmp_path,
+            "address": f"{COORDINATOR}:{port}", "tmp": tmp_path, "store": str(tmp_path / "store"),
             "artifacts": new_s3_url(seaweed, "hosts")}
 
 
 def _coordinator(d: dict, url: str, *extra: str) -> subprocess.Popen:
     log = open(d["tmp"] / "coordinator.log", "a")  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evidence", "crawl", url, "--store", str(d["tmp"] / "store"),
+        [sys.executable, "-m", "evidence", "crawl", url, "--store", d["store"],
          "--artifacts", d["artifacts"], "--listen", d["address"], "--tls-cert",
          str(d["cert"]), "--tls-key", str(d["key"]), "--token-file", str(d["token"]),
          "--workers", "4", *extra],
@@ -168,8 +168,14 @@ def test_serve_refuses_a_non_loopback_address_without_tls_and_binds_nothing(
 
 # --- crawling with worker hosts ---------------------------------------------------------
 
-def test_worker_hosts_crawl_a_site_over_tls_into_the_object_store(deployment: dict) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_worker_hosts_crawl_a_site_over_tls_into_the_object_store(
+        deployment: dict, database: str, request: pytest.FixtureRequest) -> None:
+    """The deployment docs/scale.md draws: a coordinator whose store is a directory or a
+    PostgreSQL database, payloads in the object store, two worker hosts over TLS."""
     d = deployment
+    if database == "postgresql":
+        d["store"] = request.getfixturevalue("pg_url")
     with TestSite(SiteConfig(pages=30)) as site:
         coordinator = _coordinator(d, site.url)
         hosts = [_host(d, "127.0.0.3", "host-a"), _host(d, "127.0.0.4", "host-b")]
@@ -180,13 +186,13 @@ def test_worker_hosts_crawl_a_site_over_tls_into_the_object_store(deployment: di
             _finish([coordinator, *hosts])
         counts = site.request_counts()
         reachable = site.reachable_pages()
-    assert set(done_pages(d["tmp"] / "store")) == reachable
+    assert set(done_pages(d["store"])) == reachable
     assert all(counts[p] == 1 for p in reachable), "no page requested twice"
     log = _log(d, "coordinator")
     assert "worker host 127.0.0.3 #" in log and "worker host 127.0.0.4 #" in log
     served = [_log(d, name).count("serving run") for name in ("host-a", "host-b")]
     assert served == [1, 1]
-    with Store.open(d["tmp"] / "store", read_only=True) as store:
+    with Store.open(d["store"], read_only=True) as store:
         report = verify(store, full=True)
     assert report.ok, report.findings
 
