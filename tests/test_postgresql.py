@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evidence import (
+    CommitError,
     FrontierUpdate,
     HostUpdate,
     Message,
@@ -25,10 +26,12 @@ from evidence import (
     RunStarted,
     SettledUrl,
     Store,
+    SyncError,
     Writer,
     compare,
     export,
     restore,
+    verify,
 )
 from evidence._errors import StoreError
 from evidence._write.writer import WriterHooks
@@ -352,3 +355,62 @@ def test_any_sequence_of_deliveries_exports_the_same_bytes_on_both_backends(
     assert (tmp / "xa" / "dump.sql").read_bytes() == (tmp / "xb" / "dump.sql").read_bytes()
     assert (tmp / "xa" / "manifest.json").read_bytes() == \
         (tmp / "xb" / "manifest.json").read_bytes()
+
+
+def test_a_failed_pack_fsync_acks_nothing_stops_the_writer_and_the_next_open_resyncs(
+        pg_url: str, tmp_path: Path) -> None:
+    """The failing-disk rule on a PostgreSQL store whose payloads are packs: a pack fsync
+    that fails before a COMMIT acknowledges nothing and stops the writer; the next open for
+    writing rewrites and fsyncs the listed packs before anything is trusted, and the
+    redelivered group commits once."""
+    from evidence._store.packs import PackStore
+    from evidence.testing.faults import (
+        CrashFileOps,
+        Fault,
+        SimulatedDisk,
+        Workload,
+        build_groups,
+    )
+
+    disk = SimulatedDisk(tmp_path)
+    disk.capture()
+    art = tmp_path / "artifacts"
+    setup, group = build_groups(Workload(batches=1, pages_per_batch=2), prefix="p")[:2]
+
+    async def submit(store: Store, messages: list) -> list:
+        async with Writer(store) as writer:
+            return await writer.submit_group(messages)
+
+    store = Store.create(pg_url, artifacts=str(art))
+    try:
+        store.artifacts.close()
+        store.artifacts = PackStore(art, file_ops=CrashFileOps(disk))  # its pack fsyncs fail
+        anyio.run(submit, store, setup.messages)
+        for body in group.bodies:
+            store.artifacts.put("body", body)
+        disk.arm(Fault(action="io_error", at=1, ops=frozenset({"sync"}),
+                       files=frozenset({"artifact"})))
+        with pytest.raises(BaseException) as info:  # noqa: B017 - grouped by the task group
+            anyio.run(submit, store, group.messages)
+        errors, pending = [], [info.value]
+        while pending:  # the task group's exceptions, ungrouped
+            e = pending.pop()
+            pending += getattr(e, "exceptions", [])
+            if not hasattr(e, "exceptions"):
+                errors.append(type(e))
+        assert set(errors) <= {CommitError, SyncError} and SyncError in errors, errors
+        assert (art / "PACKS" / "SYNC-FAILED").exists()
+        with pytest.raises(SyncError):
+            anyio.run(submit, store, group.messages)  # the store takes no writer now
+        with store.snapshot() as conn:
+            assert conn.execute("SELECT count(*) FROM fetch_attempt").fetchall() == [(0,)]
+        disk.arm(None)
+    finally:
+        store.close()
+    with Store.open(pg_url) as store:  # resyncs the packs, then trusts them
+        assert not (art / "PACKS" / "SYNC-FAILED").exists()
+        for body in group.bodies:
+            store.artifacts.put("body", body)
+        acks = anyio.run(submit, store, group.messages)
+        assert {a.status for a in acks} == {"committed"}
+        assert verify(store, full=True).ok

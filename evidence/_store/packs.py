@@ -85,7 +85,7 @@ from .artifacts import (
 from .fsync import fsync_file
 
 __all__ = ["DEFAULT_PACK_BYTES", "PACKS_DIR", "PackStore", "open_artifact_store",
-           "resync_packs", "store_layout"]
+           "packs_sync_failed", "resync_packs", "store_layout"]
 
 log = logging.getLogger("evidence.store")
 
@@ -1309,6 +1309,11 @@ def open_artifact_store(root: str | os.PathLike[str], *, create: bool = True,
                              **kwargs)
     return PackStore(path, create=create, read_only=read_only, file_ops=file_ops,
                      store_marker=store_marker, **kwargs)
+
+
+def packs_sync_failed(root: Path) -> bool:
+    """Whether a pack fsync failed under ``root`` and the packs are not resynced yet."""
+    return (root / PACKS_DIR / _FAILED_LIST).exists()
 
 
 def resync_packs(root: Path, file_ops: FileOps) -> None:

@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .._errors import StoreError
+from .._errors import StoreError, SyncError
 from . import artifactspec
 from .backend import ArtifactBackend
 from .db import Store
-from .packs import Layout
+from .artifacts import FileOps
+from .packs import Layout, packs_sync_failed, resync_packs
 from .postgresql import (
     DEFAULT_LOCK_TIMEOUT_MS,
     PgConnection,
@@ -64,6 +65,16 @@ def open_artifacts(spec: str, *, create: bool, read_only: bool, max_payload: int
         raise StoreError(f"the store's artifact directory {root} does not exist",
                          hint="mount it there, or give its path with --artifacts PATH",
                          path=str(root))
+    if not read_only and packs_sync_failed(root):
+        # A pack fsync failed in an earlier process: what reads show of those packs may
+        # not be on the disk. Rewrite and fsync them before anything is trusted again
+        # (a store directory does this in its resync, with the store's own marker).
+        try:
+            resync_packs(root, FileOps())
+        except OSError as exc:
+            raise SyncError(f"{root}: resyncing the payload packs failed ({exc})",
+                            hint="check the disk (dmesg), then open the store again",
+                            path=str(root)) from exc
     return artifactspec.open_artifacts(None, local=root, create=create and not read_only,
                                        read_only=read_only, max_payload=max_payload,
                                        layout=layout)
@@ -200,18 +211,39 @@ class PostgresStore(Store):
         with self.errors():
             self.connection = self.backend.reconnect_writer(on_retry=retry)
 
-    def mark_sync_failed(self, reason: str) -> Any:  # never called: see is_sync_failure
-        raise StoreError(f"{self.location}: {reason}")
+    def mark_sync_failed(self, reason: str) -> SyncError:
+        """An fsync of a payload pack failed (the database's own fsyncs are the server's,
+        which recovers from them by itself): nothing of the batch is acknowledged and the
+        writer stops. The pack directory lists the pack (``PACKS/SYNC-FAILED``), so the
+        next open for writing resyncs the packs before anything is trusted again."""
+        if self.sync_failed is None:
+            self.sync_failed = reason
+        return self._sync_error()
 
     def check_synced(self) -> None:
-        """Nothing to check: the server recovers from a failed fsync by itself."""
+        """Raise ``SyncError`` once a payload fsync failed in this process (the next open
+        resyncs); the database itself needs no check: the server recovers by itself."""
+        if self.sync_failed is not None:
+            raise self._sync_error()
+
+    def _sync_error(self) -> SyncError:
+        return SyncError(f"{self.location}: an fsync failed ({self.sync_failed}); nothing "
+                         "is acknowledged from this store until it is resynced",
+                         hint="check the disk (dmesg), then open the store again (opening "
+                         "it for writing resyncs its payload packs) and redeliver what was "
+                         "not acknowledged", path=self.location)
 
     def wal_size(self) -> int:
         return 0
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.connection.close()
+        """Close the artifact store first (packs: this process's pack is sealed and its
+        lock released), then the connection (the writer lock goes with it)."""
+        try:
+            self.artifacts.close()
+        finally:
+            with contextlib.suppress(Exception):
+                self.connection.close()
 
     # --- one writer per store --------------------------------------------------------
 
