@@ -101,6 +101,19 @@ CASES = [
     ("serve store --listen 127.0.0.1:0", "needs a token"),
     ("serve store --listen 0.0.0.0:0 --token-file token", "not a loopback address"),
     ("serve store --socket s.sock --token-file open-token", "readable by other users"),
+    ("serve store --socket s.sock --token-file missing-token", "cannot read the token file"),
+    ("init new --artifacts ftp://example.com/x", "the other place it can keep them is an "
+     "s3:// URL"),
+    ("crawl http://127.0.0.1:9/ --store new --listen 10.9.8.7:7000 --token-file token",
+     "10.9.8.7 is not a loopback address, and the service listens beyond this machine only "
+     "with TLS"),
+    ("crawl http://127.0.0.1:9/ --store new --lease-timeout 0.5", "must be 1 second or more"),
+    ("worker --connect nohost --token-file token", "expected HOST:PORT"),
+    ("worker --connect 127.0.0.2:7400 --token-file token --tls-ca missing.pem",
+     "cannot load the CA file missing.pem"),
+    ("tls-cert --host 127.0.0.1", "required: --out"),
+    ("convert nowhere", "nowhere: no evidence store here"),
+    ("init postgresql://127.0.0.1:1/db --artifacts art", "cannot connect to PostgreSQL"),
     ("nonsense", "invalid choice: 'nonsense'"),
 ]
 

@@ -306,7 +306,9 @@ def read_token(path: os.PathLike[str] | str) -> str:
         token = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ServiceError(f"{path}: cannot read the token file ({exc.strerror})",
-                           path=str(path)) from None
+                           path=str(path), hint="give the file holding the token (mode 600); "
+                           "make one: python -c 'import secrets; "
+                           "print(secrets.token_urlsafe(32))' > FILE") from None
     if stat.S_IMODE(mode) & 0o077:
         raise ServiceError(f"{path}: the token file is readable by other users "
                            f"(mode {stat.S_IMODE(mode):o})", path=str(path),
