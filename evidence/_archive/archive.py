@@ -56,7 +56,7 @@ from .snapshot import (
 )
 
 __all__ = ["BackupReport", "Comparison", "Difference", "RestoreReport", "backup", "compare",
-           "restore"]
+           "load_dump", "restore"]
 
 
 def _counts(conn: apsw.Connection) -> dict[str, int]:

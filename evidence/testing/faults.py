@@ -81,6 +81,7 @@ from .._store.db import Store
 from .._write.writer import Writer, WriterLimits
 
 __all__ = [
+    "FIXED_TIME",
     "CrashFileOps",
     "CrashVFS",
     "Fault",
