@@ -1,4 +1,4 @@
-"""The fault-injecting VFS now lives in ``evidence.testing.faults`` (issue 6).
+"""The fault-injecting VFS now lives in ``evidence.testing.disk`` (issue 6).
 
 ``FaultVFS`` keeps the name and API tests/test_writer.py uses: ``arm(op, suffix)`` fails
 the next ``op`` on a file whose name ends with ``suffix`` once, and ``fired`` lists what did.
@@ -6,7 +6,7 @@ the next ``op`` on a file whose name ends with ``suffix`` once, and ``fired`` li
 
 from __future__ import annotations
 
-from evidence.testing.faults import CrashVFS
+from evidence.testing.disk import CrashVFS
 
 __all__ = ["FaultVFS"]
 

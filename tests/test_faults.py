@@ -1,8 +1,9 @@
 """Power loss, I/O errors, full disks and long readers on the write path (issue 6).
 
 The disk model and the two seams (an apsw VFS, artifact ``FileOps``) live in
-``evidence/testing/faults.py``; docs/reliability.md is the record and says how to run the
-long loops (``tools/faultloop.py``). Here: the model's own fidelity, bounded fault loops,
+``evidence/testing/disk.py``, the writer trial in ``evidence/testing/trial.py``;
+docs/reliability.md is the record and says how to run the long loops
+(``tools/faultloop.py``). Here: the model's own fidelity, bounded fault loops,
 the five interruption points of DESIGN.md, a full disk, and a long reader.
 
 Trials run under /dev/shm when it exists: the model decides what is durable, so real
@@ -49,18 +50,14 @@ from evidence._cli.main import main as cli_main
 from evidence._store.log import check_log
 from evidence._store.sqlite import connect_writer
 from evidence._write.writer import WriterHooks
-from evidence.testing.faults import (
+from evidence.testing.disk import CrashFileOps, CrashVFS, Fault, SimulatedDisk, open_store
+from evidence.testing.trial import (
     FIXED_TIME,
-    CrashFileOps,
-    CrashVFS,
-    Fault,
-    SimulatedDisk,
     Trial,
     Workload,
     build_groups,
     count_operations,
     iter_faults,
-    open_store,
     run_trial,
 )
 

@@ -232,3 +232,78 @@ def test_design_md_draws_every_stage_and_every_module_in_it() -> None:
         missing += [f"{stage.name}/{m.stem}" for m in sorted(stage.glob("*.py"))
                     if m.stem != "__init__" and m.stem not in words]
     assert missing == [], "modules docs/design.md does not draw"
+
+
+# --- what a module lends is in its __all__ (the modules issue 14 split by their importers) --
+
+LENDERS = ("evidence._archive.", "evidence.testing.")
+IMPORTERS = [*(PACKAGE.parent / d for d in ("tests", "tools"))]
+
+
+def names_imported(path: Path) -> list[tuple[int, str, str]]:
+    """(line, absolute module, name) of every ``from module import name`` in the file."""
+    inside = path.is_relative_to(PACKAGE)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            if not inside:
+                continue  # a test's ``from .conftest import ...``
+            module = module_name(path)
+            package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        found += [(node.lineno, target, alias.name) for alias in node.names]
+    return found
+
+
+def all_of(module: str) -> set[str] | None:
+    """The module's ``__all__`` as written, or None for a package or a module without one."""
+    path = PACKAGE.parent.joinpath(*module.split(".")).with_suffix(".py")
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def lending_problems(paths: list[Path]) -> list[str]:
+    """A name taken from another lending module that is private or not in its __all__."""
+    problems = []
+    for path in paths:
+        here = module_name(path) if path.is_relative_to(PACKAGE) else ""
+        for line, module, name in names_imported(path):
+            if not module.startswith(LENDERS) or module == here:
+                continue
+            lent = all_of(module)
+            if lent is None:
+                continue  # ``from evidence.testing import seaweed``: a module, not a name
+            if name.startswith("_") or name not in lent:
+                problems.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports "
+                                f"{module}.{name}, which its __all__ does not list")
+    return problems
+
+
+def test_what_the_archive_and_testing_modules_lend_is_in_their_all() -> None:
+    """export and snapshot, disk and trial were cut by what their importers use: each
+    imported name is one the module lists, and none is private (issue 14)."""
+    paths = modules() + sorted(p for d in IMPORTERS for p in d.rglob("*.py"))
+    assert lending_problems(paths) == []
+
+
+def test_the_lending_check_catches_a_private_name_and_one_its_all_leaves_out() -> None:
+    bad = PACKAGE / "_archive" / "_layering_probe.py"
+    bad.write_text("from .snapshot import _held\nfrom .export import SNAPSHOT\n"
+                   "from .export import dump\n")
+    try:
+        problems = lending_problems([bad])
+    finally:
+        bad.unlink()
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "imports evidence._archive.snapshot._held, which its __all__ does not list",
+        "imports evidence._archive.export.SNAPSHOT, which its __all__ does not list"]

@@ -101,7 +101,7 @@ def test_status_shows_a_run_whose_process_is_gone_as_interrupted(tmp_path: Path)
 
 _BUILD_AND_DIE = textwrap.dedent("""
     import os, sys
-    from evidence._archive.export import building
+    from evidence._archive.snapshot import building
     with building(sys.argv[1], sys.argv[2]) as tmp:
         (tmp / "part").write_bytes(b"x" * 100_000)
         if sys.argv[3] == "die":
@@ -113,7 +113,7 @@ _BUILD_AND_DIE = textwrap.dedent("""
 
 def test_leftovers_of_a_killed_build_are_named_by_verify_and_removed_by_the_next(
         tmp_path: Path) -> None:
-    from evidence._archive.export import stale_builds
+    from evidence._archive.snapshot import stale_builds
 
     Store.create(tmp_path / "store").close()
     killed = subprocess.run([sys.executable, "-c", _BUILD_AND_DIE, str(tmp_path / "new"),

@@ -31,7 +31,7 @@ from evidence import (
     PayloadTooLargeError,
 )
 from evidence._store.packs import PACKS_DIR, PackStore
-from evidence.testing.faults import CrashFileOps, Fault, SimulatedDisk
+from evidence.testing.disk import CrashFileOps, Fault, SimulatedDisk
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -364,13 +364,8 @@ def test_a_failed_pack_fsync_acks_nothing_stops_the_writer_and_the_next_open_res
     writing rewrites and fsyncs the listed packs before anything is trusted, and the
     redelivered group commits once."""
     from evidence._store.packs import PackStore
-    from evidence.testing.faults import (
-        CrashFileOps,
-        Fault,
-        SimulatedDisk,
-        Workload,
-        build_groups,
-    )
+    from evidence.testing.disk import CrashFileOps, Fault, SimulatedDisk
+    from evidence.testing.trial import Workload, build_groups
 
     disk = SimulatedDisk(tmp_path)
     disk.capture()

@@ -30,7 +30,7 @@ from evidence import (
 )
 from evidence._cli.main import main as cli_main
 from evidence._store.resync import mark_sync_failed
-from evidence.testing.faults import FIXED_TIME
+from evidence.testing.trial import FIXED_TIME
 
 NOBODY = 65534
 

@@ -5,7 +5,7 @@ For each fault class and N = 1, 2, ... (every operation of that kind a fault-fre
 the workload makes, or every ``--stride``-th): create a store, run the fixed workload
 (a session and run, then batches of pages: body put in the artifact store, attempt and
 links committed as one group) with the fault at operation N on the simulated disk of
-``evidence.testing.faults``, crash, reopen with the ordinary VFS, and check:
+``evidence.testing.disk``, crash, reopen with the ordinary VFS, and check:
 
   * ``PRAGMA integrity_check`` is ok and ``verify(full=True)`` finds no error (ledger and
     rows agree, Merkle roots and the hash chain recompute, referenced artifacts re-hash);
@@ -55,7 +55,7 @@ import apsw
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evidence.testing.faults import (  # noqa: E402 - after the path set-up above
+from evidence.testing.trial import (  # noqa: E402 - after the path set-up above
     Trial,
     Workload,
     count_operations,
@@ -253,7 +253,7 @@ def command_for(fc: FaultClass, args: argparse.Namespace) -> str:
 def long_reader(args: argparse.Namespace) -> dict:
     """WAL size while a reader holds one snapshot, then after it lets go."""
     from evidence import FetchAttempt, Store, Writer, WriterLimits, status
-    from evidence.testing.faults import FIXED_TIME, build_groups
+    from evidence.testing.trial import FIXED_TIME, build_groups
 
     samples: list[tuple[int, int]] = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as d, Store.create(Path(d) / "s") as store:

@@ -12,7 +12,7 @@
               table, by run, by a fixed set of report queries and row by row.
 
 Invariant: a target directory is never half-written. Everything is built in a hidden
-sibling and renamed into place when complete and checked (``_archive.export.building``).
+sibling and renamed into place when complete and checked (``_archive.snapshot.building``).
 """
 
 from __future__ import annotations
@@ -28,35 +28,35 @@ import msgspec
 
 from .._errors import CorruptStoreError, MigrationError, StoreError
 from .._store.artifacts import ArtifactStore
-from .._store.db import Store
+from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_file
 from .._store.location import is_postgres_location, redact
 from .._store.log import check_log, load_head
 from .._store.packs import open_artifact_store
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
 from .export import (
-    ARTIFACTS_DIR,
-    DB_NAME,
-    MANIFEST,
     FileEntry,
     Manifest,
     Output,
-    Progress,
-    Source,
-    artifact_refs,
-    building,
-    copy_artifacts,
     dump,
     ident,
-    open_source,
     read_manifest,
     schema_sql,
     sql_literal,
     tables,
 )
+from .snapshot import (
+    MANIFEST,
+    Progress,
+    Source,
+    artifact_refs,
+    building,
+    copy_artifacts,
+    open_source,
+)
 
 __all__ = ["BackupReport", "Comparison", "Difference", "RestoreReport", "backup", "compare",
-           "restore"]
+           "load_dump", "restore"]
 
 
 def _counts(conn: apsw.Connection) -> dict[str, int]:

@@ -12,22 +12,18 @@ on its logical content (docs/archives.md has the format rules and the manifest f
 Invariants: nothing in a dump or a manifest depends on when, where or by whom it was
 written (no dates, hosts or paths), so a store, its backup, its ``VACUUM INTO`` copy and its
 restore all export to the same bytes. An archive appears under its name only when complete
-(it is built in a hidden sibling directory and renamed).
+(``snapshot.building``). This module owns the bytes: the literals, the table and schema
+order, the dump, what ``--run`` includes and the manifest; the source, the build directory
+and the artifact copy are ``_archive/snapshot.py``'s, shared with backup and restore.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import itertools
-import logging
 import math
 import os
 import re
-import secrets
-import shutil
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -36,34 +32,29 @@ import apsw
 import blake3
 import msgspec
 
-from .._errors import (
-    ArtifactError,
-    ArtifactMissingError,
-    CorruptStoreError,
-    MigrationError,
-    StoreError,
-)
-from .._model.refs import ArtifactRef
-from .._store import artifactspec
+from .._errors import CorruptStoreError, StoreError
 from .._store.artifacts import ArtifactStore
-from .._store.backend import ArtifactBackend, StoreBackend
-from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
+from .._store.db import ARTIFACTS_DIR
 from .._store.fsync import fsync_dir
-from .._store.location import is_postgres_location
 from .._store.log import check_log, load_head
-from .._store.sqlite import SQLiteBackend, load_migrations, map_sqlite_errors
+from .._store.sqlite import map_sqlite_errors
+from .snapshot import (
+    MANIFEST,
+    Gap,
+    Progress,
+    Source,
+    artifact_refs,
+    building,
+    copy_artifacts,
+    open_source,
+)
 
-__all__ = ["FORMAT_VERSION", "Gap", "Manifest", "Section", "export", "read_manifest",
-           "stale_builds"]
-
-log = logging.getLogger("evidence.archive")
+__all__ = ["FORMAT_VERSION", "TABLE_ORDER", "FileEntry", "Manifest", "Output", "Section",
+           "dump", "export", "ident", "read_manifest", "schema_sql", "sql_literal", "tables"]
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 SNAPSHOT = ".snapshot.db"
 Format = Literal["sql", "jsonl", "csv"]
-Progress = Callable[[str, int, int], None]  # (phase, done, total)
-Source = Store | str | os.PathLike[str]
 
 # The fixed table order; tables a later migration adds follow, sorted by name.
 TABLE_ORDER = ("schema_migration", "store_meta", "crawl_session", "crawl_run", "url_identity",
@@ -324,177 +315,6 @@ def _line_format(table: Table, fmt: Format) -> Callable[[tuple], str]:
     return lambda row: ",".join([csv[type(v)](v) for v in row]) + "\r\n"
 
 
-# --- one consistent snapshot, without blocking the writer ----------------------------------
-
-def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
-    """(database backend, artifact store) of a Store or a store directory."""
-    if isinstance(source, Store):
-        return source.backend, source.artifacts
-    if is_postgres_location(source):  # the version is checked at open
-        with Store.open(source, read_only=True) as store:
-            return store.backend, store.artifacts
-    root = Path(source)
-    if not (root / DB_NAME).is_file():
-        if (root / MANIFEST).is_file():
-            raise StoreError(f"{root} is an archive, not a store", path=str(root),
-                             hint=f"restore it first: evidence restore {root} --store NEW")
-        raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
-                         hint="pass a store directory (or a backup of one)", path=str(root))
-    backend = SQLiteBackend(root / DB_NAME)
-    _check_schema_version(backend)
-    with backend.snapshot() as conn:
-        spec = artifactspec.recorded(conn)
-    return backend, artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR,
-                                                create=False, read_only=True)
-
-
-def _check_schema_version(backend: StoreBackend) -> None:
-    """Refuse a store written by a newer program, as opening it for status or verify does:
-    its dump could not be restored by this one, and its rows may mean other things."""
-    newest = len(load_migrations())
-    with backend.snapshot() as conn:  # read-only: works on read-only media
-        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
-    if version > newest:
-        raise MigrationError(f"the store has schema version {version}, newer than this "
-                             f"program supports ({newest})", schema_version=version,
-                             hint="upgrade evidence to export this store")
-
-
-_BUILD_KINDS = ("exporting", "restoring", "backup")
-
-
-def _build_name(target: Path) -> re.Pattern[str]:
-    kinds = "|".join(_BUILD_KINDS)
-    return re.compile(rf"\.{re.escape(target.name)}\.({kinds})-[0-9a-f]{{8}}")
-
-
-def stale_builds(target: os.PathLike[str] | str) -> list[Path]:
-    """Hidden build directories next to ``target`` left by a killed export, restore or
-    backup: ones no live build holds its lock on."""
-    target = Path(target)
-    pattern = _build_name(target)
-    try:
-        entries = list(target.parent.iterdir())
-    except OSError:
-        return []
-    return sorted(p for p in entries if pattern.fullmatch(p.name) and p.is_dir()
-                  and not _held(p))
-
-
-def _held(directory: Path) -> bool:
-    """Whether a live build holds ``directory``'s lock (the kernel drops it at death)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-@contextlib.contextmanager
-def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
-    """Build in a hidden sibling directory; rename it onto ``target`` only when complete.
-
-    ``target`` must not exist or be an empty directory (rename replaces an empty one).
-    On any error the partial build is removed and ``target`` is left as it was. The build
-    directory is flock'ed while it is built, so one left by a killed process is known for
-    what it is: the next build to the same target removes it (saying so).
-    """
-    target = Path(target)
-    if target.exists() and not target.is_dir():
-        raise StoreError(f"{target} is a file; refusing to replace it",
-                         hint="choose a new or empty directory", path=str(target))
-    if target.exists() and any(target.iterdir()):
-        raise StoreError(f"{target} is not empty; refusing to write into it",
-                         hint="choose a new or empty directory", path=str(target))
-    for stale in stale_builds(target):
-        log.warning("removing %s: a partial build left by a killed export, restore or "
-                    "backup", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.{what}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        lock = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        raise StoreError(f"cannot create {target}: {exc}", path=str(target)) from exc
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield tmp
-        fsync_dir(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError as exc:
-            raise StoreError(f"cannot move the finished {what} into place at {target}: {exc}",
-                             hint="was something written there meanwhile?",
-                             path=str(target)) from exc
-        fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        os.close(lock)
-
-
-def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactBackend,
-                   progress: Progress | None = None, *, workers: int = 8
-                   ) -> tuple[int, list[Gap]]:
-    """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what failed).
-
-    Each put of a file store fsyncs its file and directories, and a few threads overlap
-    those waits (the artifact store is thread-safe); a pack store's puts are appends, all
-    synced at the end. Results come back in ``refs`` order. The caller closes ``dst``.
-    """
-    def one(ref: ArtifactRef) -> Gap | None:
-        subject = f"{ref.namespace}/{ref.digest}"
-        try:
-            with src.open(ref) as handle:
-                got = dst.put(ref.namespace, handle)
-        except ArtifactMissingError as exc:
-            return Gap(kind="artifact_missing", subject=subject, detail=str(exc))
-        except ArtifactError as exc:
-            return Gap(kind="artifact_corrupt", subject=subject, detail=str(exc))
-        if got.digest == ref.digest:
-            return None
-        if got not in wanted:  # the bytes on disk are not the ones referenced: no stray copy
-            with contextlib.suppress(ArtifactError):
-                dst.remove(got)
-        return Gap(kind="artifact_corrupt", subject=subject,
-                   detail=f"the file hashes to {got.digest}")
-
-    wanted, copied, gaps = set(refs), 0, []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for i, (ref, gap) in enumerate(zip(refs, pool.map(one, refs), strict=True), 1):
-            if gap is None:
-                copied += ref.size
-            else:
-                gaps.append(gap)
-            if progress:
-                progress("artifacts", i, len(refs))
-    # Packs: the copies are durable once synced (one fsync per pack); files already are.
-    done = {g.subject for g in gaps}
-    dst.sync(r for r in refs if f"{r.namespace}/{r.digest}" not in done)
-    if isinstance(dst.root, Path):  # a directory: its temp directory, if left empty
-        with contextlib.suppress(OSError):
-            (dst.root / ".tmp").rmdir()
-    return copied, gaps
-
-
-def artifact_refs(conn: apsw.Connection, condition: str = "1",
-                  params: dict[str, object] | None = None) -> list[ArtifactRef]:
-    rows = conn.execute(f"SELECT namespace, digest, size FROM artifact WHERE {condition} "
-                        "ORDER BY artifact_id", params or {}).fetchall()
-    try:
-        return [ArtifactRef(ns, digest, size) for ns, digest, size in rows]
-    except ArtifactError as exc:
-        raise CorruptStoreError(f"an artifact row is not a valid reference: {exc}") from exc
-
-
 # --- what --run includes -----------------------------------------------------------------
 
 _OF_RUN = "run_id = :run"
@@ -573,14 +393,6 @@ def _names(payload: bytes, run_id: str, sessions: set[str]) -> bool:
 
 
 # --- the manifest ---------------------------------------------------------------------------
-
-class Gap(msgspec.Struct, frozen=True, kw_only=True, order=True):
-    """Something the archive knows it lacks or cannot vouch for."""
-
-    kind: str  # run_not_completed, session_open, artifact_missing, artifact_corrupt, log
-    subject: str
-    detail: str
-
 
 class SessionEntry(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str

@@ -42,7 +42,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             report = verify(store, full=args.full)
             if args.reclaim_orphans and report.ok:
                 reclaimed = reclaim_orphans(store, args.grace)
-    from .._archive.export import stale_builds
+    from .._archive.snapshot import stale_builds
 
     leftovers = [str(p) for p in stale_builds(args.store)]
     if args.json:

@@ -24,7 +24,7 @@ from evidence import ArtifactStore, Store
 from evidence._store.backend import ArtifactBackend
 from evidence._store.packs import PackStore
 from evidence._store.s3 import S3ArtifactStore, open_s3
-from evidence.testing.faults import CrashFileOps, SimulatedDisk
+from evidence.testing.disk import CrashFileOps, SimulatedDisk
 from evidence.testing.seaweed import SeaweedS3
 
 from ..conftest import new_pg_database, new_s3_url
