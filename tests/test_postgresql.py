@@ -385,7 +385,7 @@ def test_a_failed_pack_fsync_acks_nothing_stops_the_writer_and_the_next_open_res
             store.artifacts.put("body", body)
         disk.arm(Fault(action="io_error", at=1, ops=frozenset({"sync"}),
                        files=frozenset({"artifact"})))
-        with pytest.raises(BaseException) as info:  # noqa: B017 - grouped by the task group
+        with pytest.raises(BaseException) as info:
             anyio.run(submit, store, group.messages)
         errors, pending = [], [info.value]
         while pending:  # the task group's exceptions, ungrouped

@@ -12,7 +12,8 @@
   the token), for ``crawl`` taking worker hosts and ``serve``.
 
 Each command group (``crawl``, ``archive``, ``convert``, ``verify``, ``proofs``,
-``replay``, ``rules``, ``service``, ``hosts``) imports from here and from the library, never from another group.
+``replay``, ``rules``, ``service``, ``hosts``) imports from here and from the library,
+never from another group.
 """
 
 from __future__ import annotations

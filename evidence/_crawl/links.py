@@ -69,7 +69,7 @@ import msgspec
 from selectolax.lexbor import LexborHTMLParser
 
 from .._errors import URLError
-from .._model.messages import EdgeKind, ObservedRef
+from .._model.messages import ObservedRef
 from .._model.text import decode, sniff
 from .._model.urls import MAX_URL_LENGTH, resolve_reference
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from .._errors import StoreError, SyncError
 from . import artifactspec
+from .artifacts import FileOps
 from .backend import ArtifactBackend
 from .db import Store
-from .artifacts import FileOps
 from .packs import Layout, packs_sync_failed, resync_packs
 from .postgresql import (
     DEFAULT_LOCK_TIMEOUT_MS,
