@@ -197,7 +197,22 @@ ARTIFACT_STORES = {
                         for place in ARTIFACT_PLACES])
 def store_kind(request: pytest.FixtureRequest, tmp_path: Path,
                monkeypatch: pytest.MonkeyPatch) -> Iterator[StoreKind]:
+    """Each store backend with each place for its payloads."""
     backend, place = request.param.split("-")
+    yield from _store_kind(request, tmp_path, monkeypatch, backend, place)
+
+
+@pytest.fixture(params=sorted(STORE_BACKENDS))
+def backend_kind(request: pytest.FixtureRequest, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[StoreKind]:
+    """Each store backend, its payloads in packs: for a guarantee of the database alone
+    (a property test whose examples each make a store, where S3 would only add time)."""
+    yield from _store_kind(request, tmp_path, monkeypatch, request.param, "packs")
+
+
+def _store_kind(request: pytest.FixtureRequest, tmp_path: Path,
+                monkeypatch: pytest.MonkeyPatch, backend: str, place: str
+                ) -> Iterator[StoreKind]:
     s3 = None
     if place == "s3":
         server = request.getfixturevalue("seaweed")

@@ -68,9 +68,9 @@ async def test_the_database_refuses_to_edit_or_delete_evidence(
 @given(sequences=st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=8,
                          unique=True))  # run + URL + sequence is one attempt
 async def test_url_current_only_moves_forward_whatever_order_attempts_arrive_in(
-        store_kind: StoreKind, tmp_path_factory: pytest.TempPathFactory,
+        backend_kind: StoreKind, tmp_path_factory: pytest.TempPathFactory,
         sequences: list[int]) -> None:
-    with store_kind.open(tmp_path_factory.mktemp("s") / "s") as store:
+    with backend_kind.open(tmp_path_factory.mktemp("s") / "s") as store:
         make = Factory(store)
         await asubmit(store, [make.session(), make.run()])
         for sequence in sequences:  # each in its own batch, in the order given
