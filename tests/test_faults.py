@@ -183,13 +183,13 @@ def assert_clean(store: Store) -> None:
     assert store.connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 
-def run_loop(root: Path, faults: list[Fault], workload: Workload = SMALL,
-             **options: object) -> list[Trial]:
+def run_loop(root: Path, faults: list[Fault], workload: Workload = SMALL, *,
+             seed_base: int = 0, **options: object) -> list[Trial]:
     trials = []
     for i, fault in enumerate(faults):
         trial_dir = root / f"trial-{i}"
-        trial_dir.mkdir()
-        trials.append(run_trial(trial_dir, fault, workload=workload, seed=i,
+        trial_dir.mkdir(parents=True)
+        trials.append(run_trial(trial_dir, fault, workload=workload, seed=seed_base + i,
                                 **options))  # type: ignore[arg-type]
         shutil.rmtree(trial_dir, ignore_errors=True)
     return trials
@@ -343,6 +343,30 @@ def test_power_loss_at_sampled_operations_loses_no_acked_message(
     faults = list(iter_faults(loop.counts, ops=ops, crash=crash, stride=11,  # type: ignore[arg-type]
                               start=3))
     trials = run_loop(fast_dir, faults, loop.workload)
+    assert failures(trials) == []
+    assert all(t.fired for t in trials)
+
+
+@pytest.mark.slow
+def test_power_loss_at_each_pack_operation_with_reordered_writes_loses_nothing(
+        fast_dir: Path) -> None:
+    # Every write, fsync and directory operation on a pack, three crash images each, in
+    # which unsynced writes land in any order. A pack sealed while its last records were
+    # not yet synced could come back with its index and without a record the index lists:
+    # the reopened store then deduplicated a redelivered payload against bytes that were
+    # not there (tools/faultloop.py, artifact-any-reorder: 2 of 162 trials; verify after
+    # resuming: "the record header ... is damaged").
+    # Three pages a batch, four records a pack: a rotation seals a pack whose last record
+    # belongs to a batch not yet synced.
+    workload = Workload(batches=4, pages_per_batch=3, pack_bytes=8192)
+    with tempfile.TemporaryDirectory() as d:
+        counts = count_operations(d, workload)
+    faults = list(iter_faults(counts, ops=frozenset({"write", "sync", "truncate", "meta"}),
+                              crash="reorder", files=frozenset({"artifact"})))
+    assert len(faults) >= 20
+    trials = [trial for seed in range(3)
+              for trial in run_loop(fast_dir / f"seed-{seed}", faults, workload,
+                                    seed_base=100 * seed)]
     assert failures(trials) == []
     assert all(t.fired for t in trials)
 

@@ -13,10 +13,11 @@ batch), each group made durable before the next, as the writer does before a COM
           the layout of stores made before packs; ``sync`` has nothing left to do.
 
 Each kind runs ``--reps`` times, interleaved (raw, packs, files, then rotated), each into a
-fresh directory under ``--dir`` (the working directory's file system by default: not
-tmpfs, where fsync costs nothing). Reported per run: seconds, MB/s, payloads/s; then the
-medians and the ratio packs/raw (the bar: >= 0.8). The machine's load average is printed
-with each run: on a shared machine, ratios from one interleaved run are what count.
+fresh directory under ``--dir`` (the system temp directory by default, never the
+repository; not tmpfs, where fsync costs nothing: the tool refuses one). Reported per
+run: seconds, MB/s, payloads/s; then the medians and the ratio packs/raw (the bar:
+>= 0.8). The machine's load average is printed with each run: on a shared machine, ratios
+from one interleaved run are what count.
 
 Examples:
   python tools/bench_packs.py                       # 10,000 payloads, groups of 100, 5 reps
@@ -42,6 +43,18 @@ sys.path.insert(0, str(ROOT))
 
 from evidence._store.artifacts import ArtifactStore  # noqa: E402 - after the path set-up
 from evidence._store.packs import PackStore  # noqa: E402
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the file system holding ``path`` (the longest mount point above it)."""
+    path, best, kind = path.resolve(), "", "unknown"
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1].replace("\\040", " ")
+            if (path.as_posix() == point or path.is_relative_to(point)) and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind
 
 
 def payloads(count: int, seed: int) -> list[bytes]:
@@ -106,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of each kind (default 5)")
     p.add_argument("--kinds", default="raw,packs,files",
                    help="what to run, comma-separated (default raw,packs,files)")
-    p.add_argument("--dir", type=Path, default=Path.cwd(),
-                   help="where the runs write (default: the working directory; not tmpfs)")
+    p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
+                   help="where the runs write (default: the system temp directory, "
+                   f"{tempfile.gettempdir()}; not tmpfs)")
     p.add_argument("--seed", type=int, default=15, help="payload sizes and bytes (default 15)")
     p.add_argument("--quick", action="store_true", help="1,000 payloads, 2 reps")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
@@ -118,10 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(kinds) - set(KINDS)
     if unknown:
         p.error(f"unknown kinds {sorted(unknown)}; known: {sorted(KINDS)}")
+    fs = filesystem_type(args.dir)
+    if fs == "tmpfs":
+        p.error(f"{args.dir} is on tmpfs, where fsync costs nothing; pass --dir on a disk")
     data = payloads(args.payloads, args.seed)
     total = sum(map(len, data))
     print(f"{len(data)} payloads, {total / 1e6:.1f} MB (2-64 KiB), a sync every "
-          f"{args.group}; {args.reps} reps, interleaved; under {args.dir}", flush=True)
+          f"{args.group}; {args.reps} reps, interleaved; under {args.dir} ({fs}); load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
     runs: dict[str, list[float]] = {k: [] for k in kinds}
     rows = []
     for rep in range(args.reps):
@@ -144,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:<6} median {seconds:.3f} s = {total / seconds / 1e6:.1f} MB/s, "
               f"{len(data) / seconds:.0f} payloads/s")
     report = {"payloads": len(data), "bytes": total, "group": args.group, "reps": args.reps,
+              "dir": str(args.dir), "filesystem": fs,
               "runs": rows, "median_seconds": medians}
     if "raw" in medians and "packs" in medians:
         ratio = medians["raw"] / medians["packs"]

@@ -183,12 +183,15 @@ def _trial_dict(trial: Trial) -> dict:
             "errors_seen": trial.errors_seen[:3]}
 
 
+def workload_for(args: argparse.Namespace, sync: str) -> Workload:
+    return Workload(batches=args.batches, pages_per_batch=args.pages, sync=sync,
+                    checkpoint_wal_bytes=args.checkpoint_wal_bytes, artifacts=args.artifacts,
+                    pack_bytes=args.pack_bytes if args.artifacts == "packs" else None)
+
+
 def run_class(fc: FaultClass, args: argparse.Namespace, pool) -> dict:
     sync = fc.sync or args.sync
-    workload = Workload(batches=args.batches, pages_per_batch=args.pages, sync=sync,
-                        checkpoint_wal_bytes=args.checkpoint_wal_bytes,
-                        artifacts=args.artifacts,
-                        pack_bytes=args.pack_bytes if args.artifacts == "packs" else None)
+    workload = workload_for(args, sync)
     with tempfile.TemporaryDirectory(dir=args.workdir) as d:
         counts = count_operations(d, workload)
     faults = list(iter_faults(counts, action=fc.action, ops=frozenset(fc.ops),
@@ -347,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2) if args.json else _reader_text(result))
         return 0
     classes = [BY_NAME[n] for n in args.classes] if args.classes else CLASSES
-    workload = Workload(batches=args.batches, pages_per_batch=args.pages,
-                        checkpoint_wal_bytes=args.checkpoint_wal_bytes)
+    workload = workload_for(args, args.sync)
     rows = []
     pool = concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
     try:
@@ -361,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(record, indent=2))
     else:
+        where = (f"packs rotating at {args.pack_bytes} bytes" if args.artifacts == "packs"
+                 else "one file per payload")
+        print(f"artifacts: {where}; {args.batches} batches of {args.pages} pages")
         print(_table(rows))
     full_loss = any(r["acked_lost"] for r in rows if r["sync"] == "full")
     return 1 if full_loss or any(r["failed"] for r in rows) else 0

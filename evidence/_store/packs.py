@@ -545,13 +545,14 @@ class PackStore:
         try:
             end = os.fstat(pack.fd).st_size  # past a record a failed write left part of
             seal = pf.encode_seal(pack.entries, end)
+            # The records durable before the index that lists them: written back in any
+            # order, the index could reach the disk without a record it names, and the
+            # reopened store would deduplicate a put against bytes that are not there.
+            if pack.synced < end:
+                self._fsync_own(pack)
             with _os_errors("seal pack", pack.path):
                 self._ops.pwrite(pack.fd, seal, end)
-            try:
-                self._ops.fsync(pack.fd)
-            except OSError as exc:
-                self._poison(pack)
-                raise self._sync_failed(pack, exc) from exc
+            self._fsync_own(pack)
         finally:
             with pack.cond:
                 pack.syncing = False
@@ -559,6 +560,15 @@ class PackStore:
         with pack.cond:
             pack.sealed = True
             pack.synced = pack.size = end + len(seal)
+
+    def _fsync_own(self, pack: _Pack) -> None:
+        """fsync a pack this process appends to; a failure poisons it (see ``_poison``)."""
+        assert pack.fd is not None
+        try:
+            self._ops.fsync(pack.fd)
+        except OSError as exc:
+            self._poison(pack)
+            raise self._sync_failed(pack, exc) from exc
 
     # --- durability -----------------------------------------------------------------------
 
@@ -732,6 +742,9 @@ class PackStore:
                 self._ops.make_writable(pack.path)
                 fd = self._ops.open_existing(pack.path)
                 try:
+                    # What was read may be only in the page cache (the appender died, the
+                    # machine did not): durable before the index that lists it, as in _seal.
+                    self._ops.fsync(fd)
                     self._ops.pwrite(fd, seal, size)
                     self._ops.fsync(fd)
                 finally:
