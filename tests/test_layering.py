@@ -241,10 +241,14 @@ IMPORTERS = [*(PACKAGE.parent / d for d in ("tests", "tools"))]
 
 
 def names_imported(path: Path) -> list[tuple[int, str, str]]:
-    """(line, absolute module, name) of every ``from module import name`` in the file."""
+    """(line, absolute module, name) of every ``from module import name`` in the file, and
+    of every ``alias.name`` read through a module imported as ``from package import
+    module [as alias]``."""
     inside = path.is_relative_to(PACKAGE)
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    modules_by_alias: dict[str, str] = {}
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
         if node.level:
@@ -257,6 +261,14 @@ def names_imported(path: Path) -> list[tuple[int, str, str]]:
         else:
             target = node.module or ""
         found += [(node.lineno, target, alias.name) for alias in node.names]
+        for alias in node.names:  # a module imported by name: what is read through it
+            module_path = PACKAGE.parent.joinpath(*f"{target}.{alias.name}".split("."))
+            if module_path.with_suffix(".py").is_file():
+                modules_by_alias[alias.asname or alias.name] = f"{target}.{alias.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules_by_alias):
+            found.append((node.lineno, modules_by_alias[node.value.id], node.attr))
     return found
 
 
@@ -299,11 +311,13 @@ def test_what_the_archive_and_testing_modules_lend_is_in_their_all() -> None:
 def test_the_lending_check_catches_a_private_name_and_one_its_all_leaves_out() -> None:
     bad = PACKAGE / "_archive" / "_layering_probe.py"
     bad.write_text("from .snapshot import _held\nfrom .export import SNAPSHOT\n"
-                   "from .export import dump\n")
+                   "from .export import dump\nfrom . import warc as _warc\n\n"
+                   "_warc._NAMESPACE\n_warc.record_uri\n")
     try:
         problems = lending_problems([bad])
     finally:
         bad.unlink()
     assert [p.split(": ", 1)[1] for p in problems] == [
         "imports evidence._archive.snapshot._held, which its __all__ does not list",
-        "imports evidence._archive.export.SNAPSHOT, which its __all__ does not list"]
+        "imports evidence._archive.export.SNAPSHOT, which its __all__ does not list",
+        "imports evidence._archive.warc._NAMESPACE, which its __all__ does not list"]

@@ -167,7 +167,7 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
                            "bytes": size} for path, (sha, size) in resources],
             "wacz_version": WACZ_VERSION,
             "title": f"evidence store {store_id}",
-            "software": f"evidence {_warc._version()}",
+            "software": f"evidence {_warc.software_version()}",
             "created": created,
         }
         package_bytes = json.dumps(package, indent=2).encode("utf-8")
@@ -197,33 +197,34 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
 
 def _write_warc(store: Store, conn, path: Path) -> tuple[str, str, int, list[str], int]:
     """The WARC (one gzip member per record), and a CDXJ line per indexed record."""
-    store_id = _warc._one(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
-    last_seq = _warc._one(conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
+    store_id = _warc.first_value(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
+    last_seq = _warc.first_value(
+        conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
     head = conn.execute("SELECT committed_at, tree_size FROM commit_log "
                         "ORDER BY batch_seq DESC LIMIT 1").fetchall()
     created, tree_size = head[0] if head else ("1980-01-01T00:00:00.000000Z", 0)
     lines: list[str] = []
     records = renders = 0
     with open(path, "xb") as raw:
-        sink = _warc._HashingWriter(raw, hashlib.sha256())
+        sink = _warc.HashingWriter(raw, hashlib.sha256())
 
-        def write(record: _warc._Record, index: bool, url: str, date: str,
+        def write(record: _warc.WarcRecord, index: bool, url: str, date: str,
                   mime: str | None, status: int | None) -> None:
             nonlocal records
             offset = raw.tell()
-            _warc._write(sink, True, record)
+            _warc.write_record(sink, True, record)
             records += 1
             if index:
                 lines.append(index_line(url=url, date=date, mime=mime, status=status,
                                         digest=record.payload, length=raw.tell() - offset,
                                         offset=offset, filename=WARC_NAME))
 
-        info_id = _warc._record_id(store_id, "*", str(tree_size), "warcinfo")
-        write(_warc._warcinfo(store_id, None, info_id, created), False, "", "", None, None)
-        for row in _warc._pages(store, conn, last_seq, None):
-            response, request = _warc._attempt_records(store, store_id, row)
+        info_id = _warc.record_uri(store_id, "*", str(tree_size), "warcinfo")
+        write(_warc.warcinfo_record(store_id, None, info_id, created), False, "", "", None, None)
+        for row in _warc.attempt_pages(store, conn, last_seq, None):
+            response, request = _warc.attempt_records(store, store_id, row)
             status, mime = _status_and_mime(response.head)
-            write(response, True, _warc._header_value(row[3]), row[5], mime, status)
+            write(response, True, _warc.header_value(row[3]), row[5], mime, status)
             write(request, False, "", "", None, None)
         for row in conn.execute(_RENDERS).fetchall():
             renders += 1
@@ -235,7 +236,7 @@ def _write_warc(store: Store, conn, path: Path) -> tuple[str, str, int, list[str
 
 
 def _render_records(store: Store, store_id: str,
-                    row: tuple) -> list[tuple[_warc._Record, str, str]]:
+                    row: tuple) -> list[tuple[_warc.WarcRecord, str, str]]:
     (render_id, url, started_at, log_index, source_id, *refs) = row
     made = []
     for prefix, mime, (ns, digest, size) in (
@@ -246,16 +247,16 @@ def _render_records(store: Store, store_id: str,
             continue
         target = prefix + url
         fields = [("WARC-Type", "resource"),
-                  ("WARC-Record-ID", _warc._record_id(store_id, render_id, prefix)),
-                  ("WARC-Date", started_at), ("WARC-Target-URI", _warc._header_value(target)),
+                  ("WARC-Record-ID", _warc.record_uri(store_id, render_id, prefix)),
+                  ("WARC-Date", started_at), ("WARC-Target-URI", _warc.header_value(target)),
                   ("Content-Type", mime),
-                  ("Evidence-Render-ID", _warc._header_value(render_id)),
-                  ("Evidence-Source-Attempt-ID", _warc._header_value(source_id)),
+                  ("Evidence-Render-ID", _warc.header_value(render_id)),
+                  ("Evidence-Source-Attempt-ID", _warc.header_value(source_id)),
                   ("Evidence-Log-Index", str(log_index)),
                   ("Evidence-Body-BLAKE3", digest)]
-        body = _warc._Body(store, ArtifactRef(ns, digest, size))
-        made.append((_warc._Record(fields, b"", body, payload_digest=True),
-                     _warc._header_value(target), mime.split(";")[0]))
+        body = _warc.BodyStream(store, ArtifactRef(ns, digest, size))
+        made.append((_warc.WarcRecord(fields, b"", body, payload_digest=True),
+                     _warc.header_value(target), mime.split(";")[0]))
     return made
 
 
@@ -315,7 +316,7 @@ def _digest_document(package: bytes, created: str,
             serialization.Encoding.DER,
             serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
         document["signedData"] = {"hash": digest, "created": created,
-                                  "software": f"evidence {_warc._version()}",
+                                  "software": f"evidence {_warc.software_version()}",
                                   "signature": base64.b64encode(raw).decode(),
                                   "publicKey": public}
     return json.dumps(document, indent=2).encode("utf-8"), public

@@ -61,7 +61,10 @@ from .._store.artifacts import CHUNK_SIZE
 from .._store.db import Store
 from .._store.fsync import fsync_dir
 
-__all__ = ["WarcExport", "export_warc"]
+# What the WACZ package (wacz.py) builds its own records with, besides the WARC export.
+__all__ = ["BodyStream", "HashingWriter", "WarcExport", "WarcRecord", "attempt_pages",
+           "attempt_records", "export_warc", "first_value", "header_value", "record_uri",
+           "software_version", "warcinfo_record", "write_record"]
 
 _NAMESPACE = uuid.UUID("6f1c8d52-3c39-4f0e-9d7a-0f4d8b1e2a61")  # this package's UUIDv5 space
 _CRLF = b"\r\n"
@@ -107,14 +110,14 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
                             hint="remove it or choose another name", path=str(out))
     compress = out.name.endswith(".gz") if compress is None else compress
     with store.snapshot() as conn:
-        store_id = _one(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
-        last_seq = _one(conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
+        store_id = first_value(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
+        last_seq = first_value(conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
         head = conn.execute("SELECT committed_at, tree_size FROM commit_log "
                             "ORDER BY batch_seq DESC LIMIT 1").fetchall()
         date, tree_size = head[0] if head else ("1970-01-01T00:00:00.000000Z", 0)
-        total = _one(conn, "SELECT count(*) FROM fetch_attempt WHERE attempt_seq <= ? AND "
+        total = first_value(conn, "SELECT count(*) FROM fetch_attempt WHERE attempt_seq <= ? AND "
                      "(CAST(? AS TEXT) IS NULL OR run_id = ?)", (last_seq, run_id, run_id))
-        if run_id is not None and not _one(conn, "SELECT 1 FROM crawl_run WHERE run_id = ?",
+        if run_id is not None and not first_value(conn, "SELECT 1 FROM crawl_run WHERE run_id = ?",
                                            (run_id,)):
             raise NotFoundError(f"no run {run_id!r} in the store",
                                 hint="'evidence status' lists the runs", run_id=run_id)
@@ -123,13 +126,13 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
         records = responses = 0
         try:
             with open(tmp, "xb") as raw:
-                sink = _HashingWriter(raw, digest)
-                info_id = _record_id(store_id, run_id or "*", str(tree_size), "warcinfo")
-                _write(sink, compress, _warcinfo(store_id, run_id, info_id, date))
+                sink = HashingWriter(raw, digest)
+                info_id = record_uri(store_id, run_id or "*", str(tree_size), "warcinfo")
+                write_record(sink, compress, warcinfo_record(store_id, run_id, info_id, date))
                 records += 1
-                for row in _pages(store, conn, last_seq, run_id):
-                    for record in _attempt_records(store, store_id, row):
-                        _write(sink, compress, record)
+                for row in attempt_pages(store, conn, last_seq, run_id):
+                    for record in attempt_records(store, store_id, row):
+                        write_record(sink, compress, record)
                         records += 1
                     responses += 1
                 raw.flush()
@@ -145,12 +148,12 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
                       sha256=digest.hexdigest())
 
 
-def _one(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> Any:
+def first_value(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> Any:
     rows = conn.execute(sql, args).fetchall()
     return rows[0][0] if rows else None
 
 
-def _pages(store: Store, conn: apsw.Connection, last_seq: int,
+def attempt_pages(store: Store, conn: apsw.Connection, last_seq: int,
            run_id: str | None) -> Iterator[tuple]:
     after = 0
     while True:
@@ -162,7 +165,7 @@ def _pages(store: Store, conn: apsw.Connection, last_seq: int,
         after = page[-1][0]
 
 
-def _record_id(*parts: str) -> str:
+def record_uri(*parts: str) -> str:
     return f"<urn:uuid:{uuid.uuid5(_NAMESPACE, '/'.join(parts))}>"
 
 
@@ -170,35 +173,35 @@ def _b32(digest: bytes) -> str:
     return "sha256:" + base64.b32encode(digest).decode()
 
 
-def _header_value(text: str) -> str:
+def header_value(text: str) -> str:
     """WARC header values are one line: percent-encode anything but visible ASCII."""
     return "".join(c if "!" <= c <= "~" else "".join(f"%{b:02X}" for b in c.encode())
                    for c in text)
 
 
-def _version() -> str:
+def software_version() -> str:
     try:
         return metadata.version("evidence")
     except metadata.PackageNotFoundError:
         return "unknown"
 
 
-def _warcinfo(store_id: str, run_id: str | None, record_id: str, date: str) -> _Record:
-    fields = [("software", f"evidence/{_version()}"), ("format", "WARC File Format 1.1"),
+def warcinfo_record(store_id: str, run_id: str | None, record_id: str, date: str) -> WarcRecord:
+    fields = [("software", f"evidence/{software_version()}"), ("format", "WARC File Format 1.1"),
               ("conformsTo", "https://iipc.github.io/warc-specifications/specifications/"
                "warc-format/warc-1.1/"), ("isPartOf", f"evidence/{store_id}")]
     if run_id is not None:
         fields.append(("description", f"run {run_id}"))
     block = b"".join(f"{k}: {v}".encode() + _CRLF for k, v in fields)
-    return _Record([("WARC-Type", "warcinfo"), ("WARC-Record-ID", record_id),
+    return WarcRecord([("WARC-Type", "warcinfo"), ("WARC-Record-ID", record_id),
                     ("WARC-Date", date), ("Content-Type", "application/warc-fields")], block)
 
 
-class _Record:
+class WarcRecord:
     """Header fields (digests and Content-Length are added), a head, and an optional body."""
 
     def __init__(self, fields: list[tuple[str, str]], head: bytes,
-                 body: _Body | None = None, *, payload_digest: bool = False) -> None:
+                 body: BodyStream | None = None, *, payload_digest: bool = False) -> None:
         self.fields = fields
         self.head = head
         self.body = body
@@ -229,7 +232,7 @@ class _Record:
         yield _CRLF + _CRLF
 
 
-class _Body:
+class BodyStream:
     """A body artifact streamed from disk; checked against its BLAKE3 digest on every pass."""
 
     def __init__(self, store: Store, ref: ArtifactRef) -> None:
@@ -250,14 +253,14 @@ class _Body:
                 hint="run 'evidence verify --full' and restore the payload from a backup")
 
 
-def _attempt_records(store: Store, store_id: str, row: tuple) -> list[_Record]:
+def attempt_records(store: Store, store_id: str, row: tuple) -> list[WarcRecord]:
     """A response and a request record; the same attempt always gives the same bytes."""
     (_seq, attempt_id, run_id, url, method, started_at, status, truncated, log_index,
      q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size, c_digest) = row
-    response_id = _record_id(store_id, attempt_id, "response")
-    common = [("WARC-Date", started_at), ("WARC-Target-URI", _header_value(url))]
-    evidence = [("Evidence-Attempt-ID", _header_value(attempt_id)),
-                ("Evidence-Run-ID", _header_value(run_id)),
+    response_id = record_uri(store_id, attempt_id, "response")
+    common = [("WARC-Date", started_at), ("WARC-Target-URI", header_value(url))]
+    evidence = [("Evidence-Attempt-ID", header_value(attempt_id)),
+                ("Evidence-Run-ID", header_value(run_id)),
                 ("Evidence-Log-Index", str(log_index))]
 
     head = b"" if h_ns is None else store.artifacts.read(ArtifactRef(h_ns, h_digest, h_size),
@@ -271,22 +274,22 @@ def _attempt_records(store: Store, store_id: str, row: tuple) -> list[_Record]:
         fields.append(("WARC-Truncated", "length"))
     body = None
     if b_ns is not None:
-        body = _Body(store, ArtifactRef(b_ns, b_digest, b_size))
+        body = BodyStream(store, ArtifactRef(b_ns, b_digest, b_size))
         fields.append(("Evidence-Body-BLAKE3", b_digest))
     if c_digest is not None:
         fields.append(("Evidence-Content-BLAKE3", c_digest))
-    response = _Record([*fields, *evidence], _terminated(head), body, payload_digest=True)
+    response = WarcRecord([*fields, *evidence], _terminated(head), body, payload_digest=True)
 
     request = b"" if q_ns is None else store.artifacts.read(ArtifactRef(q_ns, q_digest, q_size),
                                                             verify=True)
     fields = [("WARC-Type", "request"),
-              ("WARC-Record-ID", _record_id(store_id, attempt_id, "request")), *common,
+              ("WARC-Record-ID", record_uri(store_id, attempt_id, "request")), *common,
               ("WARC-Concurrent-To", response_id),
               ("Content-Type", "application/http;msgtype=request")]
     if not _REQUEST_LINE.match(request):
         request = f"{method} {_target(url)} HTTP/1.1".encode() + _CRLF + request
         fields.append(("Evidence-Reconstructed", "request-line"))
-    return [response, _Record([*fields, *evidence], _terminated(request))]
+    return [response, WarcRecord([*fields, *evidence], _terminated(request))]
 
 
 def _reason(status: int) -> str:
@@ -299,7 +302,7 @@ def _reason(status: int) -> str:
 def _target(url: str) -> str:
     parts = urlsplit(url)
     target = parts.path or "/"
-    return _header_value(target + (f"?{parts.query}" if parts.query else ""))
+    return header_value(target + (f"?{parts.query}" if parts.query else ""))
 
 
 def _terminated(head: bytes) -> bytes:
@@ -309,7 +312,7 @@ def _terminated(head: bytes) -> bytes:
     return head + (_CRLF if head.endswith(b"\n") else _CRLF + _CRLF)
 
 
-class _HashingWriter:
+class HashingWriter:
     """The output file, hashed as it is written (a file-like sink for GzipFile too)."""
 
     def __init__(self, raw: BinaryIO, digest: hashlib._Hash) -> None:
@@ -324,7 +327,7 @@ class _HashingWriter:
         self.raw.flush()
 
 
-def _write(sink: _HashingWriter, compress: bool, record: _Record) -> None:
+def write_record(sink: HashingWriter, compress: bool, record: WarcRecord) -> None:
     """One record; compressed, it is its own gzip member (no name, no time: reproducible)."""
     if not compress:
         for chunk in record.chunks():
