@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-group", type=int, default=50,
                         help="failures listed per group in today's HTML")
     parser.add_argument("--reps", type=int, default=3, help="renders timed per format")
-    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--seed", type=int, default=13,
+                        help="the generator's seed (the same seed, the same run)")
     parser.add_argument("--quick", action="store_true", help="10,000 verdicts")
     args = parser.parse_args(argv)
     verdicts = 10_000 if args.quick else args.verdicts

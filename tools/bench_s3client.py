@@ -41,10 +41,12 @@ def _timed(label: str, n: int, work) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--objects", type=int, default=500)
-    parser.add_argument("--size", type=int, default=4000)
-    parser.add_argument("--quick", action="store_true")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--objects", type=int, default=500, help="objects put, then headed")
+    parser.add_argument("--size", type=int, default=4000, help="bytes per object")
+    parser.add_argument("--quick", action="store_true", help="100 objects")
     args = parser.parse_args()
     n = 100 if args.quick else args.objects
     bodies = [os.urandom(args.size) for _ in range(n)]

