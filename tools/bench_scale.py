@@ -200,6 +200,7 @@ def main() -> int:
     if "hosts" in only:
         configs += [f"hosts-{k}" for k in args.hosts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    work.chmod(0o755)  # nginx's workers run as another user: the site must be readable
     site = work / "site"
     generate_site(site, args.pages)
     server = Server(work, site, args.server)
