@@ -96,13 +96,17 @@ def test_a_page_claims_its_workers_next_url_in_its_own_commit(tmp_path: Path) ->
     # One commit per page (issue 15): a worker's next URL is claimed in the group that
     # settles its page, not by a claim commit of its own before the request. Every claim
     # is still durable before its request, and the crawl is the same crawl.
+    in_flight: list[int] = []
     with TestSite(SiteConfig(pages=40)) as site:
-        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4)
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4,
+                       progress=lambda p: in_flight.append(p.in_flight),
+                       progress_interval=0.001)
         counts = site.request_counts()
         reachable = site.reachable_pages()
     assert result.session_completed
     assert set(done_pages(tmp_path / "s")) == reachable
     assert all(counts[p] == 1 for p in reachable)
+    assert in_flight and max(in_flight) <= 4, "a claim riding a commit is not in flight yet"
     with Store.open(tmp_path / "s") as store:
         log = [(decode_message(payload), batch) for payload, batch in store.connection.execute(
             "SELECT payload, batch_seq FROM ingest_ledger ORDER BY log_index")]

@@ -206,6 +206,7 @@ class Crawler:
         self._hosts: dict[str, _Host] = {}
         self._pending = 0
         self._in_flight = 0
+        self._riding = 0  # of those, claimed with a page still committing (_claim_next)
         self._cursor = 0
         self._db_exhausted = False
         self._documents = 0
@@ -617,6 +618,7 @@ class Crawler:
                         return
                 else:
                     job, claimed = claimed, None
+                    self._riding -= 1
                 claimed = await self._work(job)
 
     async def _work(self, job: _Job) -> _Job | None:
@@ -644,6 +646,8 @@ class Crawler:
                 self._released.append(job)
             if slot.next is not None:
                 self._released.append(slot.next)  # its claim may have committed
+                self._in_flight -= 1
+                self._riding -= 1
             raise  # a job cancelled mid-fetch stays claimed: the next run requeues it
         finally:
             _SLOT.reset(token)
@@ -682,6 +686,7 @@ class Crawler:
         slot.next = jobs[0]
         self._documents += 1
         self._in_flight += 1
+        self._riding += 1
         return [slot.next.url]
 
     async def _polite(self, host: _Host, name: str) -> bool:
@@ -955,7 +960,7 @@ class Crawler:
         elapsed = time.monotonic() - started
         progress = CrawlProgress(
             session_id=self.session_id, run_id=self.run_id, counts=counts,
-            requested=self._requested, in_flight=self._in_flight,
+            requested=self._requested, in_flight=self._in_flight - self._riding,
             pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
             elapsed=elapsed, writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
@@ -975,7 +980,7 @@ class Crawler:
 
     def _limited_by(self) -> list[str]:
         """Why fewer than ``workers`` fetches are in flight, when URLs wait (else [])."""
-        if self._in_flight >= self.options.workers or self._halt.is_set():
+        if self._in_flight - self._riding >= self.options.workers or self._halt.is_set():
             return []
         now = time.monotonic()
         reasons: list[str] = []
