@@ -589,9 +589,11 @@ class Crawler:
                     free = min(free, cap - self._documents)
                 jobs, wakeup = self._pick(free) if free > 0 else ([], time.monotonic() + 1)
                 if jobs:
-                    await self._commit([self._update(claimed=[j.url for j in jobs])])
+                    # Counted before the claim commits: meanwhile a busy worker may claim
+                    # its next URL (_claim_next), and the cap holds for both.
                     self._documents += len(jobs)
                     self._in_flight += len(jobs)
+                    await self._commit([self._update(claimed=[j.url for j in jobs])])
                     for job in jobs:
                         await send.send(job)
                     continue
