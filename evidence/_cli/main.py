@@ -527,9 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=_non_negative, default=0, metavar="N",
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one). "
-                   "It helps only when one process is short of CPU and cores are free: on 2 "
-                   "cores shared with a local web server, --processes 2 ran at 0.61-0.95 "
-                   "times the one-process rate at --workers 8, 1.05 times at --workers 32")
+                   "It helps when one process is short of CPU and cores are free: on 2 cores "
+                   "shared with a local web server, --processes 2 ran at 1.30 times the "
+                   "one-process rate at --workers 32, but 0.65-0.88 times at --workers 8")
     p.add_argument("--max-documents", type=_positive, metavar="N",
                    help="pages this run requests; the next run continues the session "
                    "(default: no cap)")
