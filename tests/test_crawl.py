@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, Store, check_log
 from evidence._demo.site import SiteConfig, TestSite
+from evidence._model.messages import FrontierUpdate, decode_message
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +90,37 @@ def test_crawl_records_every_reachable_page_exactly_once(tmp_path: Path) -> None
             "SELECT count(*) FROM fetch_attempt WHERE outcome = 'refused_by_robots'"
         ).fetchall()[0][0]
     assert refused == len(disallowed)
+
+
+def test_a_page_claims_its_workers_next_url_in_its_own_commit(tmp_path: Path) -> None:
+    # One commit per page (issue 15): a worker's next URL is claimed in the group that
+    # settles its page, not by a claim commit of its own before the request. Every claim
+    # is still durable before its request, and the crawl is the same crawl.
+    in_flight: list[int] = []
+    with TestSite(SiteConfig(pages=40)) as site:
+        result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4,
+                       progress=lambda p: in_flight.append(p.in_flight),
+                       progress_interval=0.001)
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+    assert result.session_completed
+    assert set(done_pages(tmp_path / "s")) == reachable
+    assert all(counts[p] == 1 for p in reachable)
+    assert in_flight and max(in_flight) <= 4, "a claim riding a commit is not in flight yet"
+    with Store.open(tmp_path / "s") as store:
+        log = [(decode_message(payload), batch) for payload, batch in store.connection.execute(
+            "SELECT payload, batch_seq FROM ingest_ledger ORDER BY log_index")]
+    claims = ridden = 0
+    for (before, batch_before), (message, batch) in itertools.pairwise(log):
+        if not (isinstance(message, FrontierUpdate) and message.claimed):
+            continue
+        claims += len(message.claimed)
+        settles_a_page = (isinstance(before, FrontierUpdate) and batch == batch_before
+                          and any(s.state == "done" for s in before.settled)
+                          and not set(message.claimed) & {s.url for s in before.settled})
+        ridden += settles_a_page and len(message.claimed)
+    assert claims >= len(reachable)
+    assert ridden >= claims // 2, f"{ridden} of {claims} claims rode in a page's commit"
 
 
 def test_redirect_chain_is_recorded_hop_by_hop_and_target_fetched_once(

@@ -44,6 +44,14 @@ def _path(url: str) -> str:
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
+def _session_completed(store: Path) -> bool:
+    """Whether the store's last crawl session is completed (read-only)."""
+    with Store.open(store, read_only=True) as s:
+        row = s.connection.execute("SELECT outcome FROM crawl_session "
+                                   "ORDER BY started_at DESC LIMIT 1").fetchone()
+    return row is not None and row[0] == "completed"
+
+
 def _crawl(url: str, store: Path, args: argparse.Namespace, log: Path) -> subprocess.Popen:
     with log.open("a") as err:
         return subprocess.Popen(
@@ -100,7 +108,11 @@ def run(args: argparse.Namespace) -> dict:
                     kills += 1
                     if sys.stderr.isatty():
                         print(f"\r{kills}/{args.kills} kills", end="", file=sys.stderr)
-                    continue
+                    if not _session_completed(store):
+                        continue
+                    # The kill landed after the run completed the session (while the
+                    # process exited): another round would start a new session.
+                    break
             if proc.wait(timeout=600) != 0:
                 raise SystemExit(f"the final crawl failed; see {log}")
             break

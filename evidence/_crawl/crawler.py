@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import errno
@@ -158,6 +159,22 @@ class _Job:
 
 
 @dataclass
+class _Slot:
+    """A worker's page on its host: whether it holds a host slot (and gave it back), and
+    the job claimed with it (``Crawler._claim_next``)."""
+
+    host: _Host
+    held: bool = False
+    freed: bool = False
+    next: _Job | None = None
+
+
+# The page a worker task is on (each task has its own context): how the page worker's
+# ``claim_next`` callback finds it.
+_SLOT: contextvars.ContextVar[_Slot] = contextvars.ContextVar("evidence_crawl_slot")
+
+
+@dataclass
 class _Host:
     jobs: collections.deque[_Job] = field(default_factory=collections.deque)
     active: int = 0  # claimed and not finished (fetching, or waiting for a worker)
@@ -197,6 +214,7 @@ class Crawler:
         self._hosts: dict[str, _Host] = {}
         self._pending = 0
         self._in_flight = 0
+        self._riding = 0  # of those, claimed with a page still committing (_claim_next)
         self._cursor = 0
         self._db_exhausted = False
         self._documents = 0
@@ -363,6 +381,7 @@ class Crawler:
                                  submit=self._writer.submit_group,
                                  deadline=self.options.deadline,
                                  url_keys=self._writer.url_keys)
+        self._pages.claim_next = self._claim_next
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -595,9 +614,11 @@ class Crawler:
                     free = min(free, cap - self._documents)
                 jobs, wakeup = self._pick(free) if free > 0 else ([], time.monotonic() + 1)
                 if jobs:
-                    await self._commit([self._update(claimed=[j.url for j in jobs])])
+                    # Counted before the claim commits: meanwhile a busy worker may claim
+                    # its next URL (_claim_next), and the cap holds for both.
                     self._documents += len(jobs)
                     self._in_flight += len(jobs)
+                    await self._commit([self._update(claimed=[j.url for j in jobs])])
                     for job in jobs:
                         await send.send(job)
                     continue
@@ -615,30 +636,85 @@ class Crawler:
 
     async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
         async with jobs:
-            async for job in jobs:
-                name = job.host
-                host = self._host(name)
-                requested = False
-                try:
-                    if self._halt.is_set():
-                        self._released.append(job)  # claimed ahead, never started
-                        continue
-                    if host.slots is None:
-                        host.slots = anyio.Semaphore(self._per_host)
-                    async with host.slots:
-                        if not await self._polite(host, name):
-                            self._released.append(job)  # the run stopped while it waited
-                            continue
-                        requested = True
-                        await self._process(job)
-                except anyio.get_cancelled_exc_class():
-                    if not requested:
-                        self._released.append(job)
-                    raise  # a job cancelled mid-fetch stays claimed: the next run requeues it
-                finally:
-                    self._in_flight -= 1
-                    host.active -= 1
-                    self._wake.set()
+            claimed: _Job | None = None  # claimed with this worker's last page, in its group
+            while True:
+                if claimed is None:
+                    try:
+                        job = await jobs.receive()
+                    except anyio.EndOfStream:
+                        return
+                else:
+                    job, claimed = claimed, None
+                    self._riding -= 1
+                claimed = await self._work(job)
+
+    async def _work(self, job: _Job) -> _Job | None:
+        """Request and settle one claimed page; the next job if one was claimed with it."""
+        name = job.host
+        host = self._host(name)
+        requested = False
+        slot = _Slot(host)
+        token = _SLOT.set(slot)
+        try:
+            if self._halt.is_set():
+                self._released.append(job)  # claimed ahead, never started
+                return None
+            if host.slots is None:
+                host.slots = anyio.Semaphore(self._per_host)
+            await host.slots.acquire()
+            slot.held = True
+            if not await self._polite(host, name):
+                self._released.append(job)  # the run stopped while it waited
+                return None
+            requested = True
+            await self._process(job)
+        except anyio.get_cancelled_exc_class():
+            if not requested:
+                self._released.append(job)
+            if slot.next is not None:
+                self._released.append(slot.next)  # its claim may have committed
+                self._in_flight -= 1
+                self._riding -= 1
+            raise  # a job cancelled mid-fetch stays claimed: the next run requeues it
+        finally:
+            _SLOT.reset(token)
+            self._in_flight -= 1
+            self._free_slot(slot)
+            self._wake.set()
+        return slot.next
+
+    def _free_slot(self, slot: _Slot) -> None:
+        """The page no longer takes one of its host's requests in flight (once)."""
+        if slot.freed:
+            return
+        slot.freed = True
+        slot.host.active -= 1
+        if slot.held:
+            slot.held = False
+            assert slot.host.slots is not None
+            slot.host.slots.release()
+
+    def _claim_next(self) -> list[str]:
+        """Called when a page fetched by this process is about to commit: its request is
+        over, so its host slot is free; the URL this worker will request next is claimed
+        in the same group (one commit per page instead of a claim commit before it and a
+        page commit after). Nothing when the run is stopping or capped, or renders (a
+        render after the fetch is another request to the host)."""
+        slot = _SLOT.get(None)
+        cap = self.options.max_documents
+        if (slot is None or slot.next is not None or self._renderer is not None
+                or self._halt.is_set() or self._stop.is_set()
+                or (cap is not None and self._documents >= cap)):
+            return []
+        self._free_slot(slot)
+        jobs, _ = self._pick(1)
+        if not jobs:
+            return []
+        slot.next = jobs[0]
+        self._documents += 1
+        self._in_flight += 1
+        self._riding += 1
+        return [slot.next.url]
 
     async def _polite(self, host: _Host, name: str) -> bool:
         """Space request starts on a host by its delay (and any backoff), exactly; False if
@@ -865,7 +941,7 @@ class Crawler:
         elapsed = time.monotonic() - started
         progress = CrawlProgress(
             session_id=self.session_id, run_id=self.run_id, counts=counts,
-            requested=self._requested, in_flight=self._in_flight,
+            requested=self._requested, in_flight=self._in_flight - self._riding,
             pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
             elapsed=elapsed, writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
@@ -887,7 +963,7 @@ class Crawler:
 
     def _limited_by(self) -> list[str]:
         """Why fewer than ``workers`` fetches are in flight, when URLs wait (else [])."""
-        if self._in_flight >= self.options.workers or self._halt.is_set():
+        if self._in_flight - self._riding >= self.options.workers or self._halt.is_set():
             return []
         now = time.monotonic()
         reasons: list[str] = []

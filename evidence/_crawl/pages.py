@@ -121,6 +121,10 @@ class PageWorker:
         # then finds every key this worker computed), else this worker's own.
         self.url_keys = url_keys if url_keys is not None else {}
         self._hosts: dict[str, str] = {}  # fetch key -> host
+        # Called once a fetched page is about to commit: URLs to claim in the same group
+        # (the crawler's next page for this worker: one commit per page, not a claim
+        # commit and a page commit). None: nothing rides along.
+        self.claim_next: Callable[[], list[str]] | None = None
 
     # --- shared with the scheduler -----------------------------------------------------
 
@@ -261,6 +265,10 @@ class PageWorker:
         settled = [] if render is not None else [SettledUrl(  # settled with its render
             url=order.url, state="done", reason=f"HTTP {status}")]
         messages.append(self.update(queued=queued, settled=settled))
+        if self.claim_next is not None and render is None:
+            claimed = self.claim_next()
+            if claimed:
+                messages.append(self.update(claimed=claimed))
         await self.commit(messages)
         return PageEffects(queued_links=any(q.skip is None for q in queued),
                            sitemaps=sitemaps, render=render)
