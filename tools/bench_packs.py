@@ -12,6 +12,11 @@ batch), each group made durable before the next, as the writer does before a COM
   files   ``ArtifactStore.put`` each payload (temp file, fsync, rename, directory fsync),
           the layout of stores made before packs; ``sync`` has nothing left to do.
 
+With ``--pipeline`` each group's sync runs on a second thread while the next group is
+stored (one sync in flight at a time, as the writer's commit thread syncs a batch's packs
+while producers put the next pages); raw appends get the same: the fsync of group k runs
+while group k+1 is written. A group is still durable only once its own sync returned.
+
 Each kind runs ``--reps`` times, interleaved (raw, packs, files, then rotated), each into a
 fresh directory under ``--dir`` (the system temp directory by default, never the
 repository; not tmpfs, where fsync costs nothing: the tool refuses one). Reported per
@@ -23,11 +28,13 @@ Examples:
   python tools/bench_packs.py                       # 10,000 payloads, groups of 100, 5 reps
   python tools/bench_packs.py --quick               # 1,000 payloads, 2 reps
   python tools/bench_packs.py --group 20 --json packs.json
+  python tools/bench_packs.py --pipeline            # syncs overlap the next group
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -62,9 +69,36 @@ def payloads(count: int, seed: int) -> list[bytes]:
     return [rng.randbytes(rng.randint(2 * 1024, 64 * 1024)) for _ in range(count)]
 
 
-def run_raw(directory: Path, data: list[bytes], group: int) -> float:
+class Syncer:
+    """Runs each group's sync: in line, or (``pipeline``) on one other thread while the
+    caller goes on with the next group, never more than one sync in flight."""
+
+    def __init__(self, pipeline: bool) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(1) if pipeline else None
+        self.inflight: concurrent.futures.Future | None = None
+
+    def sync(self, fn, *args) -> None:
+        if self.pool is None:
+            fn(*args)
+            return
+        self.wait()
+        self.inflight = self.pool.submit(fn, *args)
+
+    def wait(self) -> None:
+        if self.inflight is not None:
+            self.inflight.result()  # this group is durable (or its error raised here)
+            self.inflight = None
+
+    def close(self) -> None:
+        self.wait()
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def run_raw(directory: Path, data: list[bytes], group: int, pipeline: bool) -> float:
     fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     dfd = os.open(directory, os.O_RDONLY)
+    syncer = Syncer(pipeline)
     try:
         started = time.perf_counter()
         os.fsync(dfd)  # the file's entry, as a pack's creation makes it durable
@@ -73,37 +107,46 @@ def run_raw(directory: Path, data: list[bytes], group: int) -> float:
             while view:
                 view = view[os.write(fd, view):]
             if i % group == 0 or i == len(data):
-                os.fsync(fd)
+                syncer.sync(os.fsync, fd)
+        syncer.wait()
         return time.perf_counter() - started
     finally:
+        syncer.close()
         os.close(fd)
         os.close(dfd)
 
 
-def run_packs(directory: Path, data: list[bytes], group: int) -> float:
+def run_packs(directory: Path, data: list[bytes], group: int, pipeline: bool) -> float:
     store = PackStore(directory / "artifacts")  # opening a store is not the stream
+    syncer = Syncer(pipeline)
     started = time.perf_counter()
     pending = []
     for i, payload in enumerate(data, 1):
         pending.append(store.put("body", payload))
         if i % group == 0 or i == len(data):
-            store.sync(pending)
-            pending.clear()
+            syncer.sync(store.sync, pending)
+            pending = []
+    syncer.wait()
     elapsed = time.perf_counter() - started
+    syncer.close()
     store.close()  # sealing is not part of the stream (one fsync per 64 MiB)
     return elapsed
 
 
-def run_files(directory: Path, data: list[bytes], group: int) -> float:
+def run_files(directory: Path, data: list[bytes], group: int, pipeline: bool) -> float:
     store = ArtifactStore(directory / "artifacts")
+    syncer = Syncer(pipeline)
     started = time.perf_counter()
     pending = []
     for i, payload in enumerate(data, 1):
         pending.append(store.put("body", payload))
         if i % group == 0 or i == len(data):
-            store.sync(pending)
-            pending.clear()
-    return time.perf_counter() - started
+            syncer.sync(store.sync, pending)
+            pending = []
+    syncer.wait()
+    elapsed = time.perf_counter() - started
+    syncer.close()
+    return elapsed
 
 
 KINDS = {"raw": run_raw, "packs": run_packs, "files": run_files}
@@ -124,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                    f"{tempfile.gettempdir()}; not tmpfs)")
     p.add_argument("--seed", type=int, default=15, help="payload sizes and bytes (default 15)")
     p.add_argument("--quick", action="store_true", help="1,000 payloads, 2 reps")
+    p.add_argument("--pipeline", action="store_true",
+                   help="each group's sync on another thread while the next group is stored "
+                   "(one in flight), for every kind: how the writer's commit thread runs")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     args = p.parse_args(argv)
     if args.quick:
@@ -138,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     data = payloads(args.payloads, args.seed)
     total = sum(map(len, data))
     print(f"{len(data)} payloads, {total / 1e6:.1f} MB (2-64 KiB), a sync every "
-          f"{args.group}; {args.reps} reps, interleaved; under {args.dir} ({fs}); load "
+          f"{args.group}{' (pipelined: a sync overlaps the next group)' if args.pipeline else ''}"
+          f"; {args.reps} reps, interleaved; under {args.dir} ({fs}); load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     runs: dict[str, list[float]] = {k: [] for k in kinds}
     rows = []
@@ -149,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 os.sync()  # no dirty pages of the previous run left to flush on this one's time
                 load = os.getloadavg()[0]
-                seconds = KINDS[kind](directory, data, args.group)
+                seconds = KINDS[kind](directory, data, args.group, args.pipeline)
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
             runs[kind].append(seconds)
@@ -162,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:<6} median {seconds:.3f} s = {total / seconds / 1e6:.1f} MB/s, "
               f"{len(data) / seconds:.0f} payloads/s")
     report = {"payloads": len(data), "bytes": total, "group": args.group, "reps": args.reps,
+              "pipeline": args.pipeline,
               "dir": str(args.dir), "filesystem": fs,
               "runs": rows, "median_seconds": medians}
     if "raw" in medians and "packs" in medians:
@@ -173,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         report["packs_over_files"] = medians["files"] / medians["packs"]
         print(f"packs / one file per payload: {report['packs_over_files']:.1f}x")
     print("rerun: python tools/bench_packs.py --payloads "
-          f"{args.payloads} --group {args.group} --reps {args.reps}")
+          f"{args.payloads} --group {args.group} --reps {args.reps}"
+          + (" --pipeline" if args.pipeline else ""))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
