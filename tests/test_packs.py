@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from evidence import (
     ArtifactRef,
     PayloadTooLargeError,
 )
+from evidence._store.artifacts import FileOps
 from evidence._store.packs import PACKS_DIR, PackStore
 from evidence.testing.disk import CrashFileOps, Fault, SimulatedDisk
 
@@ -379,3 +381,48 @@ def test_a_damaged_payload_is_found_by_verify_and_not_compacted_away(tmp_path: P
     with pytest.raises(ArtifactCorruptError, match="does not match its digest"):
         store.plan_removal(refs[:1])
     store.verify(refs[0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=0, max_value=300_000), min_size=1, max_size=5))
+def test_writev_writes_every_byte_in_order_when_the_kernel_takes_part_of_it(
+        sizes: list[int]) -> None:
+    """A pack record goes out in one ``writev``; when the kernel takes only part of it (here
+    a socket whose send times out while nobody reads: a real short write, as a signal or a
+    full pipe gives), the rest follows, every byte once and in order."""
+    buffers = [os.urandom(n) for n in sizes]
+    sender, receiver = socket.socketpair()
+    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                      struct.pack("ll", 0, 50_000))  # 50 ms: then a short write returns
+    got = bytearray()
+    started = threading.Event()
+
+    def drain() -> None:
+        started.wait()
+        while chunk := receiver.recv(65536):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    calls: list[int] = []
+    real_writev = os.writev
+
+    def counting_writev(fd: int, bufs) -> int:  # the real call, counted
+        n = real_writev(fd, bufs)
+        calls.append(n)
+        started.set()  # the reader starts only after the first (short) write
+        return n
+
+    os.writev = counting_writev
+    try:
+        FileOps().writev(sender.fileno(), buffers)
+    finally:
+        os.writev = real_writev
+        sender.close()
+        started.set()
+        reader.join(10)
+        receiver.close()
+    assert bytes(got) == b"".join(buffers)
+    if sum(sizes) > 600_000:  # more than the socket's buffers hold: it took part of it
+        assert len(calls) > 1 and calls[0] < sum(sizes)
