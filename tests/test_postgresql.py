@@ -37,6 +37,7 @@ from evidence._errors import StoreError
 from evidence._write.writer import WriterHooks
 
 from .conftest import Factory, new_pg_database
+from .test_faults import failure_of, submit
 
 pytestmark = pytest.mark.anyio
 
@@ -372,10 +373,6 @@ def test_a_failed_pack_fsync_acks_nothing_stops_the_writer_and_the_next_open_res
     art = tmp_path / "artifacts"
     setup, group = build_groups(Workload(batches=1, pages_per_batch=2), prefix="p")[:2]
 
-    async def submit(store: Store, messages: list) -> list:
-        async with Writer(store) as writer:
-            return await writer.submit_group(messages)
-
     store = Store.create(pg_url, artifacts=str(art))
     try:
         store.artifacts.close()
@@ -385,14 +382,7 @@ def test_a_failed_pack_fsync_acks_nothing_stops_the_writer_and_the_next_open_res
             store.artifacts.put("body", body)
         disk.arm(Fault(action="io_error", at=1, ops=frozenset({"sync"}),
                        files=frozenset({"artifact"})))
-        with pytest.raises(BaseException) as info:
-            anyio.run(submit, store, group.messages)
-        errors, pending = [], [info.value]
-        while pending:  # the task group's exceptions, ungrouped
-            e = pending.pop()
-            pending += getattr(e, "exceptions", [])
-            if not hasattr(e, "exceptions"):
-                errors.append(type(e))
+        errors = [type(e) for e in failure_of(submit, store, group.messages)]
         assert set(errors) <= {CommitError, SyncError} and SyncError in errors, errors
         assert (art / "PACKS" / "SYNC-FAILED").exists()
         with pytest.raises(SyncError):

@@ -401,9 +401,8 @@ class Crawler:
             yield
             return
         assert self._service.socket_path is not None
-        artifacts = self.store.artifacts
         setup = Setup(store=self.store.location, socket=str(self._service.socket_path),
-                      artifacts=getattr(artifacts, "url", None) or str(artifacts.root),
+                      artifacts=str(self.store.artifacts.root),  # a directory or s3:// URL
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
                       timeout=self.options.timeout, deadline=self.options.deadline)

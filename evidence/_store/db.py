@@ -283,11 +283,11 @@ class Store:
 
     def _sync_error(self) -> SyncError:
         return SyncError(
-            f"{self.path}: an fsync of the store failed ({self.sync_failed}); nothing more is "
-            "acknowledged from it until it is resynced",
+            f"{self.location}: an fsync of the store failed ({self.sync_failed}); nothing "
+            "more is acknowledged from it until it is resynced",
             hint="check the disk (dmesg); once it works, open the store again (opening it "
             "for writing makes it durable first) and redeliver what was not acknowledged",
-            path=str(self.path))
+            path=self.location)
 
     def wal_size(self) -> int:
         """Bytes in the WAL file now (0 when absent)."""

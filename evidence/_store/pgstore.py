@@ -226,13 +226,6 @@ class PostgresStore(Store):
         if self.sync_failed is not None:
             raise self._sync_error()
 
-    def _sync_error(self) -> SyncError:
-        return SyncError(f"{self.location}: an fsync failed ({self.sync_failed}); nothing "
-                         "is acknowledged from this store until it is resynced",
-                         hint="check the disk (dmesg), then open the store again (opening "
-                         "it for writing resyncs its payload packs) and redeliver what was "
-                         "not acknowledged", path=self.location)
-
     def wal_size(self) -> int:
         return 0
 
