@@ -68,7 +68,11 @@ def stream(make: Factory, puts: Callable[[str, bytes], object]) -> list[list[Mes
         queued=[QueuedUrl(url="http://example.com/", depth=0, via="seed"),
                 QueuedUrl(url="http://example.com/a", depth=1, via="link",
                           source_attempt_id=first.attempt_id),
-                QueuedUrl(url="http://example.com/x", depth=9, via="link", skip="depth 9 > 2")],
+                QueuedUrl(url="http://example.com/x", depth=9, via="link", skip="depth 9 > 2"),
+                # the same URL again, at a depth allowed: queued (the writer sends the
+                # update's rows many per statement, never one URL twice in one: PostgreSQL
+                # refuses an upsert that touches one row twice)
+                QueuedUrl(url="http://example.com/x", depth=1, via="link")],
         claimed=["http://example.com/"])
     settle = FrontierUpdate(message_id=make.id("m"), session_id="s1", run_id="r1", at=make.now,
                             settled=[SettledUrl(url="http://example.com/", state="done",

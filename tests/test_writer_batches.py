@@ -15,9 +15,11 @@ import apsw
 import msgspec
 import pytest
 
-from evidence import RuleEvaluated, Store, Writer, WriterLimits
+from evidence import FrontierUpdate, QueuedUrl, RuleEvaluated, Store, Writer, WriterLimits
+from evidence._model.messages import FetchAttempt
+from evidence._model.refs import ArtifactRef
 from evidence._store.sqlite import SQLITE
-from evidence._write.apply import RowInsert
+from evidence._write.apply import RowInsert, artifact_refs
 
 from .conftest import Factory, asubmit
 
@@ -106,6 +108,82 @@ async def test_fast_and_isolated_paths_commit_identical_rows(store: Store, make:
     assert current == [(9,)]
 
 
+PAGES = {
+    "artifact": "SELECT artifact_id, namespace, digest, size FROM artifact",
+    "fetch_attempt": "SELECT attempt_seq, attempt_id, request_headers_id, response_headers_id, "
+                     "body_id, content_id FROM fetch_attempt",
+    "discovery_edge": "SELECT edge_id, source_artifact_id, position FROM discovery_edge",
+    "frontier": "SELECT url_id, url, state, depth, via, reason, updated_log_index "
+                "FROM frontier",
+}
+
+
+def page_batches(make: Factory, store: Store) -> list[list]:
+    """Batches as a crawl sends them: attempts naming new payloads in every namespace (a
+    payload named twice in one batch, one the store recorded in an earlier batch that a new
+    writer's cache does not hold), and frontier updates queueing many URLs at once (one URL
+    twice in an update: found too deep, then at an allowed depth)."""
+    puts = store.artifacts.put
+    known = puts("body", b"<html>known</html>")
+
+    def page(i: int, body: ArtifactRef) -> FetchAttempt:
+        return make.attempt(f"http://example.com/page{i}", body=body,
+                            request_headers=puts("headers", f"GET /page{i}".encode()),
+                            response_headers=puts("headers", f"HTTP/1.1 200 {i}".encode()),
+                            content=puts("content", f"content {i}".encode()),
+                            capture="wire", content_coding="gzip")
+
+    def update(queued: list[QueuedUrl]) -> FrontierUpdate:
+        return FrontierUpdate(message_id=make.id("m"), session_id="s1", run_id="r1",
+                              at=make.now, queued=queued)
+
+    first = [page(0, known), update([QueuedUrl(url="http://example.com/seed", depth=0)])]
+    shared = puts("body", b"<html>shared</html>")
+    pages = [page(i, shared if i % 2 else puts("body", f"<p>{i}</p>".encode()))
+             for i in range(1, 6)]
+    queued = [QueuedUrl(url=f"http://example.com/q{i}", depth=2) for i in range(40)]
+    queued.insert(3, QueuedUrl(url="http://example.com/deep", depth=5, skip="depth 5 > 4"))
+    queued.insert(20, QueuedUrl(url="http://example.com/deep", depth=1))
+    body = pages[0].body
+    assert body is not None
+    second = [*pages, make.discovery(pages[0], body, ["http://example.com/q1"]),
+              update(queued), page(6, known)]
+    return [first, second]
+
+
+async def test_fast_and_isolated_paths_intern_payloads_and_queue_urls_alike(
+        store: Store, make: Factory, tmp_path: Path) -> None:
+    # The fast path interns a batch's payloads at once (ids chosen as one at a time would
+    # choose them) and queues an update's URLs many per statement; the isolated path does
+    # both one message and one row at a time. Both must leave the same rows.
+    setup = [make.session(), make.run()]
+    with Store.create(tmp_path / "isolated") as other:
+        batches = page_batches(make, store)
+        for name, data in [("body", b"<html>known</html>"), ("body", b"<html>shared</html>")]:
+            other.artifacts.put(name, data)
+        for batch in batches:
+            for message in batch:
+                for ref in artifact_refs(message):
+                    other.artifacts.put(ref.namespace, store.artifacts.read(ref))
+        await asubmit(store, setup)
+        await asubmit(other, setup)
+        fast, slow = [], []
+        for batch in batches:  # a new writer for each: cold caches
+            fast += await write(store, [batch], isolated=False)
+            slow += await write(other, [batch], isolated=True)
+        assert fast == slow == ["committed"] * sum(map(len, batches))
+        mine = {name: sorted(store.connection.execute(sql).fetchall())
+                for name, sql in PAGES.items()}
+        theirs = {name: sorted(other.connection.execute(sql).fetchall())
+                  for name, sql in PAGES.items()}
+        assert mine == theirs
+    assert len(mine["artifact"]) == 2 + 3 * 7 + 2  # known, shared; 3 per page; 2 bodies
+    deep = store.connection.execute(
+        "SELECT state, depth FROM frontier WHERE url = 'http://example.com/deep'").fetchall()
+    assert deep == [("queued", 1)]  # the second mention re-queued it, as one at a time does
+    assert store.connection.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
 async def test_a_conflicting_redelivery_leaves_no_url_behind(store: Store,
                                                              make: Factory) -> None:
     # The fast path interns a batch's URLs before it learns from the ledger that a message
@@ -150,7 +228,7 @@ async def test_a_poison_message_after_grouped_writes_fails_alone(store: Store,
     assert store.connection.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
-@pytest.mark.parametrize("count", [0, 1, 31, 32, 33, 65, 100])
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 9, 15, 31, 32, 33, 47, 63, 65, 100])
 def test_row_insert_writes_rows_in_order_as_one_by_one_would(count: int) -> None:
     conn = apsw.Connection(":memory:")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k TEXT UNIQUE, v INTEGER)")

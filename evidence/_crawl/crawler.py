@@ -861,7 +861,12 @@ class Crawler:
     # --- robots.txt ----------------------------------------------------------------------
 
     async def _robots_for(self, url: str, host: str) -> Robots | None:
-        async with self._robots_locks[host]:
+        # Nearly every page finds its host's rules cached: that answer needs no lock (taking
+        # and releasing an anyio Lock is four cancel scopes, per page).
+        cached = self._robots.get(host)
+        if cached is not None and cached.expires_at > utc_now():
+            return cached
+        async with self._robots_locks[host]:  # one fetch of robots.txt per host at a time
             now = utc_now()
             cached = self._robots.get(host)
             if cached is not None and cached.expires_at > now:

@@ -42,7 +42,7 @@ from .._store.backend import Connection, Dialect
 if TYPE_CHECKING:
     from .._store.db import Store
 
-__all__ = ["Applier", "Interner", "Rejected", "fetch_keys"]
+__all__ = ["Applier", "Interner", "Rejected", "artifact_refs", "fetch_keys"]
 
 _json = msgspec.json.Encoder(order="deterministic")
 
@@ -56,14 +56,19 @@ _ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
 
 class RowInsert:
     """One INSERT for many rows: groups of ``WIDE`` rows through a multi-row ``VALUES``
-    statement, the rest one row per execution (two statement texts, each prepared once).
+    statement, the rest through statements of 16, 8, 4, 2 and 1 rows (the binary digits
+    of what remains: at most 5 more executions; each statement text is prepared once).
 
-    A statement execution has a fixed cost beyond its rows: reset, the VDBE set-up, and an
+    A statement execution has a fixed cost beyond its rows: reset, the VDBE set-up, an
     ephemeral index for each ``CHECK (x IN (...))`` of the table (discovery_edge and
-    fetch_attempt have one), built once per execution. 32 rows per execution cut the cost
-    of an edge by about a quarter (benchmarks.md, "Third round"). Rows go in in order, each
-    with the statement's conflict clause, so the result is that of inserting them one by
-    one.
+    fetch_attempt have one), built once per execution, and on the writer's commit thread a
+    hand-over of the GIL to the event loop and back (apsw releases it for every step, and
+    the loop, busy with the crawl, holds it for tens of microseconds before the thread gets
+    it again). 32 rows per execution cut the cost of an edge by about a quarter
+    (benchmarks.md, "Third round"); the smaller groups do the same for a batch's ledger rows
+    and a page's frontier rows, which came one execution per row. Rows go in in order,
+    each with the statement's conflict clause, so the result is that of inserting them one
+    by one.
     """
 
     WIDE = 32
@@ -72,16 +77,35 @@ class RowInsert:
         one = dialect.values(columns)
         self.single = f"{head} VALUES {one} {tail}"
         self.wide = f"{head} VALUES {', '.join([one] * self.WIDE)} {tail}"
+        # The remainder's statements: 16, 8, 4, 2 and 1 rows.
+        self._sized = {width: f"{head} VALUES {', '.join([one] * width)} {tail}"
+                       for width in _powers_below(self.WIDE)}
 
     def write(self, cursor: Any, rows: Sequence[tuple[object, ...]]) -> None:
         wide = self.WIDE
         full = len(rows) - len(rows) % wide
+        flat = itertools.chain.from_iterable
         if full:
-            flat = itertools.chain.from_iterable
             cursor.executemany(self.wide, [tuple(flat(rows[i:i + wide]))
                                            for i in range(0, full, wide)])
-        if full < len(rows):
-            cursor.executemany(self.single, rows[full:])
+        start, left = full, len(rows) - full
+        width = wide // 2
+        while left:
+            if left >= width:
+                cursor.execute(self._sized[width], tuple(flat(rows[start:start + width])))
+                start += width
+                left -= width
+            width //= 2
+
+
+def _powers_below(n: int) -> list[int]:
+    """The powers of two below ``n``, largest first (16, 8, 4, 2, 1 for 32)."""
+    widths = []
+    width = n // 2
+    while width >= 1:
+        widths.append(width)
+        width //= 2
+    return widths
 
 
 class Statements:
@@ -118,6 +142,11 @@ class Statements:
         self.attempts = RowInsert(f"INSERT INTO fetch_attempt (attempt_seq, {_ATTEMPT_COLUMNS})",
                                   _ATTEMPT_WIDTH + 1, "ON CONFLICT (attempt_id) DO NOTHING",
                                   dialect=d)
+        self.artifacts_select = (f"SELECT digest, artifact_id, size FROM artifact WHERE "
+                                 f"namespace = {p} AND {d.in_list('digest')}")
+        # No conflict clause: intern_artifacts inserts only payloads it has just found absent.
+        self.artifacts = RowInsert("INSERT INTO artifact (artifact_id, namespace, digest, size)",
+                                   4, "", dialect=d)
         # No conflict clause: intern_urls inserts only keys it has just found absent.
         self.urls = RowInsert("INSERT INTO url_identity (url_id, normalizer_version, fetch_key)",
                               3, "", dialect=d)
@@ -133,6 +162,13 @@ class Statements:
         self.edges_numbered = RowInsert(
             f"INSERT INTO discovery_edge (edge_id, {edge_columns})", 13, edge_conflict,
             dialect=d)
+        self.frontier_queue = RowInsert(
+            "INSERT INTO frontier (session_id, url_id, url, state, depth, via, "
+            "source_attempt_id, reason, updated_log_index)", 9,
+            "ON CONFLICT (session_id, url_id) DO UPDATE SET state = 'queued', "
+            "depth = excluded.depth, reason = '', updated_log_index = excluded.updated_log_index "
+            "WHERE frontier.state = 'skipped' AND frontier.reason LIKE 'depth%' "
+            "AND excluded.state = 'queued' AND excluded.depth < frontier.depth", dialect=d)
         # The ledger insert is also the dedup lookup (the writer's): nothing inserted, a
         # redelivery.
         self.ledger = RowInsert(
@@ -193,6 +229,21 @@ def fetch_keys(message: Message, memo: dict[str, str] | None = None) -> dict[str
     return keys
 
 
+def artifact_refs(message: Message) -> list[ArtifactRef]:
+    """The artifacts a message references, in the order applying it interns them."""
+    refs_of = _ARTIFACTS_OF.get(type(message))
+    if refs_of is None:
+        return []
+    return [ref for ref in refs_of(message) if ref is not None]
+
+
+_ARTIFACTS_OF: dict[type, Callable[..., list[ArtifactRef | None]]] = {
+    FetchAttempt: lambda m: [m.request_headers, m.response_headers, m.body, m.content,
+                             m.surplus],
+    Discovery: lambda m: [m.source_artifact],
+    Render: lambda m: [m.dom, m.screenshot, m.mhtml],
+}
+
 _URLS_OF: dict[type, Callable[..., list[str]]] = {
     FetchAttempt: lambda m: [m.url],
     RuleEvaluated: lambda m: [m.url],
@@ -204,7 +255,8 @@ _URLS_OF: dict[type, Callable[..., list[str]]] = {
 
 
 class Interner:
-    """Caches of row ids (urls, artifacts, runs, attempts) that survive only what commits.
+    """Caches of row ids (urls, artifacts, runs, attempts) and of runs' sessions that
+    survive only what commits.
 
     Entries a message adds are tentative until its savepoint is released, and a batch's
     until its COMMIT succeeds; a rollback at either level forgets them (each level keeps an
@@ -212,7 +264,7 @@ class Interner:
     cleared when it grows past ``limit`` entries.
     """
 
-    KINDS = ("url", "artifact", "run", "attempt")
+    KINDS = ("url", "artifact", "run", "attempt", "session")
 
     def __init__(self, limit: int = 500_000) -> None:
         self.limit = limit
@@ -254,8 +306,8 @@ class Applier:
     connection can be replaced between batches)."""
 
     __slots__ = ("_artifacts", "_attempt_rows", "_attempts", "_edges", "_next_attempt_seq",
-                 "_projection", "_runs", "_urls", "conn", "cursor", "interner", "keys",
-                 "log_index", "new_refs", "sql", "store", "verify_artifacts")
+                 "_projection", "_runs", "_sessions", "_urls", "conn", "cursor", "interner",
+                 "keys", "log_index", "new_refs", "sql", "store", "verify_artifacts")
 
     def __init__(self, conn: Connection, store: Store, interner: Interner, *,
                  verify_artifacts: bool = False, defer: bool = False) -> None:
@@ -276,6 +328,7 @@ class Applier:
         self._artifacts = interner.caches["artifact"]
         self._runs = interner.caches["run"]
         self._attempts = interner.caches["attempt"]
+        self._sessions = interner.caches["session"]
         # With ``defer``, fetch attempts, discovery edges and url_current upserts are held
         # until ``flush``, then written in order, many rows per statement: the tables end
         # exactly as if each message had written its own. An attempt gets its attempt_seq
@@ -441,6 +494,56 @@ class Applier:
         for url_id, _, key in rows:
             put("url", key, url_id)
 
+    def intern_artifacts(self, refs: Iterable[ArtifactRef]) -> None:
+        """Intern many artifacts with a few statements instead of two per new payload.
+
+        For a batch applied without savepoints, before its messages, as ``intern_urls``:
+        refs the cache lacks are looked up at once (one statement per namespace), and those
+        the store lacks and the artifact store holds are inserted at once, in the order
+        given, with the ids one at a time would give them (one more than the largest).
+        Given the refs in the order the messages would intern them (``artifact_refs``),
+        every id is the one applying the messages alone would give. A ref whose payload is
+        missing is left to ``artifact_id``, which rejects its message; with
+        ``verify_artifacts`` every ref is left to it (each payload is re-hashed there).
+        """
+        if self.verify_artifacts:
+            return
+        cached = self._artifacts
+        missing = list(dict.fromkeys(
+            ref for ref in refs if (ref.namespace, ref.digest) not in cached))
+        if not missing:
+            return
+        put = self.interner.put
+        found: dict[tuple[str, str], tuple[int, int]] = {}
+        for namespace in dict.fromkeys(ref.namespace for ref in missing):
+            digests = [ref.digest for ref in missing if ref.namespace == namespace]
+            for digest, artifact_id, size in self.conn.execute(
+                    self.sql.artifacts_select, (namespace, self.sql.encode_list(digests))):
+                found[(namespace, digest)] = (artifact_id, size)
+        for key, row in found.items():
+            put("artifact", key, row)
+        new: list[ArtifactRef] = []
+        keys: set[tuple[str, str]] = set()
+        for ref in missing:
+            key = (ref.namespace, ref.digest)
+            if key in found or key in keys:  # a second size of one payload: artifact_id's
+                continue
+            try:
+                self.store.artifacts.check(ref)
+            except (ArtifactMissingError, ArtifactCorruptError):
+                continue  # artifact_id rejects the message that names it
+            keys.add(key)
+            new.append(ref)
+        if not new:
+            return
+        last = self.conn.execute("SELECT max(artifact_id) FROM artifact").fetchall()[0][0]
+        rows = [(artifact_id, ref.namespace, ref.digest, ref.size)
+                for artifact_id, ref in enumerate(new, (last or 0) + 1)]
+        self.sql.artifacts.write(self.cursor, rows)
+        self.new_refs.extend(new)
+        for artifact_id, namespace, digest, size in rows:
+            put("artifact", (namespace, digest), (artifact_id, size))
+
     def artifact_id(self, ref: ArtifactRef, what: What) -> int:
         """Intern an artifact row, after checking its payload is durably on disk.
 
@@ -475,6 +578,18 @@ class Applier:
         self.interner.put("artifact", key, (artifact_id, ref.size))
         new: int = artifact_id
         return new
+
+    def session_of(self, run_id: str) -> str | None:
+        """The session of a recorded run (None if the run is not recorded); a run's session
+        never changes, so it is cached."""
+        session = self._sessions.get(run_id)
+        if session is None:
+            row = self.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (run_id,))
+            if row is None:
+                return None
+            session = row[0]
+            self.interner.put("session", run_id, session)
+        return str(session)
 
     def open_run(self, run_id: str, what: What) -> None:
         if run_id in self._runs:
@@ -653,24 +768,20 @@ def _rule_evaluated(ctx: Applier, m: RuleEvaluated) -> None:
 
 def _frontier(ctx: Applier, m: FrontierUpdate) -> None:
     what = f"frontier update {m.message_id}"
-    row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
-    if row is None or row[0] != m.session_id:
+    if ctx.session_of(m.run_id) != m.session_id:
         raise Rejected(f"{what}: run {m.run_id} is not a recorded run of session {m.session_id}")
     conn, index = ctx.conn, ctx.log_index
+    rows = []
     for q in m.queued:
         url_id = ctx.url_id(q.url, f"{what} queued URL")
-        state = "queued" if q.skip is None else "skipped"
-        # A URL already in the frontier keeps its state, except one skipped only for its
-        # depth, which is queued again when found at a depth that is allowed.
-        conn.execute(
-            "INSERT INTO frontier (session_id, url_id, url, state, depth, via, "
-            "source_attempt_id, reason, updated_log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (session_id, url_id) DO UPDATE SET state = 'queued', "
-            "depth = excluded.depth, reason = '', updated_log_index = excluded.updated_log_index "
-            "WHERE frontier.state = 'skipped' AND frontier.reason LIKE 'depth%' "
-            "AND excluded.state = 'queued' AND excluded.depth < frontier.depth",
-            (m.session_id, url_id, q.url, state, q.depth, q.via, q.source_attempt_id,
-             q.skip or "", index))
+        rows.append((m.session_id, url_id, q.url, "queued" if q.skip is None else "skipped",
+                     q.depth, q.via, q.source_attempt_id, q.skip or "", index))
+    # A URL already in the frontier keeps its state, except one skipped only for its
+    # depth, which is queued again when found at a depth that is allowed. Many rows per
+    # statement, in order; a URL twice in one update starts another statement (PostgreSQL
+    # refuses an upsert that touches one row twice in one statement).
+    for run in _distinct_runs(rows, 1):
+        ctx.sql.frontier_queue.write(ctx.cursor, run)
     now = format_time(m.at)
     for url in m.claimed:
         conn.execute(
@@ -689,6 +800,21 @@ def _frontier(ctx: Applier, m: FrontierUpdate) -> None:
              index, m.session_id, ctx.url_id(s.url, f"{what} settlement")))
         if conn.changes() == 0:
             raise Rejected(f"{what}: {s.url} is not in the frontier of session {m.session_id}")
+
+
+def _distinct_runs(rows: Sequence[tuple[object, ...]], column: int
+                   ) -> Iterable[list[tuple[object, ...]]]:
+    """``rows`` in order, cut into runs in which no value of ``column`` repeats."""
+    run: list[tuple[object, ...]] = []
+    seen: set[object] = set()
+    for row in rows:
+        if row[column] in seen:
+            yield run
+            run, seen = [], set()
+        seen.add(row[column])
+        run.append(row)
+    if run:
+        yield run
 
 
 def _host(ctx: Applier, m: HostUpdate) -> None:
@@ -716,8 +842,7 @@ def _host(ctx: Applier, m: HostUpdate) -> None:
 
 def _session_documents(ctx: Applier, m: SessionDocuments) -> None:
     what = f"session documents {m.message_id}"
-    row = ctx.one("SELECT session_id FROM crawl_run WHERE run_id = ?", (m.run_id,))
-    if row is None or row[0] != m.session_id:
+    if ctx.session_of(m.run_id) != m.session_id:
         raise Rejected(f"{what}: run {m.run_id} is not a recorded run of session {m.session_id}")
     rows = []
     for d in m.documents:  # an attempt_id must exist: the foreign key checks it

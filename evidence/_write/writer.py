@@ -10,12 +10,13 @@ into batches bounded by count, bytes and linger time and hands each to the commi
 ledger insert (which is also the dedup lookup), validation, appends and the projection;
 the commit-log row; ``COMMIT``; then every ack resolves (one wakeup per submitted group).
 
-A batch is first applied without a savepoint per message, with its URLs interned and its
-edges and projection rows written many rows per statement. If any message fails or is a
-redelivery, that whole attempt is rolled back (ROLLBACK, then a new BEGIN IMMEDIATE) and
-the batch is applied again with a SAVEPOINT per message, so the bad message fails alone
-and what commits is exactly what the per-message path alone commits; the writer then
-stays on the per-message path until a batch comes through with no rejection or conflict.
+A batch is first applied without a savepoint per message, with its URLs and artifacts
+interned and its ledger, edges and projection rows written many rows per statement. If any
+message fails or is a redelivery, that whole attempt is rolled back (ROLLBACK, then a new
+BEGIN IMMEDIATE) and the batch is applied again with a SAVEPOINT per message, so the bad
+message fails alone and what commits is exactly what the per-message path alone commits;
+the writer then stays on the per-message path until a batch comes through with no
+rejection or conflict.
 
 Invariants (DESIGN.md "Writer rules"):
   - nothing is acked before COMMIT returned, and every committed message is acked;
@@ -701,9 +702,9 @@ class Writer:
         a savepoint per message (SQLite copies every page a message first touches into a
         sub-journal) and a statement per ledger, URL, edge and projection row. The ledger
         rows go first, many per statement (the evidence rows reference them; a row the
-        insert skipped is a redelivery), then the batch's URLs are interned at once, in the
-        order its messages would intern them; its edges and url_current upserts are written
-        last, many rows per statement (``Applier.flush``).
+        insert skipped is a redelivery), then the batch's URLs and its artifacts are interned
+        at once, in the order its messages would intern them; its edges and url_current
+        upserts are written last, many rows per statement (``Applier.flush``).
         """
         conn = applier.conn
         tree = self._head.tree.copy()
@@ -719,6 +720,8 @@ class Writer:
             if conn.total_changes() - before != len(batch):
                 return None  # a redelivery: the ledger insert is also the dedup lookup
             applier.intern_urls(key for pending in batch for key in pending.keys.values())
+            applier.intern_artifacts(ref for pending in batch
+                                     for ref in _apply.artifact_refs(pending.message))
             apply = applier.apply
             for log_index, pending in enumerate(batch, first_index):
                 apply(pending.message, log_index, pending.keys)
