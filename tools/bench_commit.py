@@ -19,7 +19,7 @@ page, the wall time inside batches and the batches; medians at the end, and the 
 statements the commit thread ran per page, counted in one more replay (apsw's exec trace,
 which costs time of its own: an ``executemany`` counts once per row).
 
-    python tools/bench_commit.py [--pages 5000] [--reps 3] [--groups 4]
+    python tools/bench_commit.py [--pages 5000] [--reps 3] [--groups 4] [--quick]
 
 Network: only 127.0.0.1.
 """
@@ -139,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="replays (default 3)")
     parser.add_argument("--groups", type=int, default=4,
                         help="groups submitted together (default 4)")
-    parser.add_argument("--server", choices=("auto", "nginx", "python"), default="auto")
+    parser.add_argument("--server", choices=("auto", "nginx", "python"), default="auto",
+                        help="what serves the site (default auto: nginx when installed)")
+    parser.add_argument("--quick", action="store_true", help="300 pages, one replay")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.pages, args.reps = 300, 1
     work = Path(tempfile.mkdtemp(prefix="bench-commit-"))
     work.chmod(0o755)
     try:
