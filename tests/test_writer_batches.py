@@ -15,11 +15,19 @@ import apsw
 import msgspec
 import pytest
 
-from evidence import FrontierUpdate, QueuedUrl, RuleEvaluated, Store, Writer, WriterLimits
-from evidence._model.messages import FetchAttempt
+from evidence import (
+    FrontierUpdate,
+    QueuedUrl,
+    Render,
+    RuleEvaluated,
+    Store,
+    Writer,
+    WriterLimits,
+)
+from evidence._model.messages import Discovery, FetchAttempt
 from evidence._model.refs import ArtifactRef
 from evidence._store.sqlite import SQLITE
-from evidence._write.apply import RowInsert, artifact_refs
+from evidence._write.apply import Applier, RowInsert, artifact_refs
 
 from .conftest import Factory, asubmit
 
@@ -182,6 +190,42 @@ async def test_fast_and_isolated_paths_intern_payloads_and_queue_urls_alike(
         "SELECT state, depth FROM frontier WHERE url = 'http://example.com/deep'").fetchall()
     assert deep == [("queued", 1)]  # the second mention re-queued it, as one at a time does
     assert store.connection.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+async def test_artifact_refs_names_what_each_handler_interns_in_its_order(
+        store: Store, make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fast path interns a batch's payloads up front from artifact_refs; its ids are the
+    # isolated path's only if artifact_refs lists, per message, exactly the payloads the
+    # message's handler interns, in the handler's order.
+    puts = store.artifacts.put
+    page = make.attempt("http://example.com/", capture="wire", content_coding="gzip",
+                        request_headers=puts("headers", b"GET / HTTP/1.1\r\n\r\n"),
+                        response_headers=puts("headers", b"HTTP/1.1 200 OK\r\n\r\n"),
+                        body=puts("body", b"gzipped"), content=puts("content", b"<p>x"),
+                        surplus=puts("body", b"surplus"))
+    render = Render(message_id=make.id("m"), render_id="r-1", run_id="r1",
+                    source_attempt_id=page.attempt_id, url=page.url, started_at=make.now,
+                    elapsed_ms=10.0, outcome="rendered", dom=puts("dom", b"<html></html>"),
+                    screenshot=puts("screenshot", b"png"), mhtml=puts("mhtml", b"mhtml"))
+    assert page.content is not None and render.dom is not None
+    links = make.discovery(page, page.content, ["http://example.com/a"])
+    dom_links = msgspec.structs.replace(make.discovery(page, render.dom, ["http://b.example/"]),
+                                        render_id="r-1")
+    interned: list[tuple[int, ArtifactRef]] = []
+    artifact_id = Applier.artifact_id
+
+    def spy(self: Applier, ref: ArtifactRef, what: object) -> int:
+        interned.append((self.log_index, ref))
+        return artifact_id(self, ref, what)
+
+    monkeypatch.setattr(Applier, "artifact_id", spy)
+    messages = [make.session(), make.run(), page, render, links, dom_links]
+    acks = await asubmit(store, messages)  # either path: the handlers call artifact_id
+    assert [a.status for a in acks] == ["committed"] * len(messages)
+    for message, ack in zip(messages, acks, strict=True):
+        mine = [ref for index, ref in interned if index == ack.log_index]
+        assert mine == artifact_refs(message), type(message).__name__
+    assert {type(m) for m in messages if artifact_refs(m)} == {FetchAttempt, Render, Discovery}
 
 
 async def test_a_conflicting_redelivery_leaves_no_url_behind(store: Store,

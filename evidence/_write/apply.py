@@ -237,6 +237,9 @@ def artifact_refs(message: Message) -> list[ArtifactRef]:
     return [ref for ref in refs_of(message) if ref is not None]
 
 
+# Every kind whose handler interns artifacts (``Applier.artifact_id``), with its refs in the
+# order the handler interns them: the fast path's ids are right only if this is complete
+# (tests/test_writer_batches.py checks it against the handlers).
 _ARTIFACTS_OF: dict[type, Callable[..., list[ArtifactRef | None]]] = {
     FetchAttempt: lambda m: [m.request_headers, m.response_headers, m.body, m.content,
                              m.surplus],
