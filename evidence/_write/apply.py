@@ -61,14 +61,13 @@ class RowInsert:
 
     A statement execution has a fixed cost beyond its rows: reset, the VDBE set-up, an
     ephemeral index for each ``CHECK (x IN (...))`` of the table (discovery_edge and
-    fetch_attempt have one), built once per execution, and on the writer's commit thread a
-    hand-over of the GIL to the event loop and back (apsw releases it for every step, and
-    the loop, busy with the crawl, holds it for tens of microseconds before the thread gets
-    it again). 32 rows per execution cut the cost of an edge by about a quarter
-    (benchmarks.md, "Third round"); the smaller groups do the same for a batch's ledger rows
-    and a page's frontier rows, which came one execution per row. Rows go in in order,
-    each with the statement's conflict clause, so the result is that of inserting them one
-    by one.
+    fetch_attempt have one), built once per execution, and in a crawl a hand-over of the
+    GIL (apsw releases it for every step; the event loop holds it meanwhile). 32 rows per
+    execution cut the cost of an edge by about a quarter (benchmarks.md, "Third round");
+    the smaller groups do it for the few rows of a batch's ledger, edges and attempts and
+    of a page's frontier update (benchmarks.md, "The commit thread on a crawl's
+    messages"). Rows go in in order, each with the statement's conflict clause, so the
+    result is that of inserting them one by one.
     """
 
     WIDE = 32
