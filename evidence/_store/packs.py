@@ -51,6 +51,7 @@ import errno
 import fcntl
 import io
 import logging
+import mmap
 import os
 import re
 import secrets
@@ -99,8 +100,10 @@ _FAILED_LIST = "SYNC-FAILED"
 # from the latest put) when the stored copy was last put longer ago than this.
 TOUCH_AFTER_MS = 60_000
 # The appender hands what it wrote to the kernel's writeback every this many bytes
-# (``FileOps.start_writeback``): 256 KiB to 2 MiB measured alike (docs/benchmarks.md).
+# (``FileOps.start_writeback``): of 128 KiB, 256 KiB and 1 MiB, 1 MiB measured fastest in
+# the put stream of tools/bench_packs.py (the hint costs ~0.1 ms a call).
 WRITEBACK_BYTES = 1024 * 1024
+_PAGE = mmap.PAGESIZE
 
 Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
 
@@ -359,7 +362,11 @@ class PackStore:
             names = self._index.get(namespace)
             loc = None if names is None else names.get(digest)
             if loc is None or not self._known(namespace, digest, size, loc):
-                self._append_payload(namespace, digest, payload, size)
+                with self._append:
+                    names = self._index.get(namespace)
+                    if names is None or digest not in names:  # else another thread stored it
+                        self._write_record(pf.PAYLOAD, namespace, digest, payload, size,
+                                           int(self.clock() * 1000))
             return ArtifactRef(namespace, digest.hex(), size)
         return self._put_stream(namespace, _chunks(data))
 
@@ -404,15 +411,6 @@ class PackStore:
                 self._touched[key] = max(self._touched.get(key, 0), now)
         return True
 
-    def _append_payload(self, namespace: str, digest: bytes, payload: bytes | memoryview,
-                        length: int) -> None:
-        with self._append:
-            names = self._index.get(namespace)
-            if names is not None and digest in names:  # another thread stored it
-                return
-            self._write_record(pf.PAYLOAD, namespace, digest, payload, length,
-                               _now_ms(self.clock))
-
     def _write_record(self, kind: int, namespace: str, digest: bytes,
                       payload: memoryview | bytes, length: int, when: int) -> None:
         """Append one whole record of a ``length``-byte payload to the active pack, header
@@ -440,7 +438,11 @@ class PackStore:
         with self._lock:
             pack.entries.append(placed)
             pack.size = end
-            self._add(pack, placed)
+            names = self._index.get(namespace)
+            if kind == pf.PAYLOAD and names is not None and digest not in names:
+                names[digest] = (pack.no, offset, length, when)  # what _add does, for a put
+            else:
+                self._add(pack, placed)
             if self._lost and kind == pf.PAYLOAD:
                 self._lost.pop((namespace, digest), None)  # stored again: trusted again
         if end - pack.hinted >= WRITEBACK_BYTES:
@@ -450,8 +452,12 @@ class PackStore:
 
     def _start_writeback(self, pack: _Pack, end: int) -> None:
         """Let the disk start on what was appended since the last hint (``FileOps
-        .start_writeback``): the next ``sync`` of this pack then waits for less."""
+        .start_writeback``): the next ``sync`` of this pack then waits for less. (On a
+        thread of its own, measured no faster: the call releases the GIL but has to
+        take it first.)"""
         assert pack.fd is not None
+        end -= end % _PAGE  # not the page still being appended to: a write into a page
+        # under writeback may have to wait for it (stable pages)
         with contextlib.suppress(OSError):  # a hint: the fsync is what reports errors
             self._ops.start_writeback(pack.fd, pack.hinted, end - pack.hinted)
         pack.hinted = end
