@@ -434,7 +434,8 @@ class _Blocking(FileOps):
     """Real file operations; an fsync of the first pack created waits for ``release``
     once ``armed`` (or fails with EIO, ``fail``), and every fsync notes its thread."""
 
-    def __init__(self, *, fail: bool = False) -> None:
+    def __init__(self, *, fail: bool = False, hold: int = 1) -> None:
+        self.hold = hold  # the how-many-th fsync of the first pack, once armed, waits
         self.first: int | None = None
         self.armed = threading.Event()
         self.blocked = threading.Event()
@@ -450,7 +451,9 @@ class _Blocking(FileOps):
 
     def fsync(self, fd: int) -> None:
         self.fsync_threads.append(threading.get_ident())
-        if fd == self.first and self.armed.is_set():
+        if fd == self.first and self.armed.is_set() and not self.blocked.is_set():
+            self.hold -= 1
+        if fd == self.first and self.armed.is_set() and self.hold == 0:
             self.blocked.set()
             if self.fail:
                 raise OSError(5, "injected I/O error", "pack")
@@ -499,6 +502,31 @@ def test_a_full_pack_is_sealed_behind_the_puts_and_close_waits_for_the_seal(
     for ref in [*first, rotated]:
         assert third_party_read(Path(packs.record(ref)[0]), ref.namespace, ref.digest) \
             == _payload(first.index(ref) if ref in first else 6, 10_000)
+
+
+def test_a_sync_in_a_pack_being_sealed_waits_for_its_records_not_for_its_index(
+        tmp_path: Path) -> None:
+    """The seal's first fsync makes the records durable: a sync of them returns then,
+    while the index is still being written and fsynced (close still waits for that).
+    (Before: the sync waited for the whole seal.)"""
+    ops = _Blocking(hold=2)  # the seal's second fsync: the one after its index
+    store = PackStore(tmp_path / "artifacts", file_ops=ops, pack_bytes=64 * 1024)
+    first = [store.put("body", _payload(i, 10_000)) for i in range(6)]
+    ops.armed.set()
+    _put_in_thread(store, _payload(6, 10_000))
+    assert ops.blocked.wait(30)
+    syncer = threading.Thread(target=store.sync, args=(first,))
+    syncer.start()
+    syncer.join(30)
+    assert not syncer.is_alive()  # the records are durable: the index is not waited for
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()
+    ops.release.set()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert all(sealed for _, sealed, _ in PackStore(tmp_path / "artifacts").packs())
 
 
 def test_a_seal_that_fails_behind_the_puts_fails_the_sync_never_as_missing(

@@ -15,9 +15,13 @@ one record (header and payload in one write) without an fsync. ``sync(refs)`` fs
 pack holding a listed payload once, however many payloads it holds and however many
 threads ask at the same time (group commit); the writer calls it with every payload a
 batch references for the first time, before that batch's COMMIT, so "durable before
-referenced" holds exactly as it did with one fsynced file per payload. A pack reaching
-``pack_bytes`` is sealed (its index and trailer appended, fsynced) and a new one begun;
-``close`` seals the active pack too.
+referenced" holds exactly as it did with one fsynced file per payload. Every
+``WRITEBACK_BYTES`` appended, the kernel is asked to start writing them out (a hint:
+the group's fsync then waits for less). A pack reaching ``pack_bytes`` is sealed (its
+index and trailer appended, fsynced) on a thread of its own while the puts go on in the
+next pack, created ahead on another thread once the active one is half full; a ``sync``
+of a payload in a pack being sealed waits for the seal, and ``close`` waits for every
+seal, then seals the active pack too.
 
 The digest index is held in memory: the sealed packs' indexes, read when the store opens,
 and the records of unsealed packs, read by scanning them (other processes' active packs
@@ -37,8 +41,10 @@ Invariants:
     records past the last successful fsync leave the index, nothing is appended to it
     again, it is never sealed by this process, and its name goes to ``SYNC-FAILED``, so a
     later put of the same bytes is appended again and a later ``sync`` of a payload that
-    was only there raises. The writer stops and marks the store; the resync at the next
-    open rewrites those packs in place before anything is trusted again;
+    was only there raises that failure (never "missing", which would have the writer
+    reject a message naming it: the batch fails and is redelivered instead). The writer
+    stops and marks the store; the resync at the next open rewrites those packs in place
+    before anything is trusted again;
   - reclaim compacts: a sealed pack holding orphans is rewritten without them into a new
     sealed pack, and the old one is removed only under the database's write lock, after
     reclaim's re-check (``_audit/verify.py``), and only once the new one is durable.
@@ -633,12 +639,15 @@ class PackStore:
         sealed = 0
         try:
             end = os.fstat(pack.fd).st_size  # past a record a failed write left part of
-            seal = pf.encode_seal(pack.entries, end)
             # The records durable before the index that lists them: written back in any
             # order, the index could reach the disk without a record it names, and the
             # reopened store would deduplicate a put against bytes that are not there.
             if pack.synced < end:
                 self._fsync_own(pack)
+                with pack.cond:  # a sync waiting for these records need not wait for the
+                    pack.synced = end  # index too (the writer's next COMMIT, in a crawl)
+                    pack.cond.notify_all()
+            seal = pf.encode_seal(pack.entries, end)
             with _os_errors("seal pack", pack.path):
                 self._ops.pwrite(pack.fd, seal, end)
             self._fsync_own(pack)
