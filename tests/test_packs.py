@@ -294,6 +294,29 @@ def test_an_unsealed_pack_left_by_a_crash_is_sealed_by_the_next_writable_open(
     assert third_party_read(pack, "body", digest) == b"from a process that is killed"
 
 
+def test_a_pack_created_ahead_and_left_unused_by_a_crash_is_removed_by_the_next_open(
+        tmp_path: Path) -> None:
+    """Past half of its pack, a process creates the next one ahead (header only). Killed
+    then, it leaves that pack behind: the next writable open removes it instead of sealing
+    an empty pack, and seals the one with the record. (Before: no pack was created ahead.)"""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from evidence._store.packs import PackStore\n"
+            f"s = PackStore({str(tmp_path / 'artifacts')!r}, pack_bytes=8192)\n"
+            "r = s.put('body', bytes(range(256)) * 20)\n"  # 5 KiB: past half of the pack
+            "s.sync([r])\n"
+            "s._wait_behind()\n"
+            "print(r.digest, flush=True)\n"
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    ref = ArtifactRef("body", done.stdout.strip(), 5120)
+    packs = sorted((tmp_path / "artifacts" / PACKS_DIR).glob("*.pack"), key=os.path.getsize)
+    assert [p.stat().st_size for p in packs][0] == 64 and len(packs) == 2
+    PackStore(tmp_path / "artifacts").close()
+    assert not packs[0].exists()
+    assert third_party_read(packs[1], "body", ref.digest) == bytes(range(256)) * 20
+
+
 # --- another process ---------------------------------------------------------------------------
 
 def test_the_writer_syncs_and_reads_what_another_process_appended(tmp_path: Path) -> None:

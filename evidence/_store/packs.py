@@ -840,6 +840,11 @@ class PackStore:
                             pack.path)
                 pack.sealed = True  # never appended to, never tailed again
                 return True
+            if size == pf.FILE_HEADER_SIZE:  # a pack created ahead, never appended to
+                self._unlink_quietly(pack.path)
+                self._packs.pop(pack.no, None)
+                self._by_name.pop(pack.name, None)
+                return True
             found = pf.scan(read_at, pf.FILE_HEADER_SIZE, size, verify=True)
             if not found.complete:
                 log.warning("%s: the tail after byte %d is not whole records (a crash before "
