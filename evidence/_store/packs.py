@@ -580,9 +580,10 @@ class PackStore:
             log.warning("could not create the next pack ahead: %s", exc)
             return
         with self._behind_lock:
-            if self._spare is None and not self._closed:
-                self._spare, spare = spare, None
-        if spare is not None:
+            kept = self._spare is None and not self._closed
+            if kept:
+                self._spare = spare
+        if not kept:
             self._discard_empty(spare)
 
     def _create(self) -> _Pack:
