@@ -21,7 +21,7 @@ from pathlib import Path
 
 import blake3
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from evidence import (
@@ -294,6 +294,29 @@ def test_an_unsealed_pack_left_by_a_crash_is_sealed_by_the_next_writable_open(
     assert third_party_read(pack, "body", digest) == b"from a process that is killed"
 
 
+def test_a_pack_created_ahead_and_left_unused_by_a_crash_is_removed_by_the_next_open(
+        tmp_path: Path) -> None:
+    """Past half of its pack, a process creates the next one ahead (header only). Killed
+    then, it leaves that pack behind: the next writable open removes it instead of sealing
+    an empty pack, and seals the one with the record. (Before: no pack was created ahead.)"""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from evidence._store.packs import PackStore\n"
+            f"s = PackStore({str(tmp_path / 'artifacts')!r}, pack_bytes=8192)\n"
+            "r = s.put('body', bytes(range(256)) * 20)\n"  # 5 KiB: past half of the pack
+            "s.sync([r])\n"
+            "s._wait_behind()\n"
+            "print(r.digest, flush=True)\n"
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    ref = ArtifactRef("body", done.stdout.strip(), 5120)
+    packs = sorted((tmp_path / "artifacts" / PACKS_DIR).glob("*.pack"), key=os.path.getsize)
+    assert [p.stat().st_size for p in packs][:1] == [64] and len(packs) == 2
+    PackStore(tmp_path / "artifacts").close()
+    assert not packs[0].exists()
+    assert third_party_read(packs[1], "body", ref.digest) == bytes(range(256)) * 20
+
+
 # --- another process ---------------------------------------------------------------------------
 
 def test_the_writer_syncs_and_reads_what_another_process_appended(tmp_path: Path) -> None:
@@ -426,3 +449,237 @@ def test_writev_writes_every_byte_in_order_when_the_kernel_takes_part_of_it(
     assert bytes(got) == b"".join(buffers)
     if sum(sizes) > 600_000:  # more than the socket's buffers hold: it took part of it
         assert len(calls) > 1 and calls[0] < sum(sizes)
+
+
+# --- rotation behind the puts, writeback hints ---------------------------------------------
+
+class _Blocking(FileOps):
+    """Real file operations; an fsync of the first pack created waits for ``release``
+    once ``armed`` (or fails with EIO, ``fail``), and every fsync notes its thread."""
+
+    def __init__(self, *, fail: bool = False, hold: int = 1) -> None:
+        self.hold = hold  # the how-many-th fsync of the first pack, once armed, waits
+        self.first: int | None = None
+        self.armed = threading.Event()
+        self.blocked = threading.Event()
+        self.release = threading.Event()
+        self.fail = fail
+        self.fsync_threads: list[int] = []
+
+    def create_exclusive(self, path: Path, mode: int) -> int:
+        fd = super().create_exclusive(path, mode)
+        if self.first is None and path.name.endswith(".new"):
+            self.first = fd
+        return fd
+
+    def fsync(self, fd: int) -> None:
+        self.fsync_threads.append(threading.get_ident())
+        if fd == self.first and self.armed.is_set() and not self.blocked.is_set():
+            self.hold -= 1
+        if fd == self.first and self.armed.is_set() and self.hold == 0:
+            self.blocked.set()
+            if self.fail:
+                raise OSError(5, "injected I/O error", "pack")
+            assert self.release.wait(30), "the test never released the seal"
+        super().fsync(fd)
+
+
+def _put_in_thread(store: PackStore, data: bytes) -> ArtifactRef:
+    out: list[ArtifactRef] = []
+    putter = threading.Thread(target=lambda: out.append(store.put("body", data)))
+    putter.start()
+    putter.join(30)
+    assert not putter.is_alive(), "the put waited for the seal of the full pack"
+    return out[0]
+
+
+def test_a_full_pack_is_sealed_behind_the_puts_and_close_waits_for_the_seal(
+        tmp_path: Path) -> None:
+    """Rotation costs the putting thread no fsync: the full pack is sealed on another
+    thread (its records fsynced before its index, as any seal), the next pack was created
+    ahead, a sync of a payload in the pack being sealed waits for the seal, and close
+    waits for it too. (Before: the put that rotated sealed the pack itself, and waited.)"""
+    ops = _Blocking()
+    store = PackStore(tmp_path / "artifacts", file_ops=ops, pack_bytes=64 * 1024)
+    first = [store.put("body", _payload(i, 10_000)) for i in range(6)]  # 60 KB: one pack
+    ops.armed.set()
+    putter = threading.get_ident()
+    before = len(ops.fsync_threads)
+    rotated = _put_in_thread(store, _payload(6, 10_000))  # does not fit: the pack rotates
+    assert ops.blocked.wait(30)  # the seal is under way (held in its fsync) ...
+    assert store.record(rotated)[0] != store.record(first[0])[0]  # ... and the put is done
+    syncer = threading.Thread(target=store.sync, args=(first,))
+    syncer.start()
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    syncer.join(0.3)
+    closer.join(0.3)
+    assert syncer.is_alive() and closer.is_alive()  # both wait for the seal
+    ops.release.set()
+    syncer.join(30)
+    closer.join(30)
+    assert not syncer.is_alive() and not closer.is_alive()
+    assert putter not in ops.fsync_threads[before:]
+    packs = PackStore(tmp_path / "artifacts", read_only=True)
+    assert [sealed for _, sealed, _ in packs.packs()] == [True, True]  # no spare left over
+    for ref in [*first, rotated]:
+        assert third_party_read(Path(packs.record(ref)[0]), ref.namespace, ref.digest) \
+            == _payload(first.index(ref) if ref in first else 6, 10_000)
+
+
+def test_a_sync_in_a_pack_being_sealed_waits_for_its_records_not_for_its_index(
+        tmp_path: Path) -> None:
+    """The seal's first fsync makes the records durable: a sync of them returns then,
+    while the index is still being written and fsynced (close still waits for that).
+    (Before: the sync waited for the whole seal.)"""
+    ops = _Blocking(hold=2)  # the seal's second fsync: the one after its index
+    store = PackStore(tmp_path / "artifacts", file_ops=ops, pack_bytes=64 * 1024)
+    first = [store.put("body", _payload(i, 10_000)) for i in range(6)]
+    ops.armed.set()
+    _put_in_thread(store, _payload(6, 10_000))
+    assert ops.blocked.wait(30)
+    syncer = threading.Thread(target=store.sync, args=(first,))
+    syncer.start()
+    syncer.join(30)
+    assert not syncer.is_alive()  # the records are durable: the index is not waited for
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()
+    ops.release.set()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert all(sealed for _, sealed, _ in PackStore(tmp_path / "artifacts").packs())
+
+
+def test_a_seal_that_fails_behind_the_puts_fails_the_sync_never_as_missing(
+        tmp_path: Path) -> None:
+    """The seal's fsync fails on its own thread: the put that rotated has returned, so
+    the failure reaches the writer through the next sync (sync_failed: the batch is not
+    committed, the store is marked) and through a check of a payload that was only in
+    that pack, which must say the store failed, never "missing" (a message naming it
+    would be rejected and its evidence lost). A later put of the same bytes stores them
+    again. (Before: the put raised; a check after the poison said "missing".)"""
+    ops = _Blocking(fail=True)
+    store = PackStore(tmp_path / "artifacts", file_ops=ops, pack_bytes=64 * 1024)
+    first = [store.put("body", _payload(i, 10_000)) for i in range(6)]
+    ops.armed.set()
+    rotated = _put_in_thread(store, _payload(6, 10_000))
+    assert ops.blocked.wait(30)
+    with pytest.raises(ArtifactError) as synced:
+        store.sync(first)
+    assert synced.value.sync_failed is True
+    for ref in first:
+        with pytest.raises(ArtifactError) as checked:
+            store.check(ref)
+        assert not isinstance(checked.value, ArtifactMissingError)
+        assert checked.value.sync_failed is True
+    store.sync([rotated])  # the next pack is not touched by the failure
+    again = store.put("body", _payload(0, 10_000))
+    assert again == first[0]
+    store.sync([again])
+    store.check(again)
+    assert store.read(again, verify=True) == _payload(0, 10_000)
+    store.close()
+
+
+def test_writeback_is_started_every_mebibyte_on_whole_pages(tmp_path: Path) -> None:
+    """The appender asks the kernel (through the file operations, so the simulated disk
+    sees it) to start writing what it appended, every MiB, whole pages only, each range
+    once and in order; the payloads read back unchanged. (Before: no such call.)"""
+    disk = SimulatedDisk(tmp_path)
+    disk.capture()
+    asked: list[tuple[int, int]] = []
+
+    class Recording(CrashFileOps):
+        def start_writeback(self, fd: int, offset: int, length: int) -> None:
+            asked.append((offset, length))
+            super().start_writeback(fd, offset, length)
+
+    store = PackStore(tmp_path / "artifacts", file_ops=Recording(disk))
+    refs = [store.put("body", os.urandom(50_000 + i)) for i in range(70)]  # ~3.5 MB
+    assert len(asked) == 3 and disk.counts["writeback"] == 3
+    assert asked[0][0] == 0
+    for (offset, length), (after, _) in zip(asked, [*asked[1:], (None, 0)], strict=True):
+        assert length >= 1024 * 1024 and (offset + length) % os.sysconf("SC_PAGE_SIZE") == 0
+        assert after is None or after == offset + length
+    store.sync(refs)
+    store.close()
+    for ref in refs:
+        assert PackStore(tmp_path / "artifacts").read(ref, verify=True)
+
+
+steps_with_checks = st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 30)),
+                                       st.tuples(st.just("sync"), st.just(0)),
+                                       st.tuples(st.just("check"), st.integers(0, 30))),
+                             min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=steps_with_checks, failing=st.integers(1, 12), action=st.sampled_from(
+    ["io_error", "disk_full"]), persistent=st.booleans(), write=st.booleans())
+def test_any_interleaving_with_a_failing_pack_operation_loses_no_synced_payload(
+        tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]], failing: int,
+        action: str, persistent: bool, write: bool) -> None:
+    """Any interleaving of puts (small packs: rotations, so seals and pack creations run
+    behind the puts), syncs and checks, with the ``failing``-th fsync (or append) of a
+    pack failing, wherever it runs: a sync either returns (its payloads are durable: they
+    read back whole after a power loss) or raises; a check of a payload a put returned
+    never says "missing" (the store failing is said as such); a put that raises returns
+    nothing to reference."""
+    root = tmp_path_factory.mktemp("f")
+    disk = SimulatedDisk(root, sync_failure="lose")
+    disk.capture()
+    store = PackStore(root / "artifacts", file_ops=CrashFileOps(disk), pack_bytes=8192)
+    disk.arm(Fault(action=action, at=failing,  # type: ignore[arg-type]
+                   ops=frozenset({"write" if write else "sync"}), files=frozenset({"artifact"}),
+                   persistent=persistent, heal_after=3))
+    returned: dict[int, ArtifactRef] = {}
+    pending: list[ArtifactRef] = []
+    synced: dict[ArtifactRef, int] = {}
+    for op, n in steps:
+        data = _payload(n, 700 + 131 * n)
+        if op == "put":
+            try:
+                ref = store.put("body", data)
+            except ArtifactError:
+                continue
+            returned[n] = ref
+            pending.append(ref)
+        elif op == "sync":
+            try:
+                store.sync(pending)
+            except ArtifactError:
+                continue  # not durable: nothing of it counts as synced
+            synced.update({ref: int(_n_of_size(ref)) for ref in pending})
+            pending.clear()
+        elif n in returned:
+            _check_never_missing(store, returned[n])
+    store.close()  # waits for the seals under way: each has succeeded or failed now
+    for ref in returned.values():
+        _check_never_missing(store, ref)
+    event(f"fired: {bool(disk.fired)}")
+    disk.power_loss("drop")
+    disk.write_crash_image()
+    after = PackStore(root / "artifacts")
+    for ref, n in synced.items():
+        assert after.read(ref, verify=True) == _payload(n, 700 + 131 * n)
+    for ref in after.iter_refs():
+        after.verify(ref)
+
+
+def _check_never_missing(store: PackStore, ref: ArtifactRef) -> None:
+    try:
+        store.check(ref)
+    except ArtifactMissingError:
+        raise
+    except ArtifactError as exc:  # the store failing (a failed fsync): redeliverable
+        assert exc.sync_failed is True
+        event("a check said the store failed")
+
+
+def _n_of_size(ref: ArtifactRef) -> int:
+    n, rest = divmod(ref.size - 700, 131)
+    assert rest == 0
+    return n

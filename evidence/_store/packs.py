@@ -15,9 +15,13 @@ one record (header and payload in one write) without an fsync. ``sync(refs)`` fs
 pack holding a listed payload once, however many payloads it holds and however many
 threads ask at the same time (group commit); the writer calls it with every payload a
 batch references for the first time, before that batch's COMMIT, so "durable before
-referenced" holds exactly as it did with one fsynced file per payload. A pack reaching
-``pack_bytes`` is sealed (its index and trailer appended, fsynced) and a new one begun;
-``close`` seals the active pack too.
+referenced" holds exactly as it did with one fsynced file per payload. Every
+``WRITEBACK_BYTES`` appended, the kernel is asked to start writing them out (a hint:
+the group's fsync then waits for less). A pack reaching ``pack_bytes`` is sealed (its
+index and trailer appended, fsynced) on a thread of its own while the puts go on in the
+next pack, created ahead on another thread once the active one is half full; a ``sync``
+of a payload in a pack being sealed waits for the seal, and ``close`` waits for every
+seal, then seals the active pack too.
 
 The digest index is held in memory: the sealed packs' indexes, read when the store opens,
 and the records of unsealed packs, read by scanning them (other processes' active packs
@@ -37,8 +41,10 @@ Invariants:
     records past the last successful fsync leave the index, nothing is appended to it
     again, it is never sealed by this process, and its name goes to ``SYNC-FAILED``, so a
     later put of the same bytes is appended again and a later ``sync`` of a payload that
-    was only there raises. The writer stops and marks the store; the resync at the next
-    open rewrites those packs in place before anything is trusted again;
+    was only there raises that failure (never "missing", which would have the writer
+    reject a message naming it: the batch fails and is redelivered instead). The writer
+    stops and marks the store; the resync at the next open rewrites those packs in place
+    before anything is trusted again;
   - reclaim compacts: a sealed pack holding orphans is rewritten without them into a new
     sealed pack, and the old one is removed only under the database's write lock, after
     reclaim's re-check (``_audit/verify.py``), and only once the new one is durable.
@@ -51,6 +57,7 @@ import errno
 import fcntl
 import io
 import logging
+import mmap
 import os
 import re
 import secrets
@@ -98,6 +105,11 @@ _FAILED_LIST = "SYNC-FAILED"
 # A put of content already stored appends a touch record (so reclaim's grace period counts
 # from the latest put) when the stored copy was last put longer ago than this.
 TOUCH_AFTER_MS = 60_000
+# The appender hands what it wrote to the kernel's writeback every this many bytes
+# (``FileOps.start_writeback``): of 128 KiB, 256 KiB and 1 MiB, 1 MiB measured fastest in
+# the put stream of tools/bench_packs.py (the hint costs ~0.1 ms a call).
+WRITEBACK_BYTES = 1024 * 1024
+_PAGE = mmap.PAGESIZE
 
 Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
 
@@ -109,14 +121,15 @@ def _now_ms(clock: Callable[[], float]) -> int:
 class _Pack:
     """One segment file, as this process knows it."""
 
-    __slots__ = ("broken", "cond", "entries", "failed", "fd", "name", "no", "own", "path",
-                 "read_fd", "sealed", "size", "sync_fd", "synced", "syncing")
+    __slots__ = ("broken", "cond", "entries", "failed", "fd", "hinted", "name", "no", "own",
+                 "path", "read_fd", "sealed", "size", "sync_fd", "synced", "syncing")
 
     def __init__(self, no: int, name: str, path: Path, *, own: bool) -> None:
         self.no, self.name, self.path, self.own = no, name, path, own
         self.sealed = False
         self.size = pf.FILE_HEADER_SIZE  # records known up to here (own: the append point)
         self.synced = 0  # bytes known durable
+        self.hinted = 0  # own packs: bytes handed to the kernel's writeback so far
         self.fd: int | None = None  # own packs: the write descriptor (holds the flock)
         self.read_fd: int | None = None
         self.sync_fd: int | None = None  # another process's pack: fsynced through this
@@ -155,6 +168,16 @@ class PackStore:
         self._by_name: dict[str, _Pack] = {}
         self._numbers = iter(range(1, 1 << 62))
         self._active: _Pack | None = None
+        # Rotation off the putting thread: the next pack is created ahead (``_spare``, once
+        # the active one is half full) and a full pack is sealed on a thread of its own.
+        self._spare: _Pack | None = None
+        self._spare_for = 0  # the active pack a spare was last asked for (one try each)
+        self._behind_lock = threading.Lock()  # _spare and _threads
+        self._threads: list[threading.Thread] = []
+        # Payloads a failed fsync took out of the index: asked for, they raise that
+        # failure (redeliverable), never "missing"; a later put of the same bytes that is
+        # appended again takes them out of here.
+        self._lost: dict[tuple[str, bytes], _Pack] = {}
         self._closed = False
         self._namespaces: set[str] = set()  # validated already
         if create and not read_only:
@@ -336,14 +359,20 @@ class PackStore:
                                 self.read_only else f"artifact store {self.root} is closed",
                                 hint="open the store for writing to store payloads",
                                 path=self.root)
-        if isinstance(data, bytes | bytearray | memoryview):
+        if type(data) is bytes or isinstance(data, bytearray | memoryview):
             payload = data if type(data) is bytes else memoryview(data).cast("B")
             size = len(payload)
             if size > self.max_payload:
                 raise self._too_large(namespace, size)
             digest = blake3.blake3(payload).digest()
-            if not self._known(namespace, digest, size):
-                self._append_payload(namespace, digest, payload)
+            names = self._index.get(namespace)
+            loc = None if names is None else names.get(digest)
+            if loc is None or not self._known(namespace, digest, size, loc):
+                with self._append:
+                    names = self._index.get(namespace)
+                    if names is None or digest not in names:  # else another thread stored it
+                        self._write_record(pf.PAYLOAD, namespace, digest, payload, size,
+                                           int(self.clock() * 1000))
             return ArtifactRef(namespace, digest.hex(), size)
         return self._put_stream(namespace, _chunks(data))
 
@@ -356,7 +385,7 @@ class PackStore:
         when = int(put_time * 1000)
         with self._append:
             if self._get(namespace, digest) is None:
-                self._write_record(pf.PAYLOAD, namespace, digest, view, when)
+                self._write_record(pf.PAYLOAD, namespace, digest, view, view.nbytes, when)
         return ArtifactRef(namespace, digest.hex(), view.nbytes)
 
     def holds(self, ref: ArtifactRef) -> bool:
@@ -373,46 +402,38 @@ class PackStore:
             raise self._missing(ref)
         self.verify(ref)
 
-    def _known(self, namespace: str, digest: bytes, size: int) -> bool:
-        """Whether the content is stored already (a put again touches it, if it is old)."""
-        names = self._index.get(namespace)
-        loc = None if names is None else names.get(digest)
-        if loc is None or loc[2] != size or loc[0] not in self._packs:
+    def _known(self, namespace: str, digest: bytes, size: int, loc: Location) -> bool:
+        """Whether the content at ``loc`` (the index's entry for it) is stored already (a
+        put again touches it, if it is old)."""
+        if loc[2] != size or loc[0] not in self._packs:
             return False
         now = _now_ms(self.clock)
         last = max(loc[3], self._touched.get((namespace, digest), 0))
         if now - last > TOUCH_AFTER_MS:
             with self._append:
-                self._write_record(pf.TOUCH, namespace, digest, b"", now)
+                self._write_record(pf.TOUCH, namespace, digest, b"", 0, now)
             with self._lock:
                 key = (namespace, digest)
                 self._touched[key] = max(self._touched.get(key, 0), now)
         return True
 
-    def _append_payload(self, namespace: str, digest: bytes, payload: bytes | memoryview
-                        ) -> None:
-        with self._append:
-            names = self._index.get(namespace)
-            if names is not None and digest in names:  # another thread stored it
-                return
-            self._write_record(pf.PAYLOAD, namespace, digest, payload, _now_ms(self.clock))
-
     def _write_record(self, kind: int, namespace: str, digest: bytes,
-                      payload: memoryview | bytes, when: int) -> None:
-        """Append one whole record to the active pack, header and payload in one write
-        (``writev``: the payload is not copied); the caller holds ``_append``."""
-        length = len(payload)
+                      payload: memoryview | bytes, length: int, when: int) -> None:
+        """Append one whole record of a ``length``-byte payload to the active pack, header
+        and payload in one write (``writev``: the payload is not copied); the caller
+        holds ``_append``."""
         pack = self._active
+        end = pf.RECORD_SIZE + length
         if pack is None or pack.broken or pack.failed or (
-                pack.size + pf.RECORD_SIZE + length > self.pack_bytes
-                and pack.size > pf.FILE_HEADER_SIZE):
-            pack = self._writable(pf.RECORD_SIZE + length)
+                pack.size + end > self.pack_bytes and pack.size > pf.FILE_HEADER_SIZE):
+            pack = self._writable(end)
         fd = pack.fd
         assert fd is not None
         offset = pack.size
+        end += offset
         header = pf.encode_record(kind, namespace, digest, length, when)
         try:
-            self._ops.writev(fd, (header, payload))
+            self._ops.writev(fd, (header, payload), end - offset)
         except OSError as exc:
             pack.broken = True  # a part of the record may be there: start a new pack
             raise _os_errors("append to pack", pack.path)._translate(exc) from exc
@@ -422,8 +443,30 @@ class PackStore:
         placed = pf.Entry(kind, namespace, digest, offset, length, when)
         with self._lock:
             pack.entries.append(placed)
-            pack.size = offset + pf.RECORD_SIZE + length
-            self._add(pack, placed)
+            pack.size = end
+            names = self._index.get(namespace)
+            if kind == pf.PAYLOAD and names is not None and digest not in names:
+                names[digest] = (pack.no, offset, length, when)  # what _add does, for a put
+            else:
+                self._add(pack, placed)
+            if self._lost and kind == pf.PAYLOAD:
+                self._lost.pop((namespace, digest), None)  # stored again: trusted again
+        if end - pack.hinted >= WRITEBACK_BYTES:
+            self._start_writeback(pack, end)
+        if end > self.pack_bytes >> 1 and self._spare_for != pack.no:
+            self._prepare_spare(pack)
+
+    def _start_writeback(self, pack: _Pack, end: int) -> None:
+        """Let the disk start on what was appended since the last hint (``FileOps
+        .start_writeback``): the next ``sync`` of this pack then waits for less. (On a
+        thread of its own, measured no faster: the call releases the GIL but has to
+        take it first.)"""
+        assert pack.fd is not None
+        end -= end % _PAGE  # not the page still being appended to: a write into a page
+        # under writeback may have to wait for it (stable pages)
+        with contextlib.suppress(OSError):  # a hint: the fsync is what reports errors
+            self._ops.start_writeback(pack.fd, pack.hinted, end - pack.hinted)
+        pack.hinted = end
 
     def _put_stream(self, namespace: str, chunks: Iterator[memoryview]) -> ArtifactRef:
         """A payload of unknown size: its header is written last, in place (``pwrite``)."""
@@ -484,12 +527,64 @@ class PackStore:
             pack = None
         if pack is not None and pack.size > pf.FILE_HEADER_SIZE and \
                 pack.size + need > self.pack_bytes:
-            self._seal(pack)
             self._retire(pack)
+            self._behind(self._seal_quietly, pack)
             pack = None
         if pack is None:
-            pack = self._active = self._create()
+            with self._behind_lock:
+                pack, self._spare = self._spare, None
+            if pack is None:
+                pack = self._create()
+            self._active = pack
         return pack
+
+    # --- rotation, off the putting thread -------------------------------------------------
+
+    def _behind(self, work: Callable[..., None], *args: object) -> None:
+        """Run ``work`` on a thread of its own; ``close`` waits for it."""
+        thread = threading.Thread(target=work, args=args, name="evidence-packs")
+        with self._behind_lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    def _wait_behind(self) -> None:
+        with self._behind_lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
+
+    def _seal_quietly(self, pack: _Pack) -> None:
+        """Seal a full pack behind the puts. Its guarantees are a seal's wherever it runs
+        (records fsynced before the index that lists them; ``sync`` of its payloads waits
+        for it); a failed fsync poisons the pack as any does, and the writer's next
+        ``sync`` or check of a payload in it raises that failure."""
+        try:
+            self._seal(pack)
+        except ArtifactError as exc:
+            log.error("could not seal %s: %s", pack.path, exc)
+        except Exception:  # a thread's error would otherwise go to stderr only
+            log.exception("could not seal %s", pack.path)
+
+    def _prepare_spare(self, active: _Pack) -> None:
+        """Create the pack that follows ``active`` ahead of time (its header's fsync and
+        its directory's fsync off the put that rotates); once per active pack."""
+        self._spare_for = active.no
+        if self._spare is None and not self._closed:
+            self._behind(self._make_spare)
+
+    def _make_spare(self) -> None:
+        try:
+            spare = self._create()
+        except ArtifactError as exc:  # the rotating put creates one itself, and says why
+            log.warning("could not create the next pack ahead: %s", exc)
+            return
+        with self._behind_lock:
+            kept = self._spare is None and not self._closed
+            if kept:
+                self._spare = spare
+        if not kept:
+            self._discard_empty(spare)
 
     def _create(self) -> _Pack:
         """A new pack of this process: header written, locked, then named ``.pack`` (so a
@@ -542,24 +637,29 @@ class PackStore:
             if pack.failed or pack.sealed:
                 return
             pack.syncing = True
+        sealed = 0
         try:
             end = os.fstat(pack.fd).st_size  # past a record a failed write left part of
-            seal = pf.encode_seal(pack.entries, end)
             # The records durable before the index that lists them: written back in any
             # order, the index could reach the disk without a record it names, and the
             # reopened store would deduplicate a put against bytes that are not there.
             if pack.synced < end:
                 self._fsync_own(pack)
+                with pack.cond:  # a sync waiting for these records need not wait for the
+                    pack.synced = end  # index too (the writer's next COMMIT, in a crawl)
+                    pack.cond.notify_all()
+            seal = pf.encode_seal(pack.entries, end)
             with _os_errors("seal pack", pack.path):
                 self._ops.pwrite(pack.fd, seal, end)
             self._fsync_own(pack)
+            sealed = end + len(seal)
         finally:
-            with pack.cond:
+            with pack.cond:  # sealed as the seal ends: a waiting _seal never seals twice
                 pack.syncing = False
+                if sealed:
+                    pack.sealed = True
+                    pack.synced = pack.size = sealed
                 pack.cond.notify_all()
-        with pack.cond:
-            pack.sealed = True
-            pack.synced = pack.size = end + len(seal)
 
     def _fsync_own(self, pack: _Pack) -> None:
         """fsync a pack this process appends to; a failure poisons it (see ``_poison``)."""
@@ -638,10 +738,11 @@ class PackStore:
         pack.failed = True
         self._retire(pack)
         with self._lock:
-            for names in self._index.values():
+            for namespace, names in self._index.items():
                 for key in [k for k, (no, offset, length, _) in names.items()
                             if no == pack.no and offset + pf.RECORD_SIZE + length > pack.synced]:
                     del names[key]
+                    self._lost[(namespace, key)] = pack
         try:
             _append_line(self.packs_dir / _FAILED_LIST, pack.name)
         except OSError as exc:
@@ -665,6 +766,11 @@ class PackStore:
             return
         self._closed = True
         with self._append:
+            self._wait_behind()  # the seals of full packs, a spare being created
+            with self._behind_lock:
+                spare, self._spare = self._spare, None
+            if spare is not None:
+                self._discard_empty(spare)
             pack = self._active
             marked = self._marked()
             if pack is not None and not pack.broken and not pack.failed and not marked:
@@ -695,9 +801,11 @@ class PackStore:
                 or (self.packs_dir / _FAILED_LIST).exists())
 
     def _discard_empty(self, pack: _Pack) -> None:
-        """A pack that got no record: nothing in it to keep."""
+        """A pack that got no record: nothing in it to keep (its lock held until it is
+        unlinked: no recovering opener seals it meanwhile)."""
         with contextlib.suppress(OSError):
             self._ops.unlink(pack.path)
+        self._close_fds(pack)
         with self._lock:
             self._packs.pop(pack.no, None)
             self._by_name.pop(pack.name, None)
@@ -732,6 +840,11 @@ class PackStore:
                 log.warning("%s has no valid pack header; its bytes are kept, unread",
                             pack.path)
                 pack.sealed = True  # never appended to, never tailed again
+                return True
+            if size == pf.FILE_HEADER_SIZE:  # a pack created ahead, never appended to
+                self._unlink_quietly(pack.path)
+                self._packs.pop(pack.no, None)
+                self._by_name.pop(pack.name, None)
                 return True
             found = pf.scan(read_at, pf.FILE_HEADER_SIZE, size, verify=True)
             if not found.complete:
@@ -973,7 +1086,14 @@ class PackStore:
 
     # --- errors ---------------------------------------------------------------------------
 
-    def _missing(self, ref: ArtifactRef) -> ArtifactMissingError:
+    def _missing(self, ref: ArtifactRef) -> ArtifactError:
+        """ArtifactMissingError; for a payload a failed fsync took out of the index, that
+        failure instead (the store failing, not the payload missing: a message naming it
+        is redelivered, never rejected)."""
+        if self._lost:
+            pack = self._lost.get((ref.namespace, _digest_bytes(ref)))
+            if pack is not None:
+                return self._sync_failed(pack, None)
         return ArtifactMissingError(
             f"artifact {ref.namespace}/{ref.digest} is not in the store (no pack under "
             f"{self.packs_dir} holds it)",

@@ -71,7 +71,7 @@ __all__ = [
     "open_store",
 ]
 
-Operation = Literal["read", "write", "sync", "truncate", "meta"]
+Operation = Literal["read", "write", "sync", "truncate", "meta", "writeback"]
 # What an operation touches, for faults aimed at one kind of file (``Fault.files``).
 FileKind = Literal["database", "wal", "journal", "artifact", "directory", "other"]
 FILE_KINDS: tuple[str, ...] = ("database", "wal", "journal", "artifact", "directory", "other")
@@ -160,6 +160,7 @@ class SimulatedDisk:
         self.counted = 0  # operations that matched the fault's kinds so far
         self.log: list[tuple[int, str, str, int, int, str]] = []
         self.crashed = False
+        self.power_losses = 0  # file operations made before the last one stay dead
         self.wal_syncs = 0  # completed syncs of a -wal file: what makes WAL commits durable
         self.wal_syncs_at_crash = 0
         self.fired: list[str] = []
@@ -352,6 +353,7 @@ class SimulatedDisk:
             if self.crashed:
                 return
             self.crashed = True
+            self.power_losses += 1
             self.wal_syncs_at_crash = self.wal_syncs
             dirs: list[Path] = []
             files: list[tuple[Path, bytes, int]] = []
@@ -546,13 +548,23 @@ class CrashFile(apsw.VFSFile):
 # --- the artifact-store seam --------------------------------------------------------------
 
 class CrashFileOps(FileOps):
-    """``FileOps`` that report to a ``SimulatedDisk``: ``ArtifactStore(root, file_ops=...)``."""
+    """``FileOps`` that report to a ``SimulatedDisk``: ``ArtifactStore(root, file_ops=...)``.
+
+    Each operation is checked, done and recorded under the disk's lock: a power loss on
+    another thread (a pack sealed or created behind the puts) falls before or after it,
+    never between the real change and its record."""
 
     def __init__(self, disk: SimulatedDisk) -> None:
         self.disk = disk
         self._fds: dict[int, list] = {}  # fd -> [inode, offset, path]
+        # The power losses before this process (these operations) began: after another
+        # one, it is dead for good, even once a crash image is written and captured (a
+        # thread of the store that "crashed" must not write into the next one's disk).
+        self._born = disk.power_losses
 
     def _fail(self, op: Operation, path: Path | str, offset: int = 0, length: int = 0) -> None:
+        if self.disk.power_losses != self._born:
+            raise OSError(errno.EIO, f"simulated power loss: {op}", str(path))
         outcome = self.disk.check(op, path, offset, length)
         if outcome == "dead":
             raise OSError(errno.EIO, f"simulated power loss: {op}", str(path))
@@ -562,86 +574,107 @@ class CrashFileOps(FileOps):
             raise OSError(errno.ENOSPC, f"injected disk full: {op}", str(path))
 
     def open_temp(self, directory: Path) -> tuple[int, Path]:
-        self._fail("meta", directory)
-        fd, path = super().open_temp(directory)
-        self._fds[fd] = [self.disk.created(path, 0o600), 0, path]
-        return fd, path
+        with self.disk._lock:
+            self._fail("meta", directory)
+            fd, path = super().open_temp(directory)
+            self._fds[fd] = [self.disk.created(path, 0o600), 0, path]
+            return fd, path
 
     def write(self, fd: int, data: bytes | memoryview) -> None:
-        ino, offset, path = self._fds[fd]
-        self._fail("write", path, offset, len(data))
-        super().write(fd, data)
-        self.disk.wrote(ino, offset, bytes(data))
-        self._fds[fd][1] = offset + len(data)
+        with self.disk._lock:
+            ino, offset, path = self._fds[fd]
+            self._fail("write", path, offset, len(data))
+            super().write(fd, data)
+            self.disk.wrote(ino, offset, bytes(data))
+            self._fds[fd][1] = offset + len(data)
 
-    def writev(self, fd: int, buffers) -> None:
+    def writev(self, fd: int, buffers, size: int | None = None) -> None:
         self.write(fd, b"".join(bytes(b) for b in buffers))  # one write, as the model sees it
 
+    def start_writeback(self, fd: int, offset: int, length: int) -> None:
+        """Counted and logged, and changes nothing durable: the model makes bytes durable
+        at an fsync only (a real disk may keep more of an unsynced tail, which recovery
+        handles too). Its outcome is ignored, as the real hint's result is."""
+        with self.disk._lock:
+            if self.disk.power_losses == self._born:
+                self.disk.check("writeback", self._fds[fd][2], offset, length)
+
     def fsync(self, fd: int) -> None:
-        ino, _, path = self._fds[fd]
-        try:
-            self._fail("sync", path)
-        except OSError:
-            self.disk.sync_failed(ino)
-            raise
-        self.disk.synced(ino, path)  # the model decides what is durable: no real fsync
+        with self.disk._lock:
+            ino, _, path = self._fds[fd]
+            try:
+                self._fail("sync", path)
+            except OSError:
+                self.disk.sync_failed(ino)
+                raise
+            self.disk.synced(ino, path)  # the model decides what is durable: no real fsync
 
     def create_exclusive(self, path: Path, mode: int) -> int:
-        self._fail("meta", path)
-        fd = super().create_exclusive(path, mode)
-        self._fds[fd] = [self.disk.created(Path(path), mode), 0, Path(path)]
-        return fd
+        with self.disk._lock:
+            self._fail("meta", path)
+            fd = super().create_exclusive(path, mode)
+            self._fds[fd] = [self.disk.created(Path(path), mode), 0, Path(path)]
+            return fd
 
     def open_read(self, path: Path) -> int:
-        fd = super().open_read(path)
-        self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
-        return fd
+        with self.disk._lock:
+            fd = super().open_read(path)
+            self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
+            return fd
 
     def make_writable(self, path: Path) -> None:
-        self._fail("meta", path)
-        super().make_writable(path)
-        self.disk.chmod(Path(path), 0o644)
+        with self.disk._lock:
+            self._fail("meta", path)
+            super().make_writable(path)
+            self.disk.chmod(Path(path), 0o644)
 
     def open_existing(self, path: Path) -> int:
-        fd = super().open_existing(path)
-        self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
-        return fd
+        with self.disk._lock:
+            fd = super().open_existing(path)
+            self._fds[fd] = [self.disk.opened(Path(path)), 0, Path(path)]
+            return fd
 
     def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
-        ino, _, path = self._fds[fd]
-        self._fail("write", path, offset, len(data))
-        super().pwrite(fd, data, offset)
-        self.disk.wrote(ino, offset, bytes(data))
+        with self.disk._lock:
+            ino, _, path = self._fds[fd]
+            self._fail("write", path, offset, len(data))
+            super().pwrite(fd, data, offset)
+            self.disk.wrote(ino, offset, bytes(data))
 
     def close(self, fd: int) -> None:
         self._fds.pop(fd, None)
         super().close(fd)
 
     def rename(self, src: Path, dst: Path) -> None:
-        self._fail("meta", dst)
-        super().rename(src, dst)
-        self.disk.renamed(src, dst)
-        for entry in self._fds.values():  # a file still open (a pack) has its new name
-            if entry[2] == Path(src):
-                entry[2] = Path(dst)
+        with self.disk._lock:
+            self._fail("meta", dst)
+            super().rename(src, dst)
+            self.disk.renamed(src, dst)
+            for entry in self._fds.values():  # a file still open (a pack) has its new name
+                if entry[2] == Path(src):
+                    entry[2] = Path(dst)
 
     def fsync_dir(self, path: Path) -> None:
-        self._fail("sync", path)
-        self.disk.dir_synced(path)
+        with self.disk._lock:
+            self._fail("sync", path)
+            self.disk.dir_synced(path)
 
     def makedirs(self, path: Path) -> list[Path]:
-        if not os.path.isdir(path):
-            self._fail("meta", path)
-        return super().makedirs(path)
+        with self.disk._lock:
+            if not os.path.isdir(path):
+                self._fail("meta", path)
+            return super().makedirs(path)
 
     def chmod_readonly(self, path: Path) -> None:
-        super().chmod_readonly(path)
-        self.disk.chmod(path, 0o444)
+        with self.disk._lock:
+            super().chmod_readonly(path)
+            self.disk.chmod(path, 0o444)
 
     def unlink(self, path: Path) -> None:
-        self._fail("meta", path)
-        super().unlink(path)
-        self.disk.deleted(path)
+        with self.disk._lock:
+            self._fail("meta", path)
+            super().unlink(path)
+            self.disk.deleted(path)
 
 
 # --- a store on the simulated disk -------------------------------------------------------
