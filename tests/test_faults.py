@@ -58,6 +58,7 @@ from evidence.testing.trial import (
     build_groups,
     count_operations,
     iter_faults,
+    operation_log,
     run_trial,
 )
 
@@ -201,6 +202,20 @@ def failures(trials: list[Trial]) -> list[tuple[str, list[str]]]:
 
 # The fault loops run over both artifact layouts: packs (new stores; small packs, so they
 # rotate and are sealed inside the workload) and one file per payload (older stores).
+def test_a_fault_free_run_makes_its_operations_in_one_order_every_time(
+        tmp_path: Path) -> None:
+    """A trial's fault hits "the N-th operation": that must be one operation every run, or
+    a failing trial cannot be rerun. Small packs rotate (seals and packs created ahead,
+    work the store does on threads of its own on a real disk), and still two runs make
+    the same operations in the same order. (Fails with the seals on threads under the
+    simulated disk too: the runs split where a seal's writes land among the puts.)"""
+    workload = Workload(batches=12, pages_per_batch=3, pack_bytes=8192)
+    runs = [operation_log(tmp_path / str(i), workload) for i in range(3)]
+    assert sum(op == "sync" and "PACKS" in path for op, path, _, _ in runs[0]) > 12
+    assert sum(op == "meta" and path.endswith(".new") for op, path, _, _ in runs[0]) > 3
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
 LOOP_WORKLOADS = {"packs": Workload(batches=4, pages_per_batch=2, pack_bytes=8192),
                   "files": Workload(batches=4, pages_per_batch=2, artifacts="files")}
 

@@ -631,7 +631,7 @@ def test_any_interleaving_with_a_failing_pack_operation_loses_no_synced_payload(
     root = tmp_path_factory.mktemp("f")
     disk = SimulatedDisk(root, sync_failure="lose")
     disk.capture()
-    store = PackStore(root / "artifacts", file_ops=CrashFileOps(disk), pack_bytes=8192)
+    store = PackStore(root / "artifacts", file_ops=_Behind(disk), pack_bytes=8192)
     disk.arm(Fault(action=action, at=failing,  # type: ignore[arg-type]
                    ops=frozenset({"write" if write else "sync"}), files=frozenset({"artifact"}),
                    persistent=persistent, heal_after=3))
@@ -667,6 +667,13 @@ def test_any_interleaving_with_a_failing_pack_operation_loses_no_synced_payload(
         assert after.read(ref, verify=True) == _payload(n, 700 + 131 * n)
     for ref in after.iter_refs():
         after.verify(ref)
+
+
+class _Behind(CrashFileOps):
+    """The simulated disk, with the store's seals and new packs on threads of their own
+    as on a real disk (``CrashFileOps`` runs them in line, so fault trials repeat)."""
+
+    background = True
 
 
 def _check_never_missing(store: PackStore, ref: ArtifactRef) -> None:

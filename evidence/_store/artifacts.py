@@ -91,6 +91,12 @@ class FileOps:
     Methods raise OSError; the store translates. Subclasses may record, delay or fail calls.
     """
 
+    # Whether work a store hands to a thread of its own (a pack's seal, the next pack
+    # created ahead) runs there, or in line where it is handed over. A simulated disk runs
+    # it in line: its fault trials then make their operations in one order every run, so
+    # "the fault at operation N" is the same operation each time (a trial is repeatable).
+    background = True
+
     def open_temp(self, directory: Path) -> tuple[int, Path]:
         path = directory / f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}{_TEMP_SUFFIX}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW

@@ -541,7 +541,11 @@ class PackStore:
     # --- rotation, off the putting thread -------------------------------------------------
 
     def _behind(self, work: Callable[..., None], *args: object) -> None:
-        """Run ``work`` on a thread of its own; ``close`` waits for it."""
+        """Run ``work`` on a thread of its own; ``close`` waits for it. (In line where the
+        file operations ask for it: ``FileOps.background``.)"""
+        if not self._ops.background:
+            work(*args)
+            return
         thread = threading.Thread(target=work, args=args, name="evidence-packs")
         with self._behind_lock:
             self._threads = [t for t in self._threads if t.is_alive()]

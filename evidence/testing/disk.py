@@ -554,6 +554,8 @@ class CrashFileOps(FileOps):
     another thread (a pack sealed or created behind the puts) falls before or after it,
     never between the real change and its record."""
 
+    background = False  # a store's background work runs in line: one order every run
+
     def __init__(self, disk: SimulatedDisk) -> None:
         self.disk = disk
         self._fds: dict[int, list] = {}  # fd -> [inode, offset, path]

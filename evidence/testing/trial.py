@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import itertools
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = [
     "Workload",
     "build_groups",
     "count_operations",
+    "operation_log",
     "iter_faults",
     "run_trial",
 ]
@@ -202,8 +204,30 @@ def run_trial(root: os.PathLike[str] | str, fault: Fault | None, *,
 def count_operations(root: os.PathLike[str] | str, workload: Workload | None = None
                      ) -> collections.Counter[str]:
     """Run the workload without a fault; how many operations of each kind it makes."""
-    workload = workload or Workload()
-    root = Path(root)
+    disk = _fault_free(Path(root), workload or Workload())
+    return collections.Counter(disk.counts) + disk.kind_counts
+
+
+def operation_log(root: os.PathLike[str] | str, workload: Workload | None = None
+                  ) -> list[tuple[str, str, int, int]]:
+    """Run the workload without a fault; every operation it makes, in order: (operation,
+    path under ``root``, offset, length), a pack's random name replaced by its order of
+    first appearance. Two runs of one workload give the same log: the fault at operation
+    N of a trial is the same operation every run."""
+    disk = _fault_free(Path(root), workload or Workload())
+    names: dict[str, str] = {}
+
+    def name(path: str) -> str:
+        return _PACK_NAME.sub(lambda m: names.setdefault(m.group(0), f"pack{len(names)}"),
+                              path)
+
+    return [(op, name(path), offset, length) for _, op, path, offset, length, _ in disk.log]
+
+
+_PACK_NAME = re.compile(r"[0-9a-f]{32}")
+
+
+def _fault_free(root: Path, workload: Workload) -> SimulatedDisk:
     with Store.create(root / "store", artifact_layout=workload.artifacts):
         pass
     disk = SimulatedDisk(root)
@@ -216,7 +240,7 @@ def count_operations(root: os.PathLike[str] | str, workload: Workload | None = N
         vfs.unregister()
     if trial.errors_seen:
         raise RuntimeError(f"the workload failed without a fault: {trial.errors_seen}")
-    return collections.Counter(disk.counts) + disk.kind_counts
+    return disk
 
 
 def _close(store: Store | None) -> None:
