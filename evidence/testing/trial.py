@@ -58,8 +58,8 @@ __all__ = [
     "Workload",
     "build_groups",
     "count_operations",
-    "operation_log",
     "iter_faults",
+    "operation_log",
     "run_trial",
 ]
 
