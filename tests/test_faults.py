@@ -927,6 +927,21 @@ def test_full_disk_on_a_small_tmpfs(tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def test_an_io_error_before_commit_is_named_in_the_commit_error(rig: Rig) -> None:
+    """An error the VFS raises has no message of its own: the CommitError names its code
+    (it said "failed before commit ()" before)."""
+    assert rig.store is not None
+    anyio.run(submit, rig.store, setup_messages())
+    bodies, messages = group_messages("io-", pages=1)
+    for body in bodies:
+        rig.store.artifacts.put("body", body)
+    rig.disk.arm(Fault(action="io_error", at=1, ops=frozenset({"write"}),
+                       files=frozenset({"wal"})))
+    errors = [e for e in failure_of(submit, rig.store, messages) if isinstance(e, CommitError)]
+    assert errors, "the write error did not fail the batch"
+    assert all("SQLITE_IOERR" in str(e) and "()" not in str(e) for e in errors), errors
+
+
 def test_full_disk_injected_by_the_vfs(rig: Rig) -> None:
     assert rig.store is not None
     anyio.run(submit, rig.store, setup_messages())

@@ -663,7 +663,8 @@ class Writer:
                 self._stopping = self.store.mark_sync_failed(
                     f"batch {batch_seq}, before its COMMIT: {self._db.describe(exc)}")
             raise CommitError(
-                f"batch {batch_seq} failed before commit ({exc}); nothing of it was written",
+                f"batch {batch_seq} failed before commit ({self._db.describe(exc)}); "
+                "nothing of it was written",
                 hint="redeliver the messages; if the disk is full, free space first",
                 batch_seq=batch_seq, sqlite_code=getattr(exc, "extendedresult", None),
             ) from exc
@@ -846,7 +847,8 @@ class Writer:
         if row and bytes(row[0][0]) == chain:  # this batch's row, not another writer's
             return acks
         raise CommitError(
-            f"batch {batch_seq} did not commit ({exc}); none of its messages were acked",
+            f"batch {batch_seq} did not commit ({self._db.describe(exc)}); none of its "
+            "messages were acked",
             hint="redeliver the messages; if the disk is full, free space first",
             batch_seq=batch_seq, sqlite_code=getattr(exc, "extendedresult", None))
 
