@@ -99,10 +99,14 @@ class Syncer:
             self.pool.shutdown()
 
 
-def run_raw(directory: Path, data: list[bytes], group: int, pipeline: bool) -> float:
+def run_raw(directory: Path, data: list[bytes], group: int, pipeline: bool, *,
+            hint: bool = False) -> float:
+    """Raw appends; with ``hint``, the writeback hint every MiB on whole pages, as
+    PackStore gives it."""
     fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     dfd = os.open(directory, os.O_RDONLY)
     syncer = Syncer(pipeline)
+    ops, page, hinted, end = FileOps(), mmap.PAGESIZE, 0, 0
     try:
         started = time.perf_counter()
         os.fsync(dfd)  # the file's entry, as a pack's creation makes it durable
@@ -110,6 +114,11 @@ def run_raw(directory: Path, data: list[bytes], group: int, pipeline: bool) -> f
             view = memoryview(payload)
             while view:
                 view = view[os.write(fd, view):]
+            if hint:
+                end += len(payload)
+                if end - hinted >= WRITEBACK_BYTES:
+                    ops.start_writeback(fd, hinted, end - end % page - hinted)
+                    hinted = end - end % page
             if i % group == 0 or i == len(data):
                 syncer.sync(os.fsync, fd)
         syncer.wait()
@@ -121,29 +130,7 @@ def run_raw(directory: Path, data: list[bytes], group: int, pipeline: bool) -> f
 
 
 def run_raw_wb(directory: Path, data: list[bytes], group: int, pipeline: bool) -> float:
-    fd = os.open(directory / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    dfd = os.open(directory, os.O_RDONLY)
-    syncer = Syncer(pipeline)
-    ops, page, hinted, end = FileOps(), mmap.PAGESIZE, 0, 0
-    try:
-        started = time.perf_counter()
-        os.fsync(dfd)
-        for i, payload in enumerate(data, 1):
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
-            end += len(payload)
-            if end - hinted >= WRITEBACK_BYTES:  # as PackStore does: whole pages, each MiB
-                ops.start_writeback(fd, hinted, end - end % page - hinted)
-                hinted = end - end % page
-            if i % group == 0 or i == len(data):
-                syncer.sync(os.fsync, fd)
-        syncer.wait()
-        return time.perf_counter() - started
-    finally:
-        syncer.close()
-        os.close(fd)
-        os.close(dfd)
+    return run_raw(directory, data, group, pipeline, hint=True)
 
 
 def run_packs(directory: Path, data: list[bytes], group: int, pipeline: bool) -> float:

@@ -444,11 +444,7 @@ class PackStore:
         with self._lock:
             pack.entries.append(placed)
             pack.size = end
-            names = self._index.get(namespace)
-            if kind == pf.PAYLOAD and names is not None and digest not in names:
-                names[digest] = (pack.no, offset, length, when)  # what _add does, for a put
-            else:
-                self._add(pack, placed)
+            self._add(pack, placed)
             if self._lost and kind == pf.PAYLOAD:
                 self._lost.pop((namespace, digest), None)  # stored again: trusted again
         if end - pack.hinted >= WRITEBACK_BYTES:

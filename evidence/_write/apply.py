@@ -74,11 +74,10 @@ class RowInsert:
 
     def __init__(self, head: str, columns: int, tail: str, *, dialect: Dialect) -> None:
         one = dialect.values(columns)
-        self.single = f"{head} VALUES {one} {tail}"
-        self.wide = f"{head} VALUES {', '.join([one] * self.WIDE)} {tail}"
-        # The remainder's statements: 16, 8, 4, 2 and 1 rows.
-        self._sized = {width: f"{head} VALUES {', '.join([one] * width)} {tail}"
-                       for width in _powers_below(self.WIDE)}
+        # A statement of each power of two up to WIDE rows: 1, 2, 4, 8, 16, 32.
+        self._sized = {1 << k: f"{head} VALUES {', '.join([one] * (1 << k))} {tail}"
+                       for k in range(self.WIDE.bit_length())}
+        self.single, self.wide = self._sized[1], self._sized[self.WIDE]
 
     def write(self, cursor: Any, rows: Sequence[tuple[object, ...]]) -> None:
         wide = self.WIDE
@@ -95,16 +94,6 @@ class RowInsert:
                 start += width
                 left -= width
             width //= 2
-
-
-def _powers_below(n: int) -> list[int]:
-    """The powers of two below ``n``, largest first (16, 8, 4, 2, 1 for 32)."""
-    widths = []
-    width = n // 2
-    while width >= 1:
-        widths.append(width)
-        width //= 2
-    return widths
 
 
 class Statements:
