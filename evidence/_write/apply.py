@@ -354,8 +354,7 @@ class Applier:
                                conflict=True)
             return self.conn.last_insert_rowid()  # attempt_seq is the rowid
         if self._next_attempt_seq is None:
-            last = self.conn.execute("SELECT max(attempt_seq) FROM fetch_attempt").fetchall()
-            self._next_attempt_seq = (last[0][0] or 0) + 1
+            self._next_attempt_seq = self.next_id("attempt_seq", "fetch_attempt")
         attempt_seq = self._next_attempt_seq
         self._next_attempt_seq += 1
         self._attempt_rows.append((attempt_seq, *row))
@@ -423,8 +422,8 @@ class Applier:
             if key not in seen:
                 seen.add(key)
                 unique.append(row)
-        last = self.conn.execute("SELECT max(edge_id) FROM discovery_edge").fetchall()[0][0]
-        numbered = [(edge_id, *row) for edge_id, row in enumerate(unique, (last or 0) + 1)]
+        numbered = [(edge_id, *row) for edge_id, row in
+                    enumerate(unique, self.next_id("edge_id", "discovery_edge"))]
         before = self.conn.total_changes()
         self.sql.edges_numbered.write(self.cursor, numbered)
         if self.conn.total_changes() - before != len(numbered):
@@ -457,6 +456,12 @@ class Applier:
         self.interner.put("url", key, url_id)
         return url_id
 
+    def next_id(self, column: str, table: str) -> int:
+        """The id one more than the largest in ``table`` (what the store's own numbering
+        gives the next row inserted without one: SQLite's rowid, PostgreSQL's trigger)."""
+        last = self.conn.execute(f"SELECT max({column}) FROM {table}").fetchall()[0][0]
+        return int(last or 0) + 1
+
     def intern_urls(self, keys: Iterable[str]) -> None:
         """Intern many fetch keys with a few statements instead of one or two per key.
 
@@ -478,9 +483,8 @@ class Applier:
         new = [key for key in missing if key not in found]
         if not new:
             return
-        last = self.conn.execute("SELECT max(url_id) FROM url_identity").fetchall()[0][0]
         rows = [(url_id, NORMALIZER_VERSION, key)
-                for url_id, key in enumerate(new, (last or 0) + 1)]
+                for url_id, key in enumerate(new, self.next_id("url_id", "url_identity"))]
         self.sql.urls.write(self.cursor, rows)
         for url_id, _, key in rows:
             put("url", key, url_id)
@@ -527,9 +531,8 @@ class Applier:
             new.append(ref)
         if not new:
             return
-        last = self.conn.execute("SELECT max(artifact_id) FROM artifact").fetchall()[0][0]
         rows = [(artifact_id, ref.namespace, ref.digest, ref.size)
-                for artifact_id, ref in enumerate(new, (last or 0) + 1)]
+                for artifact_id, ref in enumerate(new, self.next_id("artifact_id", "artifact"))]
         self.sql.artifacts.write(self.cursor, rows)
         self.new_refs.extend(new)
         for artifact_id, namespace, digest, size in rows:
