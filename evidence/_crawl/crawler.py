@@ -863,18 +863,22 @@ class Crawler:
     async def _robots_for(self, url: str, host: str) -> Robots | None:
         # Nearly every page finds its host's rules cached: that answer needs no lock (taking
         # and releasing an anyio Lock is four cancel scopes, per page).
-        cached = self._robots.get(host)
-        if cached is not None and cached.expires_at > utc_now():
+        cached = self._fresh_robots(host)
+        if cached is not None:
             return cached
         async with self._robots_locks[host]:  # one fetch of robots.txt per host at a time
-            now = utc_now()
-            cached = self._robots.get(host)
-            if cached is not None and cached.expires_at > now:
+            cached = self._fresh_robots(host)  # another page's fetch may have got it
+            if cached is not None:
                 return cached
-            robots = self._stored_robots(host, now) or await self._fetch_robots(url, host)
+            robots = self._stored_robots(host, utc_now()) or await self._fetch_robots(url, host)
             if robots is not None:
                 self._robots[host] = robots
             return robots
+
+    def _fresh_robots(self, host: str) -> Robots | None:
+        """The host's robots.txt rules held in memory, if not expired."""
+        cached = self._robots.get(host)
+        return cached if cached is not None and cached.expires_at > utc_now() else None
 
     def _stored_robots(self, host: str, now: dt.datetime) -> Robots | None:
         """robots.txt recorded by an earlier run and not yet expired: no new request."""
