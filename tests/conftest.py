@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -221,23 +222,28 @@ def reference_mth(leaves: list[bytes]) -> bytes:
 
 
 def need_chromium() -> str:
-    """The Chromium executable for a test that drives a browser.
-
-    In CI (the CI environment variable is set, as ``.ci/run`` runs) a missing browser FAILS
-    the test with the reason: ``.ci/run`` installs it, so its absence is a broken setup,
-    never a silent skip. On a developer machine without it, the test is skipped and says
-    how to install it.
-    """
-    import os
+    """The Chromium executable for a test that drives a browser (``unavailable`` if none:
+    a failure in CI, a skip that says how to install it elsewhere)."""
     import shutil
 
     for name in ("chromium", "chromium-browser", "google-chrome"):
         found = shutil.which(name)
         if found:
             return found
-    reason = "chromium is not installed (Debian: apt-get install chromium)"
+    unavailable("chromium is not installed (Debian: apt-get install chromium)")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A part this test needs is missing here (a browser, mount, root, setpriv).
+
+    In CI (the CI environment variable is set, as ``.ci/run`` runs) the test FAILS with the
+    reason: CI's machine has every such part, so its absence is a broken setup, never a
+    silent skip. On a developer machine without it, the test is skipped with the reason.
+    """
+    import os
+
     if os.environ.get("CI"):
-        pytest.fail(f"{reason}; .ci/run installs it, so CI must have it")
+        pytest.fail(f"{reason}; .ci/run provides it, so CI must have it")
     pytest.skip(reason)
 
 

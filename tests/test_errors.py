@@ -23,6 +23,8 @@ import pytest
 from evidence import RunStarted, SessionStarted, Store, Writer, utc_now
 from evidence._demo.site import SiteConfig, TestSite
 
+from .conftest import unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]
 CONFIG = {"seeds": ["http://127.0.0.1:9/"]}
@@ -199,11 +201,11 @@ def test_a_full_disk_prints_the_clean_error_only(tmp_path: Path) -> None:
     mount = tmp_path / "small"
     mount.mkdir()
     if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
+        unavailable("no mount command here")
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs here ({done.stderr.strip()})")
+        unavailable(f"cannot mount a size-limited tmpfs here ({done.stderr.strip()})")
     try:
         large = {f"/p/{i}": 60_000 for i in range(40)}  # 2.4 MB of pages for a 1 MB disk
         with TestSite(SiteConfig(pages=40, large=large)) as site:

@@ -62,7 +62,7 @@ from evidence.testing.trial import (
     run_trial,
 )
 
-from .conftest import LAYOUTS, Factory, backdate_payload
+from .conftest import LAYOUTS, Factory, backdate_payload, unavailable
 
 SMALL = Workload(batches=4, pages_per_batch=2)
 
@@ -913,12 +913,12 @@ def test_full_disk_on_a_small_tmpfs(tmp_path: Path) -> None:
     mount = tmp_path / "small"
     mount.mkdir()
     if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("no mount command here; test_full_disk_injected_by_the_vfs covers the "
+        unavailable("no mount command here; test_full_disk_injected_by_the_vfs covers the "
                     "writer's side")
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs here ({done.stderr.strip()}); "
+        unavailable(f"cannot mount a size-limited tmpfs here ({done.stderr.strip()}); "
                     "test_full_disk_injected_by_the_vfs covers the writer's side")
     try:
         with Store.create(mount / "store") as store:

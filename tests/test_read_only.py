@@ -32,12 +32,14 @@ from evidence._cli.main import main as cli_main
 from evidence._store.resync import mark_sync_failed
 from evidence.testing.trial import FIXED_TIME
 
+from .conftest import unavailable
+
 NOBODY = 65534
 
 
 def _root_only(what: str) -> None:
     if os.geteuid() != 0:
-        pytest.skip(f"{what} needs root (tests usually run as root here); not run")
+        unavailable(f"{what} needs root (tests usually run as root here); not run")
 
 
 @contextlib.contextmanager
@@ -60,12 +62,12 @@ def read_only_mount(source: Path) -> Iterator[Path]:
         done = subprocess.run(["mount", "--bind", str(source), str(target)],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            pytest.skip(f"cannot bind-mount here ({done.stderr.strip()})")
+            unavailable(f"cannot bind-mount here ({done.stderr.strip()})")
         try:
             remount = subprocess.run(["mount", "-o", "remount,ro,bind", str(target)],
                                      capture_output=True, text=True, check=False)
             if remount.returncode != 0:
-                pytest.skip(f"cannot remount read-only here ({remount.stderr.strip()})")
+                unavailable(f"cannot remount read-only here ({remount.stderr.strip()})")
             yield target
         finally:
             subprocess.run(["umount", "-l", str(target)], check=False)
@@ -79,7 +81,7 @@ def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
     _root_only("running a command as another user")
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        pytest.skip("setpriv (util-linux) is not installed")
+        unavailable("setpriv (util-linux) is not installed")
     return subprocess.run(
         [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
          sys.executable, "-m", "evidence", *args],
