@@ -8,7 +8,7 @@ import threading
 import anyio
 import pytest
 
-from evidence._crawl.http import _Backend, _readable, crawl_client
+from evidence._crawl.http import Client, Exchange, FetchError, _readable, _request, crawl_client
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 
@@ -57,13 +57,12 @@ def closing_server():
     server.close()
 
 
-def test_the_pool_runs_on_our_backend() -> None:
-    async def main() -> None:
-        async with crawl_client(connections=4, timeout=5.0) as client:
-            pool = client._transport._pool  # what crawl_client replaced
-            assert isinstance(pool._network_backend, _Backend)
-
-    anyio.run(main)
+async def get(client: Client, url: str, cap: int = 1 << 20) -> tuple[int, Exchange]:
+    exchange = Exchange("GET")
+    response = await client.send("GET", url, {"User-Agent": "t"}, exchange)
+    outcome, error, _ = await response.read_body(cap)
+    assert outcome == "response", error
+    return response.status_code, exchange
 
 
 def test_a_connection_the_server_closed_is_not_reused(closing_server: Server) -> None:
@@ -71,11 +70,10 @@ def test_a_connection_the_server_closed_is_not_reused(closing_server: Server) ->
     url = f"http://127.0.0.1:{closing_server.port}/"
 
     async def main() -> list[int]:
-        statuses = []
+        statuses: list[int] = []
         async with crawl_client(connections=4, timeout=5.0) as client:
             for _ in range(3):
-                response = await client.get(url)
-                statuses.append(response.status_code)
+                statuses.append((await get(client, url))[0])
                 await anyio.sleep(0.2)  # let the server's close arrive
         return statuses
 
@@ -92,7 +90,7 @@ def test_a_live_connection_is_reused() -> None:
         async def main() -> None:
             async with crawl_client(connections=4, timeout=5.0) as client:
                 for _ in range(5):
-                    assert (await client.get(url)).status_code == 200
+                    assert (await get(client, url))[0] == 200
 
         anyio.run(main)
         assert (server.requests, server.connections) == (5, 1)
@@ -138,8 +136,10 @@ def test_cookies_are_neither_kept_nor_sent() -> None:
 
     async def main() -> str | None:
         async with crawl_client(connections=1, timeout=5.0) as client:
-            first = await client.get(f"http://127.0.0.1:{port}/a")
-            await client.get(f"http://127.0.0.1:{port}/b")
+            exchange = Exchange("GET")
+            first = await client.send("GET", f"http://127.0.0.1:{port}/a", {}, exchange)
+            await first.read_body(100)
+            await get(client, f"http://127.0.0.1:{port}/b")
             return first.headers.get("set-cookie")
 
     try:
@@ -149,3 +149,86 @@ def test_cookies_are_neither_kept_nor_sent() -> None:
         listener.close()
     assert len(seen) == 2
     assert not any(b"cookie:" in head.lower() for head in seen)
+
+
+def test_never_more_connections_than_the_limit_and_each_reused() -> None:
+    server = Server(per_connection=1000)
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+
+        async def main() -> None:
+            async with crawl_client(connections=3, timeout=5.0) as client, \
+                    anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(get, client, url)
+
+        anyio.run(main)
+        assert server.requests == 40 and server.connections == 3
+    finally:
+        server.close()
+
+
+def test_a_response_abandoned_half_way_closes_its_connection() -> None:
+    """A body left unread (a deadline, the cap) must never be read as the next response."""
+    sent: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for reply in (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nfirst part ",
+                      RESPONSE):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.sendall(reply)
+            sent.append(reply)
+            threading.Timer(3, conn.close).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    async def main() -> tuple[str, bytes]:
+        async with crawl_client(connections=1, timeout=5.0) as client:
+            exchange = Exchange("GET")
+            with anyio.move_on_after(0.3):
+                response = await client.send("GET", f"http://127.0.0.1:{port}/a", {}, exchange)
+                await response.read_body(1000)  # the other 89 bytes never come
+            _, second = await get(client, f"http://127.0.0.1:{port}/b")
+            return bytes(exchange.received).decode(), bytes(second.received)
+
+    try:
+        first, second = anyio.run(main)
+    finally:
+        listener.close()
+    assert first.endswith("first part ")
+    assert second == RESPONSE  # from a new connection, not the old one's unread bytes
+
+
+@pytest.mark.parametrize(("url", "kind"), [
+    ("ftp://127.0.0.1/x", "UnsupportedProtocol"),
+    ("http:///nohost", "InvalidURL"),
+    ("http://127.0.0.1:99999/", "InvalidURL"),
+    ("http://127.0.0.1:1/", "ConnectError"),
+])
+def test_a_request_that_cannot_be_made_says_which_step_failed(url: str, kind: str) -> None:
+    async def main() -> None:
+        async with crawl_client(connections=1, timeout=5.0) as client:
+            await client.send("GET", url, {}, Exchange("GET"))
+
+    with pytest.raises(FetchError) as caught:
+        anyio.run(main)
+    assert caught.value.kind == kind and str(caught.value).startswith(kind + ": ")
+
+
+def test_the_request_head_host_first_then_defaults_then_the_callers_fields() -> None:
+    origin, data = _request("GET", "http://Example.COM:8080/a b/ü?q=1#frag",
+                            {"User-Agent": "ua", "accept-encoding": "gzip", "X-One": "1"}, None)
+    assert origin == ("http", "example.com", 8080)
+    assert data == (b"GET /a%20b/%C3%BC?q=1 HTTP/1.1\r\nHost: example.com:8080\r\n"
+                    b"Accept: */*\r\naccept-encoding: gzip\r\nConnection: keep-alive\r\n"
+                    b"User-Agent: ua\r\nX-One: 1\r\n\r\n")
+    origin, data = _request("POST", "https://[::1]/", {"Content-Length": "99"}, b"body")
+    assert origin == ("https", "::1", 443)
+    assert data.startswith(b"POST / HTTP/1.1\r\nHost: [::1]\r\n")
+    assert data.endswith(b"\r\nContent-Length: 4\r\n\r\nbody")  # the body's, not the caller's
+    assert _request("POST", "http://h/", {}, None)[1].endswith(b"Content-Length: 0\r\n\r\n")
+    with pytest.raises(FetchError, match="cannot be sent"):
+        _request("GET", "http://h/", {"X-Bad": "a\r\nInjected: yes"}, None)

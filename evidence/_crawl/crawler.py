@@ -5,7 +5,7 @@
 One run of a session. The scheduler reads queued URLs from the durable frontier (short
 read-only queries), picks what per-host politeness allows, *claims* them through the writer
 (durable before any request), and hands them to ``options.workers`` worker tasks sharing
-one ``httpx.AsyncClient``. A worker checks robots.txt, fetches, stores the payloads, and
+one HTTP client (``_crawl.http``). A worker checks robots.txt, fetches, stores the payloads, and
 submits the page's attempt, links and settlement as one writer group, so a page is never
 done without its links. Because a claim is durable before the fetch, a crash leaves the
 URL in flight; the next run requeues it, or fails it once it has been claimed

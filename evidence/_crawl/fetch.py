@@ -2,7 +2,7 @@
 
 Order matters (DESIGN.md data flow): every payload is put in the artifact store (fsync'd)
 *before* the attempt message that references it exists. What is stored is what crossed the
-connection, recorded by the tap in the network stream (``_crawl.http.record_exchange``):
+connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.http``):
 
 - the request exactly as written (request line, header block);
 - the response's status line and header block exactly as read;
@@ -36,7 +36,7 @@ from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import charset_param, is_html, sniff
 from .._store.backend import ArtifactBackend
-from .http import Exchange, record_exchange
+from .http import Client, Exchange, FetchError, Response
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]
 
@@ -126,26 +126,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
     return _Wire(items, fields, extra, split, body, content)
 
 
-async def _read_body(response: httpx.Response, exchange: Exchange,
-                     cap: int) -> tuple[Outcome, str | None, bool]:
-    """Read the body off the connection (the tap records it) until its end or the cap;
-    (outcome, error, cut at the cap)."""
-    head = head_length(bytes(exchange.received)) or 0
-    try:
-        async for _ in response.aiter_raw():
-            if len(exchange.received) - head > cap:
-                return "too_large", f"body cut at the cap of {cap} bytes", True
-    except httpx.TimeoutException as exc:
-        return "timeout", f"body read: {type(exc).__name__}: {exc}", False
-    except httpx.TransportError as exc:
-        return "network_error", f"body read: {type(exc).__name__}: {exc}", False
-    finally:
-        with anyio.CancelScope(shield=True):  # closed even past the deadline
-            await response.aclose()
-    return "response", None, False
-
-
-async def fetch(client: httpx.AsyncClient, artifacts: ArtifactBackend, *, url: str,
+async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
                 extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes], Any] | None = None,
@@ -170,29 +151,25 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactBackend, *, url: s
         common["method"] = method
     if render_id is not None:
         common["render_id"] = render_id
-    request = client.build_request(method, url, headers=headers, content=content)
-    response: httpx.Response | None = None
+    if not isinstance(client, Client):
+        raise EvidenceError("this HTTP client does not record what crosses its connections",
+                            hint="make the client with evidence._crawl.http.crawl_client()")
+    response: Response | None = None
     outcome: Outcome = "response"
     error: str | None = None
     cut = False
-    with record_exchange(method) as exchange:
-        # The total deadline (connect, head, body): the client's timeout bounds each read
-        # only, so a server sending a byte a second never trips it. Past the deadline the
-        # attempt is a timeout that keeps what came.
-        with anyio.move_on_after(math.inf if deadline is None else deadline) as scope:
-            try:
-                response = await client.send(request, stream=True, follow_redirects=False)
-            except httpx.TimeoutException as exc:
-                outcome, error = "timeout", f"{type(exc).__name__}: {exc}"
-            except (httpx.TransportError, httpx.InvalidURL) as exc:
-                outcome, error = "network_error", f"{type(exc).__name__}: {exc}"
-            if response is not None:
-                if not exchange.received:
-                    await response.aclose()
-                    raise EvidenceError(
-                        "the HTTP client does not record what crosses its connections",
-                        hint="make the client with evidence._crawl.http.crawl_client()")
-                outcome, error, cut = await _read_body(response, exchange, max_body_bytes)
+    exchange = Exchange(method)
+    # The total deadline (connect, head, body): the client's timeout bounds each read
+    # only, so a server sending a byte a second never trips it. Past the deadline the
+    # attempt is a timeout that keeps what came.
+    with anyio.move_on_after(math.inf if deadline is None else deadline) as scope:
+        try:
+            response = await client.send(method, url, headers, exchange, content)
+        except FetchError as exc:
+            outcome = "timeout" if exc.timeout else "network_error"
+            error = str(exc)
+        if response is not None:
+            outcome, error, cut = await response.read_body(max_body_bytes)
     if scope.cancelled_caught:
         if response is None:
             came = "no response head had come"
@@ -204,7 +181,6 @@ async def fetch(client: httpx.AsyncClient, artifacts: ArtifactBackend, *, url: s
     if response is None:
         return await _failed(artifacts, common, outcome, error or "", exchange, t0,
                              max_body_bytes)
-    exchange.surplus()  # settled here, on the loop: the pool's idle check reads it too
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")
     ok = 200 <= response.status_code < 300 and parse is not None
@@ -242,7 +218,6 @@ async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: O
                   error: str, exchange: Exchange, t0: float, cap: int) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
-    exchange.surplus()  # settled on the loop, before the thread drops the bytes
 
     def store() -> tuple[_Wire, list[ArtifactRef]]:
         wire = _wire(exchange, cap, content_type=None)

@@ -1,51 +1,93 @@
-"""The crawler's HTTP client, made the same way in the crawl and in its worker processes,
-and the tap that records every request's bytes as they cross its connection.
+"""The crawler's HTTP/1.1 client: it writes each request and reads each response itself,
+so what it stores is what crossed the connection, and nothing is parsed twice.
 
-    with record_exchange("GET") as exchange:
-        response = await client.send(request, stream=True)
-        ...
+    async with crawl_client(connections=8, timeout=30.0) as client:
+        exchange = Exchange("GET")
+        response = await client.send("GET", url, {"User-Agent": ua}, exchange)  # head read
+        outcome, error, cut = await response.read_body(cap)  # body read, connection released
     exchange.sent, exchange.received      # bytes written, bytes read: exactly
 
-The tap is in the network stream under httpcore (``_Stream``): what h11 wrote is what the
-socket (or TLS layer) was given, and what it read is what h11 was fed, byte for byte. An
-exchange belongs to the task that opened it (a context variable): in HTTP/1.1 without
-pipelining, every read and write for a request happens in the task that sends it, so a
-keep-alive connection reused by another request records into that request's exchange,
-never into ours. A connection whose last exchange read bytes beyond the end of its
-response (pipelined or misframed data, see ``_model.http1.split_response``) answers "readable"
-to the pool's idle check, so the pool closes it instead of reading those bytes as the next
+An exchange is one request's bytes: the request as written (head and body in one write,
+recorded once it was written), and every byte read for its response, in order: interim 1xx
+heads, the final head, the body as framed (chunk framing and trailers included), and any
+bytes that came in the same read after the body's end (``surplus``). Where the head and
+body end is decided by ``_model.http1``, the same rules that split the stored bytes again
+later (``split_response``), so the client and every reader of the evidence agree.
+
+The client is deliberately small: HTTP/1.1 only, one request at a time per connection (no
+pipelining), no redirects followed, no retries (a retry would be a request the evidence does
+not record: the crawler retries through its frontier, each attempt recorded), no cookies
+(a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
+as evidence in the response head, never sent back), no credentials from a URL's userinfo.
+TLS trusts what ``httpx.create_ssl_context()`` trusts (``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
+else certifi's bundle), and verifies the host name.
+
+Connections: at most ``connections`` open at once, kept alive between requests to the same
+origin and reused most recently used first. A connection is reused only if its response
+ended exactly where its framing says (no surplus, nothing missing), the response did not ask
+to close (``Connection: close``, HTTP/1.0), and its body was not delimited by the close; an
+idle connection is dropped after ``KEEPALIVE`` seconds, or when a poll(2) says the server
+closed it or sent bytes nobody asked for. A response abandoned half-way (a deadline, a cap,
+an error, a cancellation) closes its connection: its unread bytes never become the next
 request's response.
+
+Errors: a request that got no response head the client accepts raises ``FetchError``,
+named as the step that failed (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
+``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError`` for a malformed or
+missing head, ``UnsupportedProtocol``, ``InvalidURL``); a failure while reading the body is
+the ``read_body`` outcome, with the bytes that came kept in the exchange.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import re
 import select
 import socket
-import typing
-from collections.abc import Iterator
-from http.cookiejar import CookieJar
+import ssl
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import NamedTuple
+from urllib.parse import quote, urlsplit
 
-import httpcore
+import anyio
+import anyio.abc
 import httpx
 
-from .._model.http1 import Split, split_response
+from .._model.http1 import (
+    Split,
+    body_end,
+    final_head,
+    framing,
+    head_length,
+    head_problem,
+    parse_head,
+    split_response,
+)
+from .._model.messages import Outcome
 
-__all__ = ["Exchange", "crawl_client", "record_exchange"]
+__all__ = ["Client", "Exchange", "FetchError", "Response", "crawl_client"]
+
+KEEPALIVE = 5.0  # seconds an idle connection is kept
+MAX_HEAD = 256 * 1024  # bytes of response heads (interim ones included) the client reads
+READ_SIZE = 64 * 1024
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty one says Content-Length: 0
+_TARGET_OK = re.compile(r"[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%]*")  # sent as it is
+_TARGET_SAFE = "!$&'()*+,-./:;=?@_~%"  # kept by quote(): the rest is percent-encoded
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class Exchange:
     """The bytes one request wrote to its connection and read from it, in order."""
 
-    __slots__ = ("_split", "_surplus", "method", "received", "sent")
+    __slots__ = ("_split", "method", "received", "sent")
 
     def __init__(self, method: str) -> None:
         self.method = method
         self.sent = bytearray()
         self.received = bytearray()
         self._split: Split | None = None
-        self._surplus: bool | None = None
 
     def split(self) -> Split:
         """The response's head, body and surplus (computed once the exchange is over)."""
@@ -53,129 +95,43 @@ class Exchange:
             self._split = split_response(bytes(self.received), self.method)
         return self._split
 
-    def surplus(self) -> bool:
-        """Whether bytes beyond the end of the response were read, or the response did not
-        end where its framing says (never reuse the connection then: h11 would read those
-        bytes as the next response)."""
-        if self._surplus is None:
-            split = self.split()
-            self._surplus = bool(split.surplus) or not split.complete
-        return self._surplus
-
     def close(self) -> None:
-        """Drop the bytes (an idle connection keeps only the answer of ``surplus``, which
-        the caller settles first, on the event loop that asks it)."""
-        self.surplus()
+        """Drop the bytes (they are stored by then)."""
         self.sent, self.received, self._split = bytearray(), bytearray(), None
 
 
-_exchange: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar(
-    "evidence_exchange", default=None)
+class FetchError(Exception):
+    """No response head the client accepts: ``kind`` names the step that failed."""
+
+    def __init__(self, kind: str, detail: str, *, timeout: bool = False) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.timeout = timeout
 
 
-@contextlib.contextmanager
-def record_exchange(method: str) -> Iterator[Exchange]:
-    """Record what this task writes and reads on crawler connections until the block ends."""
-    exchange = Exchange(method)
-    token = _exchange.set(exchange)
-    try:
-        yield exchange
-    finally:
-        _exchange.reset(token)
+class _Origin(NamedTuple):
+    scheme: str
+    host: str  # as connected to: lower case, IDNA-encoded, IPv6 without brackets
+    port: int
 
 
-def crawl_client(*, connections: int, timeout: float) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` that never retries, keeps no cookies, keeps ``connections`` alive.
+class _Connection:
+    __slots__ = ("idle_since", "origin", "socket", "stream")
 
-    A retry would be a request the evidence does not record: the crawler retries through
-    its frontier instead, each attempt recorded. No cookies: a request depends only on its
-    URL and the crawl's configuration, never on which page some worker happened to fetch
-    before it (a ``Set-Cookie`` is kept as evidence in the response head, never sent back).
-    """
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    transport = httpx.AsyncHTTPTransport(retries=0, limits=limits)
-    # The same pool httpx would build, on a network backend whose idle check is cheap (see
-    # _Stream). httpx has no public way to pass a backend, hence the one private attribute;
-    # tests/test_http.py fails if httpx stops using it.
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=httpx.create_ssl_context(),
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        retries=0,
-        network_backend=_Backend(),
-    )
-    return httpx.AsyncClient(transport=transport, timeout=timeout, cookies=_NoCookies())
+    def __init__(self, origin: _Origin, stream: anyio.abc.ByteStream) -> None:
+        self.origin, self.stream = origin, stream
+        self.socket: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket,
+                                                         None)
+        self.idle_since = 0.0
 
+    def readable(self) -> bool:
+        """Whether a read would not block (the server closed it, or sent bytes unasked)."""
+        return _readable(self.socket)
 
-class _NoCookies(CookieJar):
-    """A cookie jar that stores nothing and adds nothing (and skips the parsing)."""
-
-    def extract_cookies(self, response: typing.Any, request: typing.Any) -> None:
-        pass
-
-    def add_cookie_header(self, request: typing.Any) -> None:
-        pass
-
-
-class _Backend(httpcore.AsyncNetworkBackend):
-    """httpcore's anyio backend, its streams wrapped in ``_Stream``."""
-
-    def __init__(self) -> None:
-        self._inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(self, *args: typing.Any, **kwargs: typing.Any) -> _Stream:
-        return _Stream(await self._inner.connect_tcp(*args, **kwargs))
-
-    async def connect_unix_socket(self, *args: typing.Any, **kwargs: typing.Any) -> _Stream:
-        return _Stream(await self._inner.connect_unix_socket(*args, **kwargs))
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class _Stream(httpcore.AsyncNetworkStream):
-    """A connection that records its bytes into the current ``Exchange``, and whose "is it
-    readable?" answer costs one poll(2).
-
-    Before each request and after each response the pool asks every idle connection whether
-    it is readable (the server closed it, or sent bytes nobody asked for). httpcore's anyio
-    stream answers by building anyio's whole extra-attribute table each time: ~6% of a crawl
-    worker's CPU. The socket never changes, so it is looked up once here.
-    """
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self._inner = inner
-        self._socket: socket.socket | None = inner.get_extra_info("socket")
-        self._last: Exchange | None = None  # the exchange that last read from it
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        data = await self._inner.read(max_bytes, timeout)
-        exchange = _exchange.get()
-        if exchange is not None:
-            exchange.received += data
-            self._last = exchange
-        return data
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._inner.write(buffer, timeout)  # recorded once written: what went out
-        exchange = _exchange.get()
-        if exchange is not None:
-            exchange.sent += buffer
-            self._last = exchange
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def start_tls(self, *args: typing.Any, **kwargs: typing.Any) -> _Stream:
-        return _Stream(await self._inner.start_tls(*args, **kwargs))
-
-    def get_extra_info(self, info: str) -> typing.Any:
-        if info == "is_readable":  # asked only of idle connections, once a response is over
-            if self._last is not None and self._last.surplus():
-                return True
-            return _readable(self._socket)
-        return self._inner.get_extra_info(info)
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(OSError, anyio.BrokenResourceError):
+                await self.stream.aclose()
 
 
 def _readable(sock: socket.socket | None) -> bool:
@@ -186,3 +142,264 @@ def _readable(sock: socket.socket | None) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def _request(method: str, url: str, headers: Mapping[str, str],
+             content: bytes | None) -> tuple[_Origin, bytes]:
+    """Where to connect and the request's bytes (head, then body)."""
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        port = parts.port
+        host = parts.hostname or ""
+    except ValueError as exc:
+        raise FetchError("InvalidURL", f"{exc}: {url[:200]!r}") from None
+    if scheme not in ("http", "https"):
+        raise FetchError("UnsupportedProtocol", f"not an http or https URL: {url[:200]!r}")
+    if not host:
+        raise FetchError("InvalidURL", f"no host in {url[:200]!r}")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise FetchError("InvalidURL", f"host {host!r}: {exc}") from None
+    default = 443 if scheme == "https" else 80
+    port = default if port is None else port
+    name = f"[{host}]" if ":" in host else host
+    authority = name if port == default else f"{name}:{port}"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not _TARGET_OK.fullmatch(target):
+        target = quote(target, safe=_TARGET_SAFE)
+    # Host first, then the defaults, then the caller's fields (a caller's field replaces a
+    # default of the same name, case-insensitively, in its place).
+    fields: dict[str, tuple[str, str]] = {}
+    if not any(key.lower() == "host" for key in headers):
+        fields["host"] = ("Host", authority)
+    fields["accept"] = ("Accept", "*/*")
+    fields["accept-encoding"] = ("Accept-Encoding", "gzip, deflate")
+    fields["connection"] = ("Connection", "keep-alive")
+    for key, value in headers.items():
+        fields[key.lower()] = (key, value)
+    if content is not None or method in _BODY_METHODS:
+        fields.pop("transfer-encoding", None)
+        fields["content-length"] = ("Content-Length", str(len(content or b"")))
+    lines = [f"{method} {target} HTTP/1.1"]
+    for key, value in fields.values():
+        if _BAD_VALUE.search(key) or _BAD_VALUE.search(value) or ":" in key or not key:
+            raise FetchError("InvalidURL", f"header {key[:80]!r} cannot be sent as it is")
+        lines.append(f"{key}: {value}")
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise FetchError("InvalidURL", f"a header that is not Latin-1: {exc}") from None
+    return _Origin(scheme, host, port), head + (content or b"")
+
+
+class Response:
+    """A response whose head was read; ``read_body`` reads the rest and releases the
+    connection (call it, or ``aclose``, exactly once)."""
+
+    __slots__ = ("_client", "_connection", "_end", "_head_end", "_keep_alive", "_kind",
+                 "_length", "exchange", "headers", "status_code")
+
+    def __init__(self, client: Client, connection: _Connection, exchange: Exchange,
+                 head_end: int, method: str) -> None:
+        self._client, self._connection, self.exchange = client, connection, exchange
+        received = exchange.received
+        head = final_head(bytes(received[:head_end]))
+        status, fields = parse_head(head)
+        self.status_code: int = status or 0
+        self.headers = httpx.Headers(fields)
+        self._head_end = head_end
+        self._kind, self._length = framing(status, fields, method)
+        version = head[:head.find(b" ")]
+        close = "close" in (self.headers.get("connection") or "").lower()
+        self._keep_alive = version == b"HTTP/1.1" and not close and self._kind != "close"
+        self._end: int | None = None  # where the body ended, once it has
+
+    async def read_body(self, cap: int) -> tuple[Outcome, str | None, bool]:
+        """Read the body until its end or ``cap`` bytes past the head: (outcome, error,
+        cut at the cap); outcome "response", "too_large", "timeout" or "network_error"."""
+        try:
+            return await self._read_body(cap)
+        finally:
+            await self.aclose()
+
+    async def _read_body(self, cap: int) -> tuple[Outcome, str | None, bool]:
+        received, start = self.exchange.received, self._head_end
+        while True:
+            try:
+                self._end = body_end(received, start, self._kind, self._length)
+            except ValueError as exc:
+                return "network_error", f"body read: RemoteProtocolError: {exc}", False
+            if (self._end if self._end is not None else len(received)) - start > cap:
+                return "too_large", f"body cut at the cap of {cap} bytes", True
+            if self._end is not None:
+                return "response", None, False
+            try:
+                more = await self._client._receive(self._connection, self.exchange)
+            except FetchError as exc:
+                return ("timeout" if exc.timeout else "network_error"), f"body read: {exc}", False
+            if not more:
+                if self._kind == "close":
+                    self._end = len(received)
+                    return "response", None, False
+                came = len(received) - start
+                expected = f" of {self._length}" if self._kind == "length" else ""
+                return ("network_error", "body read: RemoteProtocolError: the server closed the "
+                        f"connection before the body's end ({came}{expected} bytes came)", False)
+
+    async def aclose(self) -> None:
+        """Release the connection: back to the pool if its response ended exactly, else
+        closed."""
+        connection, self._connection = self._connection, None  # type: ignore[assignment]
+        if connection is None:
+            return
+        whole = self._end is not None and self._end == len(self.exchange.received)
+        await self._client._release(connection, reuse=whole and self._keep_alive)
+
+
+class Client:
+    """Keep-alive HTTP/1.1 connections, at most ``connections`` open; use ``async with``."""
+
+    def __init__(self, *, connections: int, timeout: float,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        if connections < 1:
+            raise ValueError("a client needs at least one connection")
+        self.timeout = timeout
+        self._limit = connections
+        self._slots = anyio.Semaphore(connections)
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._idle_count = 0
+        self._ssl = ssl_context
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        idle = [c for connections in self._idle.values() for c in connections]
+        self._idle.clear()
+        self._idle_count = 0
+        for connection in idle:
+            await connection.close()
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            context = httpx.create_ssl_context()
+            context.set_alpn_protocols(["http/1.1"])
+            self._ssl = context
+        return self._ssl
+
+    async def send(self, method: str, url: str, headers: Mapping[str, str],
+                   exchange: Exchange, content: bytes | None = None) -> Response:
+        """Write the request and read the response's head (FetchError if none came that
+        the client accepts); the body is read by ``Response.read_body``."""
+        origin, data = _request(method, url, headers, content)
+        await self._slots.acquire()
+        connection: _Connection | None = None
+        try:
+            connection = await self._connection(origin)
+            try:
+                with anyio.fail_after(self.timeout):
+                    await connection.stream.send(data)
+            except TimeoutError:
+                raise FetchError("WriteTimeout", f"the request was not written in "
+                                 f"{self.timeout:g} s", timeout=True) from None
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                raise FetchError("WriteError", str(exc) or type(exc).__name__) from None
+            exchange.sent += data
+            head_end = await self._read_head(connection, exchange)
+            response = Response(self, connection, exchange, head_end, method)
+        except BaseException:
+            if connection is not None:
+                await connection.close()
+            self._slots.release()
+            raise
+        return response
+
+    async def _read_head(self, connection: _Connection, exchange: Exchange) -> int:
+        received = exchange.received
+        while (end := head_length(received)) is None:
+            if len(received) > MAX_HEAD:
+                raise FetchError("RemoteProtocolError",
+                                 f"no end of the response head in {MAX_HEAD} bytes")
+            if not await self._receive(connection, exchange):
+                raise FetchError("RemoteProtocolError", (
+                    "the server closed the connection in the middle of the response head"
+                    if received else "the server closed the connection without a response"))
+        problem = head_problem(bytes(received[:end]))
+        if problem is not None:
+            raise FetchError("RemoteProtocolError", problem)
+        return end
+
+    async def _receive(self, connection: _Connection, exchange: Exchange) -> bytes:
+        """The next bytes from the connection, recorded; b"" at the end of the stream."""
+        try:
+            with anyio.fail_after(self.timeout):
+                data = await connection.stream.receive(READ_SIZE)
+        except anyio.EndOfStream:
+            return b""
+        except TimeoutError:
+            raise FetchError("ReadTimeout", f"nothing came for {self.timeout:g} s",
+                             timeout=True) from None
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise FetchError("ReadError", str(exc) or type(exc).__name__) from None
+        exchange.received += data
+        return data
+
+    async def _connection(self, origin: _Origin) -> _Connection:
+        """An idle connection to ``origin`` still good to use, else a new one."""
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            self._idle_count -= 1
+            if now - connection.idle_since < KEEPALIVE and not connection.readable():
+                return connection
+            await connection.close()
+        in_use = self._limit - self._slots.value  # this request's slot included
+        if in_use + self._idle_count > self._limit:  # full: close the longest idle one
+            oldest = min((c for cs in self._idle.values() for c in cs),
+                         key=lambda c: c.idle_since)
+            self._idle[oldest.origin].remove(oldest)
+            self._idle_count -= 1
+            await oldest.close()
+        return await self._connect(origin)
+
+    async def _connect(self, origin: _Origin) -> _Connection:
+        where = f"{origin.host}:{origin.port}"
+        try:
+            with anyio.fail_after(self.timeout):
+                if origin.scheme == "https":
+                    stream: anyio.abc.ByteStream = await anyio.connect_tcp(
+                        origin.host, origin.port, ssl_context=self._tls(),
+                        tls_hostname=origin.host, tls_standard_compatible=False)
+                else:
+                    stream = await anyio.connect_tcp(origin.host, origin.port)
+        except TimeoutError:
+            raise FetchError("ConnectTimeout", f"no connection to {where} in "
+                             f"{self.timeout:g} s", timeout=True) from None
+        except (OSError, anyio.BrokenResourceError) as exc:
+            raise FetchError("ConnectError", f"{where}: {exc or type(exc).__name__}") from None
+        return _Connection(origin, stream)
+
+    async def _release(self, connection: _Connection, *, reuse: bool) -> None:
+        try:
+            if reuse:
+                connection.idle_since = time.monotonic()
+                self._idle.setdefault(connection.origin, []).append(connection)
+                self._idle_count += 1
+            else:
+                await connection.close()
+        finally:
+            self._slots.release()
+
+
+def crawl_client(*, connections: int, timeout: float) -> Client:
+    """The crawler's client: ``connections`` kept alive at most, ``timeout`` seconds for
+    connecting, writing a request, and each read."""
+    return Client(connections=connections, timeout=timeout)

@@ -36,7 +36,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 import anyio
-import httpx
 import msgspec
 
 from .._errors import EvidenceError, URLError
@@ -58,6 +57,7 @@ from .._model.urls import key_and_host, normalize_url, resolve_reference, url_ho
 from .._store.backend import ArtifactBackend
 from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
+from .http import Client
 from .links import REQUISITE_KINDS, extract_links
 from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
@@ -104,7 +104,7 @@ class PageWorker:
     """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
 
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
-                 artifacts: ArtifactBackend, client: httpx.AsyncClient, submit: Submit,
+                 artifacts: ArtifactBackend, client: Client, submit: Submit,
                  deadline: float | None = None, url_keys: dict[str, str] | None = None
                  ) -> None:
         self.config = config

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
-import httpx
 
 from .._errors import BrowserError
 from .._model.messages import (
@@ -52,6 +51,7 @@ from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .browser import Browser, Page
 from .fetch import FetchResult, fetch
+from .http import Client
 from .links import extract_links
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
 from .rendertls import RenderTLS
@@ -97,7 +97,7 @@ class Rendered:
 class Renderer:
     """Renders stored captures of one run in one shared browser. Use ``async with``."""
 
-    def __init__(self, *, artifacts: ArtifactBackend, client: httpx.AsyncClient, run_id: str,
+    def __init__(self, *, artifacts: ArtifactBackend, client: Client, run_id: str,
                  user_agent: str, max_body_bytes: int,
                  options: RenderOptions | None = None) -> None:
         self.artifacts = artifacts

@@ -29,8 +29,8 @@ import re
 import zlib
 from typing import NamedTuple
 
-__all__ = ["Content", "Split", "content_codings", "derive_content", "head_length", "header",
-           "parse_head", "split_response"]
+__all__ = ["Content", "Split", "body_end", "content_codings", "derive_content", "final_head",
+           "framing", "head_length", "head_problem", "header", "parse_head", "split_response"]
 
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a header block, as h11 finds it
 _CHUNK_SIZE = re.compile(rb"[\t ]*([0-9A-Fa-f]+)[\t ]*(?:;[^\n]*)?\r?\n")
@@ -81,6 +81,40 @@ def header(fields: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return b", ".join(values) if values else None
 
 
+_STATUS_LINE = re.compile(rb"HTTP/[0-9]\.[0-9] [0-9]{3}(?:[ \t][^\r\n]*)?\r?")
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def head_problem(head: bytes) -> str | None:
+    """Why a whole response head is not one a client can accept, or None. What is checked
+    (as h11 checks it): each status line (``HTTP/x.y NNN reason``), each field name (a
+    token right before its colon), and that all Content-Length values are one number.
+    The head is evidence either way: the fetch stores it, and records the problem."""
+    lines = head.split(b"\n")
+    for index, raw in enumerate(lines):
+        line = raw.rstrip(b"\r")
+        if not line:  # the end of a head (an interim 1xx one, or the final one)
+            continue
+        if index == 0 or not lines[index - 1].rstrip(b"\r"):  # a status line
+            if not _STATUS_LINE.fullmatch(raw):
+                return f"not a status line: {bytes(line[:80])!r}"
+            continue
+        if line[:1] in (b" ", b"\t"):
+            if index == 1:
+                return "a folded line before any header field"
+            continue
+        name, sep, _ = line.partition(b":")
+        if not sep or not _FIELD_NAME.fullmatch(name):
+            return f"not a header field: {bytes(line[:80])!r}"
+    _, fields = parse_head(final_head(head))
+    length = header(fields, b"content-length")
+    if length is not None:
+        values = {v.strip() for v in length.split(b",")}
+        if len(values) != 1 or not values.pop().isdigit():
+            return f"Content-Length is not one number: {bytes(length[:80])!r}"
+    return None
+
+
 def head_length(data: bytes) -> int | None:
     """How many bytes of ``data`` the response head takes, or None if it is not whole."""
     return _final_head_end(data)
@@ -99,8 +133,10 @@ def _final_head_end(data: bytes) -> int | None:
         pos = match.end()
 
 
-def _framing(status: int | None, fields: list[tuple[bytes, bytes]],
+def framing(status: int | None, fields: list[tuple[bytes, bytes]],
              method: str) -> tuple[str, int]:
+    """How the body of a response to ``method`` is framed (RFC 9112 section 6.3): ("none",
+    0), ("chunked", 0), ("length", n) or ("close", 0): up to the end of the stream."""
     if method == "HEAD" or status is None or 100 <= status < 200 or status in (204, 304):
         return "none", 0
     coding = header(fields, b"transfer-encoding")
@@ -115,12 +151,16 @@ def _framing(status: int | None, fields: list[tuple[bytes, bytes]],
     return "close", 0
 
 
-def _chunked_end(data: bytes, pos: int, out: list[bytes] | None = None) -> int | None:
+def _chunked_end(data: bytes | bytearray, pos: int, out: list[bytes] | None = None, *,
+                 strict: bool = False) -> int | None:
     """Where a chunked body starting at ``pos`` ends (after its trailers), or None if the
-    data ends first or stops being chunked. ``out`` collects the chunk data."""
+    data ends first or stops being chunked (``strict``: ValueError if it stops being
+    chunked, None only if it ends first). ``out`` collects the chunk data."""
     while True:
         match = _CHUNK_SIZE.match(data, pos)
         if match is None:
+            if strict and data.find(b"\n", pos) >= 0:
+                raise ValueError(f"a chunk size line that is not one at byte {pos}")
             return None
         size = int(match.group(1), 16)
         pos = match.end()
@@ -144,7 +184,22 @@ def _chunked_end(data: bytes, pos: int, out: list[bytes] | None = None) -> int |
         elif data.startswith(b"\n", pos):
             pos += 1
         else:
+            if strict and data[pos:pos + 2] not in (b"", b"\r"):
+                raise ValueError(f"chunk data not followed by a line end at byte {pos}")
             return None
+
+
+def body_end(data: bytes | bytearray, head_end: int, kind: str, length: int) -> int | None:
+    """Where the body of a response whose head ends at ``head_end`` ends in ``data`` (bytes
+    read so far), or None if it has not come yet (a "close" body ends only at the end of
+    the stream). ValueError if a chunked body stops being chunked."""
+    if kind == "none":
+        return head_end
+    if kind == "length":
+        return head_end + length if len(data) >= head_end + length else None
+    if kind == "chunked":
+        return _chunked_end(data, head_end, strict=True)
+    return None
 
 
 def split_response(data: bytes, method: str = "GET") -> Split:
@@ -153,22 +208,22 @@ def split_response(data: bytes, method: str = "GET") -> Split:
     if head_end is None:
         return Split(data, b"", b"", "none", False)
     head = data[:head_end]
-    status, fields = parse_head(_last_head(head))
-    framing, length = _framing(status, fields, method)
-    if framing == "none":
+    status, fields = parse_head(final_head(head))
+    kind, length = framing(status, fields, method)
+    if kind == "none":
         end: int | None = head_end
-    elif framing == "length":
+    elif kind == "length":
         end = head_end + length if len(data) >= head_end + length else None
-    elif framing == "chunked":
+    elif kind == "chunked":
         end = _chunked_end(data, head_end)
     else:
         end = len(data)
     if end is None:
-        return Split(head, data[head_end:], b"", framing, False)
-    return Split(head, data[head_end:end], data[end:], framing, True)
+        return Split(head, data[head_end:], b"", kind, False)
+    return Split(head, data[head_end:end], data[end:], kind, True)
 
 
-def _last_head(head: bytes) -> bytes:
+def final_head(head: bytes) -> bytes:
     """The final response's head out of a head that starts with interim 1xx responses."""
     start, pos = 0, 0
     while (match := _BLANK_LINE.search(head, pos)) is not None and match.end() < len(head):
@@ -200,10 +255,10 @@ def derive_content(head: bytes, body: bytes, limit: int, *, dechunk: bool = True
     ``limit`` bytes). A body cut short gives the content of its bytes, ``truncated``.
     ``dechunk=False``: the body has no transfer coding left (attempts recorded before
     wire capture stored it de-chunked, whatever their head says)."""
-    status, fields = parse_head(_last_head(head))
-    framing, _ = _framing(status, fields, "GET")
+    status, fields = parse_head(final_head(head))
+    kind, _ = framing(status, fields, "GET")
     data, transfer, truncated = body, None, False
-    if framing == "chunked" and dechunk:
+    if kind == "chunked" and dechunk:
         parts: list[bytes] = []
         truncated = _chunked_end(body, 0, parts) is None
         data, transfer = b"".join(parts), "chunked"
