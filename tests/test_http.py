@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
+from pathlib import Path
 
 import anyio
 import pytest
 
 from evidence._crawl.http import Client, Exchange, FetchError, _readable, _request, crawl_client
+
+from .testca import make_authority
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 
@@ -232,3 +236,44 @@ def test_the_request_head_host_first_then_defaults_then_the_callers_fields() -> 
     assert _request("POST", "http://h/", {}, None)[1].endswith(b"Content-Length: 0\r\n\r\n")
     with pytest.raises(FetchError, match="cannot be sent"):
         _request("GET", "http://h/", {"X-Bad": "a\r\nInjected: yes"}, None)
+
+
+def test_https_is_verified_against_the_trusted_authorities(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose certificate the client trusts answers, recorded as plain bytes; the
+    same server untrusted is a ConnectError that names the verification failure."""
+    ca_file, context = make_authority(tmp_path)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                raw, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with context.wrap_socket(raw, server_side=True) as conn:
+                    conn.recv(65536)
+                    conn.sendall(RESPONSE)
+            except (ssl.SSLError, OSError):
+                pass  # the untrusting client hangs up in the handshake
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"https://127.0.0.1:{port}/secure"
+
+    async def main() -> tuple[int, Exchange]:
+        async with crawl_client(connections=1, timeout=5.0) as client:
+            return await get(client, url)
+
+    try:
+        with pytest.raises(FetchError) as caught:  # certifi's bundle: no test CA in it
+            anyio.run(main)
+        assert caught.value.kind == "ConnectError"
+        assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+        status, exchange = anyio.run(main)
+    finally:
+        listener.close()
+    assert status == 200 and bytes(exchange.received) == RESPONSE
+    assert bytes(exchange.sent).startswith(b"GET /secure HTTP/1.1\r\nHost: 127.0.0.1:")

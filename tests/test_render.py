@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from evidence._model.messages import Render
 
 from .conftest import Factory, png_pixels, submit_all
 from .jssite import BANNER, LOGO, STYLE, JsSite
+from .testca import make_authority
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -369,46 +369,9 @@ def test_any_redelivery_of_a_render_group_converges_and_never_moves_url_current(
         assert verify(store).ok
 
 
-def _test_authority(directory: Path) -> tuple[Path, ssl.SSLContext]:
-    """A CA file the crawler's client trusts (SSL_CERT_FILE) and a server context for
-    127.0.0.1 signed by it."""
-    import datetime as dt
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-    start, end = now - dt.timedelta(hours=1), now + dt.timedelta(days=1)
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(1)
-          .not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (directory / "server.pem").write_bytes(cert.public_bytes(pem))
-    (directory / "server.key").write_bytes(key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(directory / "server.pem", directory / "server.key")
-    return directory / "ca.pem", context
-
-
 def test_https_pages_and_their_resources_are_rendered_and_recorded(
         tmp_path: Path, chromium: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    ca_file, context = _test_authority(tmp_path)
+    ca_file, context = make_authority(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))  # the crawler trusts the test CA
     with JsSite(tls=context) as site:
         result = crawl(tmp_path / "s", site.url + "page", render=True, max_depth=0)

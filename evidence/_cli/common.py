@@ -137,11 +137,10 @@ class _TerminalLogHandler(logging.StreamHandler):
 
 
 def log_to(stream: IO[str]) -> None:
-    """Log INFO and up to ``stream``, time-stamped; httpx's line per request left out."""
+    """Log INFO and up to ``stream``, time-stamped."""
     handler = _TerminalLogHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
 
 
 # --- argument types --------------------------------------------------------------------

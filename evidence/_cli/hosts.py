@@ -30,7 +30,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s [worker pid %(process)d] "
                         "%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     options = HostOptions(address=address, token=token, tls=tls, local_host=args.bind,
                           name=args.name or "", reconnect_timeout=args.reconnect_timeout)
     return anyio.run(serve_coordinator, options)

@@ -515,7 +515,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s [worker pid %(process)d] "
                         "%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         anyio.run(_child, args.channel_fd)
     except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):

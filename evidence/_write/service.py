@@ -263,8 +263,8 @@ class _Connection:
             log.warning("%s: dropped: its answers could not be written for %.0f s (it does "
                         "not read them); it will redeliver what it has not seen acked",
                         self.peer, self.limits.send_timeout)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
+            pass  # the peer is gone (over TLS a write can find the end of the stream)
         self.dead = True
         self.blocked_since = None
         for _, slot in self._outbox:
