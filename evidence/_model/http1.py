@@ -47,7 +47,7 @@ class Split(NamedTuple):
     complete: bool  # the head and the body as framed are whole
 
 
-def _status(line: bytes) -> int | None:
+def _status(line: bytes | bytearray) -> int | None:
     parts = line.split(None, 2)
     if len(parts) > 1 and parts[1].isdigit() and len(parts[1]) == 3:
         return int(parts[1])
@@ -115,12 +115,12 @@ def head_problem(head: bytes) -> str | None:
     return None
 
 
-def head_length(data: bytes) -> int | None:
+def head_length(data: bytes | bytearray) -> int | None:
     """How many bytes of ``data`` the response head takes, or None if it is not whole."""
     return _final_head_end(data)
 
 
-def _final_head_end(data: bytes) -> int | None:
+def _final_head_end(data: bytes | bytearray) -> int | None:
     """The end of the final response's head: interim 1xx heads (not 101) are skipped."""
     pos = 0
     while True:
@@ -151,7 +151,8 @@ def framing(status: int | None, fields: list[tuple[bytes, bytes]],
     return "close", 0
 
 
-def _chunked_end(data: bytes | bytearray, pos: int, out: list[bytes] | None = None, *,
+def _chunked_end(data: bytes | bytearray, pos: int,
+                 out: list[bytes | bytearray] | None = None, *,
                  strict: bool = False) -> int | None:
     """Where a chunked body starting at ``pos`` ends (after its trailers), or None if the
     data ends first or stops being chunked (``strict``: ValueError if it stops being
@@ -259,7 +260,7 @@ def derive_content(head: bytes, body: bytes, limit: int, *, dechunk: bool = True
     kind, _ = framing(status, fields, "GET")
     data, transfer, truncated = body, None, False
     if kind == "chunked" and dechunk:
-        parts: list[bytes] = []
+        parts: list[bytes | bytearray] = []
         truncated = _chunked_end(body, 0, parts) is None
         data, transfer = b"".join(parts), "chunked"
     removed: list[str] = []
