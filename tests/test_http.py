@@ -20,8 +20,9 @@ RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\
 class Server:
     """A keep-alive HTTP/1.1 server that answers ``per_connection`` requests, then closes."""
 
-    def __init__(self, per_connection: int) -> None:
+    def __init__(self, per_connection: int, response: bytes = RESPONSE) -> None:
         self.per_connection = per_connection
+        self.response = response
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections = 0
@@ -48,7 +49,7 @@ class Server:
                     buffered += chunk
                 buffered = buffered.split(b"\r\n\r\n", 1)[1]
                 self.requests += 1
-                conn.sendall(RESPONSE)
+                conn.sendall(self.response)
 
     def close(self) -> None:
         self.listener.close()
@@ -236,6 +237,8 @@ def test_the_request_head_host_first_then_defaults_then_the_callers_fields() -> 
     assert _request("POST", "http://h/", {}, None)[1].endswith(b"Content-Length: 0\r\n\r\n")
     with pytest.raises(FetchError, match="cannot be sent"):
         _request("GET", "http://h/", {"X-Bad": "a\r\nInjected: yes"}, None)
+    with pytest.raises(FetchError, match="cannot be sent"):
+        _request("GET", "http://h/", {"X Bad": "a"}, None)
 
 
 def test_https_is_verified_against_the_trusted_authorities(
@@ -277,3 +280,25 @@ def test_https_is_verified_against_the_trusted_authorities(
         listener.close()
     assert status == 200 and bytes(exchange.received) == RESPONSE
     assert bytes(exchange.sent).startswith(b"GET /secure HTTP/1.1\r\nHost: 127.0.0.1:")
+
+
+@pytest.mark.parametrize("response", [
+    b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",  # 1.0: no keep-alive
+    b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok+",  # bytes after the body's end
+])
+def test_a_connection_its_response_did_not_leave_reusable_is_not_reused(
+        response: bytes) -> None:
+    server = Server(per_connection=100, response=response)
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+
+        async def main() -> None:
+            async with crawl_client(connections=1, timeout=5.0) as client:
+                for _ in range(3):
+                    assert (await get(client, url))[0] == 200
+
+        anyio.run(main)
+        assert (server.requests, server.connections) == (3, 3)
+    finally:
+        server.close()

@@ -76,6 +76,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty one says Content
 _TARGET_OK = re.compile(r"[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%]*")  # sent as it is
 _TARGET_SAFE = "!$&'()*+,-./:;=?@_~%"  # kept by quote(): the rest is percent-encoded
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a field name (RFC 9110 section 5.1)
 
 
 class Exchange:
@@ -185,7 +186,7 @@ def _request(method: str, url: str, headers: Mapping[str, str],
         fields["content-length"] = ("Content-Length", str(len(content or b"")))
     lines = [f"{method} {target} HTTP/1.1"]
     for key, value in fields.values():
-        if _BAD_VALUE.search(key) or _BAD_VALUE.search(value) or ":" in key or not key:
+        if not _TOKEN.fullmatch(key) or _BAD_VALUE.search(value):
             raise FetchError("InvalidURL", f"header {key[:80]!r} cannot be sent as it is")
         lines.append(f"{key}: {value}")
     try:
@@ -214,7 +215,8 @@ class Response:
         self._kind, self._length = framing(status, fields, method)
         version = head[:head.find(b" ")]
         close = "close" in (self.headers.get("connection") or "").lower()
-        self._keep_alive = version == b"HTTP/1.1" and not close and self._kind != "close"
+        self._keep_alive = (version == b"HTTP/1.1" and not close and self._kind != "close"
+                            and self.status_code >= 200)  # never after 101 Switching Protocols
         self._end: int | None = None  # where the body ended, once it has
 
     async def read_body(self, cap: int) -> tuple[Outcome, str | None, bool]:
