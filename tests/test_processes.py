@@ -143,7 +143,9 @@ def test_a_killed_worker_process_loses_only_its_in_flight_pages(tmp_path: Path) 
 @pytest.mark.slow
 def test_killing_the_crawl_ends_its_workers_and_a_restart_resumes(tmp_path: Path) -> None:
     store = tmp_path / "s"
-    slow = {f"/p/{i}": 0.03 for i in range(0, 120, 2)}
+    # 60 pages of 0.1 s at 4 workers: at least 1.5 s, so the kill lands mid-crawl (with
+    # 0.03 s the crawl could end before the progress file said 20 pages were done).
+    slow = {f"/p/{i}": 0.1 for i in range(0, 120, 2)}
     with TestSite(SiteConfig(pages=120, slow=slow)) as site:
         proc = _crawl_process(site.url, store, "--processes", "2")
         pids = _wait_for("worker processes at work", lambda: (
@@ -243,6 +245,28 @@ def test_a_worker_process_that_cannot_start_fails_the_pool_without_a_hang(
     pids, message = anyio.run(main)
     assert pids == []
     assert "did not start" in message
+
+
+def test_a_child_still_starting_when_the_pool_closes_is_no_failure(tmp_path: Path) -> None:
+    """A run can end before its worker processes are ready (nothing left to fetch after a
+    resume; a new interpreter takes about half a second): a child that then never gets
+    ready was stopped by the end of the run, and leaving the pool does not fail."""
+    import anyio
+
+    from evidence._crawl.workers import Setup, WorkerPool
+
+    setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
+                  config=CrawlConfig(seeds=["http://127.0.0.1:9/"]).as_record(),
+                  session_id="s", run_id="r", connections=2, timeout=5.0)
+
+    async def main() -> int:
+        with anyio.fail_after(60):
+            async with WorkerPool(2, setup) as pool:
+                while len(pool._children) < 2:  # spawned, not ready
+                    await anyio.sleep(0.005)
+                return len(pool.pids)
+
+    assert anyio.run(main) == 0
 
 
 def test_a_task_groups_evidence_error_is_reported_as_itself() -> None:

@@ -364,12 +364,16 @@ class WorkerPool:
 
     async def _start(self, index: int) -> None:
         """Start child ``index``. A failure is kept in ``_failure``: ``page`` raises it from
-        then on (waking any caller waiting for a child), and so does ``__aexit__``."""
+        then on (waking any caller waiting for a child), and so does ``__aexit__``. Once the
+        pool is closing, a child that did not get ready is no failure: the end of the run
+        stopped it (its channel closed, perhaps before its setup was written)."""
         try:
             with anyio.fail_after(_START_TIMEOUT):
                 await self._spawn(index)
         except (EvidenceError, OSError, TimeoutError) as exc:
-            if self._failure is None:
+            if self._closing:
+                log.debug("worker process %d stopped while it started: %s", index, exc)
+            elif self._failure is None:
                 self._failure = exc if isinstance(exc, EvidenceError) else EvidenceError(
                     f"worker process {index} did not start: {type(exc).__name__}: {exc}",
                     hint="run with --processes 0 to crawl in one process")
