@@ -9,8 +9,19 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from evidence._crawl.http import Client, Exchange, FetchError, _readable, _request, crawl_client
+from evidence._crawl.http import (
+    MAX_INTERIM,
+    Client,
+    Exchange,
+    FetchError,
+    _readable,
+    _request,
+    crawl_client,
+)
+from evidence._model.http1 import ChunkedBody
 
 from .testca import make_authority
 
@@ -302,3 +313,68 @@ def test_a_connection_its_response_did_not_leave_reusable_is_not_reused(
         assert (server.requests, server.connections) == (3, 3)
     finally:
         server.close()
+
+
+def test_interim_responses_are_read_through_up_to_a_limit() -> None:
+    """1xx heads before the final one belong to the response; a server sending them
+    without end is refused once there are more than MAX_INTERIM."""
+    interim = b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+    results = []
+    for count in (2, MAX_INTERIM + 1):
+        server = Server(per_connection=1, response=interim * count + RESPONSE)
+        try:
+            async def main(port: int = server.port) -> tuple[int, Exchange]:
+                async with crawl_client(connections=1, timeout=5.0) as client:
+                    return await get(client, f"http://127.0.0.1:{port}/")
+
+            try:
+                status, exchange = anyio.run(main)
+                results.append((status, bytes(exchange.received)))
+            except FetchError as exc:
+                results.append((0, str(exc).encode()))
+        finally:
+            server.close()
+    assert results[0] == (200, interim * 2 + RESPONSE)
+    assert results[1] == (0, f"RemoteProtocolError: more than {MAX_INTERIM} interim (1xx) "
+                             "responses".encode())
+
+
+@given(st.lists(st.binary(min_size=0, max_size=40), max_size=12), st.data())
+@settings(max_examples=200, deadline=None)
+def test_a_chunked_body_found_as_it_comes_ends_where_the_whole_one_does(
+        chunks: list[bytes], data: st.DataObject) -> None:
+    """Any chunks, trailers, and any split of the bytes into reads: fed the bytes read so
+    far, ChunkedBody answers None until the body is whole, then the same end as one pass
+    over all of it, and it never goes back (each byte is looked at once, a chunk at most
+    once per read that ends inside it)."""
+    pieces = [b"%x\r\n%s\r\n" % (len(c), c) for c in chunks if c]
+    starts = [5 + sum(map(len, pieces[:i])) for i in range(len(pieces) + 1)]  # chunk starts
+    body = b"".join(pieces) + b"0\r\nX-T: 1\r\n\r\n"
+    wire = b"HEAD-" + body + b"after"
+    whole = ChunkedBody(5).end(wire)
+    assert whole == len(wire) - len(b"after")
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(wire)), max_size=8)))
+    scanner = ChunkedBody(5, strict=True)
+    positions = []
+    for cut in [*cuts, len(wire)]:
+        end = scanner.end(wire[:cut])
+        positions.append(scanner.pos)
+        if cut < starts[-1]:  # inside the data chunks: it waits at the first one not whole
+            assert scanner.pos == max(b for b in starts if b <= cut or b == 5)
+        assert end is None if cut < whole else end == whole
+        if end is not None:
+            break
+    assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (b"zz\r\nhello\r\n", "not one"),
+    (b"5\r\nhelloXX", "not followed by a line end"),
+    (b"5;" + b"e" * (ChunkedBody.MAX_LINE + 1), "over 65536 bytes"),
+    (b"0\r\nX-Long: " + b"v" * (ChunkedBody.MAX_LINE + 1), "over 65536 bytes"),
+])
+def test_a_chunked_body_that_stops_being_one_is_refused_by_the_client(
+        data: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ChunkedBody(0, strict=True).end(data)
+    assert ChunkedBody(0).end(data) is None  # stored bytes read again: just no end

@@ -56,6 +56,7 @@ import anyio.abc
 import httpx
 
 from .._model.http1 import (
+    ChunkedBody,
     Split,
     body_end,
     final_head,
@@ -71,11 +72,13 @@ __all__ = ["Client", "Exchange", "FetchError", "Response", "crawl_client"]
 
 KEEPALIVE = 5.0  # seconds an idle connection is kept
 MAX_HEAD = 256 * 1024  # bytes of response heads (interim ones included) the client reads
+MAX_INTERIM = 32  # interim (1xx) responses before the final one
 READ_SIZE = 64 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty one says Content-Length: 0
 _TARGET_OK = re.compile(r"[!$&'()*+,\-./0-9:;=?@A-Z_a-z~%]*")  # sent as it is
 _TARGET_SAFE = "!$&'()*+,-./:;=?@_~%"  # kept by quote(): the rest is percent-encoded
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
+_BLANK_LINE = re.compile(rb"\n\r?\n")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a field name (RFC 9110 section 5.1)
 
 
@@ -200,8 +203,8 @@ class Response:
     """A response whose head was read; ``read_body`` reads the rest and releases the
     connection (call it, or ``aclose``, exactly once)."""
 
-    __slots__ = ("_client", "_connection", "_end", "_head_end", "_keep_alive", "_kind",
-                 "_length", "exchange", "headers", "status_code")
+    __slots__ = ("_chunks", "_client", "_connection", "_end", "_head_end", "_keep_alive",
+                 "_kind", "_length", "exchange", "headers", "status_code")
 
     def __init__(self, client: Client, connection: _Connection, exchange: Exchange,
                  head_end: int, method: str) -> None:
@@ -218,6 +221,9 @@ class Response:
         self._keep_alive = (version == b"HTTP/1.1" and not close and self._kind != "close"
                             and self.status_code >= 200)  # never after 101 Switching Protocols
         self._end: int | None = None  # where the body ended, once it has
+        # A chunked body is scanned as it comes, each byte once (a hostile server sending
+        # a million one-byte chunks costs one pass, not one per read).
+        self._chunks = ChunkedBody(head_end, strict=True) if self._kind == "chunked" else None
 
     async def read_body(self, cap: int) -> tuple[Outcome, str | None, bool]:
         """Read the body until its end or ``cap`` bytes past the head: (outcome, error,
@@ -231,7 +237,8 @@ class Response:
         received, start = self.exchange.received, self._head_end
         while True:
             try:
-                self._end = body_end(received, start, self._kind, self._length)
+                self._end = (self._chunks.end(received) if self._chunks is not None
+                             else body_end(received, start, self._kind, self._length))
             except ValueError as exc:
                 return "network_error", f"body read: RemoteProtocolError: {exc}", False
             if (self._end if self._end is not None else len(received)) - start > cap:
@@ -325,14 +332,27 @@ class Client:
 
     async def _read_head(self, connection: _Connection, exchange: Exchange) -> int:
         received = exchange.received
-        while (end := head_length(received)) is None:
+        end = head_length(received) if b"\n" in received else None
+        while end is None:
             if len(received) > MAX_HEAD:
                 raise FetchError("RemoteProtocolError",
                                  f"no end of the response head in {MAX_HEAD} bytes")
+            came = len(received)
             if not await self._receive(connection, exchange):
                 raise FetchError("RemoteProtocolError", (
                     "the server closed the connection in the middle of the response head"
                     if received else "the server closed the connection without a response"))
+            # A head ends at a blank line: look again only when one may have come (a
+            # server trickling a long head is not scanned from its start at every byte).
+            if _BLANK_LINE.search(received, max(0, came - 2)) is None:
+                continue
+            end = head_length(received)
+            # Each head ends at one blank line: those before the final head's are 1xx heads
+            # (bounded, so a server sending them without end is not read through forever).
+            interim = len(_BLANK_LINE.findall(received, 0, end or len(received)))
+            if interim - (end is not None) > MAX_INTERIM:
+                raise FetchError("RemoteProtocolError",
+                                 f"more than {MAX_INTERIM} interim (1xx) responses")
         problem = head_problem(bytes(received[:end]))
         if problem is not None:
             raise FetchError("RemoteProtocolError", problem)

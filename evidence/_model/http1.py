@@ -29,8 +29,9 @@ import re
 import zlib
 from typing import NamedTuple
 
-__all__ = ["Content", "Split", "body_end", "content_codings", "derive_content", "final_head",
-           "framing", "head_length", "head_problem", "header", "parse_head", "split_response"]
+__all__ = ["ChunkedBody", "Content", "Split", "body_end", "content_codings", "derive_content",
+           "final_head", "framing", "head_length", "head_problem", "header", "parse_head",
+           "split_response"]
 
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a header block, as h11 finds it
 _CHUNK_SIZE = re.compile(rb"[\t ]*([0-9A-Fa-f]+)[\t ]*(?:;[^\n]*)?\r?\n")
@@ -151,43 +152,80 @@ def framing(status: int | None, fields: list[tuple[bytes, bytes]],
     return "close", 0
 
 
-def _chunked_end(data: bytes | bytearray, pos: int,
-                 out: list[bytes | bytearray] | None = None, *,
-                 strict: bool = False) -> int | None:
-    """Where a chunked body starting at ``pos`` ends (after its trailers), or None if the
-    data ends first or stops being chunked (``strict``: ValueError if it stops being
-    chunked, None only if it ends first). ``out`` collects the chunk data."""
-    while True:
-        match = _CHUNK_SIZE.match(data, pos)
-        if match is None:
-            if strict and data.find(b"\n", pos) >= 0:
-                raise ValueError(f"a chunk size line that is not one at byte {pos}")
-            return None
-        size = int(match.group(1), 16)
-        pos = match.end()
-        if size == 0:
-            while True:  # trailer fields, then the blank line
-                end = data.find(b"\n", pos)
-                if end < 0:
-                    return None
-                line, pos = data[pos:end].rstrip(b"\r"), end + 1
+class ChunkedBody:
+    """Where a chunked body that starts at ``start`` ends, found as its bytes come: each
+    ``end(data)`` call (``data``: everything read so far) goes on from the first chunk
+    that was not whole the last time, so a body of many small chunks is read once.
+
+    ``strict`` (the client reading a response): a body that stops being chunked, or a
+    chunk size or trailer line over ``MAX_LINE`` bytes, raises ValueError. Otherwise
+    (stored bytes read again) such a body just has no end: None. ``out`` collects the chunk
+    data, the part of a chunk cut short included."""
+
+    MAX_LINE = 64 * 1024
+
+    def __init__(self, start: int, *, strict: bool = False,
+                 out: list[bytes | bytearray] | None = None) -> None:
+        self.pos = start  # where the first chunk (or trailer line) not yet whole starts
+        self._trailers = False
+        self._strict = strict
+        self._out = out
+
+    def end(self, data: bytes | bytearray) -> int | None:
+        pos = self.pos
+        while True:
+            newline = data.find(b"\n", pos, pos + self.MAX_LINE + 1 if self._strict
+                                else len(data))
+            if self._strict and newline < 0 and len(data) - pos > self.MAX_LINE:
+                raise ValueError(f"a line of the chunked body over {self.MAX_LINE} bytes "
+                                 f"at byte {pos}")
+            if self._trailers:  # trailer fields, then the blank line
+                if newline < 0:
+                    return self._wait(pos)
+                line, pos = data[pos:newline].rstrip(b"\r"), newline + 1
                 if not line:
+                    self.pos = pos
                     return pos
-        if len(data) < pos + size:
-            if out is not None:
-                out.append(data[pos:])
-            return None
-        if out is not None:
-            out.append(data[pos:pos + size])
-        pos += size
-        if data.startswith(b"\r\n", pos):
-            pos += 2
-        elif data.startswith(b"\n", pos):
-            pos += 1
-        else:
-            if strict and data[pos:pos + 2] not in (b"", b"\r"):
-                raise ValueError(f"chunk data not followed by a line end at byte {pos}")
-            return None
+                continue
+            match = _CHUNK_SIZE.match(data, pos, newline + 1) if newline >= 0 else None
+            if match is None:
+                if self._strict and newline >= 0:
+                    raise ValueError(f"a chunk size line that is not one at byte {pos}")
+                return self._wait(pos)
+            size = int(match.group(1), 16)
+            start = match.end()
+            if size == 0:
+                self._trailers = True
+                pos = start
+                continue
+            if len(data) < start + size:
+                if self._out is not None:
+                    self._out.append(data[start:])
+                return self._wait(pos)
+            after = start + size
+            if self._out is not None:
+                self._out.append(data[start:after])
+            if data.startswith(b"\r\n", after):
+                following = after + 2
+            elif data.startswith(b"\n", after):
+                following = after + 1
+            else:
+                if self._strict and data[after:after + 2] not in (b"", b"\r"):
+                    raise ValueError(f"chunk data not followed by a line end at byte {after}")
+                return self._wait(pos)
+            pos = following
+
+    def _wait(self, pos: int) -> int | None:
+        """Not whole yet: the next call goes on from ``pos``."""
+        self.pos = pos
+        return None
+
+
+def _chunked_end(data: bytes | bytearray, pos: int,
+                 out: list[bytes | bytearray] | None = None) -> int | None:
+    """Where a chunked body starting at ``pos`` ends (after its trailers), or None if the
+    data ends first or stops being chunked. ``out`` collects the chunk data."""
+    return ChunkedBody(pos, out=out).end(data)
 
 
 def body_end(data: bytes | bytearray, head_end: int, kind: str, length: int) -> int | None:
@@ -199,7 +237,7 @@ def body_end(data: bytes | bytearray, head_end: int, kind: str, length: int) -> 
     if kind == "length":
         return head_end + length if len(data) >= head_end + length else None
     if kind == "chunked":
-        return _chunked_end(data, head_end, strict=True)
+        return ChunkedBody(head_end, strict=True).end(data)
     return None
 
 
