@@ -53,6 +53,7 @@ from ._model.acks import Ack
 from ._model.messages import MAX_MESSAGE_BYTES, Message, canonical_encode
 from ._write.tls import parse_connect
 from ._write.wire import (
+    PEER_GONE,
     PROTOCOL_VERSION,
     AckFrame,
     ErrorFrame,
@@ -446,7 +447,7 @@ class AsyncClient:
                         size += len(request.frame)
                 if chunk:
                     await stream.send(b"".join(chunk))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except PEER_GONE:
             scope.cancel()  # the receiver sees the end too; stop both
 
     async def _receive_loop(self, reader: FrameReader) -> ServiceError | None:

@@ -219,7 +219,7 @@ def test_a_worker_host_killed_mid_crawl_loses_only_the_pages_it_held(deployment:
     twice = [p for p in reachable if counts[p] > 1]
     assert len(twice) <= 4, twice  # at most what it held: --workers 4 in flight in all
     log = _log(d, "coordinator")
-    assert "worker host 127.0.0.3" in log and "closed its connection" in log
+    assert "worker host 127.0.0.3" in log and "closed its connection" in log, log
 
 
 def test_a_silent_worker_host_is_fenced_when_its_lease_expires(deployment: dict) -> None:

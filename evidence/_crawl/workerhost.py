@@ -35,6 +35,7 @@ import msgspec
 from .._errors import EvidenceError, ServiceError
 from .._store.artifactspec import open_artifacts
 from .._write.wire import (
+    PEER_GONE,
     PROTOCOL_VERSION,
     ErrorFrame,
     FrameReader,
@@ -176,8 +177,7 @@ async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageW
     lock = anyio.Lock()
 
     async def answer(frame: msgspec.Struct) -> None:
-        with contextlib.suppress(OSError, anyio.BrokenResourceError,
-                                 anyio.ClosedResourceError):
+        with contextlib.suppress(*PEER_GONE):
             async with lock:
                 await stream.send(encode_frame(frame))
 
@@ -212,8 +212,7 @@ async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageW
                     break
                 elif isinstance(frame, Order):
                     tg.start_soon(run, frame)
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                msgspec.DecodeError, EvidenceError) as exc:
+        except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
             lost = f"{type(exc).__name__}: {exc}"
         tg.cancel_scope.cancel()  # what it held is the coordinator's to settle now
     if lost is not None:

@@ -56,7 +56,7 @@ from .._store.db import ARTIFACTS_DIR
 from .._store.location import is_postgres_location
 from .._store.resync import SYNC_MARKER
 from .._store.s3 import is_s3_url
-from .._write.wire import FrameReader, encode_frame
+from .._write.wire import PEER_GONE, FrameReader, encode_frame
 from .frontier import CrawlConfig
 from .http import crawl_client
 from .pages import PageEffects, PageOrder, PageWorker
@@ -229,14 +229,12 @@ class WorkerPool:
         self._closing = True
         with anyio.CancelScope(shield=True):
             for host in list(self._hosts.values()):
-                with contextlib.suppress(OSError, anyio.BrokenResourceError,
-                                         anyio.ClosedResourceError), anyio.move_on_after(5):
+                with contextlib.suppress(*PEER_GONE), anyio.move_on_after(5):
                     async with host.send_lock:
                         await host.stream.send(encode_frame(Bye(reason="the run is over")))
                 host.scope.cancel()
             for child in list(self._children.values()):
-                with contextlib.suppress(OSError, anyio.BrokenResourceError,
-                                         anyio.ClosedResourceError):
+                with contextlib.suppress(*PEER_GONE):
                     await child.stream.send_eof()
             if exc is not None:
                 await self._kill_all()
@@ -269,7 +267,7 @@ class WorkerPool:
             try:
                 async with child.send_lock:
                     await child.stream.send(encode_frame(Order(id=request_id, page=order)))
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except PEER_GONE:
                 pass  # the child died: its receiver resolves every pending order
             await waiter.event.wait()
         finally:
@@ -344,8 +342,7 @@ class WorkerPool:
                     waiter.resolve(frame.effects)
                 elif isinstance(frame, Failed):
                     waiter.resolve(EvidenceError(f"{child.name}: {frame.error}"))
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                msgspec.DecodeError, EvidenceError) as exc:
+        except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
             log.warning("%s: channel broken: %s", child.name, exc)
         child.alive = False
         with contextlib.suppress(OSError):
@@ -424,7 +421,7 @@ class WorkerPool:
             log.warning("%s %s; the pages it held are settled from the store", name, how)
 
     async def _beat(self, host: _Child) -> None:
-        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        with contextlib.suppress(*PEER_GONE):
             while True:
                 await anyio.sleep(self.heartbeat)
                 async with host.send_lock:
@@ -451,8 +448,7 @@ class WorkerPool:
                     waiter.resolve(frame.effects)
                 elif isinstance(frame, Failed):
                     waiter.resolve(EvidenceError(f"{host.name}: {frame.error}"))
-        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                msgspec.DecodeError, EvidenceError) as exc:
+        except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
             return f"broke its connection ({type(exc).__name__}: {exc})"
 
 

@@ -61,6 +61,7 @@ from .._store.db import Store
 from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
     HEADER,
+    PEER_GONE,
     PROTOCOL_VERSION,
     AckFrame,
     ErrorFrame,
@@ -263,8 +264,8 @@ class _Connection:
             log.warning("%s: dropped: its answers could not be written for %.0f s (it does "
                         "not read them); it will redeliver what it has not seen acked",
                         self.peer, self.limits.send_timeout)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
-            pass  # the peer is gone (over TLS a write can find the end of the stream)
+        except PEER_GONE:
+            pass
         self.dead = True
         self.blocked_since = None
         for _, slot in self._outbox:
@@ -580,7 +581,7 @@ class Service:
                     await self._read_loop(conn, reader)
                 except ProtocolError as exc:
                     final = exc
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                except PEER_GONE:
                     pass
             await conn.wait_requests_done()  # they commit whatever becomes of the socket
             if final is None and self._stopping:
@@ -643,8 +644,7 @@ class Service:
     async def _refuse(self, conn: _Connection, error: ProtocolError) -> None:
         """Send one error frame and close, without reading anything more of the peer's."""
         self._count_error(error, conn)
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
-                                 OSError, TimeoutError), anyio.fail_after(1.0):
+        with contextlib.suppress(*PEER_GONE, TimeoutError), anyio.fail_after(1.0):
             await conn.stream.send(encode_frame(error.frame()))
         await self._linger(conn)
 
@@ -654,8 +654,7 @@ class Service:
         Closing a socket with unread input resets the connection, and the peer may then
         lose the answers and error frame it has not read yet.
         """
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
-                                 anyio.EndOfStream, OSError), \
+        with contextlib.suppress(*PEER_GONE), \
                 anyio.move_on_after(min(self.limits.send_timeout, 5.0)):
             if not conn.tls:  # TLS has no half-close: the peer closes after our answers
                 await conn.stream.send_eof()
@@ -858,7 +857,7 @@ class Service:
             data = body.encode()
             response = (f"HTTP/1.0 {status}\r\nContent-Type: {kind}; charset=utf-8\r\n"
                         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
-            with contextlib.suppress(anyio.BrokenResourceError, OSError, TimeoutError), \
+            with contextlib.suppress(*PEER_GONE, TimeoutError), \
                     anyio.fail_after(5.0):
                 await stream.send(response + (data if method == b"GET" else b""))
 

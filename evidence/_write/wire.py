@@ -37,8 +37,13 @@ import msgspec
 from .._errors import ServiceError
 from .._model.acks import Ack, WriterStatistics
 
+#: What a send or a receive raises when the peer is gone (killed, cut off, closed): over TLS
+#: a write to a peer that went away can also find the end of the stream.
+PEER_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+
 __all__ = [
     "HEADER",
+    "PEER_GONE",
     "PROTOCOL_VERSION",
     "AckFrame",
     "ErrorFrame",
