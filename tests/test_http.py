@@ -17,6 +17,7 @@ from evidence._crawl.http import (
     Client,
     Exchange,
     FetchError,
+    Headers,
     _readable,
     _request,
     crawl_client,
@@ -378,3 +379,32 @@ def test_a_chunked_body_that_stops_being_one_is_refused_by_the_client(
     with pytest.raises(ValueError, match=problem):
         ChunkedBody(0, strict=True).end(data)
     assert ChunkedBody(0).end(data) is None  # stored bytes read again: just no end
+
+
+def test_response_headers_by_name_decoded_as_the_whole_head_allows() -> None:
+    fields = [(b"Location", b"/caf\xc3\xa9"), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]
+    headers = Headers(fields)
+    assert headers.get("LOCATION") == "/café" and headers["location"] == "/café"
+    assert headers.get("set-cookie") == "a=1, b=2"  # repeated: joined
+    assert "Set-Cookie" in headers and "etag" not in headers and headers.get("etag") is None
+    with pytest.raises(KeyError):
+        headers["etag"]
+    latin = Headers([(b"Location", b"/caf\xe9")])  # not UTF-8: Latin-1
+    assert latin["location"] == "/café" and latin.encoding == "iso-8859-1"
+    assert Headers([(b"A", b"b")]).encoding == "ascii"
+
+
+_NAMES = st.sampled_from([b"Location", b"location", b"Content-Type", b"Retry-After", b"X-A"])
+
+
+@given(st.lists(st.tuples(_NAMES, st.binary(max_size=12).filter(
+    lambda v: b"\r" not in v and b"\n" not in v and v == v.strip(b" \t"))), max_size=6),
+       st.sampled_from(["location", "LOCATION", "content-type", "retry-after", "x-a", "none"]))
+@settings(max_examples=300, deadline=None)
+def test_response_headers_read_as_httpx_read_them(
+        fields: list[tuple[bytes, bytes]], name: str) -> None:
+    """Any fields, any name asked: the value the crawler used to get from httpx.Headers
+    (redirect targets, Retry-After, Content-Type) is the value it gets now."""
+    import httpx
+
+    assert Headers(fields).get(name) == httpx.Headers(fields).get(name)

@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
-import httpx
 
 from .._errors import EvidenceError
 from .._model.http1 import Split, derive_content, head_length
@@ -36,7 +35,7 @@ from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import charset_param, is_html, sniff
 from .._store.backend import ArtifactBackend
-from .http import Client, Exchange, FetchError, Response
+from .http import Client, Exchange, FetchError, Headers, Response
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]
 
@@ -51,7 +50,7 @@ CONTENT_NS = "content"
 class FetchResult:
     attempt: FetchAttempt
     status: int | None
-    headers: httpx.Headers | None
+    headers: Headers | None
     body: bytes  # the content: the body decoded (transfer and content codings removed)
     elapsed: float
     head: bytes = b""  # the stored response head, as read

@@ -19,8 +19,8 @@ pipelining), no redirects followed, no retries (a retry would be a request the e
 not record: the crawler retries through its frontier, each attempt recorded), no cookies
 (a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
 as evidence in the response head, never sent back), no credentials from a URL's userinfo.
-TLS trusts what ``httpx.create_ssl_context()`` trusts (``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
-else certifi's bundle), and verifies the host name.
+TLS trusts the system's certificate authorities (OpenSSL's default paths; ``SSL_CERT_FILE``
+and ``SSL_CERT_DIR`` override them), and verifies the host name.
 
 Connections: at most ``connections`` open at once, kept alive between requests to the same
 origin and reused most recently used first. A connection is reused only if its response
@@ -53,7 +53,6 @@ from urllib.parse import quote, urlsplit
 
 import anyio
 import anyio.abc
-import httpx
 
 from .._model.http1 import (
     ChunkedBody,
@@ -68,7 +67,7 @@ from .._model.http1 import (
 )
 from .._model.messages import Outcome
 
-__all__ = ["Client", "Exchange", "FetchError", "Response", "crawl_client"]
+__all__ = ["Client", "Exchange", "FetchError", "Headers", "Response", "crawl_client"]
 
 KEEPALIVE = 5.0  # seconds an idle connection is kept
 MAX_HEAD = 256 * 1024  # bytes of response heads (interim ones included) the client reads
@@ -102,6 +101,47 @@ class Exchange:
     def close(self) -> None:
         """Drop the bytes (they are stored by then)."""
         self.sent, self.received, self._split = bytearray(), bytearray(), None
+
+
+class Headers:
+    """A response's header fields by name: names compared case-insensitively, the values of
+    a repeated field joined by ", ", decoded as ASCII if the whole head is ASCII, else as
+    UTF-8 if it all decodes so, else as Latin-1 (as httpx reads them)."""
+
+    __slots__ = ("_encoding", "raw")
+
+    def __init__(self, fields: list[tuple[bytes, bytes]]) -> None:
+        self.raw = fields  # (name, value) as sent, values stripped (``parse_head``)
+        self._encoding: str | None = None
+
+    @property
+    def encoding(self) -> str:
+        if self._encoding is None:
+            self._encoding = "iso-8859-1"
+            for encoding in ("ascii", "utf-8"):
+                try:
+                    for name, value in self.raw:
+                        name.decode(encoding)
+                        value.decode(encoding)
+                except UnicodeDecodeError:
+                    continue
+                self._encoding = encoding
+                break
+        return self._encoding
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        wanted = name.lower().encode("latin-1")
+        values = [v for n, v in self.raw if n.lower() == wanted]
+        return b", ".join(values).decode(self.encoding) if values else default
+
+    def __getitem__(self, name: str) -> str:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
 
 
 class FetchError(Exception):
@@ -213,7 +253,7 @@ class Response:
         head = final_head(bytes(received[:head_end]))
         status, fields = parse_head(head)
         self.status_code: int = status or 0
-        self.headers = httpx.Headers(fields)
+        self.headers = Headers(fields)
         self._head_end = head_end
         self._kind, self._length = framing(status, fields, method)
         version = head[:head.find(b" ")]
@@ -298,7 +338,7 @@ class Client:
 
     def _tls(self) -> ssl.SSLContext:
         if self._ssl is None:
-            context = httpx.create_ssl_context()
+            context = ssl.create_default_context()
             context.set_alpn_protocols(["http/1.1"])
             self._ssl = context
         return self._ssl

@@ -24,6 +24,7 @@ Nothing here is silent: a missing binary or a server that does not answer raises
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["SeaweedError", "SeaweedS3", "find_weed"]
 
@@ -41,6 +43,8 @@ SECRET_KEY = "evidence-test-secret-key"
 BUCKET = "evidence"
 _START_TIMEOUT = 60.0
 _TRIES = 3  # a port taken between our probe and the server's bind: start again
+_PROBE_KEY = ".evidence-testing/ready"  # outside every store's prefix
+_PROBE = b"ready"
 
 
 class SeaweedError(RuntimeError):
@@ -177,7 +181,10 @@ class SeaweedS3:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        """Until the S3 gateway answers for the bucket (signed: it checks credentials)."""
+        """Until the S3 gateway answers for the bucket (signed: it checks credentials) and
+        serves an object's bytes: a probe object, stored at the first start, read back at
+        every start (after a restart the gateway answers before the volume holding the
+        data does: reads failed with HTTP 500 for over a second on a loaded machine)."""
         from evidence._store.s3client import S3Client, S3Config
 
         client = S3Client(S3Config(endpoint=self.endpoint, bucket=self.bucket,
@@ -191,13 +198,20 @@ class SeaweedS3:
                     raise SeaweedError(f"weed mini exited with status {self.process.returncode}"
                                        f" while starting:\n{self.log_tail()}")
                 with contextlib.suppress(Exception):
-                    if client.bucket_exists():
+                    if client.bucket_exists() and self._probe(client):
                         return
                 time.sleep(0.1)
         finally:
             client.close()
         raise SeaweedError(f"weed mini did not serve the bucket within {_START_TIMEOUT:.0f} s:"
                            f"\n{self.log_tail()}")
+
+    def _probe(self, client: Any) -> bool:
+        """The probe object's bytes come back (stored first if it is not there yet)."""
+        if client.head(_PROBE_KEY) is None:
+            client.put_if_absent(_PROBE_KEY, _PROBE, sha256=hashlib.sha256(_PROBE).digest(),
+                                 md5=hashlib.md5(_PROBE).digest())
+        return bool(client.get(_PROBE_KEY) == _PROBE)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
