@@ -467,7 +467,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one). "
                    "It helps only when one process is short of CPU and cores are free: on 2 "
-                   "cores shared with a local web server, --processes 2 ran at 0.64-0.69 "
+                   "cores shared with a local web server, --processes 2 ran at 0.63-0.69 "
                    "times the one-process rate at --workers 8 and 1.05 times at --workers 32")
     add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
     p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
