@@ -1,5 +1,5 @@
 """The crawler's HTTP/1.1 client: it writes each request and reads each response itself,
-so what it stores is what crossed the connection, and nothing is parsed twice.
+so what it stores is what crossed the connection, and no second HTTP parser reads it.
 
     async with crawl_client(connections=8, timeout=30.0) as client:
         exchange = Exchange("GET")
@@ -57,7 +57,6 @@ import anyio.abc
 from .._model.http1 import (
     ChunkedBody,
     Split,
-    body_end,
     final_head,
     framing,
     head_length,
@@ -249,9 +248,12 @@ class Response:
     def __init__(self, client: Client, connection: _Connection, exchange: Exchange,
                  head_end: int, method: str) -> None:
         self._client, self._connection, self.exchange = client, connection, exchange
-        received = exchange.received
-        head = final_head(bytes(received[:head_end]))
+        whole = bytes(exchange.received[:head_end])  # interim 1xx heads included
+        head = final_head(whole)
         status, fields = parse_head(head)
+        problem = head_problem(whole, fields)
+        if problem is not None:
+            raise FetchError("RemoteProtocolError", problem)
         self.status_code: int = status or 0
         self.headers = Headers(fields)
         self._head_end = head_end
@@ -277,8 +279,7 @@ class Response:
         received, start = self.exchange.received, self._head_end
         while True:
             try:
-                self._end = (self._chunks.end(received) if self._chunks is not None
-                             else body_end(received, start, self._kind, self._length))
+                self._end = self._body_end()
             except ValueError as exc:
                 return "network_error", f"body read: RemoteProtocolError: {exc}", False
             if (self._end if self._end is not None else len(received)) - start > cap:
@@ -297,6 +298,19 @@ class Response:
                 expected = f" of {self._length}" if self._kind == "length" else ""
                 return ("network_error", "body read: RemoteProtocolError: the server closed the "
                         f"connection before the body's end ({came}{expected} bytes came)", False)
+
+    def _body_end(self) -> int | None:
+        """Where the body ends in what was read so far, or None if it has not come yet (a
+        "close" body ends only at the end of the stream); ValueError if a chunked body
+        stops being chunked."""
+        if self._chunks is not None:
+            return self._chunks.end(self.exchange.received)
+        if self._kind == "none":
+            return self._head_end
+        end = self._head_end + self._length
+        if self._kind == "length" and len(self.exchange.received) >= end:
+            return end
+        return None
 
     async def aclose(self) -> None:
         """Release the connection: back to the pool if its response ended exactly, else
@@ -393,10 +407,7 @@ class Client:
             if interim - (end is not None) > MAX_INTERIM:
                 raise FetchError("RemoteProtocolError",
                                  f"more than {MAX_INTERIM} interim (1xx) responses")
-        problem = head_problem(bytes(received[:end]))
-        if problem is not None:
-            raise FetchError("RemoteProtocolError", problem)
-        return end
+        return end  # checked by Response, which parses the head
 
     async def _receive(self, connection: _Connection, exchange: Exchange) -> bytes:
         """The next bytes from the connection, recorded; b"" at the end of the stream."""

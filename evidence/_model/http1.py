@@ -29,7 +29,7 @@ import re
 import zlib
 from typing import NamedTuple
 
-__all__ = ["ChunkedBody", "Content", "Split", "body_end", "content_codings", "derive_content",
+__all__ = ["ChunkedBody", "Content", "Split", "content_codings", "derive_content",
            "final_head", "framing", "head_length", "head_problem", "header", "parse_head",
            "split_response"]
 
@@ -86,11 +86,12 @@ _STATUS_LINE = re.compile(rb"HTTP/[0-9]\.[0-9] [0-9]{3}(?:[ \t][^\r\n]*)?\r?")
 _FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
-def head_problem(head: bytes) -> str | None:
+def head_problem(head: bytes, fields: list[tuple[bytes, bytes]] | None = None) -> str | None:
     """Why a whole response head is not one a client can accept, or None. What is checked
     (as h11 checks it): each status line (``HTTP/x.y NNN reason``), each field name (a
     token right before its colon), and that all Content-Length values are one number.
-    The head is evidence either way: the fetch stores it, and records the problem."""
+    The head is evidence either way: the fetch stores it, and records the problem.
+    ``fields``: the final head's, if the caller has parsed them already."""
     lines = head.split(b"\n")
     for index, raw in enumerate(lines):
         line = raw.rstrip(b"\r")
@@ -107,7 +108,8 @@ def head_problem(head: bytes) -> str | None:
         name, sep, _ = line.partition(b":")
         if not sep or not _FIELD_NAME.fullmatch(name):
             return f"not a header field: {bytes(line[:80])!r}"
-    _, fields = parse_head(final_head(head))
+    if fields is None:
+        _, fields = parse_head(final_head(head))
     length = header(fields, b"content-length")
     if length is not None:
         values = {v.strip() for v in length.split(b",")}
@@ -226,19 +228,6 @@ def _chunked_end(data: bytes | bytearray, pos: int,
     """Where a chunked body starting at ``pos`` ends (after its trailers), or None if the
     data ends first or stops being chunked. ``out`` collects the chunk data."""
     return ChunkedBody(pos, out=out).end(data)
-
-
-def body_end(data: bytes | bytearray, head_end: int, kind: str, length: int) -> int | None:
-    """Where the body of a response whose head ends at ``head_end`` ends in ``data`` (bytes
-    read so far), or None if it has not come yet (a "close" body ends only at the end of
-    the stream). ValueError if a chunked body stops being chunked."""
-    if kind == "none":
-        return head_end
-    if kind == "length":
-        return head_end + length if len(data) >= head_end + length else None
-    if kind == "chunked":
-        return ChunkedBody(head_end, strict=True).end(data)
-    return None
 
 
 def split_response(data: bytes, method: str = "GET") -> Split:
