@@ -805,6 +805,18 @@ def test_opening_a_marked_store_resyncs_it_or_refuses(rig: Rig) -> None:
         assert_clean(store)
 
 
+def _armed(rig: Rig, prefix: str, pages: int, fault: Fault) -> tuple[list, list]:
+    """The session set up, a group's bodies put, ``fault`` armed: (the bodies, the group
+    to submit)."""
+    assert rig.store is not None
+    anyio.run(submit, rig.store, setup_messages())
+    bodies, messages = group_messages(prefix, pages=pages)
+    for body in bodies:
+        rig.store.artifacts.put("body", body)
+    rig.disk.arm(fault)
+    return bodies, messages
+
+
 def test_a_failed_pack_fsync_stops_the_writer_and_the_next_open_resyncs_the_packs(
         rig: Rig) -> None:
     """The failing-disk rule holds for packs as for the database: a pack fsync that fails
@@ -813,12 +825,9 @@ def test_a_failed_pack_fsync_stops_the_writer_and_the_next_open_resyncs_the_pack
     redelivered group commits and survives power loss (with sync_failure="lose" the failed
     fsync's writes never reached the disk: only the rewrite puts them there)."""
     assert rig.store is not None and rig.layout == "packs"
-    anyio.run(submit, rig.store, setup_messages())
-    bodies, messages = group_messages("p", pages=2)
-    for body in bodies:
-        rig.store.artifacts.put("body", body)
-    rig.disk.arm(Fault(action="io_error", at=1, ops=frozenset({"sync"}),
-                       files=frozenset({"artifact"})))
+    bodies, messages = _armed(rig, "p", 2, Fault(action="io_error", at=1,
+                                                 ops=frozenset({"sync"}),
+                                                 files=frozenset({"artifact"})))
     errors = failure_of(submit, rig.store, messages)
     assert {type(e) for e in errors} <= {CommitError, SyncError} and SyncError in {
         type(e) for e in errors}
@@ -931,12 +940,9 @@ def test_an_io_error_before_commit_is_named_in_the_commit_error(rig: Rig) -> Non
     """An error the VFS raises has no message of its own: the CommitError names its code
     (it said "failed before commit ()" before)."""
     assert rig.store is not None
-    anyio.run(submit, rig.store, setup_messages())
-    bodies, messages = group_messages("io-", pages=1)
-    for body in bodies:
-        rig.store.artifacts.put("body", body)
-    rig.disk.arm(Fault(action="io_error", at=1, ops=frozenset({"write"}),
-                       files=frozenset({"wal"})))
+    _, messages = _armed(rig, "io-", 1, Fault(action="io_error", at=1,
+                                              ops=frozenset({"write"}),
+                                              files=frozenset({"wal"})))
     errors = [e for e in failure_of(submit, rig.store, messages) if isinstance(e, CommitError)]
     assert errors, "the write error did not fail the batch"
     assert all("SQLITE_IOERR" in str(e) and "()" not in str(e) for e in errors), errors

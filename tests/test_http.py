@@ -82,6 +82,23 @@ async def get(client: Client, url: str, cap: int = 1 << 20) -> tuple[int, Exchan
     return response.status_code, exchange
 
 
+def served(server: Server, requests: int, *, connections: int) -> tuple[int, int]:
+    """``requests`` GETs one after another, each answered 200: (requests the server saw,
+    connections it accepted)."""
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+
+        async def main() -> None:
+            async with crawl_client(connections=connections, timeout=5.0) as client:
+                for _ in range(requests):
+                    assert (await get(client, url))[0] == 200
+
+        anyio.run(main)
+        return server.requests, server.connections
+    finally:
+        server.close()
+
+
 def test_a_connection_the_server_closed_is_not_reused(closing_server: Server) -> None:
     """The idle check must see the server's FIN: otherwise the 2nd request fails."""
     url = f"http://127.0.0.1:{closing_server.port}/"
@@ -100,19 +117,7 @@ def test_a_connection_the_server_closed_is_not_reused(closing_server: Server) ->
 
 
 def test_a_live_connection_is_reused() -> None:
-    server = Server(per_connection=100)
-    try:
-        url = f"http://127.0.0.1:{server.port}/"
-
-        async def main() -> None:
-            async with crawl_client(connections=4, timeout=5.0) as client:
-                for _ in range(5):
-                    assert (await get(client, url))[0] == 200
-
-        anyio.run(main)
-        assert (server.requests, server.connections) == (5, 1)
-    finally:
-        server.close()
+    assert served(Server(per_connection=100), 5, connections=4) == (5, 1)
 
 
 def test_readable_answers_for_data_eof_and_a_closed_socket() -> None:
@@ -301,19 +306,7 @@ def test_https_is_verified_against_the_trusted_authorities(
 ])
 def test_a_connection_its_response_did_not_leave_reusable_is_not_reused(
         response: bytes) -> None:
-    server = Server(per_connection=100, response=response)
-    try:
-        url = f"http://127.0.0.1:{server.port}/"
-
-        async def main() -> None:
-            async with crawl_client(connections=1, timeout=5.0) as client:
-                for _ in range(3):
-                    assert (await get(client, url))[0] == 200
-
-        anyio.run(main)
-        assert (server.requests, server.connections) == (3, 3)
-    finally:
-        server.close()
+    assert served(Server(per_connection=100, response=response), 3, connections=1) == (3, 3)
 
 
 def test_interim_responses_are_read_through_up_to_a_limit() -> None:
