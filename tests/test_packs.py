@@ -9,6 +9,7 @@ docs/store.md describes it, read here by a reader written from that page alone.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -133,6 +134,128 @@ def test_packs_rotate_at_their_size_and_a_large_payload_gets_its_own(tmp_path: P
         reopened.verify(ref)
 
 
+# --- batches of puts ------------------------------------------------------------------------
+
+class _CountingOps(FileOps):
+    """The real file operations, each ``writev`` counted with its buffers."""
+
+    def __init__(self) -> None:
+        self.writevs: list[int] = []
+
+    def writev(self, fd, buffers, size=None):  # type: ignore[no-untyped-def]
+        self.writevs.append(len(buffers))
+        super().writev(fd, buffers, size)
+
+
+def test_a_batch_appends_its_puts_in_one_write_readable_by_the_documented_format(
+        tmp_path: Path) -> None:
+    ops = _CountingOps()
+    store = PackStore(tmp_path / "artifacts", file_ops=ops)
+    items = [_payload(i, 200 + 53 * i) for i in range(30)]
+    with store.batch():
+        refs = [store.put("body", data) for data in items]
+        assert store.put("body", items[3]) == refs[3]  # held already: held once
+        assert ops.writevs == []  # held, not written
+    assert ops.writevs == [60]  # 30 records, a header and a payload each, in one call
+    single = store.put("body", b"outside a batch")
+    assert ops.writevs == [60, 2]
+    store.close()
+    (pack,) = (tmp_path / "artifacts" / PACKS_DIR).glob("*.pack")
+    for ref, data in zip([*refs, single], [*items, b"outside a batch"], strict=True):
+        assert third_party_read(pack, ref.namespace, ref.digest) == data
+
+
+def test_a_batch_writes_a_mebibyte_at_a_time_and_across_pack_rotations(tmp_path: Path) -> None:
+    ops = _CountingOps()
+    store = PackStore(tmp_path / "artifacts", file_ops=ops, pack_bytes=1536 * 1024)
+    items = [os.urandom(40_000 + i) for i in range(100)]  # ~4 MB
+    with store.batch():
+        refs = [store.put("body", data) for data in items]
+        written = len(ops.writevs)
+    # Written each time a MiB was held (27 records of ~40 KB): at records 27, 54 and 81,
+    # the second and third split by a rotation (a pack of 1.5 MiB takes 39 records).
+    assert written == 5
+    assert len(ops.writevs) == 6  # and the last 19 at the block's end
+    store.close()
+    reopened = PackStore(tmp_path / "artifacts")
+    packs = reopened.packs()
+    assert len(packs) == 3 and all(sealed for _, sealed, _ in packs)
+    assert all(size <= 1536 * 1024 + 96 * 100 for _, _, size in packs)
+    for ref, data in zip(refs, items, strict=True):
+        assert reopened.read(ref, verify=True) == data
+
+
+def test_a_batch_reads_its_own_puts_and_holds_a_copy_of_a_changing_buffer(
+        tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts")
+    buffer = bytearray(b"as it was put")
+    with store.batch():
+        ref = store.put("body", buffer)
+        buffer[:2] = b"XX"  # the caller's buffer changes once put returned
+        other = store.put("body", b"second")
+        assert store.read(other) == b"second"  # this thread's sync or read writes first
+        store.sync([ref])
+    assert store.read(ref, verify=True) == b"as it was put"
+
+
+def test_a_batch_left_by_an_error_stores_nothing_it_held(tmp_path: Path) -> None:
+    ops = _CountingOps()
+    store = PackStore(tmp_path / "artifacts", file_ops=ops)
+    with pytest.raises(RuntimeError), store.batch():
+        ref = store.put("body", b"never referenced")
+        raise RuntimeError("the page failed")
+    assert ops.writevs == [] and not store.exists(ref)
+    assert store.put("body", b"never referenced") == ref and store.exists(ref)
+
+
+def test_a_write_that_fails_in_a_batch_fails_the_batch_even_if_the_put_was_caught(
+        tmp_path: Path) -> None:
+    """A write at the MiB mark fails inside the block: the put that made it raises, and
+    the block raises too when it ends, though its last write succeeds and the caller went
+    on: every ref of the block is suspect. Nothing that failed is indexed."""
+    disk = SimulatedDisk(tmp_path)
+    disk.capture()
+    store = PackStore(tmp_path / "artifacts", file_ops=CrashFileOps(disk))
+    before = store.put("body", b"before")
+    big = [os.urandom(300_000 + i) for i in range(4)]  # the 4th reaches a MiB
+    disk.arm(Fault(action="disk_full", at=1, ops=frozenset({"write"}),
+                   files=frozenset({"artifact"})))
+    with pytest.raises(ArtifactError, match="append") as info, store.batch():
+        refs = [store.put("body", data) for data in big[:3]]
+        with pytest.raises(ArtifactError):
+            store.put("body", big[3])
+        disk.arm(None)
+        late = store.put("body", b"after the failure")
+    assert "disk full" in str(info.value)
+    assert store.exists(late)  # written at the block's end: an orphan, never referenced
+    assert not any(store.exists(ref) for ref in refs)
+    again = [store.put("body", data) for data in big]  # the same bytes: appended again
+    store.sync([before, *again])
+    store.close()
+    after = PackStore(tmp_path / "artifacts")
+    assert after.read(before, verify=True) == b"before"
+    for ref, data in zip(again, big, strict=True):
+        assert after.read(ref, verify=True) == data
+
+
+def test_threads_batch_their_own_puts(tmp_path: Path) -> None:
+    store = PackStore(tmp_path / "artifacts")
+    seen: list[bool] = []
+    with store.batch():
+        held = store.put("body", b"held by this thread")
+
+        def other() -> None:
+            ref = store.put("body", b"another thread, no batch")
+            seen.append(store._get("body", bytes.fromhex(ref.digest)) is not None)
+            seen.append(store._get("body", bytes.fromhex(held.digest)) is not None)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert seen == [True, False]  # written at once; this thread's put still held
+    assert store.read(held) == b"held by this thread"
+
+
 def test_a_put_of_stored_bytes_writes_nothing_but_an_old_one_is_touched(
         tmp_path: Path) -> None:
     now = [1_000_000.0]
@@ -160,15 +283,16 @@ ops = st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 40)),
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=ops, unsynced=st.lists(st.integers(0, 40), min_size=1, max_size=5),
        mode=st.sampled_from(["drop", "torn", "reorder", "keep"]), seed=st.integers(0, 2**16),
-       small=st.booleans())
+       small=st.booleans(), batched=st.booleans())
 @example(steps=[("put", 1), ("sync", 0)], unsynced=[2, 3, 4], mode="torn", seed=0,
-         small=False)
+         small=False, batched=False)
 def test_any_sequence_of_puts_and_syncs_then_a_crash_keeps_every_synced_payload(
         tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]],
-        unsynced: list[int], mode: str, seed: int, small: bool) -> None:
-    """Any sequence of puts and syncs, then power loss in any crash mode: every payload
-    synced before the crash reads back whole; the torn or unsynced tail is recognised and
-    left out (nothing listed fails its hash); the store takes new puts after it."""
+        unsynced: list[int], mode: str, seed: int, small: bool, batched: bool) -> None:
+    """Any sequence of puts and syncs (each run of puts in a batch, or not), then power
+    loss in any crash mode: every payload synced before the crash reads back whole; the
+    torn or unsynced tail is recognised and left out (nothing listed fails its hash); the
+    store takes new puts after it."""
     root = tmp_path_factory.mktemp("p")
     disk = SimulatedDisk(root, seed=seed)
     disk.capture()
@@ -176,15 +300,21 @@ def test_any_sequence_of_puts_and_syncs_then_a_crash_keeps_every_synced_payload(
                       pack_bytes=8192 if small else 1 << 20)
     synced: set[ArtifactRef] = set()
     pending: list[ArtifactRef] = []
+    run = contextlib.ExitStack()  # the open batch of a run of puts, if batched
     for op, n in steps:
         if op == "put":
+            if batched and not pending:
+                run.enter_context(store.batch())
             pending.append(store.put("body", _payload(n, 500 + 97 * n)))
         else:
+            run.close()  # the batch ends: its records are written
             store.sync(pending)
             synced.update(pending)
             pending.clear()
-    for n in unsynced:  # the tail a crash tears, reorders or drops
-        store.put("body", _payload(n, 500 + 97 * n))
+    run.close()
+    with store.batch() if batched else contextlib.nullcontext():
+        for n in unsynced:  # the tail a crash tears, reorders or drops
+            store.put("body", _payload(n, 500 + 97 * n))
     disk.power_loss(mode)  # type: ignore[arg-type]
     disk.write_crash_image()
     after = PackStore(root / "artifacts")  # recovers: re-hashes and seals what the crash left
@@ -618,16 +748,17 @@ steps_with_checks = st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=steps_with_checks, failing=st.integers(1, 12), action=st.sampled_from(
-    ["io_error", "disk_full"]), persistent=st.booleans(), write=st.booleans())
+    ["io_error", "disk_full"]), persistent=st.booleans(), write=st.booleans(),
+    batched=st.booleans())
 def test_any_interleaving_with_a_failing_pack_operation_loses_no_synced_payload(
         tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]], failing: int,
-        action: str, persistent: bool, write: bool) -> None:
+        action: str, persistent: bool, write: bool, batched: bool) -> None:
     """Any interleaving of puts (small packs: rotations, so seals and pack creations run
-    behind the puts), syncs and checks, with the ``failing``-th fsync (or append) of a
-    pack failing, wherever it runs: a sync either returns (its payloads are durable: they
-    read back whole after a power loss) or raises; a check of a payload a put returned
-    never says "missing" (the store failing is said as such); a put that raises returns
-    nothing to reference."""
+    behind the puts; each run of puts in a batch, or not), syncs and checks, with the
+    ``failing``-th fsync (or append) of a pack failing, wherever it runs: a sync either
+    returns (its payloads are durable: they read back whole after a power loss) or raises;
+    a check of a payload a put returned (its batch ended) never says "missing" (the store
+    failing is said as such); a put or batch that raises returns nothing to reference."""
     root = tmp_path_factory.mktemp("f")
     disk = SimulatedDisk(root, sync_failure="lose")
     disk.capture()
@@ -638,16 +769,32 @@ def test_any_interleaving_with_a_failing_pack_operation_loses_no_synced_payload(
     returned: dict[int, ArtifactRef] = {}
     pending: list[ArtifactRef] = []
     synced: dict[ArtifactRef, int] = {}
+    run = contextlib.ExitStack()  # the open batch, if batched
+    held: dict[int, ArtifactRef] = {}  # put in the open batch: theirs once it ends well
+
+    def end_run() -> None:
+        try:
+            run.close()
+        except ArtifactError:
+            held.clear()  # the batch failed: none of its refs is to be referenced
+        returned.update(held)
+        pending.extend(held.values())
+        held.clear()
+
     for op, n in steps:
         data = _payload(n, 700 + 131 * n)
         if op == "put":
+            if batched and not held:
+                run.enter_context(store.batch())
             try:
                 ref = store.put("body", data)
             except ArtifactError:
                 continue
-            returned[n] = ref
-            pending.append(ref)
+            (held if batched else returned)[n] = ref
+            if not batched:
+                pending.append(ref)
         elif op == "sync":
+            end_run()
             try:
                 store.sync(pending)
             except ArtifactError:
@@ -656,6 +803,7 @@ def test_any_interleaving_with_a_failing_pack_operation_loses_no_synced_payload(
             pending.clear()
         elif n in returned:
             _check_never_missing(store, returned[n])
+    end_run()
     store.close()  # waits for the seals under way: each has succeeded or failed now
     for ref in returned.values():
         _check_never_missing(store, ref)

@@ -74,7 +74,10 @@ async def _off_the_loop(work: Callable[[], T], size: int) -> T:
 
 
 def _put_each(artifacts: ArtifactBackend, items: list[tuple[str, bytes]]) -> list[ArtifactRef]:
-    return [artifacts.put(namespace, data) for namespace, data in items]
+    """An exchange's payloads (request, response head, body...), in one write to a pack;
+    written before the attempt that names them is made (a worker process hands it on)."""
+    with artifacts.batch():
+        return [artifacts.put(namespace, data) for namespace, data in items]
 
 
 @dataclass(frozen=True)

@@ -598,6 +598,10 @@ class ArtifactStore:
         if not stat.S_ISREG(st.st_mode) or st.st_size != ref.size:
             self._check_stat(st, ref, self.path_for(ref))
 
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Each put is written by itself here: a block that only runs its body."""
+        return contextlib.nullcontext()
+
     def sync(self, refs: Iterable[ArtifactRef]) -> None:
         """Make the listed payloads durable: nothing is left to do here, since a put in
         this store is durable when it returns (``backend.ArtifactBackend``)."""

@@ -199,6 +199,13 @@ class ArtifactBackend(Protocol):
         """Make every listed payload durable (a put whose bytes may still be in flight)."""
         ...
 
+    def batch(self) -> AbstractContextManager[None]:
+        """A block whose puts (of this thread) may be written together when it ends:
+        their refs are handed on (synced, referenced, sent to another process) only after
+        it ended without an error. Where each put is written by itself, a block that only
+        runs its body."""
+        ...
+
     def check(self, ref: ArtifactRef) -> None:
         """Raise ``ArtifactMissingError`` or ``ArtifactCorruptError`` (size) if not there."""
         ...

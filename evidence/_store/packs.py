@@ -63,7 +63,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -110,6 +110,15 @@ TOUCH_AFTER_MS = 60_000
 # the put stream of tools/bench_packs.py (the hint costs ~0.1 ms a call).
 WRITEBACK_BYTES = 1024 * 1024
 _PAGE = mmap.PAGESIZE
+# Puts inside ``PackStore.batch()`` are held and appended together, in one ``writev`` for up
+# to this many bytes or records (two buffers a record: within Linux's IOV_MAX of 1024). One
+# system call per record cost more than BLAKE3 of the payload in the put stream of
+# tools/bench_packs.py (docs/benchmarks.md); a payload larger than this is written alone.
+BATCH_BYTES = 1024 * 1024
+BATCH_RECORDS = 256
+
+# A record to append: (kind, namespace, digest, payload, payload length, time ms).
+_Record = tuple[int, str, bytes, bytes | memoryview, int, int]
 
 Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
 
@@ -138,6 +147,18 @@ class _Pack:
         self.failed = False  # an fsync failed: nothing past ``synced`` is trusted
         self.syncing = False
         self.cond = threading.Condition()
+
+
+class _Held:
+    """The records a thread's ``batch()`` holds until it writes them."""
+
+    __slots__ = ("error", "keys", "records", "size")
+
+    def __init__(self) -> None:
+        self.records: list[_Record] = []
+        self.keys: set[tuple[str, bytes]] = set()  # held already: a put again holds nothing
+        self.size = 0  # bytes held
+        self.error: ArtifactError | None = None  # a write of this batch failed
 
 
 class PackStore:
@@ -180,6 +201,7 @@ class PackStore:
         self._lost: dict[tuple[str, bytes], _Pack] = {}
         self._closed = False
         self._namespaces: set[str] = set()  # validated already
+        self._local = threading.local()  # ``held``: the calling thread's batch, if any
         if create and not read_only:
             self._make_root()
         elif not self.root.is_dir():
@@ -339,10 +361,13 @@ class PackStore:
         return None if names is None else names.get(digest)
 
     def _locate(self, ref: ArtifactRef) -> Location | None:
-        """Where ``ref`` is, looking again (other processes' packs) if it is not known."""
+        """Where ``ref`` is, looking again (this thread's batch written, other processes'
+        packs) if it is not known."""
         digest = _digest_bytes(ref)
         loc = self._get(ref.namespace, digest)
         if loc is None or loc[0] not in self._packs:
+            with contextlib.suppress(ArtifactError):  # the batch raises it when it ends
+                self._write_own_held()
             self.refresh()
             loc = self._get(ref.namespace, digest)
         return loc
@@ -368,13 +393,76 @@ class PackStore:
             names = self._index.get(namespace)
             loc = None if names is None else names.get(digest)
             if loc is None or not self._known(namespace, digest, size, loc):
-                with self._append:
-                    names = self._index.get(namespace)
-                    if names is None or digest not in names:  # else another thread stored it
-                        self._write_record(pf.PAYLOAD, namespace, digest, payload, size,
-                                           int(self.clock() * 1000))
+                held = getattr(self._local, "held", None)
+                if held is not None and size <= BATCH_BYTES:
+                    self._hold(held, namespace, digest, payload, size)
+                else:
+                    with self._append:
+                        names = self._index.get(namespace)
+                        if names is None or digest not in names:  # else another thread
+                            self._write_record(pf.PAYLOAD, namespace, digest, payload,
+                                               size, int(self.clock() * 1000))
             return ArtifactRef(namespace, digest.hex(), size)
         return self._put_stream(namespace, _chunks(data))
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Puts of this thread inside the block are appended together: held (bytes by
+        reference, other buffers copied), then written in one ``writev`` per MiB (or 256
+        records) and when the block ends. Their refs can be read and synced once the
+        block has ended; this thread's ``sync`` or read of one inside it writes what is
+        held first. If any of those writes fails, the block raises that error (however it
+        ends) and its refs are not to be referenced: some may be stored, as orphans. A
+        block that raises drops what it still holds. Nested blocks are one block. Other
+        processes (a writer syncing what a worker process put) see nothing held: end the
+        block before handing its refs on."""
+        if getattr(self._local, "held", None) is not None:
+            yield  # inside another block of this thread: that one writes
+            return
+        held = self._local.held = _Held()
+        try:
+            yield
+            if held.records:
+                self._write_held(held)
+        finally:
+            self._local.held = None
+        if held.error is not None:
+            raise held.error
+
+    def _hold(self, held: _Held, namespace: str, digest: bytes,
+              payload: bytes | memoryview, size: int) -> None:
+        key = (namespace, digest)
+        if key in held.keys:
+            return
+        if type(payload) is not bytes:
+            payload = bytes(payload)  # the caller may change its buffer once put returns
+        held.keys.add(key)
+        held.records.append((pf.PAYLOAD, namespace, digest, payload, size, _now_ms(self.clock)))
+        held.size += pf.RECORD_SIZE + size
+        if held.size >= BATCH_BYTES or len(held.records) >= BATCH_RECORDS:
+            self._write_held(held)
+
+    def _write_held(self, held: _Held) -> None:
+        """Append what ``held`` holds; on failure remember the error for the block's end."""
+        records, held.records, held.size = held.records, [], 0
+        held.keys.clear()  # indexed once written
+        if self._closed:
+            held.error = held.error or ArtifactError(
+                f"artifact store {self.root} was closed inside a batch of puts",
+                hint="end the batch before closing the store", path=self.root)
+            raise held.error
+        with self._append:
+            try:
+                self._append_records(records)
+            except ArtifactError as exc:
+                held.error = held.error or exc
+                raise
+
+    def _write_own_held(self) -> None:
+        """Write what this thread's batch holds (a sync or read of its refs comes)."""
+        held = getattr(self._local, "held", None)
+        if held is not None and held.records:
+            self._write_held(held)
 
     def import_payload(self, namespace: str, data: bytes, *, put_time: float) -> ArtifactRef:
         """Append ``data`` with ``put_time`` (seconds since the epoch) as when it was put:
@@ -419,38 +507,56 @@ class PackStore:
 
     def _write_record(self, kind: int, namespace: str, digest: bytes,
                       payload: memoryview | bytes, length: int, when: int) -> None:
-        """Append one whole record of a ``length``-byte payload to the active pack, header
-        and payload in one write (``writev``: the payload is not copied); the caller
-        holds ``_append``."""
-        pack = self._active
-        end = pf.RECORD_SIZE + length
-        if pack is None or pack.broken or pack.failed or (
-                pack.size + end > self.pack_bytes and pack.size > pf.FILE_HEADER_SIZE):
-            pack = self._writable(end)
-        fd = pack.fd
-        assert fd is not None
-        offset = pack.size
-        end += offset
-        header = pf.encode_record(kind, namespace, digest, length, when)
-        try:
-            self._ops.writev(fd, (header, payload), end - offset)
-        except OSError as exc:
-            pack.broken = True  # a part of the record may be there: start a new pack
-            raise _os_errors("append to pack", pack.path)._translate(exc) from exc
-        except BaseException:
-            pack.broken = True
-            raise
-        placed = pf.Entry(kind, namespace, digest, offset, length, when)
-        with self._lock:
-            pack.entries.append(placed)
-            pack.size = end
-            self._add(pack, placed)
-            if self._lost and kind == pf.PAYLOAD:
-                self._lost.pop((namespace, digest), None)  # stored again: trusted again
-        if end - pack.hinted >= WRITEBACK_BYTES:
-            self._start_writeback(pack, end)
-        if end > self.pack_bytes >> 1 and self._spare_for != pack.no:
-            self._prepare_spare(pack)
+        """Append one whole record; the caller holds ``_append``."""
+        self._append_records(((kind, namespace, digest, payload, length, when),))
+
+    def _append_records(self, records: Sequence[_Record]) -> None:
+        """Append whole records to the active pack, as many in one write as fit in it
+        (``writev`` of each header and payload: the payloads are not copied); a pack
+        that would grow past ``pack_bytes`` is rotated first (a record larger than that
+        gets a pack of its own). The caller holds ``_append``."""
+        first, count = 0, len(records)
+        while first < count:
+            pack = self._active
+            need = pf.RECORD_SIZE + records[first][4]
+            if pack is None or pack.broken or pack.failed or (
+                    pack.size + need > self.pack_bytes and pack.size > pf.FILE_HEADER_SIZE):
+                pack = self._writable(need)
+            fd = pack.fd
+            assert fd is not None
+            offset = end = pack.size
+            buffers: list[bytes | memoryview] = []
+            placed: list[pf.Entry] = []
+            last = first
+            while last < count:
+                kind, namespace, digest, payload, length, when = records[last]
+                if last > first and end + pf.RECORD_SIZE + length > self.pack_bytes:
+                    break  # the rest go to the next pack
+                buffers.append(pf.encode_record(kind, namespace, digest, length, when))
+                buffers.append(payload)
+                placed.append(pf.Entry(kind, namespace, digest, end, length, when))
+                end += pf.RECORD_SIZE + length
+                last += 1
+            try:
+                self._ops.writev(fd, buffers, end - offset)
+            except OSError as exc:
+                pack.broken = True  # a part of a record may be there: start a new pack
+                raise _os_errors("append to pack", pack.path)._translate(exc) from exc
+            except BaseException:
+                pack.broken = True
+                raise
+            with self._lock:
+                pack.entries.extend(placed)
+                pack.size = end
+                for entry in placed:
+                    self._add(pack, entry)
+                    if self._lost and entry.kind == pf.PAYLOAD:  # stored again: trusted
+                        self._lost.pop((entry.namespace, entry.digest), None)
+            if end - pack.hinted >= WRITEBACK_BYTES:
+                self._start_writeback(pack, end)
+            if end > self.pack_bytes >> 1 and self._spare_for != pack.no:
+                self._prepare_spare(pack)
+            first = last
 
     def _start_writeback(self, pack: _Pack, end: int) -> None:
         """Let the disk start on what was appended since the last hint (``FileOps
@@ -764,6 +870,8 @@ class PackStore:
         next open deals with it) and release its lock."""
         if self._closed:
             return
+        with contextlib.suppress(ArtifactError):  # said by the batch's end, as it would be
+            self._write_own_held()
         self._closed = True
         with self._append:
             self._wait_behind()  # the seals of full packs, a spare being created

@@ -30,6 +30,22 @@ def test_a_put_that_returned_and_was_synced_survives_a_crash_of_its_medium(
             assert after.read(ref, verify=True) == f"payload {i}".encode()
 
 
+def test_puts_in_a_batch_are_stored_when_it_ends_and_survive_a_crash_once_synced(
+        artifact_kind: ArtifactKind, tmp_path: Path) -> None:
+    with artifact_kind.crashable(tmp_path) as medium:
+        artifacts = medium.open()
+        with artifacts.batch():
+            refs = [artifacts.put("body", f"batched {i}".encode() * 50) for i in range(20)]
+            refs.append(artifacts.put("body", b"batched 0" * 50))  # the same bytes again
+        assert refs[-1] == refs[0]
+        artifacts.sync(refs)
+        medium.crash()
+        after = medium.open()
+        for i, ref in enumerate(refs[:-1]):
+            assert after.read(ref, verify=True) == f"batched {i}".encode() * 50
+        assert len(list(after.iter_refs())) == 20
+
+
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=st.lists(st.tuples(namespaces, payloads), max_size=8))
