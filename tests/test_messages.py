@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
+import threading
 
 import msgspec
 import pytest
@@ -101,6 +103,37 @@ def test_new_ids_are_unique_and_time_ordered() -> None:
     ids = [new_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
     assert [i[:12] for i in ids] == sorted(i[:12] for i in ids)  # the millisecond prefix
+
+
+def test_threads_and_forked_children_never_draw_the_same_ids() -> None:
+    """Each thread draws from its own random bytes, and a forked child from fresh ones:
+    never the ids of its parent, which drew from the same pool a moment before."""
+    new_id()  # this thread's pool holds bytes the child would repeat if it kept them
+    ids: list[list[str]] = [[] for _ in range(4)]
+
+    def draw(k: int) -> None:
+        ids[k].extend(new_id() for _ in range(3000))
+
+    threads = [threading.Thread(target=draw, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next 100 ids, then out at once
+        os.close(read)
+        os.write(write, " ".join(new_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read().split()
+    os.waitpid(pid, 0)
+    mine = [new_id() for _ in range(100)]
+    every = [i for batch in ids for i in batch] + child + mine
+    assert len(child) == 100
+    assert len(set(every)) == len(every)
+    assert {i[13:] for i in child}.isdisjoint(i[13:] for i in mine)  # the random part
 
 
 json_values = st.recursive(
