@@ -79,6 +79,11 @@ __all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
 log = logging.getLogger("evidence.crawl")
 
 LIVE_STATS = "live-stats.json"
+# With worker processes (or hosts), per --workers fetch: URLs claimed (the one it requests
+# and its next, as one process's next claim rides its page's commit), and pages on their
+# way (claimed, fetching or committing in a worker).
+_CLAIMED_PER_FETCH = 2
+_PAGES_PER_FETCH = 4
 
 Outcome = Literal["completed", "stopped", "capped", "failed"]
 
@@ -167,6 +172,7 @@ class _Slot:
     held: bool = False
     freed: bool = False
     next: _Job | None = None
+    settling: bool = False  # its request is over in a worker process; it commits there
 
 
 # The page a worker task is on (each task has its own context): how the page worker's
@@ -215,6 +221,8 @@ class Crawler:
         self._pending = 0
         self._in_flight = 0
         self._riding = 0  # of those, claimed with a page still committing (_claim_next)
+        self._settling = 0  # of those, requested in a worker process and committing there
+        self._requests = 0  # requests in flight: pages holding a host slot
         self._cursor = 0
         self._db_exhausted = False
         self._documents = 0
@@ -289,7 +297,7 @@ class Crawler:
                         tg.start_soon(self._report_progress, started)
                         send, receive = anyio.create_memory_object_stream[_Job](0)
                         async with receive:
-                            for _ in range(self.options.workers):
+                            for _ in range(self._tasks()):
                                 tg.start_soon(self._worker, receive.clone())
                         outcome, reason = await self._schedule(send)
                         self._stop.set()
@@ -573,7 +581,8 @@ class Crawler:
         picked: list[_Job] = []
         wakeup = now + 1.0
         for name, host in self._hosts.items():
-            while host.jobs and len(picked) < free and host.active < self._per_host:
+            limit = self._per_host * self._ahead()
+            while host.jobs and len(picked) < free and host.active < limit:
                 if host.next_start > now:
                     wakeup = min(wakeup, host.next_start)
                     break
@@ -598,7 +607,9 @@ class Crawler:
 
     async def _schedule(self, send: anyio.abc.ObjectSendStream[_Job]) -> tuple[Outcome, str]:
         cap = self.options.max_documents
-        async with send:
+        # Claims commit concurrently (each hands its jobs to the workers once durable):
+        # slots that free while one claim commits need not wait for it.
+        async with send, anyio.create_task_group() as claims:
             while True:
                 if self._stop.is_set():
                     return "stopped", "stop requested"
@@ -606,9 +617,13 @@ class Crawler:
                     self._capped = True  # what was claimed is fetched: it counts
                     return "capped", f"reached --max-documents {cap}"
                 self._refill()
-                # No claiming ahead of the workers: a URL claimed but never requested when
-                # the crawler is killed would count as an attempt that crashed it.
-                free = self.options.workers - self._in_flight
+                # Claims ahead of the workers are bounded: a URL claimed but never requested
+                # when the crawler is killed counts as an attempt that crashed it. In one
+                # process a busy worker's next URL rides its page's commit; with worker
+                # processes each fetch slot has one URL claimed ahead. A page committing
+                # in a worker process no longer fetches: its slot is free.
+                free = min(self.options.workers * self._ahead() - self._fetching_now(),
+                           self._tasks() - self._in_flight)
                 if cap is not None:
                     free = min(free, cap - self._documents)
                 jobs, wakeup = self._pick(free) if free > 0 else ([], time.monotonic() + 1)
@@ -617,9 +632,7 @@ class Crawler:
                     # its next URL (_claim_next), and the cap holds for both.
                     self._documents += len(jobs)
                     self._in_flight += len(jobs)
-                    await self._commit([self._update(claimed=[j.url for j in jobs])])
-                    for job in jobs:
-                        await send.send(job)
+                    claims.start_soon(self._claim, jobs, send)
                     continue
                 if self._in_flight == 0 and self._pending == 0:
                     if self._db_exhausted and self._cursor > 0:
@@ -630,6 +643,12 @@ class Crawler:
                 with anyio.move_on_after(max(0.0, wakeup - time.monotonic())):
                     await self._wake.wait()
                 self._wake = anyio.Event()
+        raise AssertionError("the scheduler ends by returning")  # a task group may swallow
+
+    async def _claim(self, jobs: list[_Job], send: anyio.abc.ObjectSendStream[_Job]) -> None:
+        await self._commit([self._update(claimed=[j.url for j in jobs])])
+        for job in jobs:
+            await send.send(job)
 
     # --- workers -----------------------------------------------------------------------
 
@@ -662,6 +681,7 @@ class Crawler:
                 host.slots = anyio.Semaphore(self._per_host)
             await host.slots.acquire()
             slot.held = True
+            self._requests += 1
             if not await self._polite(host, name):
                 self._released.append(job)  # the run stopped while it waited
                 return None
@@ -678,9 +698,39 @@ class Crawler:
         finally:
             _SLOT.reset(token)
             self._in_flight -= 1
+            if slot.settling:
+                self._settling -= 1
             self._free_slot(slot)
             self._wake.set()
         return slot.next
+
+    def _tasks(self) -> int:
+        """Worker tasks, each taking one page from claim to commit. In one process a busy
+        worker's next page rides its commit (``_claim_next``). Worker processes commit
+        their pages themselves, and a page's next claim cannot ride that commit: so more
+        pages than fetches are on their way (a fetch slot is free once its request is
+        over, ``_settled_elsewhere``), and a slot's next URL is claimed while it fetches."""
+        return self.options.workers * (_PAGES_PER_FETCH if self._pool is not None else 1)
+
+    def _ahead(self) -> int:
+        """URLs claimed per fetch slot (not counting one riding a commit): with worker
+        processes the one it requests and its next; else the one it requests."""
+        return _CLAIMED_PER_FETCH if self._pool is not None else 1
+
+    def _fetching_now(self) -> int:
+        """Claimed pages whose request is not over (or not started)."""
+        return self._in_flight - self._riding - self._settling
+
+    def _settled_elsewhere(self, slot: _Slot | None) -> None:
+        """A worker process's request for this page is over, and the page commits there:
+        its host slot and fetch slot are free for the scheduler's next claim. Not when
+        pages render here (a render is another request to the host)."""
+        if slot is None or slot.settling or self._renderer is not None:
+            return
+        slot.settling = True
+        self._settling += 1
+        self._free_slot(slot)
+        self._wake.set()
 
     def _free_slot(self, slot: _Slot) -> None:
         """The page no longer takes one of its host's requests in flight (once)."""
@@ -690,6 +740,7 @@ class Crawler:
         slot.host.active -= 1
         if slot.held:
             slot.held = False
+            self._requests -= 1
             assert slot.host.slots is not None
             slot.host.slots.release()
 
@@ -784,8 +835,9 @@ class Crawler:
         """Request and settle the page: in this process, or in a worker process."""
         if self._pool is None:
             return await self._pages.page(order)
+        slot = _SLOT.get(None)
         try:
-            return await self._pool.page(order)
+            return await self._pool.page(order, lambda: self._settled_elsewhere(slot))
         except WorkerLost as lost:
             return await self._lost(order, lost)
 
@@ -949,7 +1001,7 @@ class Crawler:
         elapsed = time.monotonic() - started
         progress = CrawlProgress(
             session_id=self.session_id, run_id=self.run_id, counts=counts,
-            requested=self._requested, in_flight=self._in_flight - self._riding,
+            requested=self._requested, in_flight=self._requests,
             pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
             elapsed=elapsed, writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
@@ -971,7 +1023,7 @@ class Crawler:
 
     def _limited_by(self) -> list[str]:
         """Why fewer than ``workers`` fetches are in flight, when URLs wait (else [])."""
-        if self._in_flight - self._riding >= self.options.workers or self._halt.is_set():
+        if self._requests >= self.options.workers or self._halt.is_set():
             return []
         now = time.monotonic()
         reasons: list[str] = []
@@ -980,7 +1032,7 @@ class Crawler:
                 continue
             if host.backoff_until > now:
                 reasons.append(f"{name} backs off for {host.backoff_until - now:.0f} s")
-            elif host.active >= self._per_host:
+            elif host.active >= self._per_host * self._ahead():
                 reasons.append(f"--per-host {self._per_host} on {name}")
             elif host.next_start > now:
                 reasons.append(f"{self._delay(name):g} s between requests to {name}")

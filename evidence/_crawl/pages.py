@@ -206,9 +206,14 @@ class PageWorker:
 
     # --- one page ----------------------------------------------------------------------
 
-    async def page(self, order: PageOrder) -> PageEffects:
-        """Request the page once and settle it (or hand back a baseline 304)."""
+    async def page(self, order: PageOrder,
+                   fetched: Callable[[], Awaitable[None]] | None = None) -> PageEffects:
+        """Request the page once and settle it (or hand back a baseline 304). ``fetched``
+        is awaited once the request is over (its payloads stored), before the page is
+        committed: a worker process tells the crawl then that its fetch slot is free."""
         result = await self.fetch(order.url, order.attempts + 1, order.headers or None)
+        if fetched is not None:
+            await fetched()
         if result.status == 304 and order.baseline:
             return PageEffects(requested=1, unchanged=result.attempt)
         effects = await self.settle(order, result)

@@ -9,7 +9,8 @@ store (files: no child opens the database) and submits each page's evidence thro
 committed.
 
 Parent and child talk over a socketpair in length-prefixed msgpack frames: ``Setup`` and
-``Order`` go down, ``Ready``, ``Done`` and ``Failed`` come up. A child ends when its channel
+``Order`` go down, ``Ready``, ``Fetched`` (an order's request is over, its page
+committing), ``Done`` and ``Failed`` come up. A child ends when its channel
 does: the parent closing it (the run is over) or dying. A child never outlives its crawl,
 so a restarted crawl never races an orphan still submitting results.
 
@@ -42,7 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,13 @@ class Done(msgspec.Struct, tag="done"):
     effects: PageEffects
 
 
+class Fetched(msgspec.Struct, tag="fetched"):
+    """Up, before an order's ``Done``: its request is over and its page is committing, so
+    the crawl may start another request on its host (its fetch slot is free)."""
+
+    id: int
+
+
 class Failed(msgspec.Struct, tag="failed"):
     id: int
     error: str
@@ -117,7 +125,7 @@ class Bye(msgspec.Struct, tag="bye"):
 
 
 _down = msgspec.msgpack.Decoder(Setup | Order | Beat | Bye)
-_up = msgspec.msgpack.Decoder(Ready | Done | Failed | Beat)
+_up = msgspec.msgpack.Decoder(Ready | Fetched | Done | Failed | Beat)
 
 
 async def _read(reader: FrameReader, decoder: msgspec.msgpack.Decoder) -> Any:
@@ -144,11 +152,17 @@ class WorkerLost(Exception):
 # --- the parent's side -----------------------------------------------------------------
 
 class _Waiter:
-    __slots__ = ("event", "result")
+    __slots__ = ("event", "fetched", "result")
 
-    def __init__(self) -> None:
+    def __init__(self, fetched: Callable[[], None] | None) -> None:
         self.event = anyio.Event()
         self.result: PageEffects | BaseException | None = None
+        self.fetched = fetched  # called (once) when the order's request is over
+
+    def request_over(self) -> None:
+        fetched, self.fetched = self.fetched, None
+        if fetched is not None and not self.event.is_set():
+            fetched()
 
     def resolve(self, result: PageEffects | BaseException) -> None:
         if not self.event.is_set():
@@ -173,7 +187,8 @@ class WorkerPool:
     """N worker processes running orders for one run. Use ``async with``.
 
     ``page`` hands an order to the least busy live child and returns its effects once the
-    child's group has committed; it raises ``WorkerLost`` if the child dies first. A dead
+    child's group has committed (calling ``fetched`` when the child says its request is
+    over, before that); it raises ``WorkerLost`` if the child dies first. A dead
     child is replaced; a child that fails to start fails the run: ``page`` raises its error
     from then on, and so does leaving the pool.
 
@@ -258,10 +273,11 @@ class WorkerPool:
                 with anyio.CancelScope(shield=True):
                     await child.process.wait()
 
-    async def page(self, order: PageOrder) -> PageEffects:
+    async def page(self, order: PageOrder,
+                   fetched: Callable[[], None] | None = None) -> PageEffects:
         child = await self._pick()
         request_id = next(self._ids)
-        waiter = _Waiter()
+        waiter = _Waiter(fetched)
         child.pending[request_id] = waiter  # no await since _pick: the child is alive
         try:
             try:
@@ -338,7 +354,9 @@ class WorkerPool:
                 waiter = child.pending.get(frame.id)
                 if waiter is None:
                     continue
-                if isinstance(frame, Done):
+                if isinstance(frame, Fetched):
+                    waiter.request_over()
+                elif isinstance(frame, Done):
                     waiter.resolve(frame.effects)
                 elif isinstance(frame, Failed):
                     waiter.resolve(EvidenceError(f"{child.name}: {frame.error}"))
@@ -444,7 +462,9 @@ class WorkerPool:
                 waiter = host.pending.get(frame.id)
                 if waiter is None:
                     continue
-                if isinstance(frame, Done):
+                if isinstance(frame, Fetched):
+                    waiter.request_over()
+                elif isinstance(frame, Done):
                     waiter.resolve(frame.effects)
                 elif isinstance(frame, Failed):
                     waiter.resolve(EvidenceError(f"{host.name}: {frame.error}"))
@@ -487,7 +507,8 @@ async def _child(fd: int) -> None:
 
                 async def run(order: Order) -> None:
                     try:
-                        effects = await pages.page(order.page)
+                        effects = await pages.page(
+                            order.page, lambda: answer(Fetched(id=order.id)))
                     except Exception as exc:  # the parent fails the run with this reason
                         log.exception("%s: %s", setup.name, order.page.url)
                         await answer(Failed(id=order.id, error=f"{type(exc).__name__}: {exc}"))

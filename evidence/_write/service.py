@@ -772,7 +772,7 @@ class Service:
         try:
             try:
                 acks = await self.writer.submit_group(
-                    [m for _, messages in requests for m in messages])
+                    [m for _, messages in requests for m in messages], decoded=True)
             except MessageError:
                 if len(requests) == 1:
                     raise
@@ -798,7 +798,7 @@ class Service:
     async def _submit_one(self, conn: _Connection, request: tuple[int, list[Message]]) -> None:
         request_id, messages = request
         try:
-            acks = await self.writer.submit_group(messages)
+            acks = await self.writer.submit_group(messages, decoded=True)
         except (MessageError, CommitError, WriterClosedError) as exc:
             conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
         else:

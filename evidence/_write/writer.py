@@ -349,17 +349,20 @@ class Writer:
         [ack] = await self.submit_group([message])
         return ack
 
-    async def submit_group(self, messages: Sequence[Message]) -> list[Ack]:
+    async def submit_group(self, messages: Sequence[Message], *,
+                           decoded: bool = False) -> list[Ack]:
         """Submit messages that must commit in one transaction (each still fails alone).
 
         A crawler's page result (its attempt, its links, its frontier mark) is a group, so
-        a crash can never leave a page marked done without its links.
+        a crash can never leave a page marked done without its links. ``decoded``: each
+        message is what ``decode_message`` returned (the service's), so its constraints
+        were checked then and it is not decoded again.
         """
         if self._closed or self._failure is not None:
             raise WriterClosedError("the writer is closed", cause=self._failure)
         now = time.monotonic()
         done = self._new_waiter()
-        group = [self._prepare(message, now, done) for message in messages]
+        group = [self._prepare(message, now, done, decoded) for message in messages]
         if not group:
             return []
         self._unacked.extend(group)
@@ -381,10 +384,12 @@ class Writer:
                 raise pending.error
         return [pending.ack for pending in group]  # type: ignore[misc]
 
-    def _prepare(self, message: Message, now: float, done: _Waiter) -> _Pending:
+    def _prepare(self, message: Message, now: float, done: _Waiter,
+                 decoded: bool = False) -> _Pending:
         # msgspec validates constraints only when decoding, so a message built in Python is
         # checked by a round trip through the strict decoder: whatever is committed must be
-        # exactly what decode_message accepts (verify re-decodes every ledger entry).
+        # exactly what decode_message accepts (verify re-decodes every ledger entry). One
+        # that decode_message returned was checked then (``decoded``).
         try:
             encoded = canonical_encode(message)
         except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
@@ -395,7 +400,8 @@ class Writer:
                 f"message {message.message_id} encodes to {len(encoded)} bytes, over the "
                 f"limit of {MAX_MESSAGE_BYTES}", message_id=message.message_id,
                 hint="store large payloads in the artifact store and reference them")
-        decode_message(encoded)  # raises MessageError naming the field
+        if not decoded:
+            decode_message(encoded)  # raises MessageError naming the field
         if len(self._url_keys) > _URL_KEYS_LIMIT:
             self._url_keys.clear()
         return _Pending(message, encoded, payload_hash(encoded), now,
