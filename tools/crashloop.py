@@ -9,8 +9,9 @@ each round waits until the crawler is fetching, sleeps a random time, and kills 
 SIGKILL; the next round resumes the same session. After ``--kills`` kills a last round runs
 to completion. Then the invariants of issue 3 are checked against the server's own request
 log: every reachable page is done exactly once in the evidence, every done page's links
-are in the store, pages requested twice never exceed the workers per kill, robots-disallowed
-paths are never requested, every killed run is recorded as such, and ``verify`` is clean.
+are in the store, pages requested twice never exceed the pages on their way per kill
+(``--workers``, times 4 with worker processes), robots-disallowed paths are never
+requested, every killed run is recorded as such, and ``verify`` is clean.
 With ``--processes N`` the crawl runs N worker processes, and ``--worker-kills K`` also
 SIGKILLs a random worker process K times (read from the crawl's live-stats.json) while the
 crawl goes on: each death must cost only that worker's in-flight pages.
@@ -36,6 +37,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from evidence import Store, verify
+from evidence._crawl.crawler import _PAGES_PER_FETCH
 from evidence._demo.site import SiteConfig, TestSite
 
 
@@ -156,9 +158,12 @@ def run(args: argparse.Namespace) -> dict:
         problems.append(f"pages whose links are not all recorded: {missing_links[:5]}")
     twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
     deaths = kills + len(worker_kills)
-    if twice > args.workers * deaths:
-        problems.append(f"{twice} re-requests exceed {args.workers} workers x {deaths} "
-                        "kills")
+    # What a death can cost: the pages on their way, fetched but not committed: one per
+    # fetch slot in one process; with worker processes up to _PAGES_PER_FETCH per slot.
+    per_death = args.workers * (_PAGES_PER_FETCH if args.processes else 1)
+    if twice > per_death * deaths:
+        problems.append(f"{twice} re-requests exceed {per_death} pages on their way x "
+                        f"{deaths} kills")
     if any(counts[p] for p in disallowed):
         problems.append("a robots-disallowed path was requested")
     # A kill can land before the new process recorded its run (the server may still be
