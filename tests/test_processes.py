@@ -155,6 +155,7 @@ def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
         _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
                   proc, store)
         lock = apsw.Connection(str(store / "evidence.db"))
+        lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
         before = len(site.requests)
         time.sleep(1.0)
