@@ -469,7 +469,17 @@ class WorkerPool:
                 elif isinstance(frame, Failed):
                     waiter.resolve(EvidenceError(f"{host.name}: {frame.error}"))
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
-            return f"broke its connection ({type(exc).__name__}: {exc})"
+            return f"broke its connection ({_in_words(exc)})"
+
+
+def _in_words(exc: BaseException) -> str:
+    """An exception for a log line: its type and text, or its cause's where it has none
+    (a TLS stream whose peer vanished raises an empty BrokenResourceError)."""
+    text = str(exc)
+    cause = exc.__cause__ or exc.__context__
+    if not text and cause is not None:
+        text = _in_words(cause)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # --- the child's side ------------------------------------------------------------------
