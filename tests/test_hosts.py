@@ -24,10 +24,10 @@ import anyio
 import pytest
 
 from evidence import ServiceError, Store, verify
-from evidence._crawl.workers import _in_words
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._write.service import Service
 from evidence._write.tls import TLSFiles, client_context, make_self_signed
+from evidence._write.wire import gone_in_words
 from evidence.client import AsyncClient, ClientLimits
 from evidence.testing.seaweed import SeaweedS3
 
@@ -235,11 +235,11 @@ def test_a_lost_host_is_logged_with_the_cause_of_an_empty_error() -> None:
         except ConnectionResetError as reset:
             raise anyio.BrokenResourceError from reset
     except anyio.BrokenResourceError as broken:
-        words = _in_words(broken)
+        words = gone_in_words(broken)
     assert words == ("BrokenResourceError: ConnectionResetError: "
                      "[Errno 104] Connection reset by peer")
-    assert _in_words(anyio.EndOfStream()) == "EndOfStream"
-    assert _in_words(OSError("no route")) == "OSError: no route"
+    assert gone_in_words(anyio.EndOfStream()) == "EndOfStream"
+    assert gone_in_words(OSError("no route")) == "OSError: no route"
 
 
 def test_a_silent_worker_host_is_fenced_when_its_lease_expires(deployment: dict) -> None:

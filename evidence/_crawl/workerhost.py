@@ -44,6 +44,7 @@ from .._write.wire import (
     Welcome,
     decode_server_frame,
     encode_frame,
+    gone_in_words,
 )
 from .frontier import CrawlConfig
 from .http import crawl_client
@@ -213,7 +214,7 @@ async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageW
                 elif isinstance(frame, Order):
                     tg.start_soon(run, frame)
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
-            lost = f"{type(exc).__name__}: {exc}"
+            lost = gone_in_words(exc)
         tg.cancel_scope.cancel()  # what it held is the coordinator's to settle now
     if lost is not None:
         raise _Lost(lost)

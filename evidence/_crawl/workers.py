@@ -57,7 +57,7 @@ from .._store.db import ARTIFACTS_DIR
 from .._store.location import is_postgres_location
 from .._store.resync import SYNC_MARKER
 from .._store.s3 import is_s3_url
-from .._write.wire import PEER_GONE, FrameReader, encode_frame
+from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
 from .frontier import CrawlConfig
 from .http import crawl_client
 from .pages import PageEffects, PageOrder, PageWorker
@@ -469,17 +469,7 @@ class WorkerPool:
                 elif isinstance(frame, Failed):
                     waiter.resolve(EvidenceError(f"{host.name}: {frame.error}"))
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
-            return f"broke its connection ({_in_words(exc)})"
-
-
-def _in_words(exc: BaseException) -> str:
-    """An exception for a log line: its type and text, or its cause's where it has none
-    (a TLS stream whose peer vanished raises an empty BrokenResourceError)."""
-    text = str(exc)
-    cause = exc.__cause__ or exc.__context__
-    if not text and cause is not None:
-        text = _in_words(cause)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            return f"broke its connection ({gone_in_words(exc)})"
 
 
 # --- the child's side ------------------------------------------------------------------

@@ -41,6 +41,17 @@ from .._model.acks import Ack, WriterStatistics
 #: a write to a peer that went away can also find the end of the stream.
 PEER_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
+
+def gone_in_words(exc: BaseException) -> str:
+    """How a channel ended, for a log line: the exception's type and text, or its cause's
+    where it has none (a TLS stream whose peer vanished raises an empty
+    BrokenResourceError)."""
+    text = str(exc)
+    cause = exc.__cause__ or exc.__context__
+    if not text and cause is not None:
+        text = gone_in_words(cause)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 __all__ = [
     "HEADER",
     "PEER_GONE",
@@ -62,6 +73,7 @@ __all__ = [
     "decode_client_frame",
     "decode_server_frame",
     "encode_frame",
+    "gone_in_words",
     "parse_loopback",
     "read_token",
     "tokens_match",
