@@ -51,6 +51,7 @@ import msgspec
 from ._errors import CommitError, MessageError
 from ._model.acks import Ack
 from ._model.messages import MAX_MESSAGE_BYTES, Message, canonical_encode
+from ._net import connect_unix
 from ._write.tls import parse_connect
 from ._write.wire import (
     PEER_GONE,
@@ -382,7 +383,7 @@ class AsyncClient:
         with anyio.fail_after(self.limits.connect_timeout):
             stream: anyio.abc.ByteStream
             if self._socket_path is not None:
-                stream = await anyio.connect_unix(self._socket_path)
+                stream = await connect_unix(self._socket_path)
             else:
                 assert self._address is not None
                 stream = await connect_service(self._address, tls=self._tls,

@@ -26,10 +26,11 @@ Connections: at most ``connections`` open at once, kept alive between requests t
 origin and reused most recently used first. A connection is reused only if its response
 ended exactly where its framing says (no surplus, nothing missing), the response did not ask
 to close (``Connection: close``, HTTP/1.0), and its body was not delimited by the close; an
-idle connection is dropped after ``KEEPALIVE`` seconds, or when a poll(2) says the server
-closed it or sent bytes nobody asked for. A response abandoned half-way (a deadline, a cap,
-an error, a cancellation) closes its connection: its unread bytes never become the next
-request's response.
+idle connection is dropped after ``KEEPALIVE`` seconds, or when the server closed it or sent
+bytes nobody asked for. Connections are ``_net`` streams under asyncio (a socket that stays
+registered for reading; one timer per wait bounds each read and write). A response
+abandoned half-way (a deadline, a cap, an error, a cancellation) closes its connection: its
+unread bytes never become the next request's response.
 
 Errors: a request that got no response head the client accepts raises ``FetchError``,
 named as the step that failed (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
@@ -53,6 +54,7 @@ from urllib.parse import quote, urlsplit
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from .._model.http1 import (
     ChunkedBody,
@@ -65,6 +67,7 @@ from .._model.http1 import (
     split_response,
 )
 from .._model.messages import Outcome
+from .._net import Stream, connect_tcp
 
 __all__ = ["Client", "Exchange", "FetchError", "Headers", "Response", "crawl_client"]
 
@@ -159,17 +162,27 @@ class _Origin(NamedTuple):
 
 
 class _Connection:
-    __slots__ = ("idle_since", "origin", "socket", "stream")
+    __slots__ = ("idle_since", "origin", "raw", "socket", "stream")
 
     def __init__(self, origin: _Origin, stream: anyio.abc.ByteStream) -> None:
         self.origin, self.stream = origin, stream
+        inner = stream.transport_stream if isinstance(stream, TLSStream) else stream
+        # A _net.Stream bounds each of its waits itself (the client's timeout); anyio's
+        # streams (under trio) are bounded by a cancel scope per call.
+        self.raw: Stream | None = inner if isinstance(inner, Stream) else None
         self.socket: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket,
                                                          None)
         self.idle_since = 0.0
 
     def readable(self) -> bool:
         """Whether a read would not block (the server closed it, or sent bytes unasked)."""
+        if self.raw is not None:
+            return not self.raw.at_rest()
         return _readable(self.socket)
+
+    def bounded(self, timeout: float) -> contextlib.AbstractContextManager[object]:
+        """Where a read or write waits at most ``timeout`` seconds (TimeoutError)."""
+        return contextlib.nullcontext() if self.raw is not None else anyio.fail_after(timeout)
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -362,12 +375,15 @@ class Client:
         """Write the request and read the response's head (FetchError if none came that
         the client accepts); the body is read by ``Response.read_body``."""
         origin, data = _request(method, url, headers, content)
-        await self._slots.acquire()
+        try:
+            self._slots.acquire_nowait()  # the usual case: no checkpoint, no wait
+        except anyio.WouldBlock:
+            await self._slots.acquire()
         connection: _Connection | None = None
         try:
             connection = await self._connection(origin)
             try:
-                with anyio.fail_after(self.timeout):
+                with connection.bounded(self.timeout):
                     await connection.stream.send(data)
             except TimeoutError:
                 raise FetchError("WriteTimeout", f"the request was not written in "
@@ -412,7 +428,7 @@ class Client:
     async def _receive(self, connection: _Connection, exchange: Exchange) -> bytes:
         """The next bytes from the connection, recorded; b"" at the end of the stream."""
         try:
-            with anyio.fail_after(self.timeout):
+            with connection.bounded(self.timeout):
                 data = await connection.stream.receive(READ_SIZE)
         except anyio.EndOfStream:
             return b""
@@ -447,12 +463,10 @@ class Client:
         where = f"{origin.host}:{origin.port}"
         try:
             with anyio.fail_after(self.timeout):
-                if origin.scheme == "https":
-                    stream: anyio.abc.ByteStream = await anyio.connect_tcp(
-                        origin.host, origin.port, ssl_context=self._tls(),
-                        tls_hostname=origin.host, tls_standard_compatible=False)
-                else:
-                    stream = await anyio.connect_tcp(origin.host, origin.port)
+                stream = await connect_tcp(
+                    origin.host, origin.port, timeout=self.timeout,
+                    ssl_context=self._tls() if origin.scheme == "https" else None,
+                    tls_hostname=origin.host)
         except TimeoutError:
             raise FetchError("ConnectTimeout", f"no connection to {where} in "
                              f"{self.timeout:g} s", timeout=True) from None

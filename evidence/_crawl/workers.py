@@ -52,6 +52,7 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError
+from .._net import wrap_socket
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
 from .._store.location import is_postgres_location
@@ -320,7 +321,7 @@ class WorkerPool:
         finally:
             child_end.close()
         name = f"crawl worker {index} pid {process.pid}"
-        stream = await anyio.abc.UNIXSocketStream.from_socket(parent_end)
+        stream = await wrap_socket(parent_end)
         child = _Child(index, name, process, stream)
         self._children[index] = child
         reader = FrameReader(stream)
@@ -475,7 +476,7 @@ class WorkerPool:
 # --- the child's side ------------------------------------------------------------------
 
 async def _child(fd: int) -> None:
-    stream = await anyio.abc.UNIXSocketStream.from_socket(socket.socket(fileno=fd))
+    stream = await wrap_socket(socket.socket(fileno=fd))
     async with stream:
         reader = FrameReader(stream)
         setup = await _read(reader, _down)

@@ -57,6 +57,7 @@ from anyio.streams.tls import TLSStream
 
 from .._errors import CommitError, MessageError, WriterClosedError
 from .._model.messages import Message, decode_message
+from .._net import adopt
 from .._store.db import Store
 from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
@@ -506,6 +507,13 @@ class Service:
     # --- one connection ----------------------------------------------------------------
 
     async def _handle(self, stream: anyio.abc.ByteStream, tls: bool = False) -> None:
+        try:
+            stream = await adopt(stream)  # a UNIX connection: read through _net (cheaper)
+        except OSError as exc:  # the socket is unusable: as if the peer went at once
+            log.info("a connection failed as it was accepted: %s", exc)
+            with contextlib.suppress(OSError):
+                await stream.aclose()
+            return
         self._counts["connections"] += 1
         conn = _Connection(stream, self.limits,
                            f"connection {self._counts['connections']} {_peer(stream)}")
