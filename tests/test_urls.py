@@ -15,6 +15,7 @@ from evidence._model import urls as _urls
 from evidence._model.urls import (
     MAX_URL_LENGTH,
     NORMALIZER_VERSION,
+    key_and_host,
     normalize_url,
     resolve_reference,
     url_host,
@@ -426,24 +427,31 @@ _simple_chars = st.sampled_from(list("abcxyz019-._~!$&'()*+,;=:@/?%AZ"))
        scheme=st.sampled_from(["http", "https"]),
        port=st.sampled_from(["", ":80", ":443", ":8080", ":0080", ":99999"]),
        path=st.text(_simple_chars, max_size=30),
-       query=st.one_of(st.none(), st.text(_simple_chars, max_size=30)))
+       query=st.one_of(st.none(), st.text(_simple_chars, max_size=30)),
+       fragment=st.one_of(st.none(), st.text(_simple_chars | st.sampled_from("# \t\\^"),
+                                             max_size=12)))
 def test_fast_path_agrees_with_the_full_normalizer(host: str, scheme: str, port: str,
-                                                   path: str, query: str | None) -> None:
+                                                   path: str, query: str | None,
+                                                   fragment: str | None) -> None:
     from evidence._model.urls import _checked, _simple_key
 
     url = f"{scheme}://{host}{port}/{path}" + ("" if query is None else f"?{query}")
+    url += "" if fragment is None else f"#{fragment}"
     try:
         parts = _checked(url)
     except URLError:
         assert _simple_key(url) is None
         with pytest.raises(URLError):
             url_host(url)
+        with pytest.raises(URLError):
+            key_and_host(url)
         return
     full = parts.serialize()
     if _simple_key(url) is not None:
         assert full == url
     assert normalize_url(url) == full
     assert url_host(url) == parts.host
+    assert key_and_host(url) == (full, parts.host)
 
 
 
@@ -460,6 +468,7 @@ _ref_chars = st.sampled_from(list("ab19/.:?#%-_~@!$&'()*+,;= \t\\AZ"))
        href=st.one_of(
            st.text(_ref_chars, max_size=25),
            st.builds(lambda p: f"/{p}", st.text(_ref_chars, max_size=20)),
+           st.builds(lambda p: f"#{p}", st.text(_ref_chars, max_size=20)),
            st.builds(lambda p: f"http://h.example/{p}", st.text(_ref_chars, max_size=20))))
 def test_the_plain_reference_path_agrees_with_urljoin(base: str, href: str) -> None:
     """resolve_reference's fast path gives exactly what the full resolution gives."""

@@ -307,6 +307,13 @@ def key_and_host(url: str) -> tuple[str, str]:
     match = _simple_key(url) if isinstance(url, str) else None
     if match is not None:
         return url, match.group(2)
+    # A fetch key with a plain fragment (an in-page link: "page.html#top"): the key is the
+    # URL without it.
+    head, mark, fragment = url.partition("#") if isinstance(url, str) else ("", "", "")
+    if mark and len(url) <= MAX_URL_LENGTH and _PLAIN_FRAGMENT_RE.fullmatch(fragment):
+        match = _simple_key(head)
+        if match is not None:
+            return head, match.group(2)
     parts = _checked(url)
     return parts.serialize(), parts.host
 
@@ -337,9 +344,19 @@ def _clean_reference(text: str) -> str:
 _PLAIN_PATH_RE = re.compile(r"[A-Za-z0-9\-_~!$&'()*+,=@%/][A-Za-z0-9\-._~!$&'()*+,=@%/]*")
 
 
+# A fragment (after '#') of characters that cleaning leaves as they are.
+_PLAIN_FRAGMENT_RE = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,=:@/?%]*")
+
+
 def _resolve_plain(base: str, href: str) -> str | None:
     if ";" in base or ";" in href:
         return None
+    if href.startswith("#"):  # the page itself, at a fragment
+        if (len(href) == 1 or _PLAIN_FRAGMENT_RE.fullmatch(href, 1) is None
+                or _simple_key(base) is None):  # urljoin drops an empty fragment
+            return None
+        resolved = base + href
+        return resolved if len(resolved) <= MAX_URL_LENGTH else None
     if href.startswith(("http://", "https://")):
         return href if _simple_key(href) is not None else None
     # "//" anywhere: urljoin drops empty path segments, which RFC 3986 keeps.
