@@ -134,6 +134,27 @@ def test_packs_rotate_at_their_size_and_a_large_payload_gets_its_own(tmp_path: P
         reopened.verify(ref)
 
 
+def test_check_each_finds_what_a_truncated_pack_lost_and_keeps_the_rest(
+        tmp_path: Path) -> None:
+    """check_each looks at each pack file once for many refs: payloads that lie past the
+    end of a pack cut short under a running store are corrupt, those before it are there,
+    in one call as in one call each."""
+    store = PackStore(tmp_path / "artifacts")
+    refs = [store.put("body", _payload(i, 5_000)) for i in range(6)]
+    (path, _, size), = store.packs()
+    os.truncate(path, size - 7_000)  # the last payload and part of the one before
+    found = store.check_each(refs)
+    assert [p is None for p in found] == [True, True, True, True, False, False]
+    assert all(isinstance(p, ArtifactCorruptError) for p in found[4:])
+    for ref, problem in zip(refs, found, strict=True):
+        if problem is None:
+            store.check(ref)
+        else:
+            with pytest.raises(ArtifactCorruptError):
+                store.check(ref)
+    store.close()
+
+
 # --- batches of puts ------------------------------------------------------------------------
 
 class _CountingOps(FileOps):

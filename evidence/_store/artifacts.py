@@ -56,6 +56,7 @@ from .._errors import (
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
+from .backend import check_one_by_one
 from .fsync import fsync_dir
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal", "SingleRemoval"]
@@ -587,6 +588,9 @@ class ArtifactStore:
         )
 
     # -- reading -------------------------------------------------------------------------
+
+    def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
+        return check_one_by_one(self, refs)
 
     def check(self, ref: ArtifactRef) -> None:
         """Raise ArtifactMissingError, or ArtifactCorruptError if the file has the wrong size."""

@@ -38,7 +38,7 @@ What a later backend has to provide, and where the protocol already leaves room:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import msgspec
 
+from .._errors import ArtifactCorruptError, ArtifactError, ArtifactMissingError
 from .._model.refs import ArtifactRef
 
 if TYPE_CHECKING:
@@ -210,6 +211,13 @@ class ArtifactBackend(Protocol):
         """Raise ``ArtifactMissingError`` or ``ArtifactCorruptError`` (size) if not there."""
         ...
 
+    def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
+        """``check`` of each ref, in order: None where it is there, else the
+        ``ArtifactMissingError`` or ``ArtifactCorruptError`` that ``check`` raises; any
+        other failure (the store cannot be read) raises. For a batch's new payloads, at
+        once (a pack store looks at each pack file once, not once per payload)."""
+        ...
+
     def exists(self, ref: ArtifactRef) -> bool: ...
 
     def open(self, ref: ArtifactRef, *, verify: bool = False) -> BinaryIO: ...
@@ -266,3 +274,17 @@ def _check_protocols() -> None:  # pragma: no cover - for the type checker only
     objects: ArtifactBackend = S3ArtifactStore.__new__(S3ArtifactStore)
     backend: StoreBackend = SQLiteBackend(Path(os.devnull))
     del store, packs, objects, backend
+
+
+def check_one_by_one(store: ArtifactBackend, refs: Sequence[ArtifactRef]
+                     ) -> list[ArtifactError | None]:
+    """``ArtifactBackend.check_each`` for a store that checks each payload by itself."""
+    found: list[ArtifactError | None] = []
+    for ref in refs:
+        try:
+            store.check(ref)
+        except (ArtifactMissingError, ArtifactCorruptError) as exc:
+            found.append(exc)
+        else:
+            found.append(None)
+    return found

@@ -1013,6 +1013,24 @@ class PackStore:
     def check(self, ref: ArtifactRef) -> None:
         """Raise ArtifactMissingError, or ArtifactCorruptError if it is stored with another
         size. Looks at the pack file itself (a compaction elsewhere may have removed it)."""
+        self._check(ref, {})
+
+    def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
+        """``check`` of each, each pack file looked at once (a batch's payloads share a
+        few packs: one stat each, not one per payload)."""
+        sizes: dict[int, int] = {}
+        found: list[ArtifactError | None] = []
+        for ref in refs:
+            try:
+                self._check(ref, sizes)
+            except (ArtifactMissingError, ArtifactCorruptError) as exc:
+                found.append(exc)
+            else:
+                found.append(None)
+        return found
+
+    def _check(self, ref: ArtifactRef, sizes: dict[int, int]) -> None:
+        """``check``; ``sizes`` holds the size of each pack already looked at."""
         for _ in range(2):
             loc = self._locate(ref)
             if loc is None:
@@ -1021,20 +1039,22 @@ class PackStore:
                     return
                 raise self._missing(ref)
             pack = self._packs[loc[0]]
-            try:
-                st = os.stat(pack.path)
-            except FileNotFoundError:
-                with self._lock:
-                    self._forget(pack)
-                continue
-            except OSError as exc:
-                raise _os_errors("stat pack", pack.path, ref=ref)._translate(exc) from exc
+            size = sizes.get(loc[0])
+            if size is None:
+                try:
+                    size = sizes[loc[0]] = os.stat(pack.path).st_size
+                except FileNotFoundError:
+                    with self._lock:
+                        self._forget(pack)
+                    continue
+                except OSError as exc:
+                    raise _os_errors("stat pack", pack.path, ref=ref)._translate(exc) from exc
             if loc[2] != ref.size:
                 raise self._corrupt_size(ref, pack, loc, loc[2])
-            if st.st_size < loc[1] + pf.RECORD_SIZE + loc[2]:
+            if size < loc[1] + pf.RECORD_SIZE + loc[2]:
                 raise ArtifactCorruptError(
                     f"artifact {ref.namespace}/{ref.digest} lies past the end of {pack.path} "
-                    f"({st.st_size} bytes)", hint="the pack was truncated; restore it from "
+                    f"({size} bytes)", hint="the pack was truncated; restore it from "
                     "a backup", path=pack.path, namespace=ref.namespace, digest=ref.digest)
             return
         raise self._missing(ref)

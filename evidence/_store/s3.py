@@ -39,7 +39,7 @@ import os
 import re
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import blake3
@@ -52,6 +52,7 @@ from .._errors import (
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
 from .artifacts import Removal, SingleRemoval
+from .backend import check_one_by_one
 from .s3client import HeadResult, ListedObject, S3Client, S3Config, S3Error
 
 __all__ = ["S3ArtifactStore", "S3Location", "is_s3_url"]
@@ -326,6 +327,9 @@ class S3ArtifactStore:
         """Nothing left to do: a put is durable when the server answered it."""
 
     # --- reading -------------------------------------------------------------------------
+
+    def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
+        return check_one_by_one(self, refs)
 
     def check(self, ref: ArtifactRef) -> None:
         """Raise ArtifactMissingError, or ArtifactCorruptError if the size differs."""

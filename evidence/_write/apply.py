@@ -517,16 +517,16 @@ class Applier:
                 found[(namespace, digest)] = (artifact_id, size)
         for key, row in found.items():
             put("artifact", key, row)
+        # One look per pack for the lot; a payload not there is left to artifact_id, which
+        # rejects the message that names it.
+        unknown = [ref for ref in missing if (ref.namespace, ref.digest) not in found]
+        problems = self.store.artifacts.check_each(unknown)
         new: list[ArtifactRef] = []
         keys: set[tuple[str, str]] = set()
-        for ref in missing:
+        for ref, problem in zip(unknown, problems, strict=True):
             key = (ref.namespace, ref.digest)
-            if key in found or key in keys:  # a second size of one payload: artifact_id's
-                continue
-            try:
-                self.store.artifacts.check(ref)
-            except (ArtifactMissingError, ArtifactCorruptError):
-                continue  # artifact_id rejects the message that names it
+            if problem is not None or key in keys:  # a second size of one payload:
+                continue                            # artifact_id's
             keys.add(key)
             new.append(ref)
         if not new:

@@ -82,6 +82,28 @@ def test_exists_check_and_a_missing_payload(artifact_kind: ArtifactKind,
         artifacts.check(wrong_size)
 
 
+def test_check_each_answers_as_check_does_for_each_ref(artifact_kind: ArtifactKind,
+                                                      tmp_path: Path) -> None:
+    artifacts = artifact_kind.open(tmp_path)
+    with artifacts.batch():
+        here = [artifacts.put("body", f"payload {i}".encode()) for i in range(4)]
+    absent = ArtifactRef("body", "0" * 64, 4)
+    wrong_size = ArtifactRef("body", here[1].digest, here[1].size + 1)
+    refs = [here[0], absent, here[1], wrong_size, here[2], absent, here[3]]
+    found = artifacts.check_each(refs)
+    assert len(found) == len(refs)
+    for ref, problem in zip(refs, found, strict=True):
+        if problem is None:
+            artifacts.check(ref)  # there, as check_each said
+        else:
+            with pytest.raises(type(problem)):
+                artifacts.check(ref)
+    assert [type(p) for p in found] == [type(None), ArtifactMissingError, type(None),
+                                        ArtifactCorruptError, type(None),
+                                        ArtifactMissingError, type(None)]
+    assert artifacts.check_each([]) == []
+
+
 def test_remove_deletes_one_payload_for_reclaim(artifact_kind: ArtifactKind,
                                                 tmp_path: Path) -> None:
     artifacts = artifact_kind.open(tmp_path)
