@@ -474,12 +474,18 @@ def test_the_plain_reference_path_agrees_with_urljoin(base: str, href: str) -> N
     """resolve_reference's fast path gives exactly what the full resolution gives."""
     from evidence._model.urls import _resolve, _resolve_plain
 
+    from evidence._model.urls import reference_resolver
+
     fast = _resolve_plain(base, href)
+    resolver = reference_resolver(base)  # a page's many links against one base
     try:
         full = _resolve(base, href)
     except URLError:
         assert fast is None
+        with pytest.raises(URLError):
+            resolver(href)
         return
     if fast is not None:
         assert fast == full
     assert resolve_reference(base, href) == full
+    assert resolver(href) == full

@@ -216,6 +216,62 @@ async def test_commit_log_roots_match_an_independent_recomputation(
     assert (size, root, findings) == (len(leaves), _mth(leaves), [])
 
 
+async def test_a_flush_ends_the_linger_and_what_is_queued_still_joins(
+        store: Store, make: Factory) -> None:
+    # A producer that knows nothing more is coming says so (flush): the batch commits
+    # then, not after max_batch_delay (30 s here: the test would time out), and a group
+    # queued before it is in the same batch.
+    await asubmit(store, [make.session(), make.run()])
+    limits = WriterLimits(max_batch_delay=30.0, max_batch_messages=100)
+    acks: dict[str, list] = {}
+    with anyio.fail_after(10):
+        async with Writer(store, limits=limits) as w, anyio.create_task_group() as tg:
+            async def group(name: str, flush: bool) -> None:
+                acks[name] = await w.submit_group(
+                    [make.attempt(f"http://e.com/{name}/{i}") for i in range(3)], flush=flush)
+            tg.start_soon(group, "a", False)
+            await anyio.sleep(0.05)  # a is queued; the writer lingers for more
+            tg.start_soon(group, "b", True)
+    assert {a.batch_seq for a in acks["a"] + acks["b"]} == {acks["a"][0].batch_seq}
+    assert [a.status for a in acks["a"] + acks["b"]] == ["committed"] * 6
+
+
+async def test_a_flush_said_while_a_batch_commits_does_not_cut_the_next_one_short(
+        store: Store, make: Factory) -> None:
+    # A crawl's pages take turns with the writer: while one batch commits, the pages not in
+    # it queue up; once it has committed, its pages come back (each with the next page
+    # claimed in its group). A flush said while a batch commits is no news (the batch
+    # after it is taken when it ends): what was queued then waits, with the linger, for
+    # those pages, and one whole batch commits instead of two half ones.
+    await asubmit(store, [make.session(), make.run()])
+    entered, gate = threading.Event(), threading.Event()
+    hooks = WriterHooks(before_commit=lambda seq: (entered.set(), gate.wait(10)))
+    limits = WriterLimits(max_batch_delay=30.0, max_batch_messages=100)
+    acks: dict[str, list] = {}
+    with anyio.fail_after(20):
+        async with Writer(store, limits=limits, hooks=hooks) as w, \
+                anyio.create_task_group() as tg:
+            async def group(name: str) -> None:
+                acks[name] = await w.submit_group(
+                    [make.attempt(f"http://e.com/{name}/{i}") for i in range(2)], flush=True)
+            gate.set()
+            await group("first")  # the writer learns that this producer says flush
+            gate.clear()
+            entered.clear()
+            tg.start_soon(group, "held")
+            await anyio.to_thread.run_sync(entered.wait, 10)  # "held" is committing
+            tg.start_soon(group, "queued")  # its flush is said while a batch commits
+            await anyio.sleep(0.05)
+            gate.set()
+            while "held" not in acks:
+                await anyio.sleep(0.01)
+            await group("after")  # says flush with no batch committing: the batch goes
+    seqs = {name: {a.batch_seq for a in found} for name, found in acks.items()}
+    assert seqs["queued"] == seqs["after"]  # one batch, not two
+    assert seqs["held"] != seqs["queued"]
+    assert all(a.status == "committed" for found in acks.values() for a in found)
+
+
 async def test_full_queue_makes_submit_wait(store: Store, make: Factory) -> None:
     await asubmit(store, [make.session(), make.run()])
     gate = threading.Event()

@@ -25,6 +25,7 @@ import contextvars
 import dataclasses
 import datetime as dt
 import errno
+import functools
 import logging
 import os
 import socket
@@ -390,6 +391,8 @@ class Crawler:
                                  deadline=self.options.deadline,
                                  url_keys=self._writer.url_keys)
         self._pages.claim_next = self._claim_next
+        self._pages.nothing_else_coming = self._nothing_else_coming
+        self._pages.submit_last = functools.partial(self._writer.submit_group, flush=True)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -679,7 +682,10 @@ class Crawler:
                 return None
             if host.slots is None:
                 host.slots = anyio.Semaphore(self._per_host)
-            await host.slots.acquire()
+            try:
+                host.slots.acquire_nowait()  # the usual case: no checkpoint, no wait
+            except anyio.WouldBlock:
+                await host.slots.acquire()
             slot.held = True
             self._requests += 1
             if not await self._polite(host, name):
@@ -743,6 +749,11 @@ class Crawler:
             self._requests -= 1
             assert slot.host.slots is not None
             slot.host.slots.release()
+
+    def _nothing_else_coming(self) -> bool:
+        """Whether the page about to commit is the only one of this process not yet
+        submitted or riding a commit: then the writer need not linger for more pages."""
+        return self._in_flight - self._riding - self._pages.committing <= 1
 
     def _claim_next(self) -> list[str]:
         """Called when a page fetched by this process is about to commit: its request is

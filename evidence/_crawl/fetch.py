@@ -33,7 +33,7 @@ from .._errors import EvidenceError
 from .._model.http1 import Split, derive_content, head_length
 from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
 from .._model.refs import ArtifactRef
-from .._model.text import charset_param, is_html, sniff
+from .._model.text import Sniffed, charset_param, is_html, sniff
 from .._store.backend import ArtifactBackend
 from .http import Client, Exchange, FetchError, Headers, Response
 
@@ -90,6 +90,7 @@ class _Wire:
     split: Split
     body: bytes  # the body as stored (cut at the cap)
     content: bytes
+    sniffed: Sniffed | None = None  # the encoding an HTML content is read in, and why
 
 
 def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
@@ -125,19 +126,22 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
         if content and is_html(content_type):
             sniffed = sniff(content, charset_param(content_type))
             extra.update(text_encoding=sniffed.encoding, text_encoding_source=sniffed.source)
+            return _Wire(items, fields, extra, split, body, content, sniffed)
     return _Wire(items, fields, extra, split, body, content)
 
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
                 extra_headers: dict[str, str] | None = None,
-                parse: Callable[[str, bytes], Any] | None = None,
+                parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
                 content: bytes | None = None, render_id: str | None = None) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
-    ``parse(content_type, content)``, if given, runs on a 2xx response's non-empty content
-    in the worker thread that stores the payloads; its result is ``FetchResult.parsed``.
+    ``parse(content_type, content, sniffed)``, if given, runs on a 2xx response's non-empty
+    content in the worker thread that stores the payloads (``sniffed``: the encoding an HTML
+    content was read in, recorded in the attempt, or None); its result is
+    ``FetchResult.parsed``.
     ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
     ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
     made while rendering a page (``_crawl.renderproxy``): the attempt names its render.
@@ -194,7 +198,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
         exchange.close()
         refs = _put_each(artifacts, wire.items)
         usable = wire.extra.get("content_problem") is None
-        parsed = (parse(content_type or "", wire.content)  # type: ignore[misc]
+        parsed = (parse(content_type or "", wire.content, wire.sniffed)  # type: ignore[misc]
                   if ok and usable and wire.content else None)
         return wire, refs, parsed
 

@@ -63,15 +63,15 @@ path as UTF-8. A ``str`` is parsed as it is (a lone surrogate in it is read as U
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 from selectolax.lexbor import LexborHTMLParser
 
 from .._errors import URLError
 from .._model.messages import ObservedRef
-from .._model.text import decode, sniff
-from .._model.urls import MAX_URL_LENGTH, resolve_reference
+from .._model.text import Sniffed, decode, sniff
+from .._model.urls import MAX_URL_LENGTH, reference_resolver
 
 __all__ = ["MAX_DEPTH", "MAX_TAGS", "REQUISITE_KINDS", "LinkExtraction", "extract_links"]
 
@@ -198,14 +198,14 @@ class _Collector:
 
     def __init__(self, base: str, max_links: int, encoding: str | None) -> None:
         self.base = base
-        self.encoding = encoding
+        self.resolve = reference_resolver(base, encoding=encoding)
         self.max_links = max_links
         self.refs: list[ObservedRef] = []
         self.skipped = 0
 
     def add(self, observed: str, position: int, tag: str, attr: str, kind: str,
             rel: str = "") -> None:
-        url = _resolve(self.base, observed, self.encoding)
+        url = _resolve(self.resolve, observed)
         if url is None:
             self.skipped += 1
             return
@@ -215,13 +215,14 @@ class _Collector:
                                      attr=attr, rel=rel, edge_kind=kind))  # type: ignore[arg-type]
 
 
-def _resolve(base: str, observed: str, encoding: str | None) -> str | None:
+def _resolve(resolve: Callable[[str], str], observed: str) -> str | None:
+    """``observed`` resolved (``resolve``: a ``reference_resolver``), or None if unusable."""
     # Empty: a self-reference, and ObservedRef.observed may not be empty. Over-long
     # references are refused before the work of resolving them.
     if not observed or len(observed) > MAX_URL_LENGTH:
         return None
     try:
-        url = resolve_reference(base, observed, encoding=encoding)
+        url = resolve(observed)
     except (URLError, ValueError):
         return None
     if _SURROGATE_RE.search(url):  # cannot be encoded or stored
@@ -245,7 +246,7 @@ def _base(tree: LexborHTMLParser, document_url: str) -> str:
     """The first <base> with an href, anywhere in the document, resolved; or the URL."""
     for node in tree.css("base[href]"):
         href = node.attributes.get("href") or ""
-        resolved = _resolve(document_url, href, None)
+        resolved = _resolve(reference_resolver(document_url), href)
         return resolved or document_url
     return document_url
 
@@ -370,10 +371,12 @@ def extract_links(
     encoding: str | None = None,
     max_links: int = 10_000,
     max_bytes: int = 8 * 1024 * 1024,
+    sniffed: Sniffed | None = None,
 ) -> LinkExtraction:
     """Extract the references in ``html``, a document fetched from ``base_url``.
 
-    ``encoding`` is the charset the server declared (a label), if any. At most ``max_links``
+    ``encoding`` is the charset the server declared (a label), if any; ``sniffed``, what
+    ``sniff(html, encoding)`` answered, when the caller has asked already. At most ``max_links``
     references are returned and at most ``max_bytes`` of the document is parsed;
     ``truncated`` says either limit cut the result short.
     """
@@ -383,6 +386,8 @@ def extract_links(
         raise TypeError(f"base_url must be str, not {type(base_url).__name__}")
     if encoding is not None and not isinstance(encoding, str):
         raise TypeError(f"encoding must be str or None, not {type(encoding).__name__}")
+    if sniffed is not None and not isinstance(sniffed, Sniffed):
+        raise TypeError(f"sniffed must be Sniffed or None, not {type(sniffed).__name__}")
     for name, limit in (("max_links", max_links), ("max_bytes", max_bytes)):
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"{name} must be int, not {type(limit).__name__}")
@@ -390,14 +395,14 @@ def extract_links(
             raise ValueError(f"{name} must not be negative, got {limit}")
 
     cut = len(html) > max_bytes
-    sniffed = None
     if isinstance(html, str):
+        sniffed = None
         text = html[:max_bytes] if cut else html
         if _SURROGATE_RE.search(text):
             text = _SURROGATE_RE.sub("\ufffd", text)
     else:
         data = memoryview(html)[:max_bytes] if cut else html
-        sniffed = sniff(data, encoding)
+        sniffed = sniffed or sniff(data, encoding)  # the same: sniffing reads 1,024 bytes
         text = decode(data, sniffed.encoding)
     many = _nth(text, "<", MAX_TAGS + 1)
     if many is not None:

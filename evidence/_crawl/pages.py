@@ -52,7 +52,7 @@ from .._model.messages import (
     new_id,
     utc_now,
 )
-from .._model.text import charset_param
+from .._model.text import Sniffed, charset_param
 from .._model.urls import key_and_host, normalize_url, resolve_reference, url_host
 from .._store.backend import ArtifactBackend
 from .fetch import FetchResult, fetch, parse_retry_after
@@ -125,11 +125,27 @@ class PageWorker:
         # (the crawler's next page for this worker: one commit per page, not a claim
         # commit and a page commit). None: nothing rides along.
         self.claim_next: Callable[[], list[str]] | None = None
+        # Set by a crawl with its own Writer: whether no other page is on its way, and the
+        # submit for a group that then commits without lingering (``flush``).
+        self.nothing_else_coming: Callable[[], bool] | None = None
+        self.submit_last: Submit | None = None
+        self.committing = 0  # groups submitted, not yet committed
 
     # --- shared with the scheduler -----------------------------------------------------
 
     async def commit(self, messages: Sequence[Message]) -> None:
-        acks = await self._submit(messages)
+        """Submit a page's messages as one group and wait for them to commit. When
+        ``nothing_else_coming`` says no other page is on its way, the writer is told not to
+        linger for more (``submit_last``: ``Writer.submit_group`` with ``flush``)."""
+        submit = self._submit
+        if self.submit_last is not None and self.nothing_else_coming is not None \
+                and self.nothing_else_coming():
+            submit = self.submit_last
+        self.committing += 1
+        try:
+            acks = await submit(messages)
+        finally:
+            self.committing -= 1
         bad = [a for a in acks if a.status not in ("committed", "duplicate")]
         if bad:
             raise EvidenceError(f"the store refused crawl state: {bad[0].reason}",
@@ -400,8 +416,8 @@ def _problem(url: str, what: str, backoff: float | None, host: str = "") -> str:
     return text
 
 
-def _page_links(url: str, content_type: str,
-                body: bytes) -> tuple[list[ObservedRef], bool, list[str]]:
+def _page_links(url: str, content_type: str, body: bytes,
+                sniffed: Sniffed | None = None) -> tuple[list[ObservedRef], bool, list[str]]:
     """The page's references (bounded), whether they were cut, and sitemap fetch keys."""
     content_type = content_type.lower()
     sitemaps: list[str] = []
@@ -410,7 +426,8 @@ def _page_links(url: str, content_type: str,
         # Sitemaps listed by a sitemap index are sitemaps too: always fetched.
         sitemaps = [normalize_url(r.url) for r in refs if r.tag == "sitemap"]
     elif "html" in content_type:
-        extraction = extract_links(body, url, encoding=charset_param(content_type))
+        extraction = extract_links(body, url, encoding=charset_param(content_type),
+                                   sniffed=sniffed)
         refs, truncated = extraction.refs, extraction.truncated
     else:
         return [], False, []

@@ -348,29 +348,64 @@ _PLAIN_PATH_RE = re.compile(r"[A-Za-z0-9\-_~!$&'()*+,=@%/][A-Za-z0-9\-._~!$&'()*
 _PLAIN_FRAGMENT_RE = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,=:@/?%]*")
 
 
+class _PlainBase(NamedTuple):
+    """What the fast path needs of a base, worked out once for all of a page's links."""
+
+    base: str
+    usable: bool  # no ';' (urljoin reads it as RFC 1808 path parameters)
+    key: bool  # the base is a fetch key (``_simple_key``)
+    origin: str  # "scheme://host[:port]", when the base is a key with no '//' in its path
+    directory: str  # origin + the path up to its last '/', likewise
+
+
+def _plain_base(base: str) -> _PlainBase:
+    match = _simple_key(base) if ";" not in base else None
+    if match is None:
+        return _PlainBase(base, ";" not in base, False, "", "")
+    path = match.group(4)
+    if "//" in path:
+        return _PlainBase(base, True, True, "", "")
+    origin = base[: match.start(4)]
+    return _PlainBase(base, True, True, origin, origin + path[: path.rfind("/") + 1])
+
+
 def _resolve_plain(base: str, href: str) -> str | None:
-    if ";" in base or ";" in href:
+    return _resolve_plain_with(_plain_base(base), href)
+
+
+def _resolve_plain_with(plain: _PlainBase, href: str) -> str | None:
+    if not plain.usable or ";" in href:
         return None
     if href.startswith("#"):  # the page itself, at a fragment
         if (len(href) == 1 or _PLAIN_FRAGMENT_RE.fullmatch(href, 1) is None
-                or _simple_key(base) is None):  # urljoin drops an empty fragment
+                or not plain.key):  # urljoin drops an empty fragment
             return None
-        resolved = base + href
-        return resolved if len(resolved) <= MAX_URL_LENGTH else None
-    if href.startswith(("http://", "https://")):
+        resolved = plain.base + href
+    elif href.startswith(("http://", "https://")):
         return href if _simple_key(href) is not None else None
     # "//" anywhere: urljoin drops empty path segments, which RFC 3986 keeps.
-    if "//" in href or "/." in href or not _PLAIN_PATH_RE.fullmatch(href):
+    elif ("//" in href or "/." in href or not _PLAIN_PATH_RE.fullmatch(href)
+          or not plain.origin):
         return None
-    match = _simple_key(base)
-    if match is None or "//" in match.group(4):
-        return None
-    if href.startswith("/"):
-        resolved = base[: match.start(4)] + href
+    elif href.startswith("/"):
+        resolved = plain.origin + href
     else:
-        path = match.group(4)
-        resolved = base[: match.start(4)] + path[: path.rfind("/") + 1] + href
+        resolved = plain.directory + href
     return resolved if len(resolved) <= MAX_URL_LENGTH else None
+
+
+def reference_resolver(base: str, *, encoding: str | None = None) -> Callable[[str], str]:
+    """``resolve_reference(base, href, encoding=encoding)`` as a function of ``href``, for
+    the many references of one page (what the base allows is worked out once)."""
+    plain = _plain_base(base)
+
+    def resolve(href: str) -> str:
+        resolved = _resolve_plain_with(plain, href) if isinstance(href, str) else None
+        if resolved is not None:
+            return resolved
+        return _resolve_full(base, href, encoding)
+
+    return resolve
 
 
 def resolve_reference(base: str, href: str, *, encoding: str | None = None) -> str:
@@ -386,6 +421,10 @@ def resolve_reference(base: str, href: str, *, encoding: str | None = None) -> s
         resolved = _resolve_plain(base, href)
         if resolved is not None:
             return resolved
+    return _resolve_full(base, href, encoding)
+
+
+def _resolve_full(base: str, href: str, encoding: str | None) -> str:
     resolved = _resolve(base, href)
     if encoding is not None and not resolved.isascii() and "?" in href:
         resolved = _encode_query(resolved, encoding)
