@@ -391,8 +391,10 @@ class Crawler:
                                  deadline=self.options.deadline,
                                  url_keys=self._writer.url_keys)
         self._pages.claim_next = self._claim_next
-        self._pages.nothing_else_coming = self._nothing_else_coming
-        self._pages.submit_last = functools.partial(self._writer.submit_group, flush=True)
+        if not (self.options.processes > 0 or self.options.listen):  # every page commits
+            # here: this crawl knows what is on its way to its writer
+            self._pages.nothing_else_coming = self._nothing_else_coming
+            self._pages.submit_last = functools.partial(self._writer.submit_group, flush=True)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
