@@ -1,6 +1,6 @@
 """The package's layout is its data flow, and imports only go down it (docs/design.md).
 
-    _errors < _model < _store < _write < client < _crawl < _audit < _archive < _demo
+    _errors < _model < _net < _store < _write < client < _crawl < _audit < _archive < _demo
             < _cli < testing < evidence (the public face)
 
 Each module's imports are read with ``ast`` (every ``import`` and ``from ... import``,
@@ -21,8 +21,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 
 # The stages, lowest first. A module may import its own stage and the stages before it.
-STAGES = ["evidence._errors", "evidence._model", "evidence._store", "evidence._write",
-          "evidence.client", "evidence._crawl", "evidence._audit", "evidence._archive",
+STAGES = ["evidence._errors", "evidence._model", "evidence._net", "evidence._store",
+          "evidence._write", "evidence.client", "evidence._crawl", "evidence._audit", "evidence._archive",
           "evidence._demo", "evidence._cli", "evidence.testing", "evidence"]
 # Libraries that do I/O: the model is pure values and never imports them.
 IO_LIBRARIES = {"apsw", "anyio", "httpx", "httpcore", "socket", "sqlite3", "subprocess"}
