@@ -22,8 +22,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 
 # The stages, lowest first. A module may import its own stage and the stages before it.
 STAGES = ["evidence._errors", "evidence._model", "evidence._net", "evidence._store",
-          "evidence._write", "evidence.client", "evidence._crawl", "evidence._audit", "evidence._archive",
-          "evidence._demo", "evidence._cli", "evidence.testing", "evidence"]
+          "evidence._write", "evidence.client", "evidence._crawl", "evidence._audit",
+          "evidence._archive", "evidence._demo", "evidence._cli", "evidence.testing",
+          "evidence"]
 # Libraries that do I/O: the model is pure values and never imports them.
 IO_LIBRARIES = {"apsw", "anyio", "httpx", "httpcore", "socket", "sqlite3", "subprocess"}
 
