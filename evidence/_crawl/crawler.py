@@ -366,7 +366,8 @@ class Crawler:
         connections = self.options.workers * 2
         client = await stack.enter_async_context(crawl_client(
             connections=connections, timeout=self.options.timeout))
-        if self.options.processes > 0 or self.options.listen:
+        in_process = not (self.options.processes > 0 or self.options.listen)
+        if not in_process:
             if self.options.listen and not getattr(self.store.artifacts, "url", ""):
                 raise EvidenceError(
                     "worker hosts put payloads into the store's object store, and this "
@@ -391,8 +392,7 @@ class Crawler:
                                  deadline=self.options.deadline,
                                  url_keys=self._writer.url_keys)
         self._pages.claim_next = self._claim_next
-        if not (self.options.processes > 0 or self.options.listen):  # every page commits
-            # here: this crawl knows what is on its way to its writer
+        if in_process:  # every page commits here: this crawl knows what reaches its writer
             self._pages.nothing_else_coming = self._nothing_else_coming
             self._pages.submit_last = functools.partial(self._writer.submit_group, flush=True)
         self._renderer = None

@@ -104,6 +104,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
         fields.append("request_headers")
     extra: dict[str, Any] = {"capture": "wire"}
     body = content = b""
+    sniffed: Sniffed | None = None
     if exchange.received:
         items.append((HEADERS_NS, split.head))
         fields.append("response_headers")
@@ -126,8 +127,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
         if content and is_html(content_type):
             sniffed = sniff(content, charset_param(content_type))
             extra.update(text_encoding=sniffed.encoding, text_encoding_source=sniffed.source)
-            return _Wire(items, fields, extra, split, body, content, sniffed)
-    return _Wire(items, fields, extra, split, body, content)
+    return _Wire(items, fields, extra, split, body, content, sniffed)
 
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,

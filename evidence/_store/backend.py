@@ -276,13 +276,13 @@ def _check_protocols() -> None:  # pragma: no cover - for the type checker only
     del store, packs, objects, backend
 
 
-def check_one_by_one(store: ArtifactBackend, refs: Sequence[ArtifactRef]
+def check_one_by_one(check: Callable[[ArtifactRef], None], refs: Sequence[ArtifactRef]
                      ) -> list[ArtifactError | None]:
-    """``ArtifactBackend.check_each`` for a store that checks each payload by itself."""
+    """``ArtifactBackend.check_each`` by ``check`` (a store's ``check``) of each ref."""
     found: list[ArtifactError | None] = []
     for ref in refs:
         try:
-            store.check(ref)
+            check(ref)
         except (ArtifactMissingError, ArtifactCorruptError) as exc:
             found.append(exc)
         else:

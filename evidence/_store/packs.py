@@ -89,6 +89,7 @@ from .artifacts import (
     _os_errors,
     _subdirs,
 )
+from .backend import check_one_by_one
 from .fsync import fsync_file
 
 __all__ = ["DEFAULT_PACK_BYTES", "PACKS_DIR", "PackStore", "open_artifact_store",
@@ -1019,15 +1020,7 @@ class PackStore:
         """``check`` of each, each pack file looked at once (a batch's payloads share a
         few packs: one stat each, not one per payload)."""
         sizes: dict[int, int] = {}
-        found: list[ArtifactError | None] = []
-        for ref in refs:
-            try:
-                self._check(ref, sizes)
-            except (ArtifactMissingError, ArtifactCorruptError) as exc:
-                found.append(exc)
-            else:
-                found.append(None)
-        return found
+        return check_one_by_one(lambda ref: self._check(ref, sizes), refs)
 
     def _check(self, ref: ArtifactRef, sizes: dict[int, int]) -> None:
         """``check``; ``sizes`` holds the size of each pack already looked at."""

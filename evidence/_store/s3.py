@@ -329,7 +329,7 @@ class S3ArtifactStore:
     # --- reading -------------------------------------------------------------------------
 
     def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
-        return check_one_by_one(self, refs)
+        return check_one_by_one(self.check, refs)
 
     def check(self, ref: ArtifactRef) -> None:
         """Raise ArtifactMissingError, or ArtifactCorruptError if the size differs."""
