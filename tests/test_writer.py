@@ -249,7 +249,9 @@ async def test_a_flush_said_while_a_batch_commits_does_not_cut_the_next_one_shor
     limits = WriterLimits(max_batch_delay=30.0, max_batch_messages=100)
     acks: dict[str, list] = {}
     with anyio.fail_after(20):
-        async with Writer(store, limits=limits, hooks=hooks) as w, \
+        # A batch held open while the test goes on: the commit thread's pipeline (a SQLite
+        # store otherwise commits on the event loop's thread, which the gate would block).
+        async with Writer(store, limits=limits, hooks=hooks, commit_thread=True) as w, \
                 anyio.create_task_group() as tg:
             async def group(name: str) -> None:
                 acks[name] = await w.submit_group(
@@ -272,13 +274,39 @@ async def test_a_flush_said_while_a_batch_commits_does_not_cut_the_next_one_shor
     assert all(a.status == "committed" for found in acks.values() for a in found)
 
 
+async def test_committing_inline_a_batch_wakes_its_submitters_before_the_next_is_taken(
+        store: Store, make: Factory) -> None:
+    # On a local store the event loop waits while a batch commits, so the next batch is
+    # taken once this one's acks are out: its submitters run first, and what they submit
+    # next joins the group that was queued meanwhile (a commit thread takes that group
+    # alone, before the acks resolve, to commit it while the event loop wakes them).
+    await asubmit(store, [make.session(), make.run()])
+    seqs: dict[str, int] = {}
+    limits = WriterLimits(max_batch_messages=4)  # two groups of two
+
+    async def group(w: Writer, name: str, then: str | None = None) -> None:
+        acks = await w.submit_group([make.attempt(f"http://e.com/{name}/{i}")
+                                     for i in range(2)])
+        seqs[name] = acks[0].batch_seq
+        if then is not None:
+            await group(w, then)
+
+    async with Writer(store, limits=limits) as w, anyio.create_task_group() as tg:
+        tg.start_soon(group, w, "a", "a-next")
+        tg.start_soon(group, w, "b", "b-next")
+        tg.start_soon(group, w, "c")  # queued while a and b commit
+    assert seqs["a"] == seqs["b"] != seqs["c"]
+    assert seqs["c"] in (seqs["a-next"], seqs["b-next"]), seqs
+    assert count(store, "fetch_attempt") == 10
+
+
 async def test_full_queue_makes_submit_wait(store: Store, make: Factory) -> None:
     await asubmit(store, [make.session(), make.run()])
     gate = threading.Event()
     hooks = WriterHooks(before_commit=lambda seq: gate.wait(10))
     limits = WriterLimits(queue_size=2, max_batch_messages=1)
     acked = 0
-    async with Writer(store, limits=limits, hooks=hooks) as w:
+    async with Writer(store, limits=limits, hooks=hooks, commit_thread=True) as w:
         async def one(i: int) -> None:
             nonlocal acked
             await w.submit(make.attempt(f"http://e.com/{i}"))

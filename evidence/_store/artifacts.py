@@ -324,6 +324,8 @@ def _pid_alive(pid: int) -> bool:
 class ArtifactStore:
     """Content-addressed payload files under ``root``; safe to share between threads."""
 
+    local = True  # files on this machine's file system
+
     def __init__(
         self,
         root: str | os.PathLike[str],

@@ -136,6 +136,9 @@ class StoreBackend(Protocol):
 
     dialect: Dialect
     location: str  # what error messages and reports name: a path, a connection string
+    # The database engine runs in this process: a transaction is CPU work and local file
+    # I/O, never a wait on a server (the writer then commits on its event loop's thread).
+    local: bool
     Error: type[Exception]  # the driver's error root (translated at ``errors``)
     BusyError: type[Exception]  # the write lock is held elsewhere: retry, boundedly
     ConstraintError: type[Exception]  # a row the schema refuses: the message fails alone
@@ -192,6 +195,7 @@ class ArtifactBackend(Protocol):
 
     read_only: bool
     max_payload: int
+    local: bool  # put, check and sync are this process's CPU and local files: no network
 
     def put(self, namespace: str, data: bytes | Iterable[bytes] | BinaryIO) -> ArtifactRef:
         ...

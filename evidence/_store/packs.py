@@ -166,6 +166,8 @@ class PackStore:
     """Content-addressed payloads in append-only pack segments; safe to share between
     threads, and between processes (each appends to its own pack)."""
 
+    local = True  # files on this machine's file system
+
     def __init__(self, root: str | os.PathLike[str], *, max_payload: int = DEFAULT_MAX_PAYLOAD,
                  file_ops: FileOps | None = None, create: bool = True, read_only: bool = False,
                  pack_bytes: int = DEFAULT_PACK_BYTES, clock: Callable[[], float] = time.time,

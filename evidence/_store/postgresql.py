@@ -689,6 +689,7 @@ class PostgresBackend:
     """A store's database as one PostgreSQL database (``backend.StoreBackend``)."""
 
     dialect = POSTGRESQL
+    local = False
     Error = _Error
     BusyError = _BusyError
     ConstraintError = _ConstraintError

@@ -187,6 +187,8 @@ class S3ArtifactStore:
     else the layout must be there. ``read_only``: every put refuses.
     """
 
+    local = False  # every call is a request to the object store
+
     def __init__(self, location: S3Location | str, config: S3Config, *,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, create: bool = True,
                  read_only: bool = False) -> None:

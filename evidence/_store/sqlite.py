@@ -395,6 +395,7 @@ class SQLiteBackend:
     """A store's database as one SQLite file in WAL mode (``backend.StoreBackend``)."""
 
     dialect = SQLITE
+    local = True
     Error = apsw.Error
     BusyError = apsw.BusyError
     ConstraintError = apsw.ConstraintError

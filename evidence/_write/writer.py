@@ -5,8 +5,10 @@
 
 ``submit`` puts the message on a bounded queue (a full queue makes it wait: backpressure)
 and returns only after the message's batch has committed. One writer task drains the queue
-into batches bounded by count, bytes and linger time and hands each to the commit thread
-(one dedicated thread, fed by a thread-safe queue): ``BEGIN IMMEDIATE``; per message the
+into batches bounded by count, bytes and linger time and commits each: on the event loop's
+own thread when every step is local (SQLite, payloads in local files), else on the commit
+thread (one dedicated thread, fed by a thread-safe queue, while the event loop goes on
+waiting for the server): ``BEGIN IMMEDIATE``; per message the
 ledger insert (which is also the dedup lookup), validation, appends and the projection;
 the commit-log row; ``COMMIT``; then every ack resolves (one wakeup per submitted group).
 
@@ -127,13 +129,13 @@ _Group = tuple[int, list[_Pending], bool]
 
 @dataclass(eq=False)
 class _Job:
-    """One batch on its way through the commit thread."""
+    """One batch on its way through a commit (on the commit thread, or inline)."""
 
     batch: list[_Pending]
     done: anyio.Event
     acks: list[Ack] = field(default_factory=list)
     error: BaseException | None = None
-    seconds: float = 0.0  # the batch's transaction, on the commit thread
+    seconds: float = 0.0  # the batch's transaction
 
 
 class _EventWaiter:
@@ -200,18 +202,47 @@ class _CommitThread:
         self._jobs.put(None)
         self._thread.join()
 
+    pipelines = True  # the next batch may be handed over before this one's acks resolve
+
     def _main(self) -> None:
         while (job := self._jobs.get()) is not None:
-            started = time.monotonic()
-            try:
-                job.acks = self._commit(job.batch)
-            except BaseException as exc:  # relayed to the writer task, which decides
-                job.error = exc
-            job.seconds = time.monotonic() - started
+            _run_job(self._commit, job)
             try:
                 self._call_soon(job.done.set)
             except RuntimeError:  # the event loop is gone: nobody is waiting any more
                 log.error("writer event loop closed with a batch in flight")
+
+
+class _CommitInline:
+    """Batches committed on the event loop's own thread, for a store whose every step is
+    local (a SQLite database, payloads in local files): a transaction is then CPU work
+    under the GIL, and on a thread each of its statements (about 60 per batch of a crawl)
+    hands the GIL back and forth with a busy event loop, which made a 3 ms batch take
+    5-7 ms (docs/benchmarks.md). The event loop waits while a batch commits, as its
+    producers would; so the next batch is taken only once this one's acks are out."""
+
+    pipelines = False
+
+    def __init__(self, commit: Callable[[list[_Pending]], list[Ack]]) -> None:
+        self._commit = commit
+
+    def start(self, batch: list[_Pending]) -> _Job:
+        job = _Job(batch, anyio.Event())
+        _run_job(self._commit, job)
+        job.done.set()
+        return job
+
+    def stop(self) -> None:
+        pass
+
+
+def _run_job(commit: Callable[[list[_Pending]], list[Ack]], job: _Job) -> None:
+    started = time.monotonic()
+    try:
+        job.acks = commit(job.batch)
+    except BaseException as exc:  # relayed to the writer task, which decides
+        job.error = exc
+    job.seconds = time.monotonic() - started
 
 
 class _Lost(Exception):
@@ -243,7 +274,7 @@ class Writer:
     """The one serialized writer of a store. Use as ``async with Writer(store) as w``."""
 
     def __init__(self, store: Store, *, limits: WriterLimits | None = None,
-                 hooks: WriterHooks | None = None) -> None:
+                 hooks: WriterHooks | None = None, commit_thread: bool | None = None) -> None:
         store.check_writable()
         store.check_synced()  # a store whose fsync failed is resynced by opening it again
         self.store = store
@@ -268,7 +299,12 @@ class Writer:
         self._failure: BaseException | None = None
         self._closed = False
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._committer: _CommitThread | None = None
+        self._committer: _CommitThread | _CommitInline | None = None
+        # Batches commit on a thread of their own where a step may wait on a server (the
+        # event loop goes on meanwhile), else on the event loop's thread (_CommitInline).
+        # ``commit_thread=True``: always on the thread (a test that holds a commit open).
+        self._commit_thread = (commit_thread if commit_thread is not None
+                               else not (store.backend.local and store.artifacts.local))
         self._latencies: collections.deque[float] = collections.deque(maxlen=2048)
         self._counts = collections.Counter[str]()
         self._histogram = dict.fromkeys(_BUCKETS, 0)
@@ -314,7 +350,8 @@ class Writer:
             raise
         # The commit thread calls _commit_batch through the instance, so a profiler (the
         # benchmark's) can wrap it.
-        self._committer = _CommitThread(lambda batch: self._commit_batch(batch))
+        commit = (_CommitThread if self._commit_thread else _CommitInline)
+        self._committer = commit(lambda batch: self._commit_batch(batch))
         if sniffio.current_async_library() == "asyncio":
             self._new_waiter = asyncio.get_running_loop().create_future
         self._task_group = anyio.create_task_group()
@@ -425,13 +462,14 @@ class Writer:
     # --- the writer task ---------------------------------------------------------------
 
     async def _run(self) -> None:
-        """Take batches from the queue and have the commit thread commit them, in order.
+        """Take batches from the queue and commit them, in order.
 
-        A pipeline: when a batch has committed, the next one is taken from the queue and
-        handed to the commit thread *before* this batch's acks resolve, so the thread
-        commits it while the event loop wakes the producers (handing it over never yields
-        to them first: ``anyio.to_thread`` yields twice before the thread starts, which left
-        the commit thread idle about 40% of the time at B = 500).
+        With a commit thread, a pipeline: when a batch has committed, the next one is taken
+        from the queue and handed to the thread *before* this batch's acks resolve, so the
+        thread commits it while the event loop wakes the producers (handing it over never
+        yields to them first: ``anyio.to_thread`` yields twice before the thread starts,
+        which left the commit thread idle about 40% of the time at B = 500). Committing
+        inline, the producers run first, and what they submit joins the next batch.
         """
         committer = self._committer
         assert committer is not None  # started by __aenter__ before this task
@@ -526,9 +564,10 @@ class Writer:
                 self._record(len(batch), job.seconds, acks)
                 for pending, ack in zip(batch, acks, strict=True):
                     pending.ack = ack
-                if self._stopping is None:
+                if self._stopping is None and self._committer is not None \
+                        and self._committer.pipelines:
                     nxt = self._collect_nowait()
-                    if nxt[1] and self._committer is not None:
+                    if nxt[1]:
                         if self._lingers(nxt):
                             self._carry = nxt  # _run collects it once the acks are out
                         else:

@@ -5,6 +5,7 @@ redelivery (duplicate, conflict), and the commit-outcome rule."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import blake3
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evidence import ArtifactRef, CommitError, Store, Writer, WriterClosedError
+from evidence._store.s3 import S3ArtifactStore
+from evidence._store.sqlite import SQLiteBackend
 from evidence._write.writer import WriterHooks
 
 from ..conftest import Factory, asubmit
@@ -111,6 +114,23 @@ async def test_a_commit_that_failed_acks_nothing_and_redelivery_commits_once(
             assert count(store, "fetch_attempt") == 0
             assert (await writer.submit(attempt)).status == "committed"
         assert count(store, "fetch_attempt") == 1
+
+
+async def test_a_batch_commits_on_the_event_loop_thread_only_when_every_step_is_local(
+        store_kind: StoreKind, tmp_path: Path) -> None:
+    """SQLite with payloads in local files commits inline (no GIL hand-offs with a busy
+    event loop); a server database or an object store commits on the writer's thread, so
+    the event loop goes on while a batch waits on the network."""
+    threads: list[int] = []
+    with store_kind.open(tmp_path / "s") as store:
+        make = Factory(store)
+        local = (isinstance(store.backend, SQLiteBackend)
+                 and not isinstance(store.artifacts, S3ArtifactStore))
+        async with Writer(store, hooks=WriterHooks(
+                before_commit=lambda seq: threads.append(threading.get_ident()))) as writer:
+            acks = await writer.submit_group([make.session(), make.run()])
+        assert [a.status for a in acks] == ["committed", "committed"]
+        assert (threads == [threading.get_ident()]) is local, (threads, local)
 
 
 async def test_a_commit_whose_ack_was_lost_is_a_duplicate_when_redelivered(
