@@ -18,6 +18,8 @@ Two things it does differently from anyio's streams, on purpose:
   buffer to drain: ``TimeoutError`` when it passes. One timer per wait instead of a cancel
   scope per call. anyio cancellation (a cancel scope around the caller) works as usual.
 
+``acquire`` takes a semaphore's slot or a lock the same way: no yield when it is free.
+
 ``connect_tcp`` and ``wrap_socket`` give a ``Stream`` when the event loop is asyncio's, and
 anyio's own stream under any other backend (trio), so callers need not know which.
 """
@@ -243,3 +245,13 @@ async def adopt(stream: anyio.abc.ByteStream) -> anyio.abc.ByteStream:
     raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     return await wrap_socket(socket.socket(raw.family, raw.type, raw.proto,
                                            fileno=raw.detach()))
+
+
+async def acquire(slot: anyio.Semaphore | anyio.Lock) -> None:
+    """Take ``slot``; when it is free (the usual case) without yielding to the event loop,
+    as a read or write that need not wait does not (above). Waits, and yields, only when
+    it is taken."""
+    try:
+        slot.acquire_nowait()
+    except anyio.WouldBlock:
+        await slot.acquire()

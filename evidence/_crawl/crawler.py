@@ -59,6 +59,7 @@ from .._model.messages import (
     utc_now,
 )
 from .._model.urls import normalize_url, resolve_reference, url_host
+from .._net import acquire
 from .._store.db import Store
 from .._write.service import Service
 from .._write.tls import TLSFiles
@@ -684,10 +685,7 @@ class Crawler:
                 return None
             if host.slots is None:
                 host.slots = anyio.Semaphore(self._per_host)
-            try:
-                host.slots.acquire_nowait()  # the usual case: no checkpoint, no wait
-            except anyio.WouldBlock:
-                await host.slots.acquire()
+            await acquire(host.slots)
             slot.held = True
             self._requests += 1
             if not await self._polite(host, name):

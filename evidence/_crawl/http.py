@@ -67,7 +67,7 @@ from .._model.http1 import (
     split_response,
 )
 from .._model.messages import Outcome
-from .._net import Stream, connect_tcp
+from .._net import Stream, acquire, connect_tcp
 
 __all__ = ["Client", "Exchange", "FetchError", "Headers", "Response", "crawl_client"]
 
@@ -375,10 +375,7 @@ class Client:
         """Write the request and read the response's head (FetchError if none came that
         the client accepts); the body is read by ``Response.read_body``."""
         origin, data = _request(method, url, headers, content)
-        try:
-            self._slots.acquire_nowait()  # the usual case: no checkpoint, no wait
-        except anyio.WouldBlock:
-            await self._slots.acquire()
+        await acquire(self._slots)
         connection: _Connection | None = None
         try:
             connection = await self._connection(origin)

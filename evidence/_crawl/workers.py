@@ -52,7 +52,7 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError
-from .._net import wrap_socket
+from .._net import acquire, wrap_socket
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
 from .._store.location import is_postgres_location
@@ -282,8 +282,11 @@ class WorkerPool:
         child.pending[request_id] = waiter  # no await since _pick: the child is alive
         try:
             try:
-                async with child.send_lock:
+                await acquire(child.send_lock)
+                try:
                     await child.stream.send(encode_frame(Order(id=request_id, page=order)))
+                finally:
+                    child.send_lock.release()
             except PEER_GONE:
                 pass  # the child died: its receiver resolves every pending order
             await waiter.event.wait()

@@ -57,7 +57,7 @@ from anyio.streams.tls import TLSStream
 
 from .._errors import CommitError, MessageError, WriterClosedError
 from .._model.messages import Message, decode_message
-from .._net import adopt
+from .._net import acquire, adopt
 from .._store.db import Store
 from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
@@ -706,12 +706,12 @@ class Service:
                     if conn.slots.value == 0 or self._requests.value == 0:
                         self._flush(conn, merge)
                         self._counts["backpressure_waits"] += 1
-                    await conn.slots.acquire()  # released when the answer is written
+                    await acquire(conn.slots)  # released when the answer is written
                     if isinstance(frame, Submit):
                         messages = self._decode_messages(conn, frame)
                         if messages is None:
                             continue
-                        await self._requests.acquire()
+                        await acquire(self._requests)
                         conn.request_started()
                         merge.add(frame.id, messages, reserved)
                         reserved = 0  # the request task releases it after the commit
@@ -733,6 +733,8 @@ class Service:
     async def _next_header(self, conn: _Connection, reader: FrameReader) -> int | None:
         """The next frame's size; a connection with nothing in flight that sends nothing
         for ``idle_timeout`` is closed (retryable: its client reconnects when it needs to)."""
+        if reader.buffered() >= HEADER.size:  # no wait: no timeout to arm
+            return await reader.read_header()
         while True:
             with anyio.move_on_after(self.limits.idle_timeout) as idle:
                 return await reader.read_header()
