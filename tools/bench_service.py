@@ -437,6 +437,7 @@ def run_crawls(args: argparse.Namespace) -> dict:
     for path in (args.workdir, work):  # nginx workers may run as another user
         path.chmod(0o755)
     site = bc.generate_site(work / "site", args.crawl_pages)
+    print(f"bytecode: {bc.precompile()}", file=sys.stderr, flush=True)  # as installed
     server = bc.Server(work, work / "site", args.crawl_server)
     runs: list[CrawlRun] = []
     try:

@@ -54,7 +54,6 @@ from .fetch import FetchResult, fetch
 from .http import Client
 from .links import extract_links
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
-from .rendertls import RenderTLS
 
 __all__ = ["RENDER_SEQUENCE", "RenderOptions", "Rendered", "Renderer", "SourceCapture"]
 
@@ -110,7 +109,11 @@ class Renderer:
         self._browser: Browser | None = None
         self._browser_lock = anyio.Lock()
         self._tabs = anyio.Semaphore(self.options.tabs)
-        self._tls = RenderTLS()  # the browser's HTTPS goes through the proxy too
+        # The browser's HTTPS goes through the proxy too. Imported here: its certificates
+        # need cryptography, about 25 ms of every crawl's start, and only renders use it.
+        from .rendertls import RenderTLS
+
+        self._tls = RenderTLS()
         self._tg: anyio.abc.TaskGroup
         self.starts = 0  # browsers started (a restart after a crash counts)
 

@@ -37,6 +37,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import anyio
@@ -47,7 +48,9 @@ from anyio.streams.tls import TLSStream
 from .._errors import URLError
 from .._model.urls import normalize_url
 from .fetch import FetchResult
-from .rendertls import RenderTLS
+
+if TYPE_CHECKING:
+    from .rendertls import RenderTLS
 
 __all__ = ["BrowserRequest", "RecordingProxy", "SourceCapture"]
 

@@ -55,9 +55,8 @@ from .._errors import EvidenceError
 from .._net import acquire, wrap_socket
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
-from .._store.location import is_postgres_location
+from .._store.location import is_postgres_location, is_s3_url
 from .._store.resync import SYNC_MARKER
-from .._store.s3 import is_s3_url
 from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
 from .frontier import CrawlConfig
 from .http import crawl_client

@@ -28,9 +28,8 @@ from typing import Any
 from .._errors import ArtifactError, StoreError
 from .artifacts import FileOps
 from .backend import ArtifactBackend
+from .location import is_s3_url
 from .packs import Layout, open_artifact_store
-from .s3 import S3Location, is_s3_url, open_s3
-from .s3client import S3Client
 
 __all__ = ["LOCAL_META", "META_KEY", "choose", "open_artifacts", "record", "recorded"]
 
@@ -56,6 +55,9 @@ def check_given(given: str, *, environ: Mapping[str, str] | None = None) -> None
         raise StoreError(f"--artifacts {given!r}: a store directory keeps its payloads in its "
                          "artifacts/; the other place it can keep them is an s3:// URL",
                          hint="give --artifacts s3://BUCKET/PREFIX, or leave it out")
+    from .s3 import S3Location  # an S3 store's modules, only for one (~20 ms to import)
+    from .s3client import S3Client
+
     location = S3Location(given)
     client = S3Client(location.config(os.environ if environ is None else environ,
                                       attempts=2))
@@ -78,6 +80,8 @@ def choose(recorded_spec: str | None, given: str | None, *, create: bool,
         raise StoreError(f"--artifacts {given!r}: a store directory keeps its payloads in its "
                          "artifacts/; the other place it can keep them is an s3:// URL",
                          hint="give --artifacts s3://BUCKET/PREFIX, or leave it out")
+    from .s3 import S3Location
+
     wanted = S3Location(given)
     if recorded_spec is None:
         if not create:
@@ -95,6 +99,8 @@ def choose(recorded_spec: str | None, given: str | None, *, create: bool,
 
 def record(conn: Any, spec: str, *, begin: str = "BEGIN IMMEDIATE") -> None:
     """Record the store's payload location, once (a later record never changes it)."""
+    from .s3 import S3Location
+
     conn.execute(begin)
     try:
         conn.execute("INSERT INTO store_meta (key, value) VALUES (?, ?) "
@@ -115,6 +121,8 @@ def open_artifacts(spec: str | None, *, local: os.PathLike[str] | str, create: b
     layout it has (packs, or one file per payload; a new one gets ``layout``, packs by
     default)."""
     if spec is not None and is_s3_url(spec):
+        from .s3 import open_s3
+
         return open_s3(spec, create=create, read_only=read_only, max_payload=max_payload,
                        environ=environ)
     if read_only:

@@ -1,7 +1,8 @@
 """What a store location names: a store directory, or a PostgreSQL database.
 
 Kept apart from ``postgresql`` so that telling the two apart (every ``Store.open`` does)
-never imports the PostgreSQL driver.
+never imports the PostgreSQL driver; and where a store's payloads live (its own directory,
+or an ``s3://`` URL), apart from ``s3`` and its HTTP client, which only an S3 store needs.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 
-__all__ = ["is_postgres_location", "redact"]
+__all__ = ["is_postgres_location", "is_s3_url", "redact"]
 
 _KEYWORDS = re.compile(r"^\s*(host|hostaddr|port|dbname|user|service|sslmode|"
                        r"application_name|connect_timeout|password|passfile)\s*=")
@@ -22,6 +23,11 @@ def is_postgres_location(location: object) -> bool:
         return False
     return location.startswith(("postgresql://", "postgres://")) or bool(
         _KEYWORDS.match(location))
+
+
+def is_s3_url(spec: object) -> bool:
+    """An artifact location in an S3-compatible object store: ``s3://bucket[/prefix]...``."""
+    return isinstance(spec, str) and spec.startswith("s3://")
 
 
 def redact(location: str) -> str:

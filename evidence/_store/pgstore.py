@@ -29,6 +29,7 @@ from . import artifactspec
 from .artifacts import FileOps
 from .backend import ArtifactBackend
 from .db import Store
+from .location import is_s3_url
 from .packs import Layout, packs_sync_failed, resync_packs
 from .postgresql import (
     DEFAULT_LOCK_TIMEOUT_MS,
@@ -43,7 +44,7 @@ from .postgresql import (
     release_writer_lock,
     take_writer_lock,
 )
-from .s3 import S3Location, is_s3_url
+from .s3 import S3Location
 
 __all__ = ["PostgresStore", "open_artifacts", "stop_writer"]
 

@@ -53,6 +53,7 @@ from .._errors import (
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
 from .artifacts import Removal, SingleRemoval
 from .backend import check_one_by_one
+from .location import is_s3_url
 from .s3client import HeadResult, ListedObject, S3Client, S3Config, S3Error
 
 __all__ = ["S3ArtifactStore", "S3Location", "is_s3_url"]
@@ -68,10 +69,6 @@ _TOUCH_AFTER = 60.0  # seconds: a put finding an older object refreshes its time
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _PARAMS = ("endpoint", "region", "ca")
-
-
-def is_s3_url(spec: object) -> bool:
-    return isinstance(spec, str) and spec.startswith("s3://")
 
 
 class S3Location:
