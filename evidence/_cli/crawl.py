@@ -466,12 +466,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--processes", type=non_negative, default=0, metavar="N",
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one). "
-                   "It can help only where a page's own work (large pages, many links, rules) "
-                   "is what one process is short of, cores are free and the crawl is long "
-                   "enough to pay for starting them (about 0.5 s); no benchmark here measures "
-                   "such a crawl. On 2 cores shared with a local web server and 3.6 KB pages, "
-                   "--processes 2 ran at 0.89 times the one-process rate on 5,000 pages at "
-                   "--workers 8, 1.03 times at --workers 32, and 0.73 times on 600 pages")
+                   "It helps where a page's own work (HTTP, storing, parsing) is what one "
+                   "process is short of, a core is free and the crawl is long enough to pay "
+                   "for starting them (about 0.5 s). On 2 cores shared with a local web "
+                   "server and 3.6 KB pages, at --workers 8: --processes 1 ran at 1.11 times "
+                   "the one-process rate on 5,000 pages and 0.87 times on 600; --processes 2 "
+                   "at 1.08 and 0.79 times (1.07 times at --workers 32 on 5,000)")
     add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
     p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
                    help="a worker host silent this long loses the pages it holds, which "
