@@ -77,8 +77,11 @@ EXAMPLES = [
      [("x", "http://h.example/dir/x")], 0),
     # duplicate attributes: the first wins, as in browsers
     ("<a href=/one href=/two>", [("/one", "http://h.example/one")], 0),
-    # case-insensitive tag and attribute names
+    # case-insensitive tag and attribute names (a base and a style attribute too: the
+    # extractor looks for them in the text before it asks the parsed tree)
     ("<A HREF=/up>", [("/up", "http://h.example/up")], 0),
+    ('<BaSe HrEf="/b/"><a href=x>', [("x", "http://h.example/b/x")], 0),
+    ('<P STYLE="background: url(s.png)">', [("s.png", "http://h.example/dir/s.png")], 0),
     # markup that is not a tag holds no links
     ("<!-- <a href=/c> --><a href=/d>", [("/d", "http://h.example/d")], 0),
     ("<script>x='<a href=/s>'</script><style><a href=/t></style>", [], 0),

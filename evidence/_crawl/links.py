@@ -101,6 +101,11 @@ _ICONS = frozenset({"icon", "apple-touch-icon", "apple-touch-icon-precomposed", 
 _REL_SPLIT_RE = re.compile(r"[\t\n\f\r ]+")  # HTML's ASCII whitespace, not str.split()'s
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# What a document's text holds wherever it has a <base> element, or a style attribute
+# (tag and attribute names are never written with character references): without it,
+# the CSS query that would find one need not run.
+_BASE_TAG_RE = re.compile("<base", re.IGNORECASE)
+_STYLE_RE = re.compile("style", re.IGNORECASE)
 _WHITESPACE = "\t\n\f\r "
 # CSS: comments out first; then url(...) (quoted or not) and @import "..." (CSS Syntax 4.3).
 _CSS_COMMENT_RE = re.compile(r"/\*.*?(?:\*/|$)", re.DOTALL)
@@ -242,8 +247,12 @@ def _elements(tree: LexborHTMLParser) -> Iterator[tuple[int, object]]:
             position += 1
 
 
-def _base(tree: LexborHTMLParser, document_url: str) -> str:
+def _base(tree: LexborHTMLParser, text: str, document_url: str) -> str:
     """The first <base> with an href, anywhere in the document, resolved; or the URL."""
+    # A tree's first CSS query sets up lexbor's selector engine (about 25 us a page): asked
+    # only of a document whose text could hold the element at all.
+    if not _BASE_TAG_RE.search(text):
+        return document_url
     for node in tree.css("base[href]"):
         href = node.attributes.get("href") or ""
         resolved = _resolve(reference_resolver(document_url), href)
@@ -252,6 +261,8 @@ def _base(tree: LexborHTMLParser, document_url: str) -> str:
 
 
 def _normalize_rel(rel: str) -> str:
+    if not rel:  # most links have none
+        return ""
     tokens = _REL_SPLIT_RE.split(rel.translate(_ASCII_LOWER))
     text = " ".join(token for token in tokens if token)
     if len(text) > _MAX_REL:  # hostile only; keep the whole tokens that fit
@@ -319,8 +330,9 @@ def _css_unescape(match: re.Match[str]) -> str:
     return "" if escaped == "\n" else escaped
 
 
-def _collect(tree: LexborHTMLParser, out: _Collector) -> None:
-    styled = {node.mem_id for node in tree.css("[style]")}
+def _collect(tree: LexborHTMLParser, text: str, out: _Collector) -> None:
+    styled = ({node.mem_id for node in tree.css("[style]")} if _STYLE_RE.search(text)
+              else set())
     for position, node in _elements(tree):
         tag = node.tag  # type: ignore[attr-defined]
         targets = _TARGETS.get(tag)
@@ -411,11 +423,11 @@ def extract_links(
     if deep is not None:
         text, cut = text[:deep], True
     tree = LexborHTMLParser(text)
-    base = _base(tree, base_url) if "<" in text else base_url
+    base = _base(tree, text, base_url)
     out = _Collector(base, max_links, sniffed and sniffed.encoding)
     truncated = cut
     try:
-        _collect(tree, out)
+        _collect(tree, text, out)
     except _Stop:
         truncated = True
     return LinkExtraction(refs=out.refs, truncated=truncated, base_url=base,
