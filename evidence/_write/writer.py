@@ -484,7 +484,9 @@ class Writer:
                         except anyio.EndOfStream:
                             return
                     job = committer.start(await self._collect(first))
-                    self._busy = True
+                    # Busy: a batch commits while producers run (on the thread; inline, the
+                    # batch has committed before any producer runs again).
+                    self._busy = committer.pipelines
                 job = await self._finish(job)
 
     async def _collect(self, first: _Group) -> list[_Pending]:
