@@ -300,6 +300,46 @@ async def test_committing_inline_a_batch_wakes_its_submitters_before_the_next_is
     assert count(store, "fetch_attempt") == 10
 
 
+async def test_a_batch_that_would_wait_for_the_write_lock_waits_off_the_event_loop(
+        store: Store, make: Factory) -> None:
+    # Another process holds the write lock (here another connection): an inline writer
+    # must not stall its event loop for the busy timeout. The batch waits on a thread
+    # while the loop goes on, commits once the lock is free, and the next is inline again.
+    await asubmit(store, [make.session(), make.run()])
+    threads: list[int] = []
+    ticks = 0
+    other = apsw.Connection(str(store.db_path))
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        async with Writer(store, hooks=WriterHooks(
+                before_commit=lambda seq: threads.append(threading.get_ident()))) as w:
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    await anyio.sleep(0.01)
+                    ticks += 1
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                with anyio.fail_after(30):
+                    tg.start_soon(w.submit, make.attempt("http://e.com/held"))
+                    await anyio.sleep(0.5)
+                    assert ticks >= 10, "the event loop stalled while the lock was held"
+                    assert threads == []  # no batch began: the lock is held
+                    other.execute("COMMIT")
+                    while not threads:
+                        await anyio.sleep(0.01)
+                    ack = await w.submit(make.attempt("http://e.com/after"))
+                tg.cancel_scope.cancel()
+        assert ack.status == "committed"
+        assert threads[0] != threading.get_ident() and threads[1:] == [threading.get_ident()]
+        assert count(store, "fetch_attempt") == 2
+    finally:
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+
+
 async def test_full_queue_makes_submit_wait(store: Store, make: Factory) -> None:
     await asubmit(store, [make.session(), make.run()])
     gate = threading.Event()

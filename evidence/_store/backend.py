@@ -147,6 +147,12 @@ class StoreBackend(Protocol):
         """The one write connection, with the backend's whole policy applied."""
         ...
 
+    def try_begin_write(self, conn: Connection) -> bool:
+        """``begin_write`` if the write lock is free now (True); else False, with nothing
+        begun and no wait (a writer committing on its event loop's thread must not stall
+        the loop on another process's lock: it waits on a thread instead)."""
+        ...
+
     def migrate(self, conn: Connection) -> int:
         """Apply the migrations this program knows that the store lacks; the version."""
         ...

@@ -706,6 +706,13 @@ class PostgresBackend:
     def connect_writer(self, *, create: bool = False) -> PgConnection:
         return connect(self.conninfo, lock_timeout_ms=self.lock_timeout_ms)
 
+    def try_begin_write(self, conn: PgConnection) -> bool:
+        conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        if conn.execute(f"SELECT pg_try_advisory_xact_lock({_LOCK_ARGS})").fetchall()[0][0]:
+            return True
+        conn.execute("ROLLBACK")
+        return False
+
     def reconnect_writer(self, *, on_retry: Callable[[BaseException, float], None] | None = None
                          ) -> PgConnection:
         """A new write connection after the last one was lost, retried with bounded

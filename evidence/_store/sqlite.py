@@ -414,6 +414,16 @@ class SQLiteBackend:
         return connect_writer(self.db_path, self.sync, self.busy_timeout_ms, create=create,
                                vfs=self.vfs, wal_frames=self.wal_frames)
 
+    def try_begin_write(self, conn: apsw.Connection) -> bool:
+        conn.set_busy_timeout(0)  # two C calls: nothing a batch would notice
+        try:
+            conn.execute(SQLITE.begin_write)
+            return True
+        except apsw.BusyError:
+            return False
+        finally:
+            conn.set_busy_timeout(self.busy_timeout_ms)
+
     def migrate(self, conn: apsw.Connection) -> int:
         version = apply_migrations(conn, load_migrations())
         ensure_store_id(conn)

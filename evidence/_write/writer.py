@@ -219,21 +219,40 @@ class _CommitInline:
     under the GIL, and on a thread each of its statements (about 60 per batch of a crawl)
     hands the GIL back and forth with a busy event loop, which made a 3 ms batch take
     5-7 ms (docs/benchmarks.md). The event loop waits while a batch commits, as its
-    producers would; so the next batch is taken only once this one's acks are out."""
+    producers would; so the next batch is taken only once this one's acks are out.
+
+    Except a wait: a batch begins only if the write lock is free at once. Another process
+    holding it (an operator's command, a second writer being refused) would otherwise
+    stall the event loop for the whole busy timeout, and with it every fetch, read loop
+    and health check; that batch is handed to a thread, which waits for the lock while
+    the loop goes on, and the batches after it are inline again.
+    """
 
     pipelines = False
 
-    def __init__(self, commit: Callable[[list[_Pending]], list[Ack]]) -> None:
+    def __init__(self, commit_now: Callable[[list[_Pending]], list[Ack]],
+                 commit: Callable[[list[_Pending]], list[Ack]]) -> None:
+        self._commit_now = commit_now  # raises _WouldWait, having done nothing
         self._commit = commit
+        self._thread: _CommitThread | None = None  # started at the first wait
 
     def start(self, batch: list[_Pending]) -> _Job:
         job = _Job(batch, anyio.Event())
-        _run_job(self._commit, job)
+        _run_job(self._commit_now, job)
+        if isinstance(job.error, _WouldWait):
+            if self._thread is None:
+                self._thread = _CommitThread(self._commit)
+            return self._thread.start(batch)
         job.done.set()
         return job
 
     def stop(self) -> None:
-        pass
+        if self._thread is not None:
+            self._thread.stop()
+
+
+class _WouldWait(Exception):
+    """The write lock is held elsewhere: beginning the batch would wait (nothing done)."""
 
 
 def _run_job(commit: Callable[[list[_Pending]], list[Ack]], job: _Job) -> None:
@@ -350,8 +369,10 @@ class Writer:
             raise
         # The commit thread calls _commit_batch through the instance, so a profiler (the
         # benchmark's) can wrap it.
-        commit = (_CommitThread if self._commit_thread else _CommitInline)
-        self._committer = commit(lambda batch: self._commit_batch(batch))
+        self._committer = (
+            _CommitThread(lambda batch: self._commit_batch(batch)) if self._commit_thread
+            else _CommitInline(lambda batch: self._commit_batch(batch, wait=False),
+                               lambda batch: self._commit_batch(batch)))
         if sniffio.current_async_library() == "asyncio":
             self._new_waiter = asyncio.get_running_loop().create_future
         self._task_group = anyio.create_task_group()
@@ -625,12 +646,14 @@ class Writer:
 
     # --- one batch, on the commit thread -------------------------------------------------
 
-    def _commit_batch(self, batch: list[_Pending]) -> list[Ack]:
+    def _commit_batch(self, batch: list[_Pending], *, wait: bool = True) -> list[Ack]:
+        """Commit ``batch``; ``wait=False``: raise ``_WouldWait`` (nothing done) where the
+        write lock is held elsewhere, instead of waiting for it."""
         committed = False
         try:
             for losses in itertools.count(1):
                 try:
-                    acks, committed = self._write_batch(batch)
+                    acks, committed = self._write_batch(batch, wait=wait)
                     return acks
                 except _Lost as lost:  # the database connection: reconnect, then resolve
                     self._interner.batch_done(committed=False)
@@ -688,14 +711,17 @@ class Writer:
                         if committed else "had not committed: applying it again")
         return lost.acks if committed else None
 
-    def _write_batch(self, batch: list[_Pending]) -> tuple[list[Ack], bool]:
+    def _write_batch(self, batch: list[_Pending], *, wait: bool) -> tuple[list[Ack], bool]:
         store = self.store
         conn = store.connection
         head = self._head
         batch_seq = head.batch_seq + 1
         first_index = head.tree.size
         try:
-            self._begin(conn)
+            if wait:
+                self._begin(conn)
+            elif not self._db.try_begin_write(conn):
+                raise _WouldWait
         except self._db.Error as exc:
             if self._lost(exc):
                 raise _Lost(batch_seq, exc) from exc

@@ -6,6 +6,7 @@ redelivery (duplicate, conflict), and the commit-outcome rule."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import blake3
@@ -131,6 +132,35 @@ async def test_a_batch_commits_on_the_event_loop_thread_only_when_every_step_is_
             acks = await writer.submit_group([make.session(), make.run()])
         assert [a.status for a in acks] == ["committed", "committed"]
         assert (threads == [threading.get_ident()]) is local, (threads, local)
+
+
+async def test_trying_to_begin_a_write_never_waits_for_a_lock_held_elsewhere(
+        store_kind: StoreKind, tmp_path: Path) -> None:
+    """``try_begin_write`` begins when the write lock is free; while another connection
+    holds it, it says so at once (not after the busy or lock timeout, 5 s) with nothing
+    begun, and waiting writes still wait (the timeout is left as it was)."""
+    with store_kind.open(tmp_path / "s") as store:
+        backend = store.backend
+        mine, other = backend.connect_writer(), backend.connect_writer()
+        try:
+            assert backend.try_begin_write(mine) is True
+            mine.execute("COMMIT")
+            other.execute(backend.dialect.begin_write)
+            started = time.monotonic()
+            assert backend.try_begin_write(mine) is False
+            assert time.monotonic() - started < 2.5  # half the timeout it did not wait
+            with pytest.raises(backend.Error):
+                mine.execute("COMMIT")  # nothing was begun
+            released = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+            released.start()
+            try:
+                mine.execute(backend.dialect.begin_write)  # waits for the lock, then has it
+            finally:
+                released.join()
+            mine.execute("COMMIT")
+        finally:
+            mine.close()
+            other.close()
 
 
 async def test_a_commit_whose_ack_was_lost_is_a_duplicate_when_redelivered(
