@@ -142,3 +142,44 @@ def test_config_differences_name_the_keys(tmp_path: Path) -> None:
     b = CrawlConfig(seeds=["http://e.com/"], max_depth=3, exclude=["x"])
     assert a.differences(b.as_record()) == ["exclude", "max_depth"]
     assert a.differences(a.as_record()) == []
+
+
+async def test_a_page_worker_queues_a_url_once_unless_a_shallower_find_could_queue_it(
+        store: Store, make: Factory) -> None:
+    # Queuing a URL the frontier holds changes nothing, so once one is committed queued
+    # (or skipped for a reason no depth changes) a worker leaves it out of the updates
+    # that follow; its edges are still every page's record. A URL skipped for its depth
+    # is queued when found shallower, and nothing is left out before it has committed.
+    from evidence._crawl.pages import PageWorker
+    from evidence._model.messages import ObservedRef
+
+    config = CrawlConfig(seeds=["http://e.com/"], max_depth=2)
+    await asubmit(store, [make.session(), make.run()])
+
+    def refs(*urls: str) -> list[ObservedRef]:
+        return [ObservedRef(observed=u, url=u, position=i) for i, u in enumerate(urls)]
+
+    def queued(found: list[QueuedUrl]) -> list[tuple[str, int, bool]]:
+        return [(q.url.rsplit("/", 1)[1], q.depth, q.skip is None) for q in found]
+
+    a, b, c, d = (f"http://e.com/{name}" for name in "abcd")
+    other = "http://other.org/x"
+    async with Writer(store) as writer:
+        worker = PageWorker(config=config, session_id="s1", run_id="r1",
+                            artifacts=store.artifacts, client=None,  # type: ignore[arg-type]
+                            submit=writer.submit_group)
+        first = worker.follow(refs(a, b, other), 0, "a-1")
+        assert queued(first) == [("a", 1, True), ("b", 1, True), ("x", 1, False)]
+        assert queued(worker.follow(refs(a, c), 0, "a-2")) == [("a", 1, True), ("c", 1, True)]
+        await worker.commit([worker.update(queued=first)])
+        deep = worker.follow(refs(a, other, b, d), 2, "a-3")
+        assert queued(deep) == [("d", 3, False)]  # the rest committed for good
+        await worker.commit([worker.update(queued=deep)])
+        shallow = worker.follow(refs(d, a, c), 0, "a-4")
+        assert queued(shallow) == [("d", 1, True), ("c", 1, True)]
+        await worker.commit([worker.update(queued=shallow)])
+        assert worker.follow(refs(a, b, c, d, other), 0, "a-5") == []
+    rows = dict(store.connection.execute("SELECT url, depth FROM frontier "
+                                         "WHERE state = 'queued'"))
+    assert rows == {a: 1, b: 1, c: 1, d: 1}
+    assert states(store)[other][0] == "skipped"

@@ -121,6 +121,11 @@ class PageWorker:
         # then finds every key this worker computed), else this worker's own.
         self.url_keys = url_keys if url_keys is not None else {}
         self._hosts: dict[str, str] = {}  # fetch key -> host
+        # Fetch keys this worker has seen committed into the session's frontier for good:
+        # queued, or skipped for a reason no other depth would change. Queuing one again
+        # changes nothing (the frontier keeps a URL's state), so ``follow`` leaves it out
+        # of its FrontierUpdate; its edge is still recorded with the page's Discovery.
+        self._in_frontier: set[str] = set()
         # Called once a fetched page is about to commit: URLs to claim in the same group
         # (the crawler's next page for this worker: one commit per page, not a claim
         # commit and a page commit). None: nothing rides along.
@@ -150,6 +155,23 @@ class PageWorker:
         if bad:
             raise EvidenceError(f"the store refused crawl state: {bad[0].reason}",
                                 message_id=bad[0].message_id)
+        self._remember_queued(messages)
+
+    def _remember_queued(self, messages: Sequence[Message]) -> None:
+        """The committed frontier entries whose state no later queuing changes: the URL
+        queued, or skipped at a depth the scope allows (a depth skip is queued again when
+        the URL turns up shallower, so it is not remembered)."""
+        known = self._in_frontier
+        if len(known) > _URL_KEYS_LIMIT:
+            known.clear()
+        max_depth = self.scope.max_depth
+        for message in messages:
+            if type(message) is FrontierUpdate:
+                for q in message.queued:
+                    if q.skip is None or max_depth is None or q.depth <= max_depth:
+                        key = self.url_keys.get(q.url)
+                        if key is not None:
+                            known.add(key)
 
     def update(self, **changes: list) -> FrontierUpdate:
         return FrontierUpdate(message_id=new_id("m-"), session_id=self.session_id,
@@ -188,10 +210,13 @@ class PageWorker:
         a redirect (the same document, moved) or a sitemap entry (listed, not linked).
         Page requisites keep the page's depth and are queued, ``via`` embed, only when the
         crawl follows them (``CrawlConfig.requisites``); otherwise their edges are the
-        record. Every page outcome that queues URLs comes through here: a fetched page, an
-        unchanged one, a rendered one."""
+        record. A URL this worker saw committed to the frontier for good is left out
+        (``_remember_queued``): queuing it again would change nothing. Every page outcome
+        that queues URLs comes through here: a fetched page, an unchanged one, a rendered
+        one."""
         queued: list[QueuedUrl] = []
         seen: set[str] = set()
+        in_frontier = self._in_frontier
         for ref in refs:
             kind = ref.edge_kind
             if kind in REQUISITE_KINDS:
@@ -205,7 +230,7 @@ class PageWorker:
             else:
                 via, at = ("embed" if kind == "embed" else "link"), depth + 1
             known = self.key(ref.url)
-            if known is None or known[0] in seen:
+            if known is None or known[0] in seen or known[0] in in_frontier:
                 continue
             seen.add(known[0])
             queued.append(QueuedUrl(url=ref.url, depth=at, via=via,  # type: ignore[arg-type]
@@ -285,11 +310,10 @@ class PageWorker:
         render = attempt if self.render_scope.wants(attempt) else None
         settled = [] if render is not None else [SettledUrl(  # settled with its render
             url=order.url, state="done", reason=f"HTTP {status}")]
-        messages.append(self.update(queued=queued, settled=settled))
-        if self.claim_next is not None and render is None:
-            claimed = self.claim_next()
-            if claimed:
-                messages.append(self.update(claimed=claimed))
+        # The URL this worker requests next is claimed in the same update (applied after
+        # the queued URLs, before the settlement: a different URL either way).
+        claimed = self.claim_next() if self.claim_next is not None and render is None else []
+        messages.append(self.update(queued=queued, settled=settled, claimed=claimed))
         await self.commit(messages)
         return PageEffects(queued_links=any(q.skip is None for q in queued),
                            sitemaps=sitemaps, render=render)
