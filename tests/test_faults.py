@@ -517,6 +517,40 @@ def test_interruption_during_a_batch_commits_none_of_it(rig: Rig) -> None:
         assert_clean(store)
 
 
+def test_interruption_before_a_batch_syncs_its_payloads_commits_none_of_it(
+        rig: Rig) -> None:
+    """The process dies once a batch is applied, before its payloads' fsync and COMMIT
+    (which a local store's writer runs on its thread, the batch applied on the event
+    loop's): nothing of the batch is in the store after the power cut, its payloads may be
+    gone with it (never synced, never referenced), and redelivered with them put again
+    it commits once."""
+    assert rig.store is not None
+    anyio.run(submit, rig.store, setup_messages())
+    bodies, messages = group_messages("s", pages=3)
+    for body in bodies:
+        rig.store.artifacts.put("body", body)
+
+    def cut(batch_seq: int) -> None:
+        rig.disk.power_loss("drop")  # applied, in the transaction; nothing synced since
+
+    async def run() -> None:
+        async with Writer(rig.store, hooks=WriterHooks(after_apply=cut)) as writer:
+            await writer.submit_group(messages)
+
+    errors = failure_of(run)
+    assert all(isinstance(e, EvidenceError) for e in errors), errors
+    with rig.crash("drop") as store:
+        assert_clean(store)
+        assert count(store, "SELECT count(*) FROM fetch_attempt") == 0
+        assert count(store, "SELECT count(*) FROM ingest_ledger") == 2
+        for body in bodies:
+            store.artifacts.put("body", body)
+        acks = anyio.run(submit, store, messages)
+        assert {a.status for a in acks} == {"committed"}
+        assert count(store, "SELECT count(*) FROM discovery_edge") == 3 * 3
+        assert_clean(store)
+
+
 def test_power_loss_at_each_wal_write_of_a_batch_leaves_all_or_nothing(
         fast_dir: Path) -> None:
     bodies, messages = group_messages("w", pages=3)

@@ -172,6 +172,44 @@ def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
     assert all(counts[p] == 1 for p in reachable), "no page requested twice"
 
 
+def test_one_process_goes_on_while_its_writer_waits_for_the_write_lock(
+        tmp_path: Path) -> None:
+    """In one process the writer applies batches on the event loop's thread; one that
+    would wait for the database's write lock (held here by the test, as by an operator's
+    command) waits on the writer's thread instead: the crawl's event loop goes on (its
+    progress file is rewritten each second), requests at most the pages already claimed
+    (two per fetch slot, docs/crawling.md), and the crawl completes once the lock is
+    free. Before, the loop stood still for the busy timeout (5 s per try)."""
+    import apsw
+
+    store = tmp_path / "s"
+    slow = {f"/p/{i}": 0.05 for i in range(80)}
+    with TestSite(SiteConfig(pages=80, slow=slow)) as site:
+        proc = _crawl_process(site.url, store, "--workers", "1")
+        _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
+                  proc, store)
+        lock = apsw.Connection(str(store / "evidence.db"))
+        lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
+        lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
+        before = len(site.requests)
+        first = _wait_for("a progress report", lambda: _live(store).get("elapsed"),
+                          proc, store)
+        later = _wait_for("another progress report while the lock is held",
+                          lambda: (_live(store).get("elapsed") or 0) > first + 0.5,
+                          proc, store, timeout=4.0)
+        held = site.requests[before:]
+        lock.execute("COMMIT")
+        lock.close()
+        proc.communicate(timeout=120)
+        assert proc.returncode == 0, _stderr(store)
+        counts = site.request_counts()
+        reachable = site.reachable_pages()
+    assert later
+    assert len(held) <= 2 + 1, f"requested while no page could commit: {held}"
+    assert set(done_pages(store)) == reachable
+    assert all(counts[p] == 1 for p in reachable), "no page requested twice"
+
+
 @pytest.mark.slow
 def test_killing_the_crawl_ends_its_workers_and_a_restart_resumes(tmp_path: Path) -> None:
     store = tmp_path / "s"

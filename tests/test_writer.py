@@ -312,7 +312,7 @@ async def test_a_batch_that_would_wait_for_the_write_lock_waits_off_the_event_lo
     other.execute("BEGIN IMMEDIATE")
     try:
         async with Writer(store, hooks=WriterHooks(
-                before_commit=lambda seq: threads.append(threading.get_ident()))) as w:
+                after_apply=lambda seq: threads.append(threading.get_ident()))) as w:
             async def ticker() -> None:
                 nonlocal ticks
                 while True:
@@ -338,6 +338,33 @@ async def test_a_batch_that_would_wait_for_the_write_lock_waits_off_the_event_lo
         if other.in_transaction:
             other.execute("ROLLBACK")
         other.close()
+
+
+async def test_a_local_batch_is_applied_on_the_loop_and_its_fsyncs_wait_off_it(
+        store: Store, make: Factory) -> None:
+    # A local store's batch is applied on the event loop's thread (no GIL hand-offs per
+    # statement); its payloads' fsync, COMMIT and checkpoint then run on the writer's
+    # thread while the loop goes on: the after_commit hook below waits for the loop.
+    await asubmit(store, [make.session(), make.run()])
+    applied: list[int] = []
+    committed: list[int] = []
+    loop_ran = threading.Event()
+
+    def after(seq: int) -> None:
+        committed.append(threading.get_ident())
+        assert loop_ran.wait(10), "the event loop stood still while the batch committed"
+
+    hooks = WriterHooks(after_apply=lambda seq: applied.append(threading.get_ident()),
+                        after_commit=after)
+    async with Writer(store, hooks=hooks) as w, anyio.create_task_group() as tg:
+        tg.start_soon(w.submit, make.attempt("http://e.com/x"))
+        with anyio.fail_after(10):
+            while not committed:
+                await anyio.sleep(0.005)
+        loop_ran.set()
+    assert applied == [threading.get_ident()]
+    assert committed[0] != threading.get_ident()
+    assert count(store, "fetch_attempt") == 1
 
 
 async def test_full_queue_makes_submit_wait(store: Store, make: Factory) -> None:

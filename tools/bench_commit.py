@@ -31,8 +31,8 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -100,22 +100,31 @@ def replay(groups: list[list[Message]], source: Store, target: Path, per: int, *
         counts = {"cpu": 0.0, "wall": 0.0, "batches": 0, "statements": 0}
 
         def trace(cursor: object, sql: str, bindings: object) -> bool:
-            if threading.current_thread().name == "evidence-writer-commit":
-                counts["statements"] += 1
+            counts["statements"] += 1  # the write connection: the writer's statements only
             return True
 
         if traced:  # a replay of its own: the trace costs the commit thread time
             store.connection.exec_trace = trace
         commit = writer.Writer._commit_batch
 
-        def timed(self: Writer, batch: list) -> list:
+        def timing(run: Callable[[], object]) -> object:
             wall, cpu = time.monotonic(), time.thread_time()
             try:
-                return commit(self, batch)
+                return run()
             finally:
                 counts["cpu"] += time.thread_time() - cpu
                 counts["wall"] += time.monotonic() - wall
-                counts["batches"] += 1
+
+        def timed(self: Writer, batch: list, **kw: object) -> object:
+            # Applied on the event loop's thread, a batch's fsyncs (its tail) run on the
+            # commit thread: timed there too (a writer without tails returns the acks).
+            result = timing(lambda: commit(self, batch, **kw))
+            counts["batches"] += 1
+            tail = getattr(writer, "_Tail", None)
+            if tail is not None and isinstance(result, tail):
+                run = result.run
+                result.run = lambda: timing(run)
+            return result
 
         writer.Writer._commit_batch = timed  # type: ignore[method-assign]
         try:

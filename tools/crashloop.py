@@ -10,7 +10,7 @@ SIGKILL; the next round resumes the same session. After ``--kills`` kills a last
 to completion. Then the invariants of issue 3 are checked against the server's own request
 log: every reachable page is done exactly once in the evidence, every done page's links
 are in the store, pages requested twice never exceed the pages on their way per kill
-(``--workers``, times 4 with worker processes), robots-disallowed paths are never
+(2 x ``--workers``, 4 x with worker processes), robots-disallowed paths are never
 requested, every killed run is recorded as such, and ``verify`` is clean.
 With ``--processes N`` the crawl runs N worker processes, and ``--worker-kills K`` also
 SIGKILLs a random worker process K times (read from the crawl's live-stats.json) while the
@@ -37,7 +37,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from evidence import Store, verify
-from evidence._crawl.crawler import _PAGES_PER_FETCH
+from evidence._crawl.crawler import _PAGES_PER_FETCH, _PAGES_PER_FETCH_IN_WORKERS
 from evidence._demo.site import SiteConfig, TestSite
 
 
@@ -158,9 +158,11 @@ def run(args: argparse.Namespace) -> dict:
         problems.append(f"pages whose links are not all recorded: {missing_links[:5]}")
     twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
     deaths = kills + len(worker_kills)
-    # What a death can cost: the pages on their way, fetched but not committed: one per
-    # fetch slot in one process; with worker processes up to _PAGES_PER_FETCH per slot.
-    per_death = args.workers * (_PAGES_PER_FETCH if args.processes else 1)
+    # What a death can cost: the pages on their way, fetched but not committed: up to
+    # _PAGES_PER_FETCH per fetch slot in one process, _PAGES_PER_FETCH_IN_WORKERS with
+    # worker processes.
+    per_death = args.workers * (_PAGES_PER_FETCH_IN_WORKERS if args.processes
+                                else _PAGES_PER_FETCH)
     if twice > per_death * deaths:
         problems.append(f"{twice} re-requests exceed {per_death} pages on their way x "
                         f"{deaths} kills")

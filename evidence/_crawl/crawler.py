@@ -81,11 +81,12 @@ __all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
 log = logging.getLogger("evidence.crawl")
 
 LIVE_STATS = "live-stats.json"
-# With worker processes (or hosts), per --workers fetch: URLs claimed (the one it requests
-# and its next, as one process's next claim rides its page's commit), and pages on their
-# way (claimed, fetching or committing in a worker).
+# Per --workers fetch: URLs claimed ahead (the one it requests and its next), and pages on
+# their way (claimed, fetching, or committing: in this process, or in a worker process
+# where a page also waits for its worker).
 _CLAIMED_PER_FETCH = 2
-_PAGES_PER_FETCH = 4
+_PAGES_PER_FETCH = 2
+_PAGES_PER_FETCH_IN_WORKERS = 4
 
 Outcome = Literal["completed", "stopped", "capped", "failed"]
 
@@ -624,12 +625,14 @@ class Crawler:
                     return "capped", f"reached --max-documents {cap}"
                 self._refill()
                 # Claims ahead of the workers are bounded: a URL claimed but never requested
-                # when the crawler is killed counts as an attempt that crashed it. In one
-                # process a busy worker's next URL rides its page's commit; with worker
-                # processes each fetch slot has one URL claimed ahead. A page committing
-                # in a worker process no longer fetches: its slot is free.
+                # when the crawler is killed counts as an attempt that crashed it. Each
+                # fetch slot has one URL claimed ahead, and pages on their way are bounded
+                # by the worker tasks; in one process a busy worker's next URL also rides
+                # its page's commit, which takes no task of its own. A page whose request
+                # is over no longer fetches: its slot is free while it is parsed and
+                # commits.
                 free = min(self.options.workers * self._ahead() - self._fetching_now(),
-                           self._tasks() - self._in_flight)
+                           self._tasks() - (self._in_flight - self._riding))
                 if cap is not None:
                     free = min(free, cap - self._documents)
                 jobs, wakeup = self._pick(free) if free > 0 else ([], time.monotonic() + 1)
@@ -711,26 +714,29 @@ class Crawler:
         return slot.next
 
     def _tasks(self) -> int:
-        """Worker tasks, each taking one page from claim to commit. In one process a busy
-        worker's next page rides its commit (``_claim_next``). Worker processes commit
-        their pages themselves, and a page's next claim cannot ride that commit: so more
-        pages than fetches are on their way (a fetch slot is free once its request is
-        over, ``_settled_elsewhere``), and a slot's next URL is claimed while it fetches."""
-        return self.options.workers * (_PAGES_PER_FETCH if self._pool is not None else 1)
+        """Worker tasks, each taking one page from claim to commit. More pages than
+        fetches are on their way: a fetch slot is free once its request is over
+        (``_settled_elsewhere``), so the next page is requested while the last one is
+        parsed and commits, and a slot's next URL is claimed while it fetches. In one
+        process a busy worker's next page also rides its commit (``_claim_next``); worker
+        processes commit their pages themselves, where a next claim cannot ride."""
+        return self.options.workers * (_PAGES_PER_FETCH if self._pool is None
+                                       else _PAGES_PER_FETCH_IN_WORKERS)
 
     def _ahead(self) -> int:
-        """URLs claimed per fetch slot (not counting one riding a commit): with worker
-        processes the one it requests and its next; else the one it requests."""
-        return _CLAIMED_PER_FETCH if self._pool is not None else 1
+        """URLs claimed per fetch slot (not counting one riding a commit): the one it
+        requests and its next."""
+        return _CLAIMED_PER_FETCH
 
     def _fetching_now(self) -> int:
         """Claimed pages whose request is not over (or not started)."""
         return self._in_flight - self._riding - self._settling
 
     def _settled_elsewhere(self, slot: _Slot | None) -> None:
-        """A worker process's request for this page is over, and the page commits there:
-        its host slot and fetch slot are free for the scheduler's next claim. Not when
-        pages render here (a render is another request to the host)."""
+        """The request for this page is over, and the page is parsed and commits (in
+        this process, or in its worker process): its host slot and fetch slot are free for
+        the scheduler's next claim. Not when pages render here (a render is another
+        request to the host)."""
         if slot is None or slot.settling or self._renderer is not None:
             return
         slot.settling = True
@@ -844,9 +850,12 @@ class Crawler:
 
     async def _execute(self, order: PageOrder) -> PageEffects:
         """Request and settle the page: in this process, or in a worker process."""
-        if self._pool is None:
-            return await self._pages.page(order)
         slot = _SLOT.get(None)
+        if self._pool is None:
+            async def fetched() -> None:
+                self._settled_elsewhere(slot)
+
+            return await self._pages.page(order, fetched)
         try:
             return await self._pool.page(order, lambda: self._settled_elsewhere(slot))
         except WorkerLost as lost:

@@ -77,7 +77,7 @@ from .._model.refs import ArtifactRef
 from .._store import quarantine as _quarantine
 from .._store.backend import Connection
 from .._store.db import Store
-from .._store.log import entry_hash, load_head
+from .._store.log import LogHead, entry_hash, load_head
 from . import apply as _apply
 
 __all__ = ["Writer", "WriterHooks", "WriterLimits"]
@@ -136,6 +136,7 @@ class _Job:
     acks: list[Ack] = field(default_factory=list)
     error: BaseException | None = None
     seconds: float = 0.0  # the batch's transaction
+    tail: _Tail | None = None  # applied inline: its fsyncs, for the commit thread
 
 
 class _EventWaiter:
@@ -176,6 +177,10 @@ def _threadsafe_caller() -> Callable[[Callable[[], object]], object]:
     return asyncio.get_running_loop().call_soon_threadsafe
 
 
+# What a committer runs for a batch: the acks, or what is left of it to run elsewhere.
+_Commit = Callable[[list[_Pending]], "list[Ack] | _Tail"]
+
+
 class _CommitThread:
     """The one thread that runs batch transactions (Datasette's write thread, STYLE.md 8).
 
@@ -185,7 +190,7 @@ class _CommitThread:
     so ``stop`` never waits on a transaction.
     """
 
-    def __init__(self, commit: Callable[[list[_Pending]], list[Ack]]) -> None:
+    def __init__(self, commit: _Commit) -> None:
         self._commit = commit
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._call_soon = _threadsafe_caller()
@@ -194,7 +199,10 @@ class _CommitThread:
         self._thread.start()
 
     def start(self, batch: list[_Pending]) -> _Job:
-        job = _Job(batch, anyio.Event())
+        return self.finish(_Job(batch, anyio.Event()))
+
+    def finish(self, job: _Job) -> _Job:
+        """Run ``job`` here: its batch, or its ``tail`` when it was applied inline."""
         self._jobs.put(job)
         return job
 
@@ -206,7 +214,8 @@ class _CommitThread:
 
     def _main(self) -> None:
         while (job := self._jobs.get()) is not None:
-            _run_job(self._commit, job)
+            tail, job.tail = job.tail, None
+            _run_job(self._commit if tail is None else tail.run_batch, job)
             try:
                 self._call_soon(job.done.set)
             except RuntimeError:  # the event loop is gone: nobody is waiting any more
@@ -214,54 +223,80 @@ class _CommitThread:
 
 
 class _CommitInline:
-    """Batches committed on the event loop's own thread, for a store whose every step is
-    local (a SQLite database, payloads in local files): a transaction is then CPU work
-    under the GIL, and on a thread each of its statements (about 60 per batch of a crawl)
-    hands the GIL back and forth with a busy event loop, which made a 3 ms batch take
-    5-7 ms (docs/benchmarks.md). The event loop waits while a batch commits, as its
-    producers would; so the next batch is taken only once this one's acks are out.
+    """Batches applied on the event loop's own thread, for a store whose every step is
+    local (a SQLite database, payloads in local files): applying a batch is CPU work under
+    the GIL, and on a thread each of its statements (about 60 per batch of a crawl) hands
+    the GIL back and forth with a busy event loop, which made a 3 ms batch take 5-7 ms
+    (docs/benchmarks.md). The event loop waits while a batch is applied, as its producers
+    would; the next batch is taken only once this one's acks are out.
 
-    Except a wait: a batch begins only if the write lock is free at once. Another process
-    holding it (an operator's command, a second writer being refused) would otherwise
-    stall the event loop for the whole busy timeout, and with it every fetch, read loop
-    and health check; that batch is handed to a thread, which waits for the lock while
-    the loop goes on, and the batches after it are inline again.
+    What is left of a batch once applied is waiting on the disk: its payloads' fsync, the
+    COMMIT's and a checkpoint's (``_Tail``). That goes to a thread, which hands the GIL over
+    once or twice, while the loop goes on with its producers (on one core the loop was
+    otherwise idle for those fsyncs: a sixth of a crawl's time, docs/benchmarks.md).
+
+    And a batch begins only if the write lock is free at once. Another process holding
+    it (an operator's command, a second writer being refused) would otherwise stall the
+    event loop for the whole busy timeout, and with it every fetch, read loop and health
+    check; that batch is handed to the thread whole, which waits for the lock while the
+    loop goes on, and the batches after it are inline again.
     """
 
     pipelines = False
 
-    def __init__(self, commit_now: Callable[[list[_Pending]], list[Ack]],
-                 commit: Callable[[list[_Pending]], list[Ack]]) -> None:
+    def __init__(self, commit_now: _Commit, commit: _Commit) -> None:
         self._commit_now = commit_now  # raises _WouldWait, having done nothing
         self._commit = commit
-        self._thread: _CommitThread | None = None  # started at the first wait
+        self._thread: _CommitThread | None = None  # started at the first tail or wait
 
     def start(self, batch: list[_Pending]) -> _Job:
         job = _Job(batch, anyio.Event())
         _run_job(self._commit_now, job)
         if isinstance(job.error, _WouldWait):
-            if self._thread is None:
-                self._thread = _CommitThread(self._commit)
-            return self._thread.start(batch)
+            return self._helper().start(batch)
+        if job.tail is not None:
+            return self._helper().finish(job)
         job.done.set()
         return job
+
+    def _helper(self) -> _CommitThread:
+        if self._thread is None:
+            self._thread = _CommitThread(self._commit)
+        return self._thread
 
     def stop(self) -> None:
         if self._thread is not None:
             self._thread.stop()
 
 
+class _Tail:
+    """The rest of a batch applied on the event loop's thread: the fsyncs before and at
+    its COMMIT, and the checkpoint after, run by the commit thread (``_CommitInline``)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Callable[[], list[Ack]]) -> None:
+        self.run = run
+
+    def run_batch(self, batch: list[_Pending]) -> list[Ack]:
+        return self.run()
+
+
 class _WouldWait(Exception):
     """The write lock is held elsewhere: beginning the batch would wait (nothing done)."""
 
 
-def _run_job(commit: Callable[[list[_Pending]], list[Ack]], job: _Job) -> None:
+def _run_job(commit: _Commit, job: _Job) -> None:
     started = time.monotonic()
     try:
-        job.acks = commit(job.batch)
+        result = commit(job.batch)
+        if isinstance(result, _Tail):
+            job.tail = result
+        else:
+            job.acks = result
     except BaseException as exc:  # relayed to the writer task, which decides
         job.error = exc
-    job.seconds = time.monotonic() - started
+    job.seconds += time.monotonic() - started
 
 
 class _Lost(Exception):
@@ -281,7 +316,11 @@ class _Lost(Exception):
 class WriterHooks:
     """Named fault points, for tests that crash the writer at exact places."""
 
-    before_commit: Callable[[int], None] | None = None  # batch_seq, inside the transaction
+    # batch_seq, inside the transaction once its messages are applied (on the event loop's
+    # thread for a local store), before its payloads' fsync and COMMIT:
+    after_apply: Callable[[int], None] | None = None
+    # batch_seq, inside the transaction right before COMMIT (its payloads synced):
+    before_commit: Callable[[int], None] | None = None
     after_commit: Callable[[int], None] | None = None  # batch_seq, before any ack resolves
     # The time a batch records (its received_at and committed_at, as now_text() spells it):
     # two writers given the same clock and the same batches write the same bytes (the
@@ -371,7 +410,7 @@ class Writer:
         # benchmark's) can wrap it.
         self._committer = (
             _CommitThread(lambda batch: self._commit_batch(batch)) if self._commit_thread
-            else _CommitInline(lambda batch: self._commit_batch(batch, wait=False),
+            else _CommitInline(lambda batch: self._commit_batch(batch, wait=False, tail=True),
                                lambda batch: self._commit_batch(batch)))
         if sniffio.current_async_library() == "asyncio":
             self._new_waiter = asyncio.get_running_loop().create_future
@@ -505,9 +544,9 @@ class Writer:
                         except anyio.EndOfStream:
                             return
                     job = committer.start(await self._collect(first))
-                    # Busy: a batch commits while producers run (on the thread; inline, the
-                    # batch has committed before any producer runs again).
-                    self._busy = committer.pipelines
+                    # Busy: a batch commits while producers run (on the thread, or its
+                    # fsyncs there; not when it committed before any producer runs again).
+                    self._busy = not job.done.is_set()
                 job = await self._finish(job)
 
     async def _collect(self, first: _Group) -> list[_Pending]:
@@ -646,14 +685,20 @@ class Writer:
 
     # --- one batch, on the commit thread -------------------------------------------------
 
-    def _commit_batch(self, batch: list[_Pending], *, wait: bool = True) -> list[Ack]:
+    def _commit_batch(self, batch: list[_Pending], *, wait: bool = True,
+                      tail: bool = False) -> list[Ack] | _Tail:
         """Commit ``batch``; ``wait=False``: raise ``_WouldWait`` (nothing done) where the
-        write lock is held elsewhere, instead of waiting for it."""
-        committed = False
+        write lock is held elsewhere, instead of waiting for it. ``tail`` (a local store,
+        ``_CommitInline``): apply it, and return what is left to run elsewhere."""
+        committed: bool | None = False
         try:
             for losses in itertools.count(1):
                 try:
-                    acks, committed = self._write_batch(batch, wait=wait)
+                    result = self._write_batch(batch, wait=wait, tail=tail)
+                    if isinstance(result, _Tail):
+                        committed = None  # the tail settles the interner
+                        return result
+                    acks, committed = result
                     return acks
                 except _Lost as lost:  # the database connection: reconnect, then resolve
                     self._interner.batch_done(committed=False)
@@ -663,7 +708,8 @@ class Writer:
                         return resolved
             raise AssertionError("unreachable: itertools.count() never ends")
         finally:
-            self._interner.batch_done(committed)  # cached ids survive only a clean COMMIT
+            if committed is not None:  # cached ids survive only a clean COMMIT
+                self._interner.batch_done(committed)
 
     def _lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` says the connection to a database server was lost (the server
@@ -711,7 +757,8 @@ class Writer:
                         if committed else "had not committed: applying it again")
         return lost.acks if committed else None
 
-    def _write_batch(self, batch: list[_Pending], *, wait: bool) -> tuple[list[Ack], bool]:
+    def _write_batch(self, batch: list[_Pending], *, wait: bool, tail: bool = False
+                     ) -> tuple[list[Ack], bool] | _Tail:
         store = self.store
         conn = store.connection
         head = self._head
@@ -758,8 +805,11 @@ class Writer:
                 return acks, False
             # Durable before referenced (DESIGN.md): whatever payloads the batch references
             # for the first time are synced before its COMMIT (a no-op for a store whose
-            # put is durable when it returns; artifact packs sync here, once per batch).
-            self._sync_payloads(applier.new_refs, batch_seq)
+            # put is durable when it returns; artifact packs sync here, once per batch),
+            # here or first thing in the tail.
+            new_refs = applier.new_refs
+            if not tail:
+                self._sync_payloads(new_refs, batch_seq)
             root = tree.root()
             quarantined = self._records.encode()
             chain = entry_hash(head.entry_hash, batch_seq, first_index, tree.size, root,
@@ -770,7 +820,9 @@ class Writer:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (batch_seq, received_at, first_index, tree.size, root, tree.to_bytes(),
                  head.entry_hash, chain, quarantined))
-            if self._hooks.before_commit:
+            if self._hooks.after_apply:
+                self._hooks.after_apply(batch_seq)
+            if not tail and self._hooks.before_commit:
                 self._hooks.before_commit(batch_seq)
         except self._db.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
             if self._lost(exc):
@@ -797,6 +849,29 @@ class Writer:
         except BaseException:
             self._rollback(conn)
             raise
+        if not tail:
+            return self._commit(conn, head, tree, batch_seq, acks, chain)
+
+        def finish() -> list[Ack]:
+            committed = False
+            try:
+                try:
+                    self._sync_payloads(new_refs, batch_seq)
+                    if self._hooks.before_commit:
+                        self._hooks.before_commit(batch_seq)
+                except BaseException:
+                    self._rollback(conn)
+                    raise
+                done, committed = self._commit(conn, head, tree, batch_seq, acks, chain)
+                return done
+            finally:
+                self._interner.batch_done(committed)  # as _commit_batch does
+
+        return _Tail(finish)
+
+    def _commit(self, conn: Connection, head: LogHead, tree: CompactTree, batch_seq: int,
+                acks: list[Ack], chain: bytes) -> tuple[list[Ack], bool]:
+        """COMMIT the batch applied, then the backend's upkeep; (acks, committed)."""
         try:
             conn.execute("COMMIT")
         except self._db.Error as exc:

@@ -117,18 +117,19 @@ async def test_a_commit_that_failed_acks_nothing_and_redelivery_commits_once(
         assert count(store, "fetch_attempt") == 1
 
 
-async def test_a_batch_commits_on_the_event_loop_thread_only_when_every_step_is_local(
+async def test_a_batch_is_applied_on_the_event_loop_thread_only_when_every_step_is_local(
         store_kind: StoreKind, tmp_path: Path) -> None:
-    """SQLite with payloads in local files commits inline (no GIL hand-offs with a busy
-    event loop); a server database or an object store commits on the writer's thread, so
-    the event loop goes on while a batch waits on the network."""
+    """SQLite with payloads in local files applies a batch inline (no GIL hand-offs with a
+    busy event loop; only its fsyncs wait on the writer's thread); a server database or an
+    object store commits on the writer's thread, so the event loop goes on while a batch
+    waits on the network."""
     threads: list[int] = []
     with store_kind.open(tmp_path / "s") as store:
         make = Factory(store)
         local = (isinstance(store.backend, SQLiteBackend)
                  and not isinstance(store.artifacts, S3ArtifactStore))
         async with Writer(store, hooks=WriterHooks(
-                before_commit=lambda seq: threads.append(threading.get_ident()))) as writer:
+                after_apply=lambda seq: threads.append(threading.get_ident()))) as writer:
             acks = await writer.submit_group([make.session(), make.run()])
         assert [a.status for a in acks] == ["committed", "committed"]
         assert (threads == [threading.get_ident()]) is local, (threads, local)
