@@ -1,10 +1,10 @@
-#!/usr/bin/env python3
-"""Benchmark the writer's commit thread on a real crawl's messages (issue 15).
+"""Benchmark the writer's batches on a real crawl's messages (issue 15).
 
-A crawl's CPU is spread over two threads that share the GIL: the event loop (HTTP, storing
-and parsing pages) and the writer's commit thread (applying batches, COMMIT). Timed inside
-a crawl, the commit thread's share moves with everything else on the machine; replayed
-alone, it does not. So:
+A crawl's CPU is spread over threads that share the GIL: the event loop (HTTP, storing
+and parsing pages, and applying a local store's batches) and the writer's commit thread
+(a batch's fsyncs and COMMIT; a server-backed store's whole batch). Timed inside a crawl,
+the writer's share moves with everything else on the machine; replayed alone, it does
+not. So:
 
 1. record: ``tools/bench_crawl.py``'s site of ``--pages`` pages is generated and served on
    127.0.0.1 (nginx when installed, else its asyncio server), and crawled in this process
@@ -14,10 +14,11 @@ alone, it does not. So:
    put first, untimed): the groups go to one ``Writer`` ``--groups`` at a time (submitted
    together, then awaited: about the batches the crawl made at 8 pages in flight).
 
-Reported per replay: the commit thread's CPU (``time.thread_time`` around each batch) per
-page, the wall time inside batches and the batches; medians at the end, and the SQL
-statements the commit thread ran per page, counted in one more replay (apsw's exec trace,
-which costs time of its own: an ``executemany`` counts once per row).
+Reported per replay: the writer's CPU per page (``time.thread_time`` around each batch,
+on whichever thread runs each part of it), the wall time inside batches and the
+batches; medians at the end, and the SQL statements the writer ran per page, counted in
+one more replay (apsw's exec trace, which costs time of its own: an ``executemany``
+counts once per row).
 
     python tools/bench_commit.py [--pages 5000] [--reps 3] [--groups 4] [--quick]
 
@@ -71,9 +72,9 @@ def record(url: str, store: Path) -> list[list[bytes]]:
     groups: list[list[bytes]] = []
     submit = writer.Writer.submit_group
 
-    async def recording(self: Writer, messages: list[Message]) -> list:
+    async def recording(self: Writer, messages: list[Message], **kw: bool) -> list:
         groups.append([canonical_encode(m) for m in messages])
-        return await submit(self, messages)
+        return await submit(self, messages, **kw)
 
     writer.Writer.submit_group = recording  # type: ignore[assignment,method-assign]
     try:
@@ -103,7 +104,7 @@ def replay(groups: list[list[Message]], source: Store, target: Path, per: int, *
             counts["statements"] += 1  # the write connection: the writer's statements only
             return True
 
-        if traced:  # a replay of its own: the trace costs the commit thread time
+        if traced:  # a replay of its own: the trace costs the writer time
             store.connection.exec_trace = trace
         commit = writer.Writer._commit_batch
 
@@ -173,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                 load = bench_crawl.load_average()
                 r = replay(groups, source, work / "replay", args.groups)
                 results.append(r)
-                print(f"replay #{rep}: commit thread CPU {r['cpu'] / pages * 1e3:.3f} ms/page, "
+                print(f"replay #{rep}: writer CPU {r['cpu'] / pages * 1e3:.3f} ms/page, "
                       f"in batches {r['wall']:.2f} s, {r['batches']} batches, "
                       f"load {load:.1f}", flush=True)
             traced = replay(groups, source, work / "replay", args.groups, traced=True)
         med = statistics.median
-        print(f"median: commit thread CPU {med(r['cpu'] for r in results) / pages * 1e3:.3f} "
+        print(f"median: writer CPU {med(r['cpu'] for r in results) / pages * 1e3:.3f} "
               f"ms/page, in batches {med(r['wall'] for r in results):.2f} s; "
               f"{traced['statements'] / pages:.1f} SQL statements per page (a traced replay)")
     finally:

@@ -467,11 +467,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="fetch and parse in N worker processes; this one keeps the frontier "
                    "and runs the writer as a service for them (default 0: all in this one). "
                    "It helps where a page's own work (HTTP, storing, parsing) is what one "
-                   "process is short of, a core is free and the crawl is long enough to pay "
-                   "for starting them (about 0.5 s). On 2 cores shared with a local web "
-                   "server and 3.6 KB pages, at --workers 8: --processes 1 ran at 1.11 times "
-                   "the one-process rate on 5,000 pages and 0.87 times on 600; --processes 2 "
-                   "at 1.08 and 0.79 times (1.07 times at --workers 32 on 5,000)")
+                   "process is short of, a core is free, many requests are in flight and the "
+                   "crawl is long enough to pay for starting them (about 0.5 s). On 2 cores "
+                   "shared with a local web server and 3.6 KB pages, on 5,000 pages: "
+                   "--processes 2 ran at 1.08 times the one-process rate at --workers 32, but "
+                   "at --workers 8 --processes 1 and 2 ran at 0.91 and 0.90 times (0.81 and "
+                   "0.72 on 600 pages)")
     add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
     p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
                    help="a worker host silent this long loses the pages it holds, which "
