@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -490,22 +490,34 @@ class Crash(BaseException):
     """The process dies here (raised from a writer hook)."""
 
 
-def test_interruption_during_a_batch_commits_none_of_it(rig: Rig) -> None:
+def _power_cut_in_a_batch(rig: Rig, name: str, mode: str,
+                          hooks: Callable[[Callable[[int], None]], WriterHooks]
+                          ) -> tuple[list[bytes], list, list[BaseException]]:
+    """A group of 3 pages (their bodies put first) submitted to a writer whose hook
+    (``hooks(cut)``) cuts the power (``mode``) inside the batch's transaction: the
+    bodies, the messages and the submit's errors (each an EvidenceError)."""
     assert rig.store is not None
     anyio.run(submit, rig.store, setup_messages())
-    bodies, messages = group_messages("b", pages=3)
+    bodies, messages = group_messages(name, pages=3)
     for body in bodies:
         rig.store.artifacts.put("body", body)
 
     def cut(batch_seq: int) -> None:
-        rig.disk.power_loss("torn")  # inside the transaction, before COMMIT
+        rig.disk.power_loss(mode)  # type: ignore[arg-type]
 
     async def run() -> None:
-        async with Writer(rig.store, hooks=WriterHooks(before_commit=cut)) as writer:
+        async with Writer(rig.store, hooks=hooks(cut)) as writer:
             await writer.submit_group(messages)
 
     errors = failure_of(run)
     assert all(isinstance(e, EvidenceError) for e in errors), errors
+    return bodies, messages, errors
+
+
+def test_interruption_during_a_batch_commits_none_of_it(rig: Rig) -> None:
+    # Inside the transaction, right before COMMIT (its payloads synced).
+    _, messages, errors = _power_cut_in_a_batch(
+        rig, "b", "torn", lambda cut: WriterHooks(before_commit=cut))
     assert all("power loss" in str(e) or "power loss" in str(e.__cause__) for e in errors)
     with rig.crash("torn") as store:
         assert_clean(store)
@@ -524,21 +536,8 @@ def test_interruption_before_a_batch_syncs_its_payloads_commits_none_of_it(
     loop's): nothing of the batch is in the store after the power cut, its payloads may be
     gone with it (never synced, never referenced), and redelivered with them put again
     it commits once."""
-    assert rig.store is not None
-    anyio.run(submit, rig.store, setup_messages())
-    bodies, messages = group_messages("s", pages=3)
-    for body in bodies:
-        rig.store.artifacts.put("body", body)
-
-    def cut(batch_seq: int) -> None:
-        rig.disk.power_loss("drop")  # applied, in the transaction; nothing synced since
-
-    async def run() -> None:
-        async with Writer(rig.store, hooks=WriterHooks(after_apply=cut)) as writer:
-            await writer.submit_group(messages)
-
-    errors = failure_of(run)
-    assert all(isinstance(e, EvidenceError) for e in errors), errors
+    bodies, messages, _ = _power_cut_in_a_batch(
+        rig, "s", "drop", lambda cut: WriterHooks(after_apply=cut))
     with rig.crash("drop") as store:
         assert_clean(store)
         assert count(store, "SELECT count(*) FROM fetch_attempt") == 0

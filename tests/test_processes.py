@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,32 +142,41 @@ def test_a_killed_worker_process_loses_only_its_in_flight_pages(tmp_path: Path) 
             "SELECT outcome FROM crawl_session").fetchall() == [("completed",)]
 
 
-def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
-        tmp_path: Path) -> None:
-    """A page committing in a worker process no longer holds its fetch slot, and the slot's
-    next URL is claimed while it fetches: with every commit held up (the test holds the
-    database's write lock), the next pages are still requested, one at a time. Before,
-    a worker's slot stayed taken until its page had committed: nothing was requested."""
+def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen], None],
+                                  *args: str) -> tuple[list, Counter[str], frozenset[str]]:
+    """Crawl an 80-page slow site at one fetch slot (``args`` added) and, 10 pages in,
+    hold the database's write lock while ``hold(crawl_process)`` runs: every commit of
+    the crawl waits meanwhile. Returns the requests made while it was held, and, once the
+    crawl has completed, the site's request counts and its reachable pages."""
     import apsw
 
-    store = tmp_path / "s"
     slow = {f"/p/{i}": 0.05 for i in range(80)}
     with TestSite(SiteConfig(pages=80, slow=slow)) as site:
-        proc = _crawl_process(site.url, store, "--processes", "1", "--workers", "1")
+        proc = _crawl_process(site.url, store, *args, "--workers", "1")
         _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
                   proc, store)
         lock = apsw.Connection(str(store / "evidence.db"))
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
         before = len(site.requests)
-        time.sleep(1.0)
+        hold(proc)
         held = site.requests[before:]
         lock.execute("COMMIT")
         lock.close()
         proc.communicate(timeout=120)
         assert proc.returncode == 0, _stderr(store)
-        counts = site.request_counts()
-        reachable = site.reachable_pages()
+        return held, site.request_counts(), site.reachable_pages()
+
+
+def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
+        tmp_path: Path) -> None:
+    """A page committing in a worker process no longer holds its fetch slot, and the slot's
+    next URL is claimed while it fetches: with every commit held up (the test holds the
+    database's write lock), the next pages are still requested, one at a time. Before,
+    a worker's slot stayed taken until its page had committed: nothing was requested."""
+    store = tmp_path / "s"
+    held, counts, reachable = _crawl_holding_the_write_lock(
+        store, lambda proc: time.sleep(1.0), "--processes", "1")
     assert 1 <= len(held) <= 3, f"requested while no page could commit: {held}"
     assert all(r.status == 200 for r in held), "each answered while the commits waited"
     assert set(done_pages(store)) == reachable
@@ -180,31 +191,18 @@ def test_one_process_goes_on_while_its_writer_waits_for_the_write_lock(
     progress file is rewritten each second), requests at most the pages already claimed
     (two per fetch slot, docs/crawling.md), and the crawl completes once the lock is
     free. Before, the loop stood still for the busy timeout (5 s per try)."""
-    import apsw
-
     store = tmp_path / "s"
-    slow = {f"/p/{i}": 0.05 for i in range(80)}
-    with TestSite(SiteConfig(pages=80, slow=slow)) as site:
-        proc = _crawl_process(site.url, store, "--workers", "1")
-        _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
-                  proc, store)
-        lock = apsw.Connection(str(store / "evidence.db"))
-        lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
-        lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
-        before = len(site.requests)
+    reports: list[bool] = []
+
+    def hold(proc: subprocess.Popen) -> None:
         first = _wait_for("a progress report", lambda: _live(store).get("elapsed"),
                           proc, store)
-        later = _wait_for("another progress report while the lock is held",
-                          lambda: (_live(store).get("elapsed") or 0) > first + 0.5,
-                          proc, store, timeout=4.0)
-        held = site.requests[before:]
-        lock.execute("COMMIT")
-        lock.close()
-        proc.communicate(timeout=120)
-        assert proc.returncode == 0, _stderr(store)
-        counts = site.request_counts()
-        reachable = site.reachable_pages()
-    assert later
+        reports.append(_wait_for("another progress report while the lock is held",
+                                 lambda: (_live(store).get("elapsed") or 0) > first + 0.5,
+                                 proc, store, timeout=4.0))
+
+    held, counts, reachable = _crawl_holding_the_write_lock(store, hold)
+    assert reports == [True]
     assert len(held) <= 2 + 1, f"requested while no page could commit: {held}"
     assert set(done_pages(store)) == reachable
     assert all(counts[p] == 1 for p in reachable), "no page requested twice"

@@ -588,7 +588,7 @@ class Crawler:
         picked: list[_Job] = []
         wakeup = now + 1.0
         for name, host in self._hosts.items():
-            limit = self._per_host * self._ahead()
+            limit = self._per_host * _CLAIMED_PER_FETCH
             while host.jobs and len(picked) < free and host.active < limit:
                 if host.next_start > now:
                     wakeup = min(wakeup, host.next_start)
@@ -631,7 +631,7 @@ class Crawler:
                 # its page's commit, which takes no task of its own. A page whose request
                 # is over no longer fetches: its slot is free while it is parsed and
                 # commits.
-                free = min(self.options.workers * self._ahead() - self._fetching_now(),
+                free = min(self.options.workers * _CLAIMED_PER_FETCH - self._fetching_now(),
                            self._tasks() - (self._in_flight - self._riding))
                 if cap is not None:
                     free = min(free, cap - self._documents)
@@ -722,11 +722,6 @@ class Crawler:
         processes commit their pages themselves, where a next claim cannot ride."""
         return self.options.workers * (_PAGES_PER_FETCH if self._pool is None
                                        else _PAGES_PER_FETCH_IN_WORKERS)
-
-    def _ahead(self) -> int:
-        """URLs claimed per fetch slot (not counting one riding a commit): the one it
-        requests and its next."""
-        return _CLAIMED_PER_FETCH
 
     def _fetching_now(self) -> int:
         """Claimed pages whose request is not over (or not started)."""
@@ -1052,7 +1047,7 @@ class Crawler:
                 continue
             if host.backoff_until > now:
                 reasons.append(f"{name} backs off for {host.backoff_until - now:.0f} s")
-            elif host.active >= self._per_host * self._ahead():
+            elif host.active >= self._per_host * _CLAIMED_PER_FETCH:
                 reasons.append(f"--per-host {self._per_host} on {name}")
             elif host.next_start > now:
                 reasons.append(f"{self._delay(name):g} s between requests to {name}")

@@ -271,11 +271,22 @@ class _CommitInline:
 
 class _Tail:
     """The rest of a batch applied on the event loop's thread: the fsyncs before and at
-    its COMMIT, and the checkpoint after, run by the commit thread (``_CommitInline``)."""
+    its COMMIT, and the checkpoint after, run by the commit thread (``_CommitInline``).
+    ``settle`` is told whether it committed (the writer's interner, as ``_commit_batch``
+    tells it for a batch run whole)."""
 
     __slots__ = ("run",)
 
-    def __init__(self, run: Callable[[], list[Ack]]) -> None:
+    def __init__(self, finish: Callable[[], tuple[list[Ack], bool]],
+                 settle: Callable[[bool], None]) -> None:
+        def run() -> list[Ack]:
+            committed = False
+            try:
+                acks, committed = finish()
+                return acks
+            finally:
+                settle(committed)
+
         self.run = run
 
     def run_batch(self, batch: list[_Pending]) -> list[Ack]:
@@ -803,13 +814,6 @@ class Writer:
             if not wrote:  # only duplicates: nothing to commit, no outcome to doubt
                 self._rollback(conn)
                 return acks, False
-            # Durable before referenced (DESIGN.md): whatever payloads the batch references
-            # for the first time are synced before its COMMIT (a no-op for a store whose
-            # put is durable when it returns; artifact packs sync here, once per batch),
-            # here or first thing in the tail.
-            new_refs = applier.new_refs
-            if not tail:
-                self._sync_payloads(new_refs, batch_seq)
             root = tree.root()
             quarantined = self._records.encode()
             chain = entry_hash(head.entry_hash, batch_seq, first_index, tree.size, root,
@@ -822,8 +826,6 @@ class Writer:
                  head.entry_hash, chain, quarantined))
             if self._hooks.after_apply:
                 self._hooks.after_apply(batch_seq)
-            if not tail and self._hooks.before_commit:
-                self._hooks.before_commit(batch_seq)
         except self._db.Error as exc:  # an I/O or disk-full error before COMMIT: rolled back
             if self._lost(exc):
                 raise _Lost(batch_seq, exc) from exc
@@ -849,25 +851,22 @@ class Writer:
         except BaseException:
             self._rollback(conn)
             raise
-        if not tail:
+        new_refs = applier.new_refs
+
+        def finish() -> tuple[list[Ack], bool]:
+            # Durable before referenced (DESIGN.md): whatever payloads the batch references
+            # for the first time are synced before its COMMIT (a no-op for a store whose
+            # put is durable when it returns; artifact packs sync here, once per batch).
+            try:
+                self._sync_payloads(new_refs, batch_seq)
+                if self._hooks.before_commit:
+                    self._hooks.before_commit(batch_seq)
+            except BaseException:
+                self._rollback(conn)
+                raise
             return self._commit(conn, head, tree, batch_seq, acks, chain)
 
-        def finish() -> list[Ack]:
-            committed = False
-            try:
-                try:
-                    self._sync_payloads(new_refs, batch_seq)
-                    if self._hooks.before_commit:
-                        self._hooks.before_commit(batch_seq)
-                except BaseException:
-                    self._rollback(conn)
-                    raise
-                done, committed = self._commit(conn, head, tree, batch_seq, acks, chain)
-                return done
-            finally:
-                self._interner.batch_done(committed)  # as _commit_batch does
-
-        return _Tail(finish)
+        return _Tail(finish, self._interner.batch_done) if tail else finish()
 
     def _commit(self, conn: Connection, head: LogHead, tree: CompactTree, batch_seq: int,
                 acks: list[Ack], chain: bytes) -> tuple[list[Ack], bool]:
