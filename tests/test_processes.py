@@ -155,6 +155,13 @@ def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen]
         proc = _crawl_process(site.url, store, *args, "--workers", "1")
         _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
                   proc, store)
+        # The lock is taken while a page is being answered (each takes 0.05 s), half-way:
+        # by then its slot's next URL has been claimed (one quick commit). Taken at any
+        # moment, it could catch that claim's own commit, and then no URL would be free
+        # to request while it is held.
+        started = len(site.requests)
+        _wait_for("a request", lambda: len(site.requests) > started, proc, store)
+        time.sleep(0.025)
         lock = apsw.Connection(str(store / "evidence.db"))
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
