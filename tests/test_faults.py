@@ -4,7 +4,7 @@ The disk model and the two seams (an apsw VFS, artifact ``FileOps``) live in
 ``evidence/testing/disk.py``, the writer trial in ``evidence/testing/trial.py``;
 docs/reliability.md is the record and says how to run the long loops
 (``tools/faultloop.py``). Here: the model's own fidelity, bounded fault loops,
-the five interruption points of DESIGN.md, a full disk, and a long reader.
+the five interruption points of design rule 18, a full disk, and a long reader.
 
 Trials run under /dev/shm when it exists: the model decides what is durable, so real
 fsyncs only cost time.
@@ -262,7 +262,7 @@ def raw_db(disk_root: Path, sync: str, *, seed: int, crash: str) -> list | str:
 @pytest.mark.parametrize("crash", ["drop", "reorder", "torn"])
 def test_model_resurrects_a_journal_deleted_without_a_directory_sync(
         fast_dir: Path, crash: str) -> None:
-    # DESIGN.md writer rule 12, seen through the model: under FULL, SQLite deletes the
+    # Design rule 12, seen through the model: under FULL, SQLite deletes the
     # rollback journal without syncing its directory, so power loss can bring the journal
     # back and roll the last commit back. EXTRA syncs the directory; nothing is lost.
     lost = {sync: sum(raw_db(fast_dir / f"{sync}{seed}", sync, seed=seed, crash=crash)
@@ -418,7 +418,7 @@ def test_sync_normal_loses_only_commits_acked_since_the_last_wal_sync(
     assert max(lost) >= 1, "sync=normal does have a loss window; the loop must see it"
 
 
-# --- the five interruption points of DESIGN.md -----------------------------------------
+# --- the five interruption points of design rule 18 -----------------------------------
 
 
 @pytest.mark.parametrize("artifact_layout", LAYOUTS)

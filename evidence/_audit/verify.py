@@ -19,7 +19,7 @@ Then, outside that snapshot (artifact rows are append-only, so paging them by id
 same rows), every referenced artifact is checked on disk (present with its size; ``full``:
 re-hashed with BLAKE3), and files under ``artifacts/`` that nothing references are listed
 as orphans. Orphans are *notices*: a crash between storing a payload and committing its
-message leaves one, harmlessly (DESIGN.md). Everything else is an *error*.
+message leaves one, harmlessly (design rule 18). Everything else is an *error*.
 
 ``reclaim_orphans`` deletes orphans older than a grace period. Why it cannot race a commit:
 a row references an artifact only in a writer transaction that first checked the file is on
@@ -28,7 +28,7 @@ file only while it holds the write lock itself (its own ``BEGIN IMMEDIATE``), af
 re-reading under that lock that no row references it. SQLite admits one write transaction
 at a time, so either the writer's check-insert-commit came first (reclaim's re-check sees
 the row and keeps the file), or the unlink did (the writer's check finds the file missing
-and refuses the message whole, DESIGN.md rule 6). No committed row can ever name a deleted
+and refuses the message whole, design rule 6). No committed row can ever name a deleted
 file.
 
 Packs are compacted under the same rule: the pack holding orphans is first rewritten

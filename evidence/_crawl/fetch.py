@@ -1,6 +1,6 @@
 """One HTTP request, its bytes stored durably, described as a ``FetchAttempt``.
 
-Order matters (DESIGN.md data flow): every payload is put in the artifact store (fsync'd)
+Order matters (design rule 6): every payload is put in the artifact store (fsync'd)
 *before* the attempt message that references it exists. What is stored is what crossed the
 connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.http``):
 

@@ -2,7 +2,7 @@
 
 The frontier lives in the store (``frontier`` and ``host_state``, migration 002). This
 module only *reads* it, through short read-only snapshots; every transition is a
-``FrontierUpdate`` or ``HostUpdate`` message that the writer applies (DESIGN.md: nothing
+``FrontierUpdate`` or ``HostUpdate`` message that the writer applies (design rule 14: nothing
 but the writer writes). Invariants:
   - a URL is claimed (queued -> in_flight, attempts + 1) durably before it is fetched;
   - a page's attempt, its links and its settlement commit in one transaction;

@@ -20,7 +20,7 @@ object) and returns the ref only if it is the same content; an object of the sam
 other bytes is damaged, and is replaced (``If-Match`` on its ETag, so a concurrent repair
 is not undone). A put that fails raises, and no message names its ref: the writer checks
 every new reference with a HEAD (``check``) before the COMMIT that records it, so a
-reference never names an object that is not there (DESIGN.md rule 6).
+reference never names an object that is not there (design rule 6).
 
 Reclaim's grace period reads ``age`` from the object's Last-Modified. A put that finds its
 object already there and older than ``_TOUCH_AFTER`` refreshes that time with a copy of the

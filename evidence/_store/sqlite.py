@@ -4,7 +4,7 @@ This module owns how a store's database is opened and read (``SQLiteBackend``, t
 implementation of ``backend.StoreBackend`` today). Invariants:
   - every write transaction is ``BEGIN IMMEDIATE`` (``SQLITE.begin_write``), so a writer
     learns it cannot write before it has done any work, never at COMMIT;
-  - a new database reaches WAL mode under ``synchronous=EXTRA`` (DESIGN.md writer rule 12),
+  - a new database reaches WAL mode under ``synchronous=EXTRA`` (design rule 12),
     then runs at ``FULL`` (default) or ``NORMAL`` (explicit opt-in);
   - no checkpoint runs where its error goes unseen (``connection_checkpoints_seen``);
   - migrations are applied in order, each in its own transaction, and recorded with a
@@ -114,7 +114,7 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
     """WAL so readers never block the writer; EXTRA until WAL so the switch is durable.
 
     Under FULL the rollback journal of the switch to WAL is deleted without syncing its
-    directory: power loss can undo the switch and every commit after it (DESIGN.md rule 12).
+    directory: power loss can undo the switch and every commit after it (design rule 12).
     """
     mode = conn.execute("PRAGMA journal_mode").fetchall()[0][0]
     if mode != "wal":

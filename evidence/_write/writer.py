@@ -20,7 +20,7 @@ message fails alone and what commits is exactly what the per-message path alone 
 the writer then stays on the per-message path until a batch comes through with no
 rejection or conflict.
 
-Invariants (DESIGN.md "Writer rules"):
+Invariants (design rules 1-13, docs/design.md):
   - nothing is acked before COMMIT returned, and every committed message is acked;
   - a bad message fails alone (its savepoint is rolled back and it is quarantined whole);
   - an error at COMMIT means "outcome unknown": the writer reopens the database and reads
@@ -854,7 +854,7 @@ class Writer:
         new_refs = applier.new_refs
 
         def finish() -> tuple[list[Ack], bool]:
-            # Durable before referenced (DESIGN.md): whatever payloads the batch references
+            # Durable before referenced (design rule 6): whatever payloads the batch references
             # for the first time are synced before its COMMIT (a no-op for a store whose
             # put is durable when it returns; artifact packs sync here, once per batch).
             try:
@@ -1016,8 +1016,8 @@ class Writer:
         """COMMIT failed: outcome unknown. Reopen and ask the commit log what happened.
 
         Unless an fsync failed: then the commit log read back may be the page cache's,
-        never written, so nothing of the batch is acked and the writer stops (DESIGN.md
-        rule 11 cannot hold after a failed fsync; docs/design.md, "The writer").
+        never written, so nothing of the batch is acked and the writer stops (design
+        rule 11 cannot hold after a failed fsync: design rule 13).
         """
         if self._db.is_sync_failure(exc):
             self._stopping = self.store.mark_sync_failed(
@@ -1124,7 +1124,7 @@ class Writer:
             self._counts[ack.status] += 1
 
     def statistics(self) -> WriterStatistics:
-        """A snapshot of queue, batch and outcome metrics (DESIGN.md writer rule 10)."""
+        """A snapshot of queue, batch and outcome metrics (design rule 10)."""
         self._drop_settled()
         oldest = time.monotonic() - self._unacked[0].submitted_at if self._unacked else 0.0
         ordered = sorted(self._latencies)

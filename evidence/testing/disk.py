@@ -17,7 +17,7 @@ it, so the database and the artifacts share one disk and one operation counter:
   real I/O). Like ``os_unix.c``, it fsyncs a journal's or WAL's directory at that file's
   first sync when it was opened with ``SQLITE_OPEN_CREATE``, and after ``xDelete`` only when
   SQLite passes ``syncDir`` (which it does for the rollback journal only under
-  ``synchronous=EXTRA``: DESIGN.md writer rule 12). The ``-shm`` file is not modelled:
+  ``synchronous=EXTRA``: design rule 12). The ``-shm`` file is not modelled:
   SQLite rebuilds it after a crash.
 - ``CrashFileOps``, an ``evidence._store.artifacts.FileOps`` for ``ArtifactStore(file_ops=...)``.
 
