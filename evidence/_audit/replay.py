@@ -32,7 +32,7 @@ from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.db import Store
 
-__all__ = ["ReplayedResponse", "parse_time", "replay"]
+__all__ = ["ReplayedResponse", "locate", "parse_time", "replay"]
 
 
 class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,21 +110,8 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
            at: str | _dt.datetime | None = None, content: bool = False) -> ReplayedResponse:
     """The attempt current for ``url`` (see the module docstring), with its stored bytes;
     with ``content``, its decoded content too."""
-    key = normalize_url(url)
-    when = None if at is None else format_time(parse_time(at))
     with store.snapshot() as conn:
-        ids = conn.execute("SELECT url_id FROM url_identity WHERE normalizer_version = ? "
-                           "AND fetch_key = ?", (NORMALIZER_VERSION, key)).fetchall()
-        if run_id is not None and not conn.execute(
-                "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
-            raise NotFoundError(f"no run {run_id!r} in the store",
-                                hint="'evidence status' lists the runs", run_id=run_id)
-        seq = None if not ids else _choose(conn, ids[0][0], run_id, when)
-        if seq is None:
-            scope = f" in run {run_id}" if run_id else ""
-            since = f" started at or before {when}" if when else ""
-            raise NotFoundError(f"no attempt of {key}{scope}{since}",
-                                hint="check the URL, the run and the time", url=url)
+        key, _, seq = locate(conn, url, run_id=run_id, at=at)
         row = conn.execute(_ATTEMPT, (seq,)).fetchall()[0]
     (attempt_id, run, requested, sequence, method, started_at, outcome, status, content_type,
      truncated, log_index, h_ns, h_digest, h_size, b_ns, b_digest, b_size, capture, c_ns,
@@ -150,6 +137,27 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
         capture=capture, content_ref=content_ref, transfer_coding=transfer_coding,
         content_coding=content_coding, content_truncated=bool(content_truncated),
         content=decoded)
+
+
+def locate(conn: apsw.Connection, url: str, *, run_id: str | None = None,
+           at: str | _dt.datetime | None = None) -> tuple[str, int, int]:
+    """(fetch key, url id, attempt_seq) of the attempt ``url`` stands for (see the module
+    docstring), or NotFoundError saying what was not there."""
+    key = normalize_url(url)
+    when = None if at is None else format_time(parse_time(at))
+    ids = conn.execute("SELECT url_id FROM url_identity WHERE normalizer_version = ? "
+                       "AND fetch_key = ?", (NORMALIZER_VERSION, key)).fetchall()
+    if run_id is not None and not conn.execute(
+            "SELECT 1 FROM crawl_run WHERE run_id = ?", (run_id,)).fetchall():
+        raise NotFoundError(f"no run {run_id!r} in the store",
+                            hint="'evidence status' lists the runs", run_id=run_id)
+    seq = None if not ids else _choose(conn, ids[0][0], run_id, when)
+    if seq is None:
+        scope = f" in run {run_id}" if run_id else ""
+        since = f" started at or before {when}" if when else ""
+        raise NotFoundError(f"no attempt of {key}{scope}{since}",
+                            hint="check the URL, the run and the time", url=url)
+    return key, ids[0][0], seq
 
 
 def _choose(conn: apsw.Connection, url_id: int, run_id: str | None, when: str | None) -> int | None:

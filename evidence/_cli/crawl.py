@@ -362,7 +362,8 @@ def _format_status(s: StoreStatus) -> str:
         f"{s.last_commit_at or 'never'}",
         f"artifacts  {s.rows['artifact']} ({format_bytes(s.artifact_bytes)})",
         f"attempts   {s.rows['fetch_attempt']}   edges {s.rows['discovery_edge']}   "
-        f"urls {s.rows['url_identity']}   rule verdicts {s.rows['rule_evaluation']}",
+        f"urls {s.rows['url_identity']}   rule verdicts {s.rows['rule_evaluation']}   "
+        f"renders {s.rows['render']}",
         f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
         f"wal        {format_bytes(s.wal_bytes)}",
     ]

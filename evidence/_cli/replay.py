@@ -1,9 +1,14 @@
-"""The ``replay`` command: the exact bytes recorded for a URL, or a capture in a browser.
+"""The ``replay`` and ``show`` commands: the exact bytes recorded for a URL, a capture in a
+browser, and everything the store holds about one page.
 
 ``evidence replay STORE URL`` prints what ``_audit.replay`` finds (the response head and
 body as they came off the connection, or the decoded content); ``--serve`` runs
 ``_archive.replayserve.ReplayServer`` (pywb on 127.0.0.1) until Ctrl-C or SIGTERM. Exit
 status 1 when the attempt found received no response, 2 for an error.
+
+``evidence show STORE URL`` prints ``_audit.show.page_evidence`` (attempts, renders, links,
+verdicts) and writes the parts a reviewer asks for (``--screenshot out.png``, ``--dom``,
+``--headers``, ``--request``, ``--body``, ``--content``) to files.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import contextlib
 import signal
 import sys
 from pathlib import Path
+
+import msgspec
 
 from .._errors import EvidenceError
 from .._store.db import Store
@@ -77,6 +84,59 @@ def _cmd_replay_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_show(args: argparse.Namespace) -> int:
+    from .._audit.show import PART_NAMES, extract, page_evidence
+
+    wanted = {part: getattr(args, part) for part in PART_NAMES if getattr(args, part)}
+    targets = [Path(f) for f in wanted.values()]
+    if len(set(targets)) < len(targets):
+        raise EvidenceError("two parts were asked to go to the same file",
+                            hint="give each --PART its own file")
+    with Store.open(args.store, read_only=True) as store:
+        page = page_evidence(store, args.url, run_id=args.run, at=args.at)
+        missing = [part for part in wanted if part not in page.parts]
+        if missing:  # before anything is written: a failed command creates nothing
+            raise EvidenceError(
+                f"the attempt of {page.fetch_key} has no {' or '.join(missing)} recorded",
+                hint="drop that option; 'evidence show STORE URL' lists what it has")
+        data = {part: extract(store, page, part) for part in wanted}
+    for part, target in wanted.items():
+        Path(target).write_bytes(data[part])
+    if args.json:
+        print_json({**msgspec.to_builtins(page),
+                    "written": {part: str(target) for part, target in wanted.items()}})
+        return 0
+    print(_format_page(page))
+    for part, target in wanted.items():
+        print(f"wrote {part} ({len(data[part])} bytes) to {target}")
+    return 0
+
+
+def _format_page(page) -> str:
+    lines = [f"page       {page.fetch_key}",
+             f"links      {page.links_out} out (the chosen attempt), {page.links_in} in"]
+    lines.append(f"attempts   {len(page.attempts)}")
+    for a in page.attempts:
+        mark = "*" if a.chosen else " "
+        status = a.http_status if a.http_status is not None else "-"
+        size = "" if a.body_bytes is None else f" {a.body_bytes} bytes"
+        lines.append(f"  {mark} {a.started_at}  run {a.run_id}  {a.method} {status} "
+                     f"{a.outcome}{size}  {a.content_type or ''}  log {a.log_index}  "
+                     f"{a.attempt_id}" + (f"  error: {a.error}" if a.error else ""))
+    if page.renders:
+        lines.append(f"renders    {len(page.renders)}")
+        for r in page.renders:
+            lines.append(f"    {r.started_at}  {r.outcome}  {r.requests} requests  "
+                         f"title {r.title!r}  log {r.log_index}  of {r.attempt_id}")
+    if page.verdicts:
+        lines.append("verdicts   " + ", ".join(
+            f"{v.rule_id}@{v.rule_version} {v.verdict}" for v in page.verdicts))
+    lines.append("recorded   " + (", ".join(f"{part} {ref.size} bytes" for part, ref
+                                           in page.parts.items()) or "nothing to extract")
+                 + "  (* the attempt the page stands for)")
+    return "\n".join(lines)
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``replay`` to the ``evidence`` parser."""
     p = sub.add_parser(
@@ -109,3 +169,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--json", action="store_true",
                    help="print which attempt and its artifact digests, not the bytes")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser(
+        "show", help="everything the store holds about one page; extract its parts",
+        description="Print a page's attempts (every run, oldest first), the renders of "
+        "them, its links out and in, and its rule verdicts. The attempt the page stands for "
+        "is the one replay picks (--run, --at as there); --screenshot, --dom, --headers, "
+        "--request, --body and --content write that attempt's recorded bytes (and its "
+        "latest render's) to files, re-hashed as they are read. Exit status 2 when the "
+        "page, the run or an asked-for part is not in the store (nothing is written).")
+    p.add_argument("store", metavar="STORE", help="the store directory or connection string")
+    p.add_argument("url", metavar="URL", help="the URL (compared by its normalized form)")
+    p.add_argument("--run", metavar="ID", help="that run's current attempt")
+    p.add_argument("--at", metavar="TIME",
+                   help="the latest attempt started at or before TIME (ISO 8601)")
+    p.add_argument("--screenshot", metavar="FILE", help="write the render's screenshot (PNG)")
+    p.add_argument("--dom", metavar="FILE", help="write the rendered DOM (HTML)")
+    p.add_argument("--headers", metavar="FILE",
+                   help="write the response head, as received")
+    p.add_argument("--request", metavar="FILE", help="write the request head, as sent")
+    p.add_argument("--body", metavar="FILE",
+                   help="write the body, as it came off the connection")
+    p.add_argument("--content", metavar="FILE",
+                   help="write the content: the body with its codings removed")
+    p.add_argument("--json", action="store_true", help="print the facts as JSON")
+    p.set_defaults(func=_cmd_show)
