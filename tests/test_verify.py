@@ -271,6 +271,22 @@ def test_orphans_are_listed_as_notices_not_errors(populated_store: Store, capsys
     assert "notice orphan" in capsys.readouterr().out
 
 
+def test_many_orphans_are_one_line_with_the_command_that_reclaims_them(
+        populated_store: Store, capsys) -> None:
+    refs = [populated_store.artifacts.put("body", b"orphan %d" % i) for i in range(5)]
+    assert run_cli("verify", populated_store.path) == 0
+    out = capsys.readouterr().out
+    orphan_lines = [line for line in out.splitlines()
+                    if "orphan" in line and not line.startswith(("store ", "checked "))]
+    assert orphan_lines == [
+        f"notice orphan  5 payload(s), {sum(r.size for r in refs)} B, stored but referenced "
+        "by no row (a crash between storing and committing leaves them; --json lists each)",
+        f"       reclaim those older than a day: evidence verify {populated_store.path} "
+        "--reclaim-orphans"]
+    assert not any(r.digest in out for r in refs), "no path per orphan in the text report"
+    assert out.rstrip().endswith("OK: no errors (5 notice(s))")
+
+
 def test_artifacts_of_quarantined_messages_are_not_orphans(store: Store, make: Factory) -> None:
     body = make.body(b"refused: its run was never started")
     acks = submit_all(store, [make.session(), make.attempt(run_id="nope", body=body)])

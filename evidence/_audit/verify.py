@@ -200,6 +200,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     checks: dict[str, int]  # what was checked: name -> how many items
     findings: list[Finding]
     omitted: dict[str, int]  # findings left out per kind, beyond max_findings_per_kind
+    orphan_bytes: int = 0  # the payloads no row references, in all (checks["orphans"] of them)
 
     @property
     def ok(self) -> bool:
@@ -260,7 +261,7 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
         tree_size=size, root=root.hex(), checks=checks,
         findings=[Finding(kind=k, severity=s, location=loc, message=m)
                   for k, s, loc, m in found.items],
-        omitted=dict(found.omitted))
+        omitted=dict(found.omitted), orphan_bytes=sum(ref.size for ref, _ in orphans))
 
 
 @contextlib.contextmanager

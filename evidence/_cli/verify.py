@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._store.db import Store
-from .common import parse_duration, print_json
+from .common import format_bytes, parse_duration, print_json
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._audit.verify import VerifyReport
@@ -77,10 +77,20 @@ def format_report(r: VerifyReport) -> str:
              f"log      {r.tree_size} entries, root {r.root}",
              "checked  " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in r.checks.items())]
     for f in r.findings:
+        if f.kind == "orphan":  # summed up below: one line, however many
+            continue
         lines.append(f"{f.severity:<6} {f.kind}  [{f.location}]")
         lines.append(f"       {f.message}")
     for kind, n in sorted(r.omitted.items()):
-        lines.append(f"...    {n} more {kind} finding(s) not listed")
+        if kind != "orphan":
+            lines.append(f"...    {n} more {kind} finding(s) not listed")
+    orphans = r.checks.get("orphans", 0)
+    if orphans:
+        lines.append(f"notice orphan  {orphans} payload(s), {format_bytes(r.orphan_bytes)}, "
+                     "stored but referenced by no row (a crash between storing and "
+                     "committing leaves them; --json lists each)")
+        lines.append(f"       reclaim those older than a day: evidence verify {r.path} "
+                     "--reclaim-orphans")
     errors = len(r.errors) + sum(n for k, n in r.omitted.items() if k not in NOTICE_KINDS)
     notices = len(r.notices) + sum(n for k, n in r.omitted.items() if k in NOTICE_KINDS)
     lines.append(f"FAILED: {errors} error(s), {notices} notice(s)" if errors else
