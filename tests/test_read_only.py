@@ -264,3 +264,27 @@ def test_files_the_store_creates_follow_one_mode_policy(tmp_path: Path) -> None:
             expected[name] = 0o444
     assert modes == expected
     assert {"artifacts/LAYOUT", "sync-failed", "evidence.db-wal"} <= set(modes)
+
+
+def test_writing_to_read_only_media_or_another_users_store_is_refused_with_a_hint(
+        store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 34: "unable to open database file" and no hint for a crawl; a traceback for
+    # init and for a crawl into a new store there.
+    with read_only_mount(store_copy.parent) as media:
+        store = media / store_copy.name
+        before = snapshot(media)
+        attempts = {
+            "resume": (["crawl", "--store", str(store)], "reading commands"),
+            "new store": (["crawl", "http://127.0.0.1:9/", "--store", str(media / "new")],
+                          "choose a directory on storage this user can write"),
+            "init": (["init", str(media / "new2")],
+                     "choose a directory on storage this user can write"),
+        }
+        for name, (args, hint) in attempts.items():
+            assert cli_main(args) == 2, name
+            err = capsys.readouterr().err
+            assert err.startswith("Error: ") and f"Try: {hint}" in err, (name, err)
+            assert "read-only" in err and "Traceback" not in err
+        assert snapshot(media) == before, "nothing created or changed"
+    done = as_nobody("crawl", "--store", str(store_copy))
+    assert done.returncode == 2 and "Try: reading commands" in done.stderr, done.stderr

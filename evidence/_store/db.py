@@ -127,6 +127,8 @@ class Store:
         db_path = root / DB_NAME
         ops = file_ops or FileOps()
         _check_store_path(root, create=create and not read_only)
+        if not read_only:
+            _check_writable(root)
         if artifacts is not None and not read_only:
             artifactspec.check_given(artifacts)  # before anything is created
         if read_only:
@@ -344,6 +346,26 @@ class Store:
 # What a store directory may hold before its database exists (a start that was cut short).
 _STORE_ENTRIES = {ARTIFACTS_DIR, "crawl.lock", "live-stats.json", DB_NAME + "-journal",
                   DB_NAME + "-wal", DB_NAME + "-shm"}
+
+
+def _check_writable(root: Path) -> None:
+    """Refuse, before anything is written, to write a store where this process cannot:
+    read-only media (``access`` says EROFS, for root too) or another user's files."""
+    existing = next(p for p in (root, *root.absolute().parents) if p.exists())
+    if existing != root:  # a new store: its nearest existing parent must take a directory
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise StoreError(f"cannot create a store at {root}: {existing} is read-only "
+                             "here (read-only media, or not this user's)", path=str(root),
+                             hint="choose a directory on storage this user can write")
+        return
+    problems = [p for p in (root, root / DB_NAME, root / f"{DB_NAME}-wal")
+                if p.exists() and not os.access(p, os.W_OK)]
+    if problems:
+        raise StoreError(f"{root} cannot be written here (read-only media, or not this "
+                         f"user's: {problems[0]})", path=str(root),
+                         hint=f"reading commands (status, verify, export, replay, show) work "
+                         f"on it as it is; to crawl or write, copy it to writable storage "
+                         f"first: evidence backup {root} --out NEW")
 
 
 def _check_store_path(root: Path, *, create: bool) -> None:
