@@ -75,9 +75,29 @@ def test_a_host_backoff_shows_in_the_log_and_the_progress(tmp_path: Path) -> Non
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)
     assert live["errors"] == 1 and "robots.txt unavailable" in live["last_error"]
-    assert re.fullmatch(r"127\.0\.0\.1 backs off for (59|60) s", live["limited_by"][0])
+    assert re.fullmatch(r"127\.0\.0\.1 backs off for [1-6] s", live["limited_by"][0])
     assert f"http://127.0.0.1:{port}/: robots.txt unavailable (ConnectError" in err
-    assert "host 127.0.0.1 backs off 60 s" in err
+    assert "host 127.0.0.1 backs off 2 s" in err
+
+
+def test_an_unreachable_seed_fails_after_seconds_of_backoff_not_minutes(
+        tmp_path: Path) -> None:
+    # Issue 34: robots.txt was retried three times a minute apart (2 minutes to fail).
+    url = f"http://127.0.0.1:{_closed_port()}/"
+    done = subprocess.run([*EVIDENCE, "crawl", url, "--store", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if " WARNING " in line]
+    waits = [float(w) for w in re.findall(r"retry \d of 3 in (\d+) s", done.stderr)]
+    assert waits == [2, 6] and sum(waits) < 15
+    assert len(warnings) == 3 and "attempts exhausted; failed" in warnings[2]
+    assert "failed: no seed could be fetched" in done.stdout
+
+
+def test_robots_backoff_grows_to_a_minute_and_no_further() -> None:
+    from evidence._crawl.crawler import robots_backoff
+
+    assert [robots_backoff(n) for n in range(1, 7)] == [2, 6, 18, 54, 60, 60]
 
 
 def test_status_shows_a_run_whose_process_is_gone_as_interrupted(tmp_path: Path) -> None:

@@ -206,6 +206,18 @@ def _disk_full(exc: BaseException | None) -> bool:
     return False
 
 
+def robots_backoff(failures: int) -> float:
+    """How long a host waits after its robots.txt could not be had ``failures`` times in a
+    row: 2 s, 6 s, 18 s, 54 s, then a minute. A seed whose host cannot be reached fails
+    within seconds (three attempts: 2 + 6 s of waiting), while a host whose robots.txt
+    stays down is asked at most once a minute."""
+    return min(ROBOTS_BACKOFF_MAX, ROBOTS_BACKOFF_FIRST * 3 ** max(0, failures - 1))
+
+
+ROBOTS_BACKOFF_FIRST = 2.0
+ROBOTS_BACKOFF_MAX = 60.0
+
+
 class Crawler:
     """One run of the crawl configured by ``config`` over ``store``."""
 
@@ -239,6 +251,7 @@ class Crawler:
         self._errors = 0
         self._last_error: str | None = None
         self._robots_problem: dict[str, str] = {}  # host -> why its robots.txt is unavailable
+        self._robots_failures: collections.Counter[str] = collections.Counter()  # in a row
         self._live_stats_failed = False
         self._host_records: dict[str, tuple] = {}
         self._pool: WorkerPool | None = None  # with options.processes, while the run goes
@@ -814,7 +827,8 @@ class Crawler:
                 why = self._robots_problem.get(host, "")
                 self._apply(job, await self._pages.retry(
                     self._order(job), [], f"robots.txt unavailable ({why})" if why
-                    else "robots.txt unavailable", backoff=60.0))
+                    else "robots.txt unavailable",
+                    backoff=robots_backoff(self._robots_failures[host])))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
                 self._documents -= 1  # never requested
@@ -980,7 +994,9 @@ class Crawler:
                 await self._commit([result.attempt])
                 self._robots_problem[host] = (f"HTTP {status}" if status is not None
                                               else result.attempt.error or "no answer")
+                self._robots_failures[host] += 1
                 return None
+            self._robots_failures.pop(host, None)
             if 200 <= status < 300:
                 robots = Robots.parse(result.body, attempt_id=result.attempt.attempt_id,
                                       expires_at=expires, status=status)
