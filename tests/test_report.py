@@ -250,3 +250,62 @@ def test_the_html_page_stays_small_however_many_failures(tmp_path: Path) -> None
     assert sizes[2000][1] > 3 * sizes[500][1], "the complete listing grows with the run"
     assert sizes[2000][2] > 3 * sizes[500][2], "so did the page before issue 13"
     assert sizes[2000][0] < 1.2 * sizes[500][0], "the page is bounded by groups, not pages"
+
+
+# --- the crawl's own report, with no rules (issue 34) ------------------------------------
+
+def test_a_crawl_without_rules_gets_its_own_report_for_the_latest_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import anyio
+
+    from evidence import CrawlConfig, Crawler, CrawlOptions
+    from evidence._cli.main import main as cli_main
+    from evidence._demo.site import SiteConfig, TestSite
+
+    site_config = SiteConfig(pages=12, flaky={"/p/3": 9})  # /p/3: 500 until it fails
+    with TestSite(site_config) as site, Store.create(tmp_path / "s") as store:
+        first = anyio.run(Crawler(store, CrawlConfig(seeds=[site.url], max_attempts=2),
+                                  CrawlOptions(workers=4, max_documents=3)).run)
+        second = anyio.run(Crawler(store, CrawlConfig(seeds=[site.url], max_attempts=2),
+                                   CrawlOptions(workers=4)).run)
+        assert first.run_id != second.run_id and second.session_completed
+        data = report(store)  # the latest run
+        with store.snapshot() as conn:  # what the report must agree with, asked directly
+            statuses = dict(conn.execute(
+                "SELECT CAST(http_status AS TEXT), count(*) FROM fetch_attempt WHERE run_id = ? "
+                "AND http_status IS NOT NULL GROUP BY 1", (second.run_id,)).fetchall())
+            skipped = conn.execute("SELECT count(*) FROM frontier WHERE state = 'skipped'"
+                                   ).fetchall()[0][0]
+    assert data.run_id == second.run_id and data.rules == []
+    crawl = data.crawl
+    assert crawl is not None
+    assert crawl.statuses == statuses and statuses.get("404") == 2
+    assert statuses.get("301") == len(site_config.redirects) and statuses.get("500") == 2
+    assert crawl.attempts == sum(crawl.outcomes.values()) >= sum(statuses.values())
+    assert crawl.frontier["done"] == second.counts.done
+    assert [(r.count, "HTTP 500" in r.reason) for r in crawl.failed] == [(1, True)]
+    assert sum(r.count for r in crawl.skipped) == skipped >= 2  # robots.txt's private pages
+    assert any("robots" in r.reason for r in crawl.skipped)
+
+    assert cli_main(["report", str(tmp_path / "s")]) == 0
+    text = capsys.readouterr().out
+    assert f"run      {second.run_id}" in text and "404 2" in text
+    assert "failed by reason:" in text and "no rule verdicts in this run" in text
+    page = tmp_path / "r.html"
+    assert cli_main(["report", str(tmp_path / "s"), "--format", "html", "--out",
+                     str(page)]) == 0
+    html_page = page.read_text()
+    assert '<table id="statuses">' in html_page and "<td>404</td>" in html_page
+    assert cli_main(["report", str(tmp_path / "s"), "--run", first.run_id, "--format",
+                     "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == first.run_id
+
+
+def test_report_on_a_store_with_no_run_says_so(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from evidence._cli.main import main as cli_main
+
+    Store.create(tmp_path / "empty").close()
+    assert cli_main(["report", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "Error: the store has no run to report on" in err and "Try: crawl into it" in err

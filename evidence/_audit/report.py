@@ -1,7 +1,12 @@
-"""The rules report of one run: verdicts per rule version, and each failure with its evidence.
+"""The report of one run: what the crawl did, the verdicts per rule version, and each
+failure with its evidence.
 
-    data = report(store, "run-...")
+    data = report(store, "run-...")      # or report(store): the latest run
     render_text(data) / render_json(data) / render_html(data)
+
+The crawl's own part (``CrawlSummary``) needs no rules: the run's attempts by outcome and
+by HTTP status, the bytes it received, and its session's frontier by state, with the
+failures and skips grouped by reason (numbers that differ from URL to URL shown as "…").
 
 One read-only snapshot. The pages of a run are its current attempts (``url_current``) that
 got an HTTP response; a verdict counts only if it judged that attempt, so superseded
@@ -27,8 +32,8 @@ import msgspec
 from .._errors import NotFoundError
 from .._store.db import Store
 
-__all__ = ["FailureEvidence", "FailureGroup", "RuleTally", "RunReport", "render_html",
-           "render_json", "render_text", "report"]
+__all__ = ["CrawlSummary", "FailureEvidence", "FailureGroup", "ReasonCount", "RuleTally",
+           "RunReport", "latest_run", "render_html", "render_json", "render_text", "report"]
 
 VERDICTS = ("pass", "fail", "error", "not_applicable")
 
@@ -75,6 +80,25 @@ class FailureGroup(msgspec.Struct, frozen=True, kw_only=True):
     count: int
 
 
+class ReasonCount(msgspec.Struct, frozen=True, kw_only=True):
+    """URLs of the session's frontier settled in one state for one reason."""
+
+    reason: str  # numbers where every URL agrees, "…" where they differ
+    count: int
+
+
+class CrawlSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What the run did, whatever rules it had."""
+
+    attempts: int  # the run's requests and decisions not to request, robots.txt included
+    outcomes: dict[str, int]  # attempts by outcome (response, network_error, timeout, ...)
+    statuses: dict[str, int]  # attempts with a response, by HTTP status
+    body_bytes: int  # received, as stored (the bodies of the run's attempts)
+    frontier: dict[str, int]  # the session's URLs by state (queued, in_flight, done, ...)
+    failed: list[ReasonCount]  # the session's failed URLs by reason, largest first
+    skipped: list[ReasonCount]  # the session's skipped URLs by reason, largest first
+
+
 class RunReport(msgspec.Struct, frozen=True, kw_only=True):
     store_id: str
     log_size: int  # the log the report was read at
@@ -89,6 +113,7 @@ class RunReport(msgspec.Struct, frozen=True, kw_only=True):
     failures: list[FailureEvidence]
     failures_omitted: int  # past max_failures
     groups: list[FailureGroup] = []  # every failure (listed or not), by rule and reason
+    crawl: CrawlSummary | None = None  # always given by report()
 
 
 def _version_key(version: str) -> tuple[int, int, str]:
@@ -102,8 +127,53 @@ JOIN url_current c ON c.run_id = e.run_id AND c.url_id = e.url_id
 WHERE e.run_id = ?
 """
 
-def report(store: Store, run_id: str, *, max_failures: int | None = None) -> RunReport:
-    """The rules report of ``run_id``, read in one snapshot. ``NotFoundError`` if no run."""
+def latest_run(store: Store) -> str:
+    """The run that started last (``NotFoundError`` in a store with no run)."""
+    with store.snapshot() as conn:
+        rows = conn.execute("SELECT run_id FROM crawl_run ORDER BY started_at DESC, "
+                            "run_id DESC LIMIT 1").fetchall()
+    if not rows:
+        raise NotFoundError("the store has no run to report on",
+                            hint="crawl into it first: evidence crawl URL --store STORE")
+    return str(rows[0][0])
+
+
+_STATES = ("queued", "in_flight", "done", "failed", "skipped")
+
+
+def _crawl_summary(conn: Any, run_id: str, session_id: str) -> CrawlSummary:
+    outcomes = dict(conn.execute("SELECT outcome, count(*) FROM fetch_attempt WHERE "
+                                 "run_id = ? GROUP BY 1 ORDER BY 1", (run_id,)).fetchall())
+    statuses = {str(s): n for s, n in conn.execute(
+        "SELECT http_status, count(*) FROM fetch_attempt WHERE run_id = ? AND http_status "
+        "IS NOT NULL GROUP BY 1 ORDER BY 1", (run_id,)).fetchall()}
+    body_bytes = conn.execute(
+        "SELECT coalesce(sum(b.size), 0) FROM fetch_attempt f JOIN artifact b "
+        "ON b.artifact_id = f.body_id WHERE f.run_id = ?", (run_id,)).fetchall()[0][0]
+    states = dict.fromkeys(_STATES, 0) | dict(conn.execute(
+        "SELECT state, count(*) FROM frontier WHERE session_id = ? GROUP BY 1",
+        (session_id,)).fetchall())
+
+    def by_reason(state: str) -> list[ReasonCount]:
+        reasons: dict[str, list[str]] = {}
+        for (reason,) in conn.execute("SELECT reason FROM frontier WHERE session_id = ? "
+                                      "AND state = ? ORDER BY frontier_id",
+                                      (session_id, state)):
+            reasons.setdefault(_shape(reason), []).append(reason)
+        return sorted((ReasonCount(reason=_common(found), count=len(found))
+                       for found in reasons.values()), key=lambda r: (-r.count, r.reason))
+
+    return CrawlSummary(attempts=sum(outcomes.values()), outcomes=outcomes,
+                        statuses=statuses, body_bytes=body_bytes, frontier=states,
+                        failed=by_reason("failed"), skipped=by_reason("skipped"))
+
+
+def report(store: Store, run_id: str | None = None, *,
+           max_failures: int | None = None) -> RunReport:
+    """The report of ``run_id`` (default: the latest run), read in one snapshot.
+    ``NotFoundError`` if there is no such run."""
+    if run_id is None:
+        run_id = latest_run(store)
     with store.snapshot() as conn:
         run = conn.execute("SELECT session_id, started_at, ended_at, outcome FROM crawl_run "
                            "WHERE run_id = ?", (run_id,)).fetchall()
@@ -142,6 +212,7 @@ def report(store: Store, run_id: str, *, max_failures: int | None = None) -> Run
             "LEFT JOIN artifact b ON b.artifact_id = f.body_id "
             "WHERE e.run_id = ? AND e.verdict IN ('fail', 'error')",
             (run_id,)).fetchall()
+        crawl = _crawl_summary(conn, run_id, run[0][0])
     tallies: dict[tuple[str, str], dict[str, int]] = {}
     for rule_id, version, verdict, n in counts:
         tallies.setdefault((rule_id, version), dict.fromkeys(VERDICTS, 0))[verdict] = n
@@ -162,7 +233,7 @@ def report(store: Store, run_id: str, *, max_failures: int | None = None) -> Run
         log_root=head[0][1].hex() if head else "", run_id=run_id, session_id=session_id,
         run_started_at=started_at, run_ended_at=ended_at, run_outcome=outcome, pages=pages,
         rules=rules, failures=evidence[:limit], failures_omitted=len(evidence) - limit,
-        groups=_groups(evidence))
+        groups=_groups(evidence), crawl=crawl)
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -233,6 +304,8 @@ def render_text(data: RunReport) -> str:
         f"pages    {data.pages} (current attempt per URL with an HTTP response)",
         "",
     ]
+    if data.crawl is not None:
+        lines += [*_crawl_text(data.crawl), ""]
     if not data.rules:
         lines.append("no rule verdicts in this run (try 'evidence rules evaluate')")
     else:
@@ -265,6 +338,21 @@ def render_text(data: RunReport) -> str:
     if data.failures_omitted:
         lines.append(f"... {data.failures_omitted} more not listed (raise --max-failures)")
     return "\n".join(lines) + "\n"
+
+
+def _crawl_text(c: CrawlSummary) -> list[str]:
+    def counts(values: dict[str, int]) -> str:
+        return ", ".join(f"{k} {n}" for k, n in values.items()) or "none"
+
+    lines = [f"attempts {c.attempts}: {counts(c.outcomes)}",
+             f"status   {counts(c.statuses)}",
+             f"received {c.body_bytes} bytes of bodies",
+             f"frontier {counts(c.frontier)} (the session's)"]
+    for title, reasons in (("failed", c.failed), ("skipped", c.skipped)):
+        if reasons:
+            lines.append(f"{title} by reason:")
+            lines += [f"{r.count:>8}  {r.reason}" for r in reasons]
+    return lines
 
 
 _CSS = """
@@ -340,9 +428,31 @@ def render_html(data: RunReport, *, per_group: int = 50) -> str:
         f'<span class="hash">{e(data.log_root)}</span></dd>'
         f'<dt>pages</dt><dd id="pages">{data.pages} (current attempt per URL with an HTTP '
         "response)</dd></dl>\n"
-        f"<h2>Verdicts per rule</h2>\n{summary}\n"
+        + (_crawl_html(data.crawl) if data.crawl is not None else "")
+        + f"<h2>Verdicts per rule</h2>\n{summary}\n"
         f'<h2>Failures and errors (<span id="failure-count">{total}</span>) by rule and '
         f"reason</h2>\n{groups}\n" + "".join(sections) + "</body>\n</html>\n")
+
+
+def _crawl_html(c: CrawlSummary) -> str:
+    e = html.escape
+
+    def table(ident: str, head: str, values: list[tuple[str, int]]) -> str:
+        rows = "".join(f'<tr><td>{e(k)}</td><td class="n">{n}</td></tr>' for k, n in values)
+        return (f'<table id="{ident}"><thead><tr><th>{head}</th><th>count</th></tr></thead>'
+                f"<tbody>{rows}</tbody></table>\n" if values else "<p>None.</p>\n")
+
+    return (f'<h2>The crawl</h2>\n<p id="attempts">{c.attempts} attempts, {c.body_bytes} '
+            "bytes of bodies received.</p>\n<h3>Attempts by outcome</h3>\n"
+            + table("outcomes", "outcome", list(c.outcomes.items()))
+            + "<h3>Responses by HTTP status</h3>\n"
+            + table("statuses", "status", list(c.statuses.items()))
+            + "<h3>The session's frontier</h3>\n"
+            + table("frontier", "state", list(c.frontier.items()))
+            + "<h3>Failed, by reason</h3>\n"
+            + table("failed", "reason", [(r.reason, r.count) for r in c.failed])
+            + "<h3>Skipped, by reason</h3>\n"
+            + table("skipped", "reason", [(r.reason, r.count) for r in c.skipped]))
 
 
 def _failure_row(f: FailureEvidence) -> str:

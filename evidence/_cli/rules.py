@@ -116,15 +116,19 @@ def add_commands(
     e.set_defaults(func=_cmd_rules_evaluate)
 
     r = subparsers.add_parser(
-        "report", help="rule verdicts of a run, and each failure with its evidence",
-        description="Summarize the rule verdicts of run ID per rule version, group the fail "
+        "report", help="what a run did, its rule verdicts, and each failure with evidence",
+        description="Report on run ID (default: the latest run): what the crawl did (its "
+        "attempts by outcome and by HTTP status, the bytes received, its session's frontier "
+        "by state, failed and skipped URLs grouped by reason), then the rule verdicts "
+        "per rule version, group the fail "
         "and error verdicts by rule and reason with their counts, and list each with its "
         "evidence: URL, attempt, input hash, the BLAKE3 digests of the stored response head "
         "and body, and the log indexes to prove them with. The same store always gives the "
         "same bytes. HTML is one static file with no script and no external reference; it "
         "lists the first --per-group failures of each group.")
     r.add_argument("store", metavar="STORE", help="the store directory")
-    r.add_argument("--run", required=True, metavar="ID", help="the run to report on")
+    r.add_argument("--run", metavar="ID",
+                   help="the run to report on (default: the one that started last)")
     r.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json, or a self-contained html page")
     r.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
