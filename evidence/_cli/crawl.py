@@ -29,11 +29,14 @@ from .._store.runlock import stop
 from .common import (
     Parser,
     add_listen_options,
+    apply_config,
+    config_toml,
     confirm,
     format_bytes,
     listen_options,
     log_to,
     non_negative,
+    note_given,
     positive,
     positive_seconds,
     print_json,
@@ -65,6 +68,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_crawl(args: argparse.Namespace) -> int:
+    _configure(args)
+    if args.print_config:
+        extra = {"seeds": list(args.urls)} if args.urls else {}
+        sys.stdout.write(config_toml(args, args.crawl_parser, extra))
+        return 0
     result = run_crawl(args)
     if args.json:
         print_json(result, one_line=True)
@@ -76,6 +84,46 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
               f"{c.done} done, {c.queued} queued, {c.failed} failed, {c.skipped} skipped; "
               f"{result.documents} pages requested by this run")
     return crawl_exit_status(result)
+
+
+def _configure(args: argparse.Namespace) -> None:
+    """The options as the command line and ``--config`` give them together (the command line
+    wins), the seeds from ``--seeds`` and the file's ``seeds``, and a store to crawl into."""
+    extra = {}
+    if args.config is not None:
+        extra = apply_config(args, args.crawl_parser, args.config, extra=("seeds",))
+    seeds = list(args.urls)
+    if args.seeds is not None:
+        seeds += read_seeds(args.seeds)
+    if not seeds and "seeds" in extra:  # the command line's seeds win over the file's
+        value = extra["seeds"]
+        if isinstance(value, str):
+            seeds = read_seeds(value)
+        elif isinstance(value, list) and all(isinstance(s, str) for s in value):
+            seeds = list(value)
+        else:
+            raise EvidenceError(f"{args.config}: seeds = {value!r}: expected a list of URLs "
+                                "or the path of a seeds file",
+                                hint='seeds = ["https://example.com/"] or seeds = "seeds.txt"')
+    args.urls = seeds
+    if args.store is None:
+        raise EvidenceError("the crawl needs a store", hint="give --store DIR, or store = "
+                            "\"DIR\" in the file given to --config")
+
+
+def read_seeds(path: str) -> list[str]:
+    """Seed URLs from a file: one a line; blank lines and lines starting with # skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EvidenceError(f"cannot read the seeds file {path}: {exc}",
+                            hint="one URL a line, in UTF-8") from exc
+    seeds = [line.strip() for line in lines if line.strip() and not
+             line.lstrip().startswith("#")]
+    if not seeds:
+        raise EvidenceError(f"the seeds file {path} holds no URL",
+                            hint="one URL a line; lines starting with # are comments")
+    return seeds
 
 
 def crawl_exit_status(result: CrawlResult) -> int:
@@ -441,8 +489,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "signal; the session stays open). Exit status 0 when the run completed, stopped or "
         "reached its cap; 1 when it failed, or when not one seed could be fetched.")
     p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
-    p.add_argument("--store", required=True, help="the store directory (created if absent), "
-                   "or a PostgreSQL connection string")
+    p.add_argument("--store", help="the store directory (created if absent), or a PostgreSQL "
+                   "connection string (required, here or in --config)")
+    p.add_argument("--config", metavar="FILE",
+                   help="a TOML file of options under their long flags' names (store, "
+                   "workers, max_documents, ...) and seeds (a list of URLs, or a seeds "
+                   "file); options given on the command line win (docs/crawling.md)")
+    p.add_argument("--seeds", metavar="FILE",
+                   help="seed URLs from a file, one a line (# starts a comment)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the effective options as a --config file and exit (nothing "
+                   "is crawled or created)")
     p.add_argument("--artifacts", metavar="DIR|URL",
                    help="a new store: where its payloads live, s3://BUCKET/PREFIX or (a "
                    "PostgreSQL store) a directory (see 'evidence init --help'); an existing "
@@ -536,7 +593,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=_cmd_crawl)
+    note_given(p)  # last: --config fills in only what the command line left out
+    p.set_defaults(func=_cmd_crawl, crawl_parser=p)
 
     p = sub.add_parser("diff", help="compare two completed sessions document by document",
                        description="Added, changed, unchanged and orphaned documents between "
