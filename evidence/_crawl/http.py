@@ -19,7 +19,9 @@ pipelining), no redirects followed, no retries (a retry would be a request the e
 not record: the crawler retries through its frontier, each attempt recorded), no cookies
 (a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
 as evidence in the response head, never sent back), no credentials from a URL's userinfo.
-TLS trusts the system's certificate authorities (OpenSSL's default paths; ``SSL_CERT_FILE``
+With a network policy (``_crawl.netpolicy``; a crawl always has one) the client connects
+only to addresses the policy allows, each checked after resolving and connected to as
+checked. TLS trusts the system's certificate authorities (OpenSSL's default paths; ``SSL_CERT_FILE``
 and ``SSL_CERT_DIR`` override them), and verifies the host name.
 
 Connections: at most ``connections`` open at once, kept alive between requests to the same
@@ -35,8 +37,10 @@ unread bytes never become the next request's response.
 Errors: a request that got no response head the client accepts raises ``FetchError``,
 named as the step that failed (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
 ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError`` for a malformed or
-missing head, ``UnsupportedProtocol``, ``InvalidURL``); a failure while reading the body is
-the ``read_body`` outcome, with the bytes that came kept in the exchange.
+missing head, ``UnsupportedProtocol``, ``InvalidURL``; ``NetworkPolicy``, with ``refused``
+set, for a connection the policy refused before anything was sent); a failure while
+reading the body is the ``read_body`` outcome, with the bytes that came kept in the
+exchange.
 """
 
 from __future__ import annotations
@@ -49,7 +53,6 @@ import ssl
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import NamedTuple
 from urllib.parse import quote, urlsplit
 
 import anyio
@@ -68,6 +71,7 @@ from .._model.http1 import (
 )
 from .._model.messages import Outcome
 from .._net import Stream, acquire, connect_tcp
+from .netpolicy import NetworkPolicy, Origin, Refused
 
 __all__ = ["Client", "Exchange", "FetchError", "Headers", "Response", "crawl_client"]
 
@@ -147,18 +151,18 @@ class Headers:
 
 
 class FetchError(Exception):
-    """No response head the client accepts: ``kind`` names the step that failed."""
+    """No response head the client accepts: ``kind`` names the step that failed;
+    ``refused``: the network policy refused the connection (nothing was sent)."""
 
-    def __init__(self, kind: str, detail: str, *, timeout: bool = False) -> None:
-        super().__init__(f"{kind}: {detail}")
+    def __init__(self, kind: str, detail: str, *, timeout: bool = False,
+                 refused: bool = False) -> None:
+        super().__init__(detail if refused else f"{kind}: {detail}")
         self.kind = kind
         self.timeout = timeout
+        self.refused = refused
 
 
-class _Origin(NamedTuple):
-    scheme: str
-    host: str  # as connected to: lower case, IDNA-encoded, IPv6 without brackets
-    port: int
+_Origin = Origin  # as connected to: lower case, IDNA-encoded, IPv6 without brackets
 
 
 class _Connection:
@@ -339,7 +343,8 @@ class Client:
     """Keep-alive HTTP/1.1 connections, at most ``connections`` open; use ``async with``."""
 
     def __init__(self, *, connections: int, timeout: float,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 policy: NetworkPolicy | None = None) -> None:
         if connections < 1:
             raise ValueError("a client needs at least one connection")
         self.timeout = timeout
@@ -348,6 +353,7 @@ class Client:
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._idle_count = 0
         self._ssl = ssl_context
+        self.policy = policy  # None: connect wherever a URL says (the caller names them all)
 
     async def __aenter__(self) -> Client:
         return self
@@ -460,16 +466,30 @@ class Client:
         where = f"{origin.host}:{origin.port}"
         try:
             with anyio.fail_after(self.timeout):
-                stream = await connect_tcp(
-                    origin.host, origin.port, timeout=self.timeout,
-                    ssl_context=self._tls() if origin.scheme == "https" else None,
-                    tls_hostname=origin.host)
+                stream = await self._open(origin)
+        except Refused as exc:
+            raise FetchError("NetworkPolicy", str(exc), refused=True) from None
         except TimeoutError:
             raise FetchError("ConnectTimeout", f"no connection to {where} in "
                              f"{self.timeout:g} s", timeout=True) from None
         except (OSError, anyio.BrokenResourceError) as exc:
             raise FetchError("ConnectError", f"{where}: {exc or type(exc).__name__}") from None
         return _Connection(origin, stream)
+
+    async def _open(self, origin: _Origin) -> anyio.abc.ByteStream:
+        """A connection to ``origin``: with a policy, to each address it allows in turn
+        (the name is never resolved again between the check and the connection)."""
+        tls = self._tls() if origin.scheme == "https" else None
+        if self.policy is None:
+            return await connect_tcp(origin.host, origin.port, timeout=self.timeout,
+                                     ssl_context=tls, tls_hostname=origin.host)
+        addresses = await self.policy.addresses(origin)
+        for address in addresses[:-1]:
+            with contextlib.suppress(OSError):
+                return await connect_tcp(address, origin.port, timeout=self.timeout,
+                                         ssl_context=tls, tls_hostname=origin.host)
+        return await connect_tcp(addresses[-1], origin.port, timeout=self.timeout,
+                                 ssl_context=tls, tls_hostname=origin.host)
 
     async def _release(self, connection: _Connection, *, reuse: bool) -> None:
         try:
@@ -483,7 +503,9 @@ class Client:
             self._slots.release()
 
 
-def crawl_client(*, connections: int, timeout: float) -> Client:
+def crawl_client(*, connections: int, timeout: float,
+                 policy: NetworkPolicy | None = None) -> Client:
     """The crawler's client: ``connections`` kept alive at most, ``timeout`` seconds for
-    connecting, writing a request, and each read."""
-    return Client(connections=connections, timeout=timeout)
+    connecting, writing a request, and each read; ``policy``: where it may connect
+    (``_crawl.netpolicy``; a crawl always gives its own)."""
+    return Client(connections=connections, timeout=timeout, policy=policy)
