@@ -328,6 +328,36 @@ def test_a_crawl_never_reaches_internal_addresses_and_records_each_refusal(
                 meta) == [("skipped",)]  # 169.254.0.0/16 was not allowed
 
 
+def test_worker_processes_hold_to_the_policy_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    """Through the CLI, with a worker process: another local port, in the domain scope of
+    a 127.0.0.1 seed, is refused there too; resuming with another policy is refused."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "s"
+    with internal() as service:
+        other = f"http://127.0.0.1:{service.port}/secret"
+        page = f'<a href="{other}">x</a><a href="/a">a</a><a href="/b">b</a>'.encode()
+        with Server({"/": (200, {}, page)}) as site:
+            seed = f"http://127.0.0.1:{site.port}/"
+            # One worker claims in frontier order: the seed, then the other port; the run
+            # stops there, leaving the session open to resume.
+            done = subprocess.run(
+                [sys.executable, "-m", "evidence", "crawl", seed, "--store", str(store),
+                 "--scope", "domain", "--processes", "1", "--workers", "1",
+                 "--max-documents", "2"],
+                capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            again = subprocess.run(
+                [sys.executable, "-m", "evidence", "crawl", "--store", str(store),
+                 "--allow-network", "127.0.0.1"], capture_output=True, text=True, timeout=60)
+        assert sum(service.hits.values()) == 0
+    assert again.returncode == 2 and "these keys differ: allow_network" in again.stderr
+    assert rows(store, "SELECT outcome, error FROM fetch_attempt WHERE url = ?", other) == [
+        ("skipped", "network: 127.0.0.1, loopback, is not allowed (only a seed's own origin "
+         "or --allow-network reaches it)")]
+
+
 def test_the_network_policy_is_part_of_the_recorded_configuration() -> None:
     """A resume with another policy is refused like any other configuration change
     (``CrawlConfig.differences``); a session recorded before the key has the default."""
