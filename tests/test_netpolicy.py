@@ -158,6 +158,29 @@ def test_an_allowed_network_admits_exactly_its_addresses(address, cidr) -> None:
         assert policy.refused(address) == refusal(address)
 
 
+public_addresses = st.sampled_from(["8.8.8.8", "1.1.1.1", "2606:4700::1111"]).map(
+    ipaddress.ip_address)
+
+
+@settings(deadline=None)
+@given(st.lists(st.one_of(refused_addresses, public_addresses), min_size=1, max_size=6,
+                unique=True))
+def test_a_name_is_connected_only_at_the_addresses_that_pass(answer) -> None:
+    """Whatever a name resolves to, the addresses handed to the connection are the ones
+    that passed, in the resolver's order; none passing is a refusal naming the first."""
+    policy = NetworkPolicy(resolver=resolver({"x.test": [str(a) for a in answer]}))
+    passing = [str(a) for a in answer if refusal(a) is None]
+
+    async def main() -> None:
+        if passing:
+            assert await policy.addresses(Origin("https", "x.test", 443)) == passing
+        else:
+            with pytest.raises(Refused, match=f"x.test resolves to {answer[0]}, "):
+                await policy.addresses(Origin("https", "x.test", 443))
+
+    anyio.run(main)
+
+
 def test_public_addresses_pass_and_metadata_addresses_do_not() -> None:
     for text in ("8.8.8.8", "1.1.1.1", "2606:4700::1111", "::ffff:8.8.8.8"):
         assert refusal(ipaddress.ip_address(text)) is None, text
