@@ -20,9 +20,10 @@ not record: the crawler retries through its frontier, each attempt recorded), no
 (a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
 as evidence in the response head, never sent back), no credentials from a URL's userinfo.
 With a network policy (``_crawl.netpolicy``; a crawl always has one) the client connects
-only to addresses the policy allows, each checked after resolving and connected to as
-checked. TLS trusts the system's certificate authorities (OpenSSL's default paths; ``SSL_CERT_FILE``
-and ``SSL_CERT_DIR`` override them), and verifies the host name.
+only to addresses the policy allows: the host is resolved once, each address checked, and
+the connection made to a checked address. TLS trusts the system's certificate authorities
+(OpenSSL's default paths; ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` override them), and
+verifies the host name.
 
 Connections: at most ``connections`` open at once, kept alive between requests to the same
 origin and reused most recently used first. A connection is reused only if its response
@@ -162,13 +163,10 @@ class FetchError(Exception):
         self.refused = refused
 
 
-_Origin = Origin  # as connected to: lower case, IDNA-encoded, IPv6 without brackets
-
-
 class _Connection:
     __slots__ = ("idle_since", "origin", "raw", "socket", "stream")
 
-    def __init__(self, origin: _Origin, stream: anyio.abc.ByteStream) -> None:
+    def __init__(self, origin: Origin, stream: anyio.abc.ByteStream) -> None:
         self.origin, self.stream = origin, stream
         inner = stream.transport_stream if isinstance(stream, TLSStream) else stream
         # A _net.Stream bounds each of its waits itself (the client's timeout); anyio's
@@ -205,7 +203,7 @@ def _readable(sock: socket.socket | None) -> bool:
 
 
 def _request(method: str, url: str, headers: Mapping[str, str],
-             content: bytes | None) -> tuple[_Origin, bytes]:
+             content: bytes | None) -> tuple[Origin, bytes]:
     """Where to connect and the request's bytes (head, then body)."""
     try:
         parts = urlsplit(url)
@@ -252,7 +250,7 @@ def _request(method: str, url: str, headers: Mapping[str, str],
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     except UnicodeEncodeError as exc:
         raise FetchError("InvalidURL", f"a header that is not Latin-1: {exc}") from None
-    return _Origin(scheme, host, port), head + (content or b"")
+    return Origin(scheme, host, port), head + (content or b"")
 
 
 class Response:
@@ -350,7 +348,7 @@ class Client:
         self.timeout = timeout
         self._limit = connections
         self._slots = anyio.Semaphore(connections)
-        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
         self._idle_count = 0
         self._ssl = ssl_context
         self.policy = policy  # None: connect wherever a URL says (the caller names them all)
@@ -443,7 +441,7 @@ class Client:
         exchange.received += data
         return data
 
-    async def _connection(self, origin: _Origin) -> _Connection:
+    async def _connection(self, origin: Origin) -> _Connection:
         """An idle connection to ``origin`` still good to use, else a new one."""
         idle = self._idle.get(origin)
         now = time.monotonic()
@@ -462,7 +460,7 @@ class Client:
             await oldest.close()
         return await self._connect(origin)
 
-    async def _connect(self, origin: _Origin) -> _Connection:
+    async def _connect(self, origin: Origin) -> _Connection:
         where = f"{origin.host}:{origin.port}"
         try:
             with anyio.fail_after(self.timeout):
@@ -476,7 +474,7 @@ class Client:
             raise FetchError("ConnectError", f"{where}: {exc or type(exc).__name__}") from None
         return _Connection(origin, stream)
 
-    async def _open(self, origin: _Origin) -> anyio.abc.ByteStream:
+    async def _open(self, origin: Origin) -> anyio.abc.ByteStream:
         """A connection to ``origin``: with a policy, to each address it allows in turn
         (the name is never resolved again between the check and the connection)."""
         tls = self._tls() if origin.scheme == "https" else None
