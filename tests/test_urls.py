@@ -26,7 +26,9 @@ def test_public_api() -> None:
     assert sorted(_urls.__all__) == [
         "NORMALIZER_VERSION",
         "key_and_host",
+        "key_origin",
         "normalize_url",
+        "registrable_domain",
         "resolve_reference",
         "url_host",
     ]

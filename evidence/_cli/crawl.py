@@ -213,7 +213,7 @@ def _lease(text: str) -> float:
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
                  "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules", "render",
-                 "render_only", "requisites")
+                 "render_only", "requisites", "allow_network", "render_unsafe_anywhere")
 
 
 def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
@@ -243,6 +243,15 @@ def _crawl_config(args: argparse.Namespace, store: Store,
         raise EvidenceError("no URL given and no open session to resume",
                             hint="give the seed URLs: evidence crawl URL --store STORE")
     return msgspec.convert({**last.config, **given}, CrawlConfig)
+
+
+def _network(text: str) -> str:
+    from .._crawl.netpolicy import parse_network
+
+    try:
+        return str(parse_network(text))
+    except EvidenceError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} ({exc.hint})") from None
 
 
 def _recrawl_rule(text: str) -> tuple[str, str]:
@@ -539,7 +548,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="pages this run requests; the next run continues the session "
                    "(default: no cap)")
     p.add_argument("--scope", choices=("host", "domain", "prefix"),
-                   help="what the crawl may leave the seeds for (default host)")
+                   help="what the crawl may leave the seeds for: host, the seeds' origins "
+                   "(scheme, host and port; the default); domain, any host under a seed's "
+                   "registrable domain (Public Suffix List); prefix, under a seed URL")
+    p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
+                   help="let the crawl and its renders connect to addresses in CIDR too "
+                   "(repeatable); by default loopback, private, link-local, unique-local, "
+                   "multicast and other non-public addresses are refused and recorded, a "
+                   "seed's own origin aside (see docs/security.md)")
     p.add_argument("--include", action="append", metavar="REGEX",
                    help="only URLs matching one of these (repeatable)")
     p.add_argument("--exclude", action="append", metavar="REGEX",
@@ -575,6 +591,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--render-only", action="append", metavar="REGEX",
                    help="render only pages whose fetch key matches (repeatable; implies "
                    "--render)")
+    p.add_argument("--render-unsafe-anywhere", action="store_true", default=None,
+                   help="let a rendered page send requests other than GET and HEAD (a form's "
+                   "POST, a script's fetch PUT or DELETE) outside the crawl's scope; by "
+                   "default they are refused and recorded")
     p.add_argument("--render-timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
                    help="the longest one render may take; then it is a 'timeout' attempt "
                    "(default 30)")

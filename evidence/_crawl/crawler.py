@@ -69,6 +69,7 @@ from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
+from .netpolicy import NetworkPolicy, Resolver
 from .pages import PageEffects, PageOrder, PageWorker
 from .render import Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
@@ -121,6 +122,9 @@ class CrawlOptions:
     token: str | None = None
     heartbeat: float = 2.0  # seconds between beats on a worker host's channel (at most)
     lease_timeout: float = 15.0  # a worker host silent this long loses its leases
+    # How host names become addresses for the network policy (``_crawl.netpolicy``): the
+    # system's resolver by default; a test gives its own answers. In this process only.
+    resolver: Resolver | None = None
 
 
 class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -379,8 +383,10 @@ class Crawler:
         processes (on a Unix socket in a private temporary directory)."""
         limits = self.options.writer_limits or WriterLimits(max_batch_delay=0.002)
         connections = self.options.workers * 2
+        policy = NetworkPolicy(allow=self.config.allow_network, seeds=self.config.seeds,
+                               resolver=self.options.resolver)
         client = await stack.enter_async_context(crawl_client(
-            connections=connections, timeout=self.options.timeout))
+            connections=connections, timeout=self.options.timeout, policy=policy))
         in_process = not (self.options.processes > 0 or self.options.listen)
         if not in_process:
             if self.options.listen and not getattr(self.store.artifacts, "url", ""):
@@ -421,7 +427,8 @@ class Crawler:
             self._renderer = await stack.enter_async_context(Renderer(
                 artifacts=self.store.artifacts, client=client, run_id=self.run_id,
                 user_agent=self.config.user_agent, max_body_bytes=self.config.max_body_bytes,
-                options=self.options.render))
+                options=self.options.render, unsafe_refusal=None
+                if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of))
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:
@@ -990,6 +997,12 @@ class Crawler:
                 await self._commit([result.attempt])
                 target = resolve_reference(target, location)
                 continue
+            if result.attempt.outcome == "skipped":
+                # The network policy refused it: robots.txt counts as absent (no rules, as
+                # for a 4xx), for this run only; the page's own request is decided alike.
+                await self._commit([result.attempt])
+                return Robots.allow_all(attempt_id=result.attempt.attempt_id,
+                                        expires_at=expires, status=None)
             if status is None or status >= 500:
                 await self._commit([result.attempt])
                 self._robots_problem[host] = (f"HTTP {status}" if status is not None

@@ -13,7 +13,9 @@ connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.h
   as its own artifact where its bytes differ from the body's, with the codings removed.
 
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
-records the error and references the bytes read before it (``body_truncated``).
+records the error and references the bytes read before it (``body_truncated``). A
+connection the crawl's network policy refuses (``_crawl.netpolicy``) is an attempt
+``skipped``, never requested, whose error is the reason (``network: ...``).
 """
 
 from __future__ import annotations
@@ -171,8 +173,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
     with anyio.move_on_after(math.inf if deadline is None else deadline) as scope:
         try:
             response = await client.send(method, url, headers, exchange, content)
-        except FetchError as exc:
-            outcome = "timeout" if exc.timeout else "network_error"
+        except FetchError as exc:  # refused by the network policy: never requested
+            outcome = "skipped" if exc.refused else "timeout" if exc.timeout else "network_error"
             error = str(exc)
         if response is not None:
             outcome, error, cut = await response.read_body(max_body_bytes)

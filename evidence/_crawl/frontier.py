@@ -20,7 +20,14 @@ import apsw
 import msgspec
 
 from .._errors import EvidenceError, URLError
-from .._model.urls import NORMALIZER_VERSION, key_and_host, normalize_url, url_host
+from .._model.urls import (
+    NORMALIZER_VERSION,
+    key_and_host,
+    key_origin,
+    normalize_url,
+    registrable_domain,
+    url_host,
+)
 
 __all__ = ["CrawlConfig", "FrontierCounts", "QueuedRow", "Scope", "SessionRecord",
            "check_seeds"]
@@ -54,6 +61,13 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # kinds of _crawl/links.REQUISITE_KINDS) within the scope; without it they are
     # recorded as edges only.
     requisites: bool = False
+    # Networks the crawl may connect to beyond the public Internet (CIDRs, normalized): by
+    # default loopback, private, link-local... addresses are refused, a seed's own origin
+    # aside (_crawl.netpolicy).
+    allow_network: list[str] = []
+    # A rendered page's requests other than GET and HEAD (a form's POST, a script's
+    # fetch(PUT)...) may go outside the scope; by default they are refused and recorded.
+    render_unsafe_anywhere: bool = False
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)
@@ -100,12 +114,20 @@ def check_seeds(seeds: list[str]) -> None:
 
 
 class Scope:
-    """Decides, for one URL, whether the crawl may fetch it, and names the rule if not."""
+    """Decides, for one URL, whether the crawl may fetch it, and names the rule if not.
+
+    ``host``: the seeds' origins (scheme, host and port: http://a:8080/ is not in the scope
+    of http://a/, nor https://a/); ``domain``: any scheme and port on a host under a seed's
+    registrable domain (the Public Suffix List: ``registrable_domain``); ``prefix``: under a
+    seed's fetch key."""
 
     def __init__(self, config: CrawlConfig) -> None:
         self.kind = config.scope
         self.hosts = {url_host(s) for s in config.seeds}
-        self.domains = {_registrable(h) for h in self.hosts}
+        self.origins = {key_origin(normalize_url(s)) for s in config.seeds}
+        # The Public Suffix List is read only for a domain scope (~0.1 s of CPU, once).
+        self.domains = ({registrable_domain(h) for h in self.hosts}
+                        if self.kind == "domain" else set())
         self.prefixes = [normalize_url(s) for s in config.seeds]
         try:
             self.include = [re.compile(p) for p in config.include]
@@ -120,11 +142,22 @@ class Scope:
         key, host = key_and_host(url)
         return self.reason_to_skip_key(key, host, depth)
 
+    def reason_out_of(self, url: str) -> str | None:
+        """Why ``url`` is outside the scope whatever its depth (None: inside)."""
+        try:
+            return self.reason_to_skip(url, 0)
+        except URLError as exc:
+            return f"invalid URL: {exc}"
+
     def reason_to_skip_key(self, key: str, host: str, depth: int) -> str | None:
         """``reason_to_skip`` of a URL whose fetch key and host are known already."""
-        if self.kind == "host" and host not in self.hosts:
-            return f"scope: host {host} is not a seed host"
-        if self.kind == "domain" and _registrable(host) not in self.domains:
+        if self.kind == "host":
+            if host not in self.hosts:
+                return f"scope: host {host} is not a seed host"
+            origin = key_origin(key)
+            if origin not in self.origins:
+                return f"scope: host: origin {origin} is not a seed's origin"
+        if self.kind == "domain" and registrable_domain(host) not in self.domains:
             return f"scope: domain of {host} is not a seed domain"
         if self.kind == "prefix" and not any(key.startswith(p) for p in self.prefixes):
             return "scope: not under a seed prefix"
@@ -136,13 +169,6 @@ class Scope:
         if self.max_depth is not None and depth > self.max_depth:
             return f"depth: {depth} is beyond max depth {self.max_depth}"
         return None
-
-
-def _registrable(host: str) -> str:
-    """The last two labels of a host name (no public-suffix list: documented limitation)."""
-    if host.startswith("[") or host.replace(".", "").isdigit():
-        return host
-    return ".".join(host.split(".")[-2:])
 
 
 @dataclass(frozen=True)

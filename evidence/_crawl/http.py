@@ -19,8 +19,11 @@ pipelining), no redirects followed, no retries (a retry would be a request the e
 not record: the crawler retries through its frontier, each attempt recorded), no cookies
 (a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
 as evidence in the response head, never sent back), no credentials from a URL's userinfo.
-TLS trusts the system's certificate authorities (OpenSSL's default paths; ``SSL_CERT_FILE``
-and ``SSL_CERT_DIR`` override them), and verifies the host name.
+With a network policy (``_crawl.netpolicy``; a crawl always has one) the client connects
+only to addresses the policy allows: the host is resolved once, each address checked, and
+the connection made to a checked address. TLS trusts the system's certificate authorities
+(OpenSSL's default paths; ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` override them), and
+verifies the host name.
 
 Connections: at most ``connections`` open at once, kept alive between requests to the same
 origin and reused most recently used first. A connection is reused only if its response
@@ -35,8 +38,10 @@ unread bytes never become the next request's response.
 Errors: a request that got no response head the client accepts raises ``FetchError``,
 named as the step that failed (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
 ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError`` for a malformed or
-missing head, ``UnsupportedProtocol``, ``InvalidURL``); a failure while reading the body is
-the ``read_body`` outcome, with the bytes that came kept in the exchange.
+missing head, ``UnsupportedProtocol``, ``InvalidURL``; ``NetworkPolicy``, with ``refused``
+set, for a connection the policy refused before anything was sent); a failure while
+reading the body is the ``read_body`` outcome, with the bytes that came kept in the
+exchange.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ import ssl
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import NamedTuple
 from urllib.parse import quote, urlsplit
 
 import anyio
@@ -68,6 +72,7 @@ from .._model.http1 import (
 )
 from .._model.messages import Outcome
 from .._net import Stream, acquire, connect_tcp
+from .netpolicy import NetworkPolicy, Origin, Refused
 
 __all__ = ["Client", "Exchange", "FetchError", "Headers", "Response", "crawl_client"]
 
@@ -147,24 +152,21 @@ class Headers:
 
 
 class FetchError(Exception):
-    """No response head the client accepts: ``kind`` names the step that failed."""
+    """No response head the client accepts: ``kind`` names the step that failed;
+    ``refused``: the network policy refused the connection (nothing was sent)."""
 
-    def __init__(self, kind: str, detail: str, *, timeout: bool = False) -> None:
-        super().__init__(f"{kind}: {detail}")
+    def __init__(self, kind: str, detail: str, *, timeout: bool = False,
+                 refused: bool = False) -> None:
+        super().__init__(detail if refused else f"{kind}: {detail}")
         self.kind = kind
         self.timeout = timeout
-
-
-class _Origin(NamedTuple):
-    scheme: str
-    host: str  # as connected to: lower case, IDNA-encoded, IPv6 without brackets
-    port: int
+        self.refused = refused
 
 
 class _Connection:
     __slots__ = ("idle_since", "origin", "raw", "socket", "stream")
 
-    def __init__(self, origin: _Origin, stream: anyio.abc.ByteStream) -> None:
+    def __init__(self, origin: Origin, stream: anyio.abc.ByteStream) -> None:
         self.origin, self.stream = origin, stream
         inner = stream.transport_stream if isinstance(stream, TLSStream) else stream
         # A _net.Stream bounds each of its waits itself (the client's timeout); anyio's
@@ -201,7 +203,7 @@ def _readable(sock: socket.socket | None) -> bool:
 
 
 def _request(method: str, url: str, headers: Mapping[str, str],
-             content: bytes | None) -> tuple[_Origin, bytes]:
+             content: bytes | None) -> tuple[Origin, bytes]:
     """Where to connect and the request's bytes (head, then body)."""
     try:
         parts = urlsplit(url)
@@ -248,7 +250,7 @@ def _request(method: str, url: str, headers: Mapping[str, str],
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     except UnicodeEncodeError as exc:
         raise FetchError("InvalidURL", f"a header that is not Latin-1: {exc}") from None
-    return _Origin(scheme, host, port), head + (content or b"")
+    return Origin(scheme, host, port), head + (content or b"")
 
 
 class Response:
@@ -339,15 +341,17 @@ class Client:
     """Keep-alive HTTP/1.1 connections, at most ``connections`` open; use ``async with``."""
 
     def __init__(self, *, connections: int, timeout: float,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 policy: NetworkPolicy | None = None) -> None:
         if connections < 1:
             raise ValueError("a client needs at least one connection")
         self.timeout = timeout
         self._limit = connections
         self._slots = anyio.Semaphore(connections)
-        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
         self._idle_count = 0
         self._ssl = ssl_context
+        self.policy = policy  # None: connect wherever a URL says (the caller names them all)
 
     async def __aenter__(self) -> Client:
         return self
@@ -437,7 +441,7 @@ class Client:
         exchange.received += data
         return data
 
-    async def _connection(self, origin: _Origin) -> _Connection:
+    async def _connection(self, origin: Origin) -> _Connection:
         """An idle connection to ``origin`` still good to use, else a new one."""
         idle = self._idle.get(origin)
         now = time.monotonic()
@@ -456,20 +460,34 @@ class Client:
             await oldest.close()
         return await self._connect(origin)
 
-    async def _connect(self, origin: _Origin) -> _Connection:
+    async def _connect(self, origin: Origin) -> _Connection:
         where = f"{origin.host}:{origin.port}"
         try:
             with anyio.fail_after(self.timeout):
-                stream = await connect_tcp(
-                    origin.host, origin.port, timeout=self.timeout,
-                    ssl_context=self._tls() if origin.scheme == "https" else None,
-                    tls_hostname=origin.host)
+                stream = await self._open(origin)
+        except Refused as exc:
+            raise FetchError("NetworkPolicy", str(exc), refused=True) from None
         except TimeoutError:
             raise FetchError("ConnectTimeout", f"no connection to {where} in "
                              f"{self.timeout:g} s", timeout=True) from None
         except (OSError, anyio.BrokenResourceError) as exc:
             raise FetchError("ConnectError", f"{where}: {exc or type(exc).__name__}") from None
         return _Connection(origin, stream)
+
+    async def _open(self, origin: Origin) -> anyio.abc.ByteStream:
+        """A connection to ``origin``: with a policy, to each address it allows in turn
+        (the name is never resolved again between the check and the connection)."""
+        tls = self._tls() if origin.scheme == "https" else None
+        if self.policy is None:
+            return await connect_tcp(origin.host, origin.port, timeout=self.timeout,
+                                     ssl_context=tls, tls_hostname=origin.host)
+        addresses = await self.policy.addresses(origin)
+        for address in addresses[:-1]:
+            with contextlib.suppress(OSError):
+                return await connect_tcp(address, origin.port, timeout=self.timeout,
+                                         ssl_context=tls, tls_hostname=origin.host)
+        return await connect_tcp(addresses[-1], origin.port, timeout=self.timeout,
+                                 ssl_context=tls, tls_hostname=origin.host)
 
     async def _release(self, connection: _Connection, *, reuse: bool) -> None:
         try:
@@ -483,7 +501,9 @@ class Client:
             self._slots.release()
 
 
-def crawl_client(*, connections: int, timeout: float) -> Client:
+def crawl_client(*, connections: int, timeout: float,
+                 policy: NetworkPolicy | None = None) -> Client:
     """The crawler's client: ``connections`` kept alive at most, ``timeout`` seconds for
-    connecting, writing a request, and each read."""
-    return Client(connections=connections, timeout=timeout)
+    connecting, writing a request, and each read; ``policy``: where it may connect
+    (``_crawl.netpolicy``; a crawl always gives its own)."""
+    return Client(connections=connections, timeout=timeout, policy=policy)

@@ -9,7 +9,8 @@ through ``submit``, so a page is never done without its links:
 
 - ``page``: fetched (payloads durable before the attempt that names them), links
   extracted in a thread, judged by the session's rules, settled done, or ``retry``;
-- ``refused_by_robots``: an attempt never requested, settled skipped;
+- ``refused_by_robots``: an attempt never requested, settled skipped; likewise a page
+  whose connection the network policy refused (``_crawl.netpolicy``);
 - ``not_due`` and ``unchanged`` (a 304): the baseline document stands; its recorded
   links are recorded for this run and followed;
 - ``rendered``: a page's render, the browser's requests and the rendered DOM's links.
@@ -262,6 +263,11 @@ class PageWorker:
 
     async def settle(self, order: PageOrder, result: FetchResult) -> PageEffects:
         attempt, status = result.attempt, result.status
+        if attempt.outcome == "skipped":  # the network policy refused it: never requested
+            reason = attempt.error or "skipped"
+            await self.commit([attempt, self.update(
+                settled=[SettledUrl(url=order.url, state="skipped", reason=reason)])])
+            return PageEffects(problem=_problem(order.url, reason, None))
         messages: list[Message] = [attempt]
         if self.rules is not None and attempt.response_headers is not None:
             document = attempt.content or attempt.body  # the content: what rules read

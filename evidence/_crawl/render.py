@@ -8,7 +8,11 @@ a recording proxy of its own (``_crawl.renderproxy``), lets the page run, and re
 
 - every request the browser made, each a ``FetchAttempt`` with its wire bytes, naming the
   render (``render_id``), with a sequence number unique in the run (``RENDER_SEQUENCE``
-  plus the request's ordinal among the run's browser requests);
+  plus the request's ordinal among the run's browser requests). A request not made is an
+  attempt too, ``skipped`` with its reason, and the browser gets no answer (a network
+  error): one the crawl's network policy refuses (the client's, ``_crawl.netpolicy``),
+  and one other than GET or HEAD outside the crawl's scope (``unsafe_refusal``) unless
+  the crawl allows it (``--render-unsafe-anywhere``);
 - the DOM once it settled (namespace ``dom``, UTF-8), a full-page PNG screenshot
   (``screenshot``), optionally MHTML (``mhtml``), the title and the final URL;
 - a ``Render`` message with the outcome: ``rendered``, ``timeout``, ``crashed`` (the
@@ -32,6 +36,7 @@ import contextlib
 import hashlib
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -64,6 +69,7 @@ DOM_NS = "dom"
 SCREENSHOT_NS = "screenshot"
 MHTML_NS = "mhtml"
 _SAMPLE = 0.1  # seconds between DOM samples while settling
+_SAFE = frozenset({"GET", "HEAD"})  # methods a render may send outside the crawl's scope
 _SERIALIZE = ("(document.doctype ? new XMLSerializer().serializeToString(document.doctype)"
               " + '\\n' : '') + document.documentElement.outerHTML")
 
@@ -98,9 +104,13 @@ class Renderer:
 
     def __init__(self, *, artifacts: ArtifactBackend, client: Client, run_id: str,
                  user_agent: str, max_body_bytes: int,
-                 options: RenderOptions | None = None) -> None:
+                 options: RenderOptions | None = None,
+                 unsafe_refusal: Callable[[str], str | None] | None = None) -> None:
         self.artifacts = artifacts
         self.client = client
+        # Why a request other than GET or HEAD to a URL is not made (the crawl's scope),
+        # or None to make it; no function: every such request is made.
+        self.unsafe_refusal = unsafe_refusal
         self.run_id = run_id
         self.user_agent = user_agent
         self.max_body_bytes = max_body_bytes
@@ -194,10 +204,24 @@ class Renderer:
         return Rendered(render, attempts, captured.dom, stored.refs, stored.refs_truncated)
 
     async def _forward(self, render_id: str, request: BrowserRequest) -> FetchResult:
+        if request.method not in _SAFE and self.unsafe_refusal is not None:
+            why = self.unsafe_refusal(request.url)
+            if why is not None:
+                return self._refused(render_id, request, f"render: a {request.method} "
+                                     f"outside the crawl's scope is not made ({why})")
         return await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
                            sequence=next(self._sequence), user_agent=self.user_agent,
                            max_body_bytes=self.max_body_bytes, extra_headers=request.headers,
                            method=request.method, content=request.body, render_id=render_id)
+
+    def _refused(self, render_id: str, request: BrowserRequest, reason: str) -> FetchResult:
+        """A request not made: an attempt that says why (the browser gets no answer)."""
+        attempt = FetchAttempt(
+            message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
+            url=request.url, sequence=next(self._sequence), started_at=utc_now(),
+            elapsed_ms=0.0, outcome="skipped", method=request.method, error=reason[:2000],
+            render_id=render_id)
+        return FetchResult(attempt, None, None, b"", 0.0)
 
     async def _check_alive(self, browser: Browser) -> None:
         """After a timeout: a browser that does not answer at once is hung; kill it."""

@@ -16,7 +16,9 @@ never depends on what a keep-alive connection carried before.
 - The first GET of the page being rendered is answered from the store: the source
   capture's response head and body as they were read, so the DOM is the rendering of the
   evidence already recorded, not of a second fetch.
-- Every other request is forwarded: method, URL and body as the browser sent them, its
+- Every other request is forwarded (``forward``, which may refuse it: the crawl's network
+  policy and scope, ``_crawl.render``; a refused one gets no answer, and is recorded with
+  its reason): method, URL and body as the browser sent them, its
   headers except hop-by-hop ones, and ``Accept-Encoding: gzip, deflate`` (the codings the
   crawler can remove; ``br`` or ``zstd`` would leave content it cannot derive).
 - ``CONNECT`` (HTTPS through a proxy): the proxy completes TLS with the browser itself,

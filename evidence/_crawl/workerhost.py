@@ -48,6 +48,7 @@ from .._write.wire import (
 )
 from .frontier import CrawlConfig
 from .http import crawl_client
+from .netpolicy import NetworkPolicy
 from .pages import PageWorker
 from .workers import Beat, Bye, Done, Failed, Fetched, Order, Ready, Setup, _down, _read
 
@@ -156,7 +157,9 @@ async def _session(options: HostOptions) -> None:
         config = msgspec.convert(setup.config, CrawlConfig)
         artifacts = await anyio.to_thread.run_sync(lambda: open_artifacts(
             setup.artifacts, local=Path(os.devnull), create=False, read_only=False))
-        http = crawl_client(connections=setup.connections, timeout=setup.timeout)
+        http = crawl_client(connections=setup.connections, timeout=setup.timeout,
+                            policy=NetworkPolicy(allow=config.allow_network,
+                                                 seeds=config.seeds))
         address = f"{options.address[0]}:{options.address[1]}"
         try:
             async with AsyncClient(address=address, token=options.token, tls=options.tls,

@@ -60,6 +60,7 @@ from .._store.resync import SYNC_MARKER
 from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
 from .frontier import CrawlConfig
 from .http import crawl_client
+from .netpolicy import NetworkPolicy
 from .pages import PageEffects, PageOrder, PageWorker
 
 __all__ = ["Setup", "WorkerLost", "WorkerPool"]
@@ -494,7 +495,9 @@ async def _child(fd: int) -> None:
         artifacts = open_artifacts(spec, local=local, create=False, read_only=False,
                                    store_marker=None if server
                                    else Path(setup.store) / SYNC_MARKER)
-        http = crawl_client(connections=setup.connections, timeout=setup.timeout)
+        http = crawl_client(connections=setup.connections, timeout=setup.timeout,
+                            policy=NetworkPolicy(allow=config.allow_network,
+                                                 seeds=config.seeds))
         from ..client import AsyncClient  # here: the package imports this module
 
         try:
