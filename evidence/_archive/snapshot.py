@@ -267,10 +267,10 @@ def _reading(src: ArtifactBackend, ref: ArtifactRef, work: Callable[[], T],
     hint = getattr(cause, "hint", None) or (
         "check what the read needs (the object store's server and credentials, the disk, "
         "the file's permissions), then run the command again")
+    at = "" if where in str(cause) else f" at {where}"
     raise ArtifactReadError(
-        f"cannot read payload {ref.namespace}/{ref.digest} at {where} ({tried} tries): "
-        f"{cause}", hint=hint, namespace=ref.namespace, digest=ref.digest,
-        location=where) from cause
+        f"cannot read payload {ref.namespace}/{ref.digest}{at} ({tried} tries): {cause}",
+        hint=hint, namespace=ref.namespace, digest=ref.digest, location=where) from cause
 
 
 def _in_order(refs: list[ArtifactRef], one: Callable[[ArtifactRef], T],
