@@ -181,20 +181,29 @@ def test_export_backup_and_compare_stop_when_the_object_store_is_killed_mid_read
         finally:
             release.set()
             done = {name: (p.wait(timeout=300), *p.communicate()) for name, p in running.items()}
+        # Killed before the command starts: the store's payload location cannot be opened.
+        before = subprocess.run([sys.executable, "-m", "evidence", "export",
+                                 str(tmp_path / "export"), "--out", str(tmp_path / "later")],
+                                capture_output=True, text=True, env=dict(os.environ),
+                                timeout=300)
+    assert before.returncode == 2, before.stdout + before.stderr
+    assert f"at {proxy.endpoint} failed" in before.stderr and "\nTry: " in before.stderr
+    assert "Traceback" not in before.stderr
     for name, (status, out, err) in done.items():
         assert status == 2, (name, out, err)
         error = err[err.index("Error: "):]  # after the log lines of the tries
         assert error.startswith("Error: cannot read payload body/"), (name, err)
         assert f"({READ_TRIES} tries)" in error and "\nTry: " in error, (name, err)
         assert "Traceback" not in err, (name, err)
-    assert nothing_left(tmp_path, "archive", "copy")
+    assert nothing_left(tmp_path, "archive", "copy", "later")
 
 
 def test_a_payload_file_the_user_may_not_open_fails_the_command_and_is_no_gap() -> None:
     """A store whose payloads are one file each, read as the user nobody, one of them
     mode 000: EACCES is no verdict on the payload, so export, backup and compare --full
     (which reads it; without --full, compare looks at its size only) exit 2 naming its
-    file (before issue 29: an archive with an artifact_corrupt gap, exit 0)."""
+    file (before issue 29: an archive with an artifact_corrupt gap, exit 0); and so does
+    restore of an archive whose payload file is mode 000 (it said "altered or damaged")."""
     with world_dir() as d:
         with Store.create(d / "store", artifact_layout="files") as store:
             bodies = fill(store)
@@ -202,15 +211,22 @@ def test_a_payload_file_the_user_may_not_open_fails_the_command_and_is_no_gap() 
         locked.chmod(0o000)
         (d / "out").mkdir(mode=0o777)
         (d / "out").chmod(0o777)
-        for args in (["export", str(d / "store"), "--out", str(d / "out" / "archive")],
-                     ["backup", str(d / "store"), "--out", str(d / "out" / "copy")],
-                     ["compare", str(d / "store"), str(d / "store"), "--full"]):
+        export(d / "store", d / "archive")  # as root, whom no mode stops
+        in_archive = d / "archive" / "artifacts" / "body" / bodies[1].digest[:2] / \
+            bodies[1].digest
+        in_archive.chmod(0o000)
+        for args, file in (
+                (["export", str(d / "store"), "--out", str(d / "out" / "archive")], locked),
+                (["backup", str(d / "store"), "--out", str(d / "out" / "copy")], locked),
+                (["compare", str(d / "store"), str(d / "store"), "--full"], locked),
+                (["restore", str(d / "archive"), "--store", str(d / "out" / "new")],
+                 in_archive)):
             done = as_nobody(*args)
             assert done.returncode == 2, (args, done.stdout, done.stderr)
             tries, error = done.stderr.split("Error: ")  # each try that failed is logged
             assert tries.count("trying again") == READ_TRIES - 1, done.stderr
             assert error.startswith(f"cannot read payload body/{bodies[1].digest} "
-                                    f"({READ_TRIES} tries): could not open artifact {locked}: "
+                                    f"({READ_TRIES} tries): could not open artifact {file}: "
                                     "Permission denied\nTry: "), done.stderr
             assert "Traceback" not in done.stderr
         assert list((d / "out").iterdir()) == []
