@@ -231,12 +231,13 @@ def _from_source(read: Callable[[], T]) -> T:
         raise _ReadFailed(exc) from exc
 
 
+_CHUNK = 1 << 20
+
+
 def _chunks_of(handle: BinaryIO) -> Iterator[bytes]:
+    """A source payload's bytes as a destination's ``put`` streams them."""
     while chunk := _from_source(lambda: handle.read(_CHUNK)):
         yield chunk
-
-
-_CHUNK = 1 << 20
 
 
 def _reading(src: ArtifactBackend, ref: ArtifactRef, work: Callable[[], T],
