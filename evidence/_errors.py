@@ -11,7 +11,9 @@
     │   ├── NamespaceError          a namespace that is not [a-z0-9_-]{1,32}
     │   ├── PayloadTooLargeError    a payload over the configured size limit
     │   ├── ArtifactMissingError    a referenced payload is not on disk
-    │   └── ArtifactCorruptError    a payload whose bytes no longer match its digest
+    │   ├── ArtifactCorruptError    a payload whose bytes no longer match its digest
+    │   └── ArtifactReadError       a payload that could not be read (a server, a disk,
+    │                               permissions): no verdict on it, so never a gap
     ├── BrowserError                headless Chromium (rendering): missing, crashed, hung
     ├── MessageError                a message that cannot be decoded or is not valid
     ├── NotFoundError               the store has no record of the attempt, URL or run asked for
@@ -37,6 +39,7 @@ __all__ = [
     "ArtifactCorruptError",
     "ArtifactError",
     "ArtifactMissingError",
+    "ArtifactReadError",
     "BrowserError",
     "CommitError",
     "CorruptStoreError",
@@ -129,6 +132,16 @@ class ArtifactMissingError(ArtifactError):
 
 class ArtifactCorruptError(ArtifactError):
     """A stored artifact's bytes do not hash to its digest."""
+
+
+class ArtifactReadError(ArtifactError):
+    """A payload could not be read, after a few tries: the object store was unreachable,
+    timed out, answered 5xx or refused the credentials, or a file could not be opened.
+
+    Unlike ``ArtifactMissingError`` and ``ArtifactCorruptError`` it says nothing about the
+    evidence, so it is never recorded as a gap: ``export``, ``backup`` and ``restore``
+    stop and leave nothing at their target, and ``compare`` gives no verdict.
+    """
 
 
 class BrowserError(EvidenceError):

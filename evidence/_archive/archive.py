@@ -9,7 +9,8 @@
               section hashes and the Merkle root must equal the manifest, and the schema
               must equal what the migrations create. Only then does the store appear.
     compare   two stores or archives, reduced to the same private copies, compared by
-              table, by run, by a fixed set of report queries and row by row.
+              table, by run, by a fixed set of report queries and row by row; and their
+              payloads: which each side references and holds (``full``: re-hashed).
 
 Invariant: a target directory is never half-written. Everything is built in a hidden
 sibling and renamed into place when complete and checked (``_archive.snapshot.building``).
@@ -28,6 +29,7 @@ import msgspec
 
 from .._errors import CorruptStoreError, MigrationError, StoreError
 from .._store.artifacts import ArtifactStore
+from .._store.backend import ArtifactBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_file
 from .._store.location import is_postgres_location, redact
@@ -46,6 +48,7 @@ from .export import (
     tables,
 )
 from .snapshot import (
+    HELD,
     MANIFEST,
     Progress,
     Source,
@@ -53,6 +56,7 @@ from .snapshot import (
     building,
     copy_artifacts,
     open_source,
+    payload_states,
 )
 
 __all__ = ["BackupReport", "Comparison", "Difference", "RestoreReport", "backup", "compare",
@@ -96,9 +100,10 @@ def backup(source: Source, out_dir: os.PathLike[str] | str, *,
     The result is itself a store (``evidence.db`` in WAL mode and ``artifacts/``), plus
     ``backup.json`` (this report). Findings (a referenced artifact missing from the source,
     a log that does not check) are reported, not raised: the copy is still the best there is.
+    A payload that cannot be read is no finding: ``ArtifactReadError``, and nothing is left
+    at ``out_dir``.
     """
-    backend, artifacts = open_source(source)
-    with building(out_dir, "backup") as tmp:
+    with open_source(source) as (backend, artifacts), building(out_dir, "backup") as tmp:
         db = tmp / DB_NAME
         pages = backend.copy_snapshot(db, progress=progress)
         with map_sqlite_errors(db):
@@ -369,8 +374,13 @@ def _restore_postgres(archive: Path, manifest: Manifest, migrations: list, locat
                 refs = artifact_refs(conn)
         finally:
             conn.close()
-        copied, gaps = copy_artifacts(refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False),
-                                      ArtifactStore(tmp, max_payload=2**62), progress)
+        restored = ArtifactStore(tmp, max_payload=2**62)
+        try:
+            copied, gaps = copy_artifacts(
+                refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True),
+                restored, progress)
+        finally:
+            restored.close()
         known = {(g.kind, g.subject) for g in manifest.gaps}
         problems += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
                      if (g.kind, g.subject) not in known]
@@ -420,10 +430,11 @@ REPORTS = {
 
 
 class Difference(msgspec.Struct, frozen=True, kw_only=True):
-    """One thing that differs. ``a``/``b`` are None where that side has nothing."""
+    """One thing that differs. ``a``/``b`` are None where that side has nothing (for a
+    payload: where that side's rows do not reference it)."""
 
-    what: str  # archive, schema, table, run, report, row
-    name: str  # the table, run, report or archive
+    what: str  # archive, schema, table, run, report, payload, row
+    name: str  # the table, run, report, archive or payload (namespace/digest)
     key: str = ""  # the table of a run, the report row, the row's primary key
     a: str | None = None
     b: str | None = None
@@ -441,6 +452,8 @@ class Side(msgspec.Struct, frozen=True, kw_only=True):
     tree_size: int
     root: str
     rows: int
+    payloads: int = 0  # the payloads its rows reference
+    payloads_held: int = 0  # of those, the ones it holds (full: whose bytes re-hashed)
 
 
 class Comparison(msgspec.Struct, frozen=True, kw_only=True):
@@ -451,23 +464,29 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
     runs: int
     report_rows: int
     differences: list[Difference]
+    payloads: int = 0  # payloads compared: referenced by either side
+    full: bool = False  # their bytes were re-hashed (else: present, with their size)
 
 
-def compare(a: Source, b: Source, *, rows_per_table: int = 20,
+def compare(a: Source, b: Source, *, full: bool = False, rows_per_table: int = 20,
             scratch: os.PathLike[str] | str | None = None,
             progress: Progress | None = None) -> Comparison:
     """Compare two stores or archives; ``equal`` only when nothing at all differs.
 
     Each side becomes a private database (a store's snapshot, an archive's loaded dump) in
     a temporary directory under ``scratch``. Up to ``rows_per_table`` differing rows are
-    listed per table, each by primary key with the columns that differ.
+    listed per table, each by primary key with the columns that differ. The payloads are
+    the evidence too: each side's referenced payloads are looked up where that side keeps
+    them (present with their size; ``full``: their bytes re-hashed), and one referenced or
+    held by one side only, or corrupt on one side only, is a difference. A payload that
+    cannot be read raises ``ArtifactReadError``: no verdict is given without it.
     """
     with tempfile.TemporaryDirectory(prefix="evidence-compare-", dir=scratch) as tmp:
         paths = [Path(tmp) / "a.db", Path(tmp) / "b.db"]
         diffs: list[Difference] = []
         summaries = []
         for source, path in zip((a, b), paths, strict=True):
-            summary, notes = _summarize(source, path, progress)
+            summary, notes = _summarize(source, path, full, progress)
             summaries.append(summary)
             diffs += notes
         sa, sb = summaries
@@ -479,34 +498,64 @@ def compare(a: Source, b: Source, *, rows_per_table: int = 20,
     return Comparison(a=sa["side"], b=sb["side"], equal=not diffs,
                       tables=len(set(sa["tables"]) | set(sb["tables"])),
                       runs=len({r for r, _ in sa["runs"]} | {r for r, _ in sb["runs"]}),
-                      report_rows=sum(len(r) for r in sa["reports"].values()), differences=diffs)
+                      report_rows=sum(len(r) for r in sa["reports"].values()), differences=diffs,
+                      payloads=len(set(sa["payloads"]) | set(sb["payloads"])), full=full)
 
 
-def _summarize(source: Source, path: Path, progress: Progress | None
+def _summarize(source: Source, path: Path, full: bool, progress: Progress | None
                ) -> tuple[dict, list[Difference]]:
+    payloads: ArtifactBackend | None
     notes: list[Difference] = []
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, Store) or is_postgres_location(source) or not (
+                Path(source) / MANIFEST).exists():
+            backend, payloads = stack.enter_context(open_source(source))
+            backend.copy_snapshot(path, progress=progress)
+            summary = _summarize_copy(source, "store", apsw.Connection(str(path)), path,
+                                      progress)
+        else:
+            assert not isinstance(source, Store)
+            conn, notes = _load_archive(Path(source), path, progress)
+            summary = _summarize_copy(source, "archive", conn, path, progress)
+            payloads = _archive_payloads(Path(source))
+            if payloads is not None:
+                stack.callback(payloads.close)
+        states = payload_states(summary.pop("refs"), payloads, full=full, progress=progress)
+    side = msgspec.structs.replace(summary["side"], payloads=len(states), payloads_held=sum(
+        state == HELD for state in states.values()))
+    return {**summary, "side": side, "payloads": states}, notes
+
+
+def _load_archive(archive: Path, path: Path, progress: Progress | None
+                  ) -> tuple[apsw.Connection, list[Difference]]:
+    """An archive's dump loaded into ``path``; a dump that does not match its manifest is a
+    difference (it is compared as it is)."""
+    notes: list[Difference] = []
+    manifest = read_manifest(archive)
+    if manifest.format != "sql":
+        raise StoreError(f"{archive} is a {manifest.format} export; compare reads sql "
+                         "archives", hint="export with --format sql")
+    dump_file = archive / "dump.sql"
+    if not dump_file.is_file():
+        raise CorruptStoreError(f"{dump_file} is missing", path=str(dump_file))
+    if not _file_matches(dump_file, manifest.files.get("dump.sql")):
+        notes.append(Difference(what="archive", name=str(archive), key="dump.sql",
+                                a="does not match its manifest (size or BLAKE3)"))
+    return load_dump(dump_file, path, progress), notes
+
+
+def _archive_payloads(archive: Path) -> ArtifactStore | None:
+    """An archive's payload files, read-only; None when it has no ``artifacts/``."""
+    if not (archive / ARTIFACTS_DIR).is_dir():
+        return None
+    return ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True)
+
+
+def _summarize_copy(source: Source, kind: str, conn: apsw.Connection, path: Path,
+                    progress: Progress | None) -> dict:
+    """What is compared of one side's private copy (``conn``, closed here)."""
     label = source.location if isinstance(source, Store) else (
         redact(str(source)) if is_postgres_location(source) else str(source))
-    kind = "store" if isinstance(source, Store) or is_postgres_location(source) or not (
-        Path(source) / MANIFEST).exists() else "archive"
-    if kind == "store":
-        backend, _artifacts = open_source(source)
-        backend.copy_snapshot(path, progress=progress)
-        conn = apsw.Connection(str(path))
-    else:
-        assert not isinstance(source, Store)
-        kind = "archive"
-        manifest = read_manifest(source)
-        if manifest.format != "sql":
-            raise StoreError(f"{source} is a {manifest.format} export; compare reads sql "
-                             "archives", hint="export with --format sql")
-        dump_file = Path(source) / "dump.sql"
-        if not dump_file.is_file():
-            raise CorruptStoreError(f"{dump_file} is missing", path=str(dump_file))
-        if not _file_matches(dump_file, manifest.files.get("dump.sql")):
-            notes.append(Difference(what="archive", name=label, key="dump.sql",
-                                    a="does not match its manifest (size or BLAKE3)"))
-        conn = load_dump(dump_file, path, progress)
     with contextlib.closing(conn), map_sqlite_errors(path):
         per_run: dict[tuple[str, str], list] = {}
         schema, sections = dump(conn, Output(None), per_run=per_run, progress=progress)
@@ -520,12 +569,14 @@ def _summarize(source: Source, path: Path, progress: Progress | None
         head = load_head(conn)
         meta = dict(conn.execute("SELECT key, value FROM store_meta"))
         columns = {t.name: (t.columns, t.order) for t in tables(conn)}
+        refs = artifact_refs(conn)
     side = Side(source=label, kind=kind, store_id=meta.get("store_id", ""),
                 tree_size=head.tree.size, root=head.tree.root().hex(),
                 rows=sum(s.rows for s in sections.values()))
     return {"side": side, "schema": schema.blake3, "columns": columns, "reports": reports,
             "tables": {t: (s.rows, s.blake3) for t, s in sections.items()},
-            "runs": {k: (n, h.hexdigest()) for k, (n, h) in per_run.items()}}, notes
+            "runs": {k: (n, h.hexdigest()) for k, (n, h) in per_run.items()},
+            "refs": refs}
 
 
 def _show(value: tuple[int, str] | None) -> str | None:
@@ -558,6 +609,11 @@ def _diff_summaries(sa: dict, sb: dict) -> list[Difference]:
                     what="report", name=report, key=", ".join(map(str, key)),
                     a=None if key not in ra else ", ".join(map(str, ra[key])),
                     b=None if key not in rb else ", ".join(map(str, rb[key]))))
+    pa, pb = sa["payloads"], sb["payloads"]
+    for ref in sorted(set(pa) | set(pb), key=lambda r: (r.namespace, r.digest, r.size)):
+        if pa.get(ref) != pb.get(ref):
+            diffs.append(Difference(what="payload", name=f"{ref.namespace}/{ref.digest}",
+                                    a=pa.get(ref), b=pb.get(ref)))
     return diffs
 
 

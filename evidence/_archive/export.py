@@ -511,12 +511,12 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
     ``tables/*.jsonl|csv``), ``artifacts/`` with exactly the referenced payloads, and
     ``manifest.json``. ``run_id`` limits it to one run and what that run references.
     Missing or corrupt artifacts, runs not completed and log findings are recorded as
-    gaps, not raised: an archive of a damaged store still says what it holds.
+    gaps, not raised: an archive of a damaged store still says what it holds. A payload
+    that cannot be read is no gap: ``ArtifactReadError``, and nothing is left at ``out``.
     """
     if format not in ("sql", "jsonl", "csv"):
         raise StoreError(f"format must be 'sql', 'jsonl' or 'csv', not {format!r}")
-    backend, artifacts = open_source(source)
-    with building(out, "exporting") as tmp:
+    with open_source(source) as (backend, artifacts), building(out, "exporting") as tmp:
         scratch = tmp / SNAPSHOT
         backend.copy_snapshot(scratch, progress=progress)
         with map_sqlite_errors(scratch):
@@ -538,8 +538,10 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
         # An archive keeps one file per payload (layout 2), whatever the store uses: its
         # format does not change with the store's (docs/archives.md).
         archived = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
-        _copied, gaps = copy_artifacts(refs, artifacts, archived, progress)
-        archived.close()
+        try:
+            _copied, gaps = copy_artifacts(refs, artifacts, archived, progress)
+        finally:
+            archived.close()
         manifest = Manifest(
             format_version=FORMAT_VERSION, format=format, run_id=run_id,
             excluded_tables=excluded, schema=schema, tables=sections, files=files,

@@ -2,17 +2,23 @@
 the payloads (``export``, ``backup``, ``restore`` and ``compare`` share these).
 
     source     ``open_source``: a ``Store``, a store directory or a PostgreSQL connection
-               string, read-only, as (database backend, artifact store); an archive and a
-               store newer than this program are refused. The backend's ``copy_snapshot``
-               then takes the one consistent snapshot an archive is made from.
+               string, read-only, as (database backend, artifact store) for the length of
+               a ``with`` block that closes what it opened; an archive and a store newer
+               than this program are refused. The backend's ``copy_snapshot`` then takes
+               the one consistent snapshot an archive is made from.
     build      ``building``: a hidden, flock'ed sibling directory, renamed onto the target
                only when complete; ``stale_builds``: the ones a killed process left.
     artifacts  ``artifact_refs``: the payloads a snapshot's rows reference, in row order;
                ``copy_artifacts``: each copied and re-hashed as it is written, a missing or
-               corrupt one reported as a ``Gap`` (the manifest's list of what is lacking).
+               corrupt one reported as a ``Gap`` (the manifest's list of what is lacking);
+               ``payload_states``: whether each is held (``compare``).
 
-Invariant: a target directory is never half-written: it holds nothing, or a finished and
-fsynced build. The bytes of a dump are ``export``'s (``_archive/export.py``).
+Invariants: a target directory is never half-written: it holds nothing, or a finished and
+fsynced build. A payload the source cannot read (a closed or unreachable object store, a
+timeout, a 5xx, credentials, a file's permissions) is never a gap: a gap says what the
+store lacks, and a failure to read says nothing about the evidence. It is tried again a
+few times (``READ_TRIES``), then ``ArtifactReadError`` ends the command and its build. The
+bytes of a dump are ``export``'s (``_archive/export.py``).
 """
 
 from __future__ import annotations
@@ -24,16 +30,20 @@ import os
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import apsw
 import msgspec
 
 from .._errors import (
+    ArtifactCorruptError,
     ArtifactError,
     ArtifactMissingError,
+    ArtifactReadError,
     CorruptStoreError,
     MigrationError,
     StoreError,
@@ -46,8 +56,9 @@ from .._store.fsync import fsync_dir
 from .._store.location import is_postgres_location
 from .._store.sqlite import SQLiteBackend, load_migrations
 
-__all__ = ["MANIFEST", "Gap", "Progress", "Source", "artifact_refs", "building",
-           "copy_artifacts", "open_source", "stale_builds"]
+__all__ = ["CORRUPT", "HELD", "MANIFEST", "MISSING", "READ_TRIES", "Gap", "Progress", "Source",
+           "artifact_refs", "building", "copy_artifacts", "open_source", "payload_states",
+           "stale_builds"]
 
 log = logging.getLogger("evidence.archive")
 
@@ -66,13 +77,22 @@ class Gap(msgspec.Struct, frozen=True, kw_only=True, order=True):
 
 # --- the source: a store, read-only, never an archive ------------------------------
 
-def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
-    """(database backend, artifact store) of a Store or a store directory."""
+@contextlib.contextmanager
+def open_source(source: Source) -> Iterator[tuple[StoreBackend, ArtifactBackend]]:
+    """(database backend, artifact store) of a Store, a store directory or a PostgreSQL
+    connection string, open for the ``with`` block and closed when it ends.
+
+    Nothing is handed out whose owner is already closed: what this opens (a PostgreSQL
+    store's connection, an object store's client) lives exactly as long as the block. A
+    ``Store`` passed in is its caller's, and stays open.
+    """
     if isinstance(source, Store):
-        return source.backend, source.artifacts
+        yield source.backend, source.artifacts
+        return
     if is_postgres_location(source):  # the version is checked at open
         with Store.open(source, read_only=True) as store:
-            return store.backend, store.artifacts
+            yield store.backend, store.artifacts
+        return
     root = Path(source)
     if not (root / DB_NAME).is_file():
         if (root / MANIFEST).is_file():
@@ -84,8 +104,12 @@ def open_source(source: Source) -> tuple[StoreBackend, ArtifactBackend]:
     _check_schema_version(backend)
     with backend.snapshot() as conn:
         spec = artifactspec.recorded(conn)
-    return backend, artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR,
-                                                create=False, read_only=True)
+    artifacts = artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR, create=False,
+                                            read_only=True)
+    try:
+        yield backend, artifacts
+    finally:
+        artifacts.close()
 
 
 def _check_schema_version(backend: StoreBackend) -> None:
@@ -185,24 +209,115 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
 
 # --- the payloads a snapshot references ------------------------------------------------
 
+READ_TRIES = 3  # tries of one payload's read before the command fails (a failure is no gap)
+READ_BACKOFF = 0.25  # seconds before the second try, doubling
+
+T = TypeVar("T")
+
+
+class _ReadFailed(Exception):
+    """The source failed while a payload was read, even inside the destination's ``put``:
+    kept apart from the destination's own errors, which are never retried."""
+
+    def __init__(self, cause: ArtifactError | OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _from_source(read: Callable[[], T]) -> T:
+    try:
+        return read()
+    except (ArtifactError, OSError) as exc:
+        raise _ReadFailed(exc) from exc
+
+
+_CHUNK = 1 << 20
+
+
+def _chunks_of(handle: BinaryIO) -> Iterator[bytes]:
+    """A source payload's bytes as a destination's ``put`` streams them."""
+    while chunk := _from_source(lambda: handle.read(_CHUNK)):
+        yield chunk
+
+
+def _reading(src: ArtifactBackend, ref: ArtifactRef, work: Callable[[], T],
+             stop: threading.Event) -> T | ArtifactMissingError | ArtifactCorruptError:
+    """``work()``, whose reads of ``ref`` from ``src`` raise ``_ReadFailed``; the verdict
+    on a payload the store lacks (``ArtifactMissingError``, ``ArtifactCorruptError``) is
+    returned. Any other read failure is tried again, ``READ_TRIES`` times in all, then
+    raised as ``ArtifactReadError``; the destination's errors pass through untouched."""
+    delay, tried = READ_BACKOFF, 0
+    while True:
+        tried += 1
+        try:
+            return work()
+        except _ReadFailed as failed:
+            cause = failed.cause
+        if isinstance(cause, ArtifactMissingError | ArtifactCorruptError):
+            return cause
+        if tried >= READ_TRIES or stop.is_set():
+            break
+        log.warning("reading payload %s/%s failed (%s); trying again in %.2f s",
+                    ref.namespace, ref.digest, cause, delay)
+        if stop.wait(delay):
+            break
+        delay *= 2
+    where = ref.namespace + "/" + ref.digest
+    with contextlib.suppress(Exception):
+        where = src.location(ref)
+    hint = getattr(cause, "hint", None) or (
+        "check what the read needs (the object store's server and credentials, the disk, "
+        "the file's permissions), then run the command again")
+    at = "" if where in str(cause) else f" at {where}"
+    raise ArtifactReadError(
+        f"cannot read payload {ref.namespace}/{ref.digest}{at} ({tried} tries): {cause}",
+        hint=hint, namespace=ref.namespace, digest=ref.digest, location=where) from cause
+
+
+def _in_order(refs: list[ArtifactRef], one: Callable[[ArtifactRef], T],
+              stop: threading.Event, workers: int) -> Iterator[tuple[ArtifactRef, T]]:
+    """``one(ref)`` of each ref on a few threads, results in ``refs`` order. The first
+    error stops the rest: none still queued starts, and retries end."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(one, ref) for ref in refs]
+        try:
+            for ref, future in zip(refs, futures, strict=True):
+                yield ref, future.result()
+        finally:
+            stop.set()  # after an error, or a consumer that stopped early
+            for future in futures:
+                future.cancel()
+
+
 def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactBackend,
                    progress: Progress | None = None, *, workers: int = 8
                    ) -> tuple[int, list[Gap]]:
-    """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what failed).
+    """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what the source
+    lacks: a payload missing, or whose bytes do not match its digest, as a ``Gap``).
 
-    Each put of a file store fsyncs its file and directories, and a few threads overlap
-    those waits (the artifact store is thread-safe); a pack store's puts are appends, all
-    synced at the end. Results come back in ``refs`` order. The caller closes ``dst``.
+    A payload the source cannot read raises ``ArtifactReadError`` (after ``READ_TRIES``
+    tries), and a failure of ``dst`` is raised as it is: neither says anything about the
+    evidence. Each put of a file store fsyncs its file and directories, and a few threads
+    overlap those waits (the artifact store is thread-safe); a pack store's puts are
+    appends, all synced at the end. Results come back in ``refs`` order. The caller
+    closes ``dst``.
     """
+    stop = threading.Event()
+
+    def put(ref: ArtifactRef) -> ArtifactRef:
+        handle = _from_source(lambda: src.open(ref))
+        with handle:
+            return dst.put(ref.namespace, _chunks_of(handle))
+
     def one(ref: ArtifactRef) -> Gap | None:
+        if stop.is_set():
+            return None  # an earlier error ends the copy: never looked at
         subject = f"{ref.namespace}/{ref.digest}"
-        try:
-            with src.open(ref) as handle:
-                got = dst.put(ref.namespace, handle)
-        except ArtifactMissingError as exc:
-            return Gap(kind="artifact_missing", subject=subject, detail=str(exc))
-        except ArtifactError as exc:
-            return Gap(kind="artifact_corrupt", subject=subject, detail=str(exc))
+        got = _reading(src, ref, lambda: put(ref), stop)
+        if isinstance(got, ArtifactMissingError):
+            return Gap(kind="artifact_missing", subject=subject, detail=str(got))
+        if isinstance(got, ArtifactCorruptError):
+            return Gap(kind="artifact_corrupt", subject=subject, detail=str(got))
         if got.digest == ref.digest:
             return None
         if got not in wanted:  # the bytes on disk are not the ones referenced: no stray copy
@@ -212,14 +327,13 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactB
                    detail=f"the file hashes to {got.digest}")
 
     wanted, copied, gaps = set(refs), 0, []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for i, (ref, gap) in enumerate(zip(refs, pool.map(one, refs), strict=True), 1):
-            if gap is None:
-                copied += ref.size
-            else:
-                gaps.append(gap)
-            if progress:
-                progress("artifacts", i, len(refs))
+    for i, (ref, gap) in enumerate(_in_order(refs, one, stop, workers), 1):
+        if gap is None:
+            copied += ref.size
+        else:
+            gaps.append(gap)
+        if progress:
+            progress("artifacts", i, len(refs))
     # Packs: the copies are durable once synced (one fsync per pack); files already are.
     done = {g.subject for g in gaps}
     dst.sync(r for r in refs if f"{r.namespace}/{r.digest}" not in done)
@@ -227,6 +341,37 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactB
         with contextlib.suppress(OSError):
             (dst.root / ".tmp").rmdir()
     return copied, gaps
+
+
+HELD, MISSING, CORRUPT = "held", "missing", "corrupt"
+
+
+def payload_states(refs: list[ArtifactRef], src: ArtifactBackend | None, *, full: bool,
+                   progress: Progress | None = None, workers: int = 8
+                   ) -> dict[ArtifactRef, str]:
+    """Whether ``src`` holds each payload: ``held`` (there with its size; ``full``: its
+    bytes re-hashed to its digest), ``missing`` or ``corrupt``. ``src`` None: an archive
+    with no ``artifacts/``, holding none. A payload that cannot be read raises
+    ``ArtifactReadError`` (after ``READ_TRIES`` tries): it is neither held nor lacking."""
+    if src is None:
+        return dict.fromkeys(refs, MISSING)
+    stop = threading.Event()
+    check = src.verify if full else src.check
+
+    def one(ref: ArtifactRef) -> str:
+        if stop.is_set():
+            return ""  # an earlier error ends the check: never looked at
+        got = _reading(src, ref, lambda: _from_source(lambda: check(ref)), stop)
+        if isinstance(got, ArtifactMissingError):
+            return MISSING
+        return CORRUPT if isinstance(got, ArtifactCorruptError) else HELD
+
+    states = {}
+    for i, (ref, state) in enumerate(_in_order(refs, one, stop, workers), 1):
+        states[ref] = state
+        if progress:
+            progress("payloads", i, len(refs))
+    return states
 
 
 def artifact_refs(conn: apsw.Connection, condition: str = "1",

@@ -150,8 +150,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .._archive.archive import compare
 
     with Progress() as progress:
-        result = compare(args.a, args.b, rows_per_table=args.rows, scratch=args.scratch,
-                         progress=progress)
+        result = compare(args.a, args.b, full=args.full, rows_per_table=args.rows,
+                         scratch=args.scratch, progress=progress)
     if args.json:
         print_json(result)
     else:
@@ -160,14 +160,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _format_comparison(c: Comparison) -> str:
-    lines = [f"a  {c.a.kind} {c.a.source}  (store {c.a.store_id}, {c.a.rows} rows, "
-             f"tree size {c.a.tree_size})",
-             f"b  {c.b.kind} {c.b.source}  (store {c.b.store_id}, {c.b.rows} rows, "
-             f"tree size {c.b.tree_size})"]
+    lines = [f"{name}  {s.kind} {s.source}  (store {s.store_id}, {s.rows} rows, tree size "
+             f"{s.tree_size}, {s.payloads_held} of {s.payloads} payloads held)"
+             for name, s in (("a", c.a), ("b", c.b))]
     lines += [f"DIFF {d}" for d in c.differences]
     verdict = "equal" if c.equal else f"{len(c.differences)} differences"
     lines.append(f"{verdict}: compared {c.tables} tables, {c.runs} run(s), "
-                 f"{c.report_rows} report rows")
+                 f"{c.report_rows} report rows, {c.payloads} payloads "
+                 f"({'bytes re-hashed' if c.full else 'present, by size; --full re-hashes'})")
     return "\n".join(lines)
 
 
@@ -230,12 +230,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "compare", help="compare two stores or archives; exit 0 only when equal",
         description="Compare A and B (each a store or an archive): per-table and per-run "
         "row counts and hashes, the fixed report queries (pages per status per run, rule "
-        "verdicts per rule, artifacts per media type, edges per run) and the rows that "
-        "differ. Exit status 0 when equal, 1 when anything differs.")
+        "verdicts per rule, artifacts per media type, edges per run), the rows that "
+        "differ, and the payloads: each one either side references, held or not by each "
+        "(present with its size; --full: its bytes re-hashed). Exit status 0 when equal, 1 "
+        "when anything differs, 2 when a payload cannot be read.")
     p.add_argument("a", metavar="A", help="a store directory or an archive")
     p.add_argument("b", metavar="B", help="a store directory or an archive")
     p.add_argument("--rows", type=int, default=20, metavar="N",
                    help="list at most N differing rows per table (default 20)")
+    p.add_argument("--full", action="store_true",
+                   help="re-hash every payload on both sides (default: each is present, "
+                   "with its size)")
     p.add_argument("--scratch", type=Path, metavar="DIR",
                    help="where to put the two temporary copies (default: the system's "
                    "temporary directory)")
