@@ -6,7 +6,7 @@ import evidence
 
 EXPECTED = {
     "NORMALIZER_VERSION", "Ack", "ArtifactCorruptError", "ArtifactError",
-    "ArtifactMissingError", "ArtifactRef", "ArtifactStore", "CommitError",
+    "ArtifactMissingError", "ArtifactReadError", "ArtifactRef", "ArtifactStore", "CommitError",
     "CorruptStoreError", "CrawlConfig", "CrawlOptions", "CrawlResult", "Crawler",
     "Discovery", "EvidenceError", "FetchAttempt", "FrontierUpdate", "HostUpdate", "Message",
     "MessageError", "MigrationError", "NamespaceError", "ObservedRef",

@@ -128,6 +128,8 @@ def reading_commands(store: Path, out: Path) -> dict[str, list[str]]:
         "verify --full": ["verify", str(store), "--full"],
         "export": ["export", str(store), "--out", str(out / "archive")],
         "export warc": ["export", str(store), "--format", "warc", "--out", str(out / "w.warc")],
+        "export wacz": ["export", str(store), "--format", "wacz", "--out", str(out / "w.wacz"),
+                        "--new-key", str(out / "wacz.key")],
         "replay": ["replay", str(store), url, "--out", str(out / "replayed")],
         "report": ["report", str(store), "--run", run_id, "--out", str(out / "report.txt")],
         "compare": ["compare", str(store), str(store)],
@@ -137,7 +139,8 @@ def reading_commands(store: Path, out: Path) -> dict[str, list[str]]:
     }
 
 
-COMMANDS = ["status", "verify", "verify --full", "export", "export warc", "replay", "report",
+COMMANDS = ["status", "verify", "verify --full", "export", "export warc", "export wacz",
+            "replay", "report",
             "compare", "backup", "checkpoint", "prove"]
 
 

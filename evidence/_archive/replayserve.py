@@ -126,7 +126,7 @@ class ReplayServer:
         from .wacz import export_wacz
 
         assert self._dir is not None
-        with Store.open(source) as store:
+        with Store.open(source, read_only=True) as store:
             export_wacz(store, self._dir / "replay.wacz")
         return self._dir / "replay.wacz"
 

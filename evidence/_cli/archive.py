@@ -59,7 +59,7 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
         raise EvidenceError(f"{args.out} already exists; an export never overwrites a file",
                             hint="remove it or choose another name", path=str(args.out))
     key = load_signing_key(args.key) if args.key else None
-    with Store.open(args.store) as store:
+    with Store.open(args.store, read_only=True) as store:
         if args.new_key:
             key = new_signing_key(args.new_key)
         report = export_wacz(store, args.out, key=key)
