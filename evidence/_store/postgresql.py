@@ -853,13 +853,16 @@ class PostgresBackend:
             try:
                 take_writer_lock(conn, wait=False)
             except StoreError as exc:
+                holder = None
+                with contextlib.suppress(Exception):
+                    holder = lock_holder(conn)
                 conn.close()
                 self.lock_lost = WriterLockLost(
                     f"{self.location}: the connection to PostgreSQL was lost, and with it "
-                    f"the writer lock, which another writer holds now ({exc}); this writer "
-                    "stops and writes nothing more", hint="nothing acknowledged is lost: "
-                    "the other writer (a standby that took over) goes on; stop one of "
-                    "them if both were meant to run", path=self.location)
+                    f"the writer lock, held now by {holder or 'another writer'}; this "
+                    "writer stops and writes nothing more", hint="nothing it acknowledged "
+                    "is lost; the writer that has the lock (a standby that took over) goes "
+                    "on", path=self.location)
                 raise self.lock_lost from exc
             except BaseException:
                 conn.close()
