@@ -62,6 +62,7 @@ from .._model.messages import (
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._net import acquire
 from .._store.db import Store
+from .._store.postgresql import OutageTooLong
 from .._write.service import Service
 from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
@@ -210,6 +211,15 @@ def _disk_full(exc: BaseException | None) -> bool:
     return False
 
 
+def _outage_too_long(exc: BaseException | None) -> OutageTooLong | None:
+    """The database outage past its deadline that ``exc`` comes from, if it does."""
+    while exc is not None:
+        if isinstance(exc, OutageTooLong):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
 class Crawler:
     """One run of the crawl configured by ``config`` over ``store``."""
 
@@ -317,6 +327,14 @@ class Crawler:
                     log.exception("run %s failed", self.run_id)
                 with contextlib.suppress(EvidenceError):  # a full disk may refuse this too
                     await self._end(outcome, reason, complete=False)
+                too_long = _outage_too_long(exc)
+                if too_long is not None:
+                    raise StoreError(
+                        f"{too_long}; the run stopped (everything committed before is kept, "
+                        "and the session stays open)",
+                        hint=f"once the server is back, resume: evidence crawl --store "
+                        f"{self.store.location} (--db-outage-deadline SECONDS waits longer)",
+                        path=self.store.location) from exc
                 if _disk_full(exc):
                     raise StoreError(
                         f"{self.store.location}: the disk is full; the run stopped "

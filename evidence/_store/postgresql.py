@@ -108,6 +108,11 @@ class _Unreachable(StoreError):
     """No connection could be made (``Outage.retry`` retries these)."""
 
 
+class OutageTooLong(_Unreachable):
+    """The server stayed out of reach longer than the outage deadline: a command gives up
+    (a crawl stops, its session open, to be resumed)."""
+
+
 class WriterLockLost(StoreError):
     """The writer's connection was lost, and with it its lock, which another writer (a
     standby) holds now: this writer must not write again, and stops."""
@@ -209,9 +214,9 @@ class Outage:
     def _expired(self, exc: BaseException) -> StoreError:
         where = redact(self.location)
         since = _clock(self.since or time.time())
-        return _Unreachable(
+        return OutageTooLong(
             f"{where}: the database has been unreachable since {since}, for longer than "
-            f"the outage deadline of {self.deadline:g} s ({_first_line(exc)})",
+            f"the outage deadline of {self.deadline:g} s ({_first_line(exc.__cause__ or exc)})",
             hint="start the server (or mend the network), then run the command again "
             "(a crawl resumes where it stopped); --db-outage-deadline SECONDS waits longer",
             path=where)
