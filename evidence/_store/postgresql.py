@@ -183,7 +183,7 @@ class Outage:
         while True:
             try:
                 result = attempt()
-            except (_Unreachable, Exception) as exc:
+            except Exception as exc:
                 if not (isinstance(exc, _Unreachable) or is_disconnect(exc)):
                     raise
                 left = self._lost(exc)
