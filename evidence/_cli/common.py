@@ -178,6 +178,16 @@ def seconds(text: str) -> float:
     return value
 
 
+def add_outage_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--db-outage-deadline``: how long a PostgreSQL store's server may be out of reach."""
+    p.add_argument("--db-outage-deadline", type=positive_seconds, default=60.0,
+                   metavar="SECONDS",
+                   help=f"a PostgreSQL store: while its server is out of reach (a restart, a "
+                   f"dropped session) {what} waits, reconnecting with backoff, and goes on; "
+                   "past this many seconds of one outage it fails, with nothing acknowledged "
+                   "lost (default %(default)s)")
+
+
 def positive_seconds(text: str) -> float:
     value = seconds(text)
     if value == 0:

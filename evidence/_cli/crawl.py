@@ -29,6 +29,7 @@ from .._store.runlock import stop
 from .common import (
     Parser,
     add_listen_options,
+    add_outage_option,
     apply_config,
     config_toml,
     confirm,
@@ -165,7 +166,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                             hint="add --yes to skip the question")
     log_to(stderr)
     with Store.create(args.store if postgres else path, sync=args.sync,
-                      artifacts=args.artifacts) as store, store.writer_lock():
+                      artifacts=args.artifacts, db_outage_deadline=args.db_outage_deadline
+                      ) as store, store.writer_lock():
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
         progress = _CrawlProgressLine(stderr)
@@ -329,6 +331,9 @@ class _CrawlProgressLine:
                 f"{p.pages_per_second:.1f} pages/s")
         if p.limited_by:
             text += "; fewer in flight: " + "; ".join(p.limited_by)
+        if p.database_unreachable_since is not None:
+            text = (f"paused: database unreachable since {p.database_unreachable_since}, "
+                    f"retrying; {text}")
         return text
 
     def say(self, text: str) -> None:
@@ -612,6 +617,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--yes", action="store_true", help="do not ask to confirm --clean")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
+    add_outage_option(p, "the crawl")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     note_given(p)  # last: --config fills in only what the command line left out
     p.set_defaults(func=_cmd_crawl, crawl_parser=p)

@@ -23,7 +23,13 @@ from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
 from .._write.wire import ServiceError, ServiceStatistics
 from .._write.writer import WriterLimits
-from .common import add_listen_options, listen_options, log_to, print_json
+from .common import (
+    add_listen_options,
+    add_outage_option,
+    listen_options,
+    log_to,
+    print_json,
+)
 
 __all__ = ["add_commands"]
 
@@ -39,7 +45,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     postgres = is_postgres_location(args.store)
     path = Path(args.store)
     with Store.open(args.store if postgres else path, sync=args.sync,
-                    artifacts=args.artifacts) as store:
+                    artifacts=args.artifacts,
+                    db_outage_deadline=args.db_outage_deadline) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
         # nothing, not even the lock file.
         service = Service(
@@ -134,6 +141,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only)")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
+    add_outage_option(p, "the service")
     limits, writer = ServiceLimits(), WriterLimits()
     p.add_argument("--max-frame-bytes", metavar="N", type=int, default=limits.max_frame_bytes,
                    help="largest request (one message or group) accepted, in bytes "

@@ -54,6 +54,7 @@ from .._model.messages import (
     SessionEnded,
     SessionStarted,
     SettledUrl,
+    format_time,
     new_id,
     parse_time_text,
     utc_now,
@@ -61,6 +62,7 @@ from .._model.messages import (
 from .._model.urls import normalize_url, resolve_reference, url_host
 from .._net import acquire
 from .._store.db import Store
+from .._store.postgresql import OutageTooLong
 from .._write.service import Service
 from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
@@ -143,6 +145,9 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     last_error: str | None = None  # the latest, as logged
     limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so
     worker_hosts: list[str] = []  # the worker hosts serving the run, with --listen
+    # While the database server is out of reach (a PostgreSQL restart): since when (UTC,
+    # as now_text spells it). The run waits meanwhile, up to the store's outage deadline.
+    database_unreachable_since: str | None = None
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -208,6 +213,15 @@ def _disk_full(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__
     return False
+
+
+def _outage_too_long(exc: BaseException | None) -> OutageTooLong | None:
+    """The database outage past its deadline that ``exc`` comes from, if it does."""
+    while exc is not None:
+        if isinstance(exc, OutageTooLong):
+            return exc
+        exc = exc.__cause__
+    return None
 
 
 def robots_backoff(failures: int) -> float:
@@ -330,6 +344,14 @@ class Crawler:
                     log.exception("run %s failed", self.run_id)
                 with contextlib.suppress(EvidenceError):  # a full disk may refuse this too
                     await self._end(outcome, reason, complete=False)
+                too_long = _outage_too_long(exc)
+                if too_long is not None:
+                    raise StoreError(
+                        f"{too_long}; the run stopped (everything committed before is kept, "
+                        "and the session stays open)",
+                        hint=f"once the server is back, resume: evidence crawl --store "
+                        f"{self.store.location} (--db-outage-deadline SECONDS waits longer)",
+                        path=self.store.location) from exc
                 if _disk_full(exc):
                     raise StoreError(
                         f"{self.store.location}: the disk is full; the run stopped "
@@ -588,11 +610,15 @@ class Crawler:
         self._host(job.host).jobs.append(job)
         self._pending += 1
 
-    def _refill(self) -> None:
+    async def _refill(self) -> None:
         low = self.options.workers * 8
         if self._pending >= low or self._db_exhausted:
             return
-        rows = frontier.queued_after(self._reader, self.session_id, self._cursor, 1000)
+        if self.store.backend.local:
+            rows = frontier.queued_after(self._reader, self.session_id, self._cursor, 1000)
+        else:  # a server: the read may wait out a restart, which must not stall the loop
+            rows = await anyio.to_thread.run_sync(
+                frontier.queued_after, self._reader, self.session_id, self._cursor, 1000)
         for row in rows:
             self._cursor = row.frontier_id
             not_before = parse_time_text(row.not_before)
@@ -643,7 +669,7 @@ class Crawler:
                 if cap is not None and self._documents >= cap:
                     self._capped = True  # what was claimed is fetched: it counts
                     return "capped", f"reached --max-documents {cap}"
-                self._refill()
+                await self._refill()
                 # Claims ahead of the workers are bounded: a URL claimed but never requested
                 # when the crawler is killed counts as an attempt that crashed it. Each
                 # fetch slot has one URL claimed ahead, and pages on their way are bounded
@@ -1034,12 +1060,20 @@ class Crawler:
         """
         # A PostgreSQL store has no directory to put it in: status names the writer instead.
         path = None if self.store.path is None else self.store.path / LIVE_STATS
+        counts = FrontierCounts()
         with self.store.reader() as own:  # counting a large frontier takes a while:
             while not self._stop.is_set():  # its own connection, off the event loop
                 with anyio.move_on_after(self.options.progress_interval):
                     await self._stop.wait()
-                counts = await anyio.to_thread.run_sync(frontier.counts, own, self.session_id)
+                if self._unreachable_since() is None:  # else the last counts, and since when
+                    counts = await anyio.to_thread.run_sync(frontier.counts, own,
+                                                            self.session_id)
                 self._report(started, counts, path)
+
+    def _unreachable_since(self) -> str | None:
+        """Since when the database server is out of reach, while it is (a restart)."""
+        since = getattr(getattr(self.store.backend, "outage", None), "since", None)
+        return None if since is None else format_time(dt.datetime.fromtimestamp(since, dt.UTC))
 
     def _report(self, started: float, counts: FrontierCounts, path: Path | None) -> None:
         elapsed = time.monotonic() - started
@@ -1051,7 +1085,8 @@ class Crawler:
             worker_pids=self._pool.pids if self._pool is not None else [],
             worker_hosts=self._pool.hosts if self._pool is not None else [],
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
-            last_error=self._last_error, limited_by=self._limited_by())
+            last_error=self._last_error, limited_by=self._limited_by(),
+            database_unreachable_since=self._unreachable_since())
         try:
             if path is not None:
                 tmp = path.with_suffix(".tmp")

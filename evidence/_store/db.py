@@ -83,7 +83,7 @@ class Store:
              max_payload: int | None = None, vfs: str | None = None,
              sqlite_version: str | None = None, file_ops: FileOps | None = None,
              read_only: bool = False, artifacts: str | None = None,
-             artifact_layout: Layout = "packs") -> Store:
+             artifact_layout: Layout = "packs", db_outage_deadline: float = 60.0) -> Store:
         """Open (or with ``create=True``, create) the store at ``path``.
 
         ``read_only=True`` opens a store on read-only media or someone else's for reading:
@@ -110,7 +110,9 @@ class Store:
         ``path`` may also be a PostgreSQL connection string (``postgresql://...``, or libpq's
         ``host=... dbname=...``): the store is that database (``_store/pgstore.py``), its
         payloads in the directory or ``s3://`` location ``artifacts`` names (recorded when
-        it is created).
+        it is created). ``db_outage_deadline``: seconds such a server may stay out of reach
+        (a restart, a dropped session) while the store is open before its reads and writes
+        give up; until then they wait and go on (``postgresql.Outage``).
         """
         from .location import is_postgres_location
 
@@ -119,7 +121,8 @@ class Store:
 
             return PostgresStore.open_location(
                 str(path), create=create, read_only=read_only, artifacts=artifacts, sync=sync,
-                max_payload=max_payload, artifact_layout=artifact_layout)
+                max_payload=max_payload, artifact_layout=artifact_layout,
+                outage_deadline=db_outage_deadline)
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
             raise StoreError(f"sync must be 'full' or 'normal', not {sync!r}")

@@ -9,8 +9,11 @@ from a SQLite store, and why:
     ``sync-failed`` marker, no WAL): the writer's lock is an advisory lock in the
     database, and the server owns durability (``postgresql.check_server``);
   - a lost connection is not a lost store: ``reopen_connection`` reconnects with bounded
-    backoff and takes the writer's lock again, so the writer can resolve an in-doubt
-    COMMIT from the commit log and go on (docs/store.md, "PostgreSQL").
+    backoff and takes the writer's lock again before anything is written (or, if another
+    writer took it meanwhile, stops this one for good: ``WriterLockLost``), so the writer
+    can resolve an in-doubt COMMIT from the commit log and go on (docs/store.md,
+    "PostgreSQL"); readers reconnect by themselves, and a standby waiting for the lock
+    connects again and goes on waiting. All of them share one outage clock and deadline.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,12 +37,15 @@ from .location import is_s3_url
 from .packs import Layout, packs_sync_failed, resync_packs
 from .postgresql import (
     DEFAULT_LOCK_TIMEOUT_MS,
+    OUTAGE_DEADLINE,
     PgConnection,
     PostgresBackend,
+    _Unreachable,
     applied_version,
     connect,
     ensure_store_id,
     holder_pid,
+    lock_holder,
     map_pg_errors,
     redact,
     release_writer_lock,
@@ -49,6 +56,8 @@ from .s3 import S3Location
 __all__ = ["PostgresStore", "open_artifacts", "stop_writer"]
 
 log = logging.getLogger("evidence.postgresql")
+
+HOLDER_BACK_SECONDS = 10.0  # a standby that reconnected waits this long for the writer
 
 
 def open_artifacts(spec: str, *, create: bool, read_only: bool, max_payload: int | None,
@@ -118,6 +127,13 @@ class PostgresStore(Store):
         self.db_path = None  # type: ignore[assignment]
         self.vfs = None
         self._lock_depth = 0
+        self._store_id = ""
+
+    @property
+    def store_id(self) -> str:
+        """The store's identity, read when it was opened (it never changes): answering it
+        (the service's handshake) needs no connection to the server."""
+        return self._store_id or self.meta("store_id")
 
     @property
     def location(self) -> str:
@@ -127,15 +143,19 @@ class PostgresStore(Store):
     def open_location(cls, location: str, *, create: bool = False, read_only: bool = False,
                       artifacts: str | None = None, sync: str = "full",
                       max_payload: int | None = None, artifact_layout: Layout = "packs",
-                      lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> PostgresStore:
-        """Open (``create``: create) the store in the database ``location`` names."""
+                      lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+                      outage_deadline: float = OUTAGE_DEADLINE) -> PostgresStore:
+        """Open (``create``: create) the store in the database ``location`` names.
+        ``outage_deadline``: seconds the server may stay out of reach (a restart) while the
+        store is open before its readers and writer give up (``postgresql.Outage``)."""
         if sync != "full":
             raise StoreError("a PostgreSQL store is always sync='full': the server flushes "
                              "every commit (synchronous_commit = on)",
                              hint="leave out --sync for a PostgreSQL store")
         if artifacts is not None and is_s3_url(artifacts) and not read_only:
             artifactspec.check_given(artifacts)  # before anything is created
-        backend = PostgresBackend(location, lock_timeout_ms=lock_timeout_ms)
+        backend = PostgresBackend(location, lock_timeout_ms=lock_timeout_ms,
+                                  outage_deadline=outage_deadline)
         with map_pg_errors(location):
             conn = (connect(location, lock_timeout_ms=lock_timeout_ms, read_only=True)
                     if read_only else backend.connect_writer())
@@ -176,8 +196,10 @@ class PostgresStore(Store):
         except BaseException:
             conn.close()
             raise
-        return cls(backend, conn, store_artifacts, schema_version=version,
-                   read_only=read_only)
+        store = cls(backend, conn, store_artifacts, schema_version=version,
+                    read_only=read_only)
+        store._store_id = meta.get("store_id", "")
+        return store
 
     # --- what differs from a SQLite store ---------------------------------------------
 
@@ -204,13 +226,25 @@ class PostgresStore(Store):
                 release_writer_lock(self.connection)
         with contextlib.suppress(Exception):
             self.connection.close()
-
-        def retry(exc: BaseException, delay: float) -> None:
-            log.warning("PostgreSQL at %s is unreachable (%s); retrying in %.1f s",
-                        self.location, str(exc).strip().splitlines()[0], delay)
-
         with self.errors():
-            self.connection = self.backend.reconnect_writer(on_retry=retry)
+            self.connection = self.backend.reconnect_writer()
+
+    def check_connection(self) -> None:
+        """Make sure the write connection is alive, and so still holds the writer lock:
+        the writer calls this while idle, so that a session the server ended (a restart,
+        ``pg_terminate_backend``) is made again, and its lock taken again, at once, not at
+        the next write, while a standby could take over meanwhile. Raises what
+        ``reopen_connection`` raises (``WriterLockLost``: another writer has the lock)."""
+        try:
+            with self.errors():
+                self.connection.raw.execute("SELECT 1")
+            return
+        except StoreError as exc:
+            if not self.backend.is_disconnect(exc.__cause__ or exc):
+                raise
+        log.warning("the write connection to %s was lost while idle; connecting again",
+                    self.location)
+        self.reopen_connection()
 
     def mark_sync_failed(self, reason: str) -> SyncError:
         """An fsync of a payload pack failed (the database's own fsyncs are the server's,
@@ -249,9 +283,9 @@ class PostgresStore(Store):
         holds it first); else ``StoreError`` at once, naming the holder."""
         self.check_writable()
         if self._lock_depth == 0:
-            with self.errors():
-                take_writer_lock(self.connection, wait=wait, on_wait=on_wait)
+            self._take_writer_lock(wait=wait, on_wait=on_wait)
             self.backend.writer_locked = True
+            self.backend.lock_lost = None
         self._lock_depth += 1
         try:
             yield
@@ -261,6 +295,38 @@ class PostgresStore(Store):
                 self.backend.writer_locked = False
                 with contextlib.suppress(Exception):
                     release_writer_lock(self.connection)
+
+    def _take_writer_lock(self, *, wait: bool, on_wait: Callable[[str], None] | None) -> None:
+        """``take_writer_lock`` on the write connection; a standby (``wait``) whose
+        connection is lost while it waits (the server restarted) connects again, with
+        bounded backoff (``Outage.retry``), and goes on waiting: it stays a standby."""
+        lost = False
+        while True:
+            try:
+                with self.errors():
+                    if lost:
+                        with contextlib.suppress(Exception):
+                            self.connection.close()
+                        self.connection = self.backend.outage.retry(self.backend.connect_writer)
+                        self._let_holder_back()
+                    take_writer_lock(self.connection, wait=wait, on_wait=on_wait)
+                return
+            except StoreError as exc:
+                if not wait or isinstance(exc, _Unreachable) or not self.backend.is_disconnect(
+                        exc.__cause__ or exc):
+                    raise
+            log.warning("standby: the connection to %s was lost while waiting for the "
+                        "writer lock; connecting again", self.location)
+            lost, on_wait = True, None
+
+    def _let_holder_back(self) -> None:
+        """After a restart every session is new and the lock free: the writer this standby
+        stood by takes its lock again as soon as it reconnects (within a second while idle;
+        ``Writer``). Give it ``HOLDER_BACK_SECONDS`` to, so that a blip does not hand the
+        store to the standby (and stop the writer, which would find its lock taken)."""
+        deadline = time.monotonic() + HOLDER_BACK_SECONDS
+        while lock_holder(self.connection) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def writer_claim(self) -> contextlib.AbstractContextManager[None]:
         return self.writer_lock(wait=False)

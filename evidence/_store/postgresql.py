@@ -31,10 +31,11 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
@@ -74,7 +75,8 @@ POSTGRESQL = Dialect(
 )
 
 DEFAULT_LOCK_TIMEOUT_MS = 5_000
-RECONNECT_SECONDS = 60.0  # how long a lost connection is retried before the writer gives up
+OUTAGE_DEADLINE = 60.0  # seconds the server may stay out of reach before a command gives up
+_FIRST_DELAY, _MAX_DELAY = 0.1, 1.0  # reconnect backoff: 0.1 s doubling to 1 s
 MIN_SERVER_VERSION = 130000
 _PG_MIGRATIONS = "postgresql"
 
@@ -103,7 +105,17 @@ _Error, _BusyError, _ConstraintError = _error_classes()
 
 
 class _Unreachable(StoreError):
-    """No connection could be made (``reconnect_writer`` retries these)."""
+    """No connection could be made (``Outage.retry`` retries these)."""
+
+
+class OutageTooLong(_Unreachable):
+    """The server stayed out of reach longer than the outage deadline: a command gives up
+    (a crawl stops, its session open, to be resumed)."""
+
+
+class WriterLockLost(StoreError):
+    """The writer's connection was lost, and with it its lock, which another writer (a
+    standby) holds now: this writer must not write again, and stops."""
 
 
 def is_disconnect(exc: BaseException) -> bool:
@@ -139,6 +151,84 @@ def map_pg_errors(location: str) -> Iterator[None]:
                              path=where, sqlstate=exc.sqlstate) from exc
         raise StoreError(f"{where}: {str(exc).strip()}", path=where,
                          sqlstate=getattr(exc, "sqlstate", None)) from exc
+
+
+# --- outages: the server restarted, or out of reach ------------------------------------
+
+_T = TypeVar("_T")
+
+
+class Outage:
+    """How long a store's server has been out of reach, shared by every connection of one
+    backend (the writer's and the readers'), so that a crawl or a service has one clock for
+    one outage, says once that it waits, and gives up once, past ``deadline`` seconds.
+
+    The clock starts when a connection cannot be *made* (a session that broke is made again
+    at once: after a restart, or after its session was terminated, that just works), and
+    stops at the first connection made again. ``since`` (wall time) is what a progress line
+    shows while it runs."""
+
+    def __init__(self, location: str, deadline: float = OUTAGE_DEADLINE) -> None:
+        self.location = location
+        self.deadline = deadline
+        self.since: float | None = None  # time.time() of the first failed connect
+        self._started = 0.0  # time.monotonic() of the same
+        self._lock = threading.Lock()
+
+    def retry(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt()`` (a connect), again with bounded backoff while the server is out of
+        reach (a refused or lost connection), until the outage is ``deadline`` seconds old:
+        then ``StoreError`` saying so. Any other error is raised at once."""
+        delay = _FIRST_DELAY
+        while True:
+            try:
+                result = attempt()
+            except Exception as exc:
+                if not (isinstance(exc, _Unreachable) or is_disconnect(exc)):
+                    raise
+                left = self._lost(exc)
+                if left <= 0:
+                    raise self._expired(exc) from exc
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, _MAX_DELAY)
+                continue
+            if self.since is not None:
+                self._back()
+            return result
+
+    def _lost(self, exc: BaseException) -> float:
+        with self._lock:
+            if self.since is None:
+                self.since, self._started = time.time(), time.monotonic()
+                log.warning("database unreachable since %s (%s): retrying for up to %g s",
+                            _clock(self.since), _first_line(exc), self.deadline)
+            return self._started + self.deadline - time.monotonic()
+
+    def _back(self) -> None:
+        with self._lock:
+            if self.since is not None:
+                log.warning("database reachable again after %.1f s (unreachable since %s)",
+                            time.monotonic() - self._started, _clock(self.since))
+                self.since = None
+
+    def _expired(self, exc: BaseException) -> StoreError:
+        where = redact(self.location)
+        since = _clock(self.since or time.time())
+        return OutageTooLong(
+            f"{where}: the database has been unreachable since {since}, for longer than "
+            f"the outage deadline of {self.deadline:g} s ({_first_line(exc.__cause__ or exc)})",
+            hint="start the server (or mend the network), then run the command again "
+            "(a crawl resumes where it stopped); --db-outage-deadline SECONDS waits longer",
+            path=where)
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(when))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- the connection: the small part of apsw's the write path and the readers use -------
@@ -189,8 +279,20 @@ class PgCursor:
         self._cursor = conn.raw.cursor()
 
     def execute(self, statement: str, binding: Any = None) -> PgCursor:
-        self._conn._run(self._cursor, statement, binding)
-        return self
+        conn = self._conn
+        if conn.outage is None:
+            conn._run(self._cursor, statement, binding)
+            return self
+        while True:
+            idle = conn.raw.info.transaction_status == TransactionStatus.IDLE
+            try:
+                conn._run(self._cursor, statement, binding)
+                return self
+            except psycopg.Error as exc:
+                if not (idle and is_disconnect(exc)):
+                    raise
+            conn.reopen()  # a read on its own, outside a transaction: run it again
+            self._cursor = conn.raw.cursor()
 
     def executemany(self, statement: str, sequenceofbindings: Any) -> PgCursor:
         self._conn._run_many(self._cursor, statement, sequenceofbindings)
@@ -223,11 +325,22 @@ class PgConnection:
     """A psycopg connection behind ``backend.Connection``: SQLite-style statements, explicit
     BEGIN/COMMIT (the psycopg connection is in autocommit mode, as apsw's is until BEGIN),
     ``changes``/``total_changes`` from row counts, and ``last_insert_rowid`` from the
-    ``RETURNING`` the PostgreSQL dialect adds to the two inserts that need it."""
+    ``RETURNING`` the PostgreSQL dialect adds to the two inserts that need it.
 
-    def __init__(self, raw: Any, location: str) -> None:
+    A reader's connection (``outage`` given, opened read-only) rides through a restart of
+    the server or the end of its session: a statement it runs outside a transaction (every
+    count, frontier read and lookup, and the BEGIN of a snapshot) that finds the connection
+    lost is run again on a new one, made with bounded backoff (``Outage.retry``). Reads are
+    all it runs, so running one again changes nothing. Inside a transaction a lost
+    connection is an error: what the transaction saw cannot be seen again. The writer's
+    connection never does this: the writer resolves a lost batch itself."""
+
+    def __init__(self, raw: Any, location: str, outage: Outage | None = None,
+                 reopen: Callable[[], Any] | None = None) -> None:
         self.raw = raw
         self.location = location
+        self.outage = outage
+        self._reopen = reopen
         self._changes = 0
         self._total = 0
         self._last: Any = None  # the cursor of the last statement (for last_insert_rowid)
@@ -297,6 +410,14 @@ class PgConnection:
     def close(self) -> None:
         self.raw.close()
 
+    def reopen(self) -> None:
+        """Replace the lost connection with a new one (``Outage.retry``: waits for the
+        server, up to the outage deadline)."""
+        assert self.outage is not None and self._reopen is not None
+        with contextlib.suppress(Exception):
+            self.raw.close()
+        self.raw = self.outage.retry(self._reopen)
+
     @property
     def broken(self) -> bool:
         return self.raw.closed or self.raw.broken
@@ -333,9 +454,17 @@ def check_server(conn: PgConnection) -> None:
 
 
 def connect(location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
-            read_only: bool = False) -> PgConnection:
+            read_only: bool = False, outage: Outage | None = None) -> PgConnection:
     """A connection with the policy applied: checked server, synchronous commits, bounded
-    lock waits, results typed as SQLite types them, and a name saying who holds it."""
+    lock waits, results typed as SQLite types them, and a name saying who holds it.
+    ``outage`` (a reader's): the connection is made again when it is lost (``PgConnection``)."""
+    def open_raw() -> Any:
+        return _open_raw(location, lock_timeout_ms=lock_timeout_ms, read_only=read_only)
+
+    return PgConnection(open_raw(), location, outage if read_only else None, open_raw)
+
+
+def _open_raw(location: str, *, lock_timeout_ms: int, read_only: bool) -> Any:
     _need_driver()
     try:
         raw = psycopg.connect(location, autocommit=True,
@@ -350,8 +479,7 @@ def connect(location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
     try:
         for name in ("numeric", "bool"):
             raw.adapters.register_loader(name, _IntLoader)
-        conn = PgConnection(raw, location)
-        check_server(conn)
+        check_server(PgConnection(raw, location))
         raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")
         raw.execute("SET synchronous_commit = on")  # durable when COMMIT returns
         raw.execute("SET idle_in_transaction_session_timeout = 0")
@@ -364,7 +492,7 @@ def connect(location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
     except BaseException:
         raw.close()
         raise
-    return conn
+    return raw
 
 
 # --- migrations ---------------------------------------------------------------------------
@@ -695,13 +823,16 @@ class PostgresBackend:
     ConstraintError = _ConstraintError
 
     def __init__(self, location: str, *, lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
-                 reconnect_seconds: float = RECONNECT_SECONDS) -> None:
+                 outage_deadline: float = OUTAGE_DEADLINE) -> None:
         _need_driver()
         self.conninfo = location
         self.location = redact(location)
         self.lock_timeout_ms = lock_timeout_ms
-        self.reconnect_seconds = reconnect_seconds
+        self.outage = Outage(location, outage_deadline)  # one clock for every connection
         self.writer_locked = False  # the write connection holds the writer lock
+        # Set once the lock could not be taken again after a lost connection: from then
+        # on this store's writer must never write (another one does).
+        self.lock_lost: WriterLockLost | None = None
 
     def connect_writer(self, *, create: bool = False) -> PgConnection:
         return connect(self.conninfo, lock_timeout_ms=self.lock_timeout_ms)
@@ -713,31 +844,33 @@ class PostgresBackend:
         conn.execute("ROLLBACK")
         return False
 
-    def reconnect_writer(self, *, on_retry: Callable[[BaseException, float], None] | None = None
-                         ) -> PgConnection:
-        """A new write connection after the last one was lost, retried with bounded
-        exponential backoff (0.1 s doubling to 2 s, for ``reconnect_seconds`` in all); the
-        writer lock is taken again at once if the old connection held it (if another writer
-        took over meanwhile, that is refused: this one must not write)."""
-        deadline = time.monotonic() + self.reconnect_seconds
-        delay = 0.1
-        while True:
-            try:
-                conn = self.connect_writer()
-                break
-            except (psycopg.OperationalError, _Unreachable) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise
-                if on_retry is not None:
-                    on_retry(exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    def reconnect_writer(self) -> PgConnection:
+        """A new write connection after the last one was lost, made with bounded backoff
+        while the server is out of reach (``Outage.retry``: until the outage deadline). If
+        the old connection held the writer lock, the new one takes it again before anything
+        is written; if another writer holds it by now (a standby took over when the old
+        session ended), ``WriterLockLost``, now and at every later reconnect: this writer
+        must not write again."""
+        if self.lock_lost is not None:
+            raise self.lock_lost
+        conn = self.outage.retry(self.connect_writer)
         if self.writer_locked:
             try:
                 take_writer_lock(conn, wait=False)
+            except StoreError as exc:
+                holder = None
+                with contextlib.suppress(Exception):
+                    holder = lock_holder(conn)
+                conn.close()
+                self.lock_lost = WriterLockLost(
+                    f"{self.location}: the connection to PostgreSQL was lost, and with it "
+                    f"the writer lock, held now by {holder or 'another writer'}; this "
+                    "writer stops and writes nothing more", hint="nothing it acknowledged "
+                    "is lost; the writer that has the lock (a standby that took over) goes "
+                    "on", path=self.location)
+                raise self.lock_lost from exc
             except BaseException:
                 conn.close()
-                self.writer_locked = False
                 raise
         return conn
 
@@ -746,8 +879,11 @@ class PostgresBackend:
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[PgConnection]:
+        """A read-only connection, made again when it is lost (``PgConnection``): a reader
+        that was running rides through a restart of the server. One that cannot connect at
+        first is refused at once."""
         with map_pg_errors(self.conninfo):
-            conn = connect(self.conninfo, read_only=True)
+            conn = connect(self.conninfo, read_only=True, outage=self.outage)
         try:
             yield conn
         finally:
@@ -756,7 +892,7 @@ class PostgresBackend:
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[PgConnection]:
         with self.reader() as conn, map_pg_errors(self.conninfo):
-            conn.raw.execute(POSTGRESQL.begin_read)
+            conn.execute(POSTGRESQL.begin_read)  # on a new connection if this one was lost
             try:
                 yield conn
             finally:

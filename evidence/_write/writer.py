@@ -30,9 +30,12 @@ Invariants (design rules 1-13, docs/design.md):
     resync and the writer stops (``_store.resync``; docs/design.md, "The writer");
   - SQLITE_BUSY at BEGIN gets a bounded number of retries, then the batch fails;
   - on a server database (PostgreSQL) a lost connection is made again with bounded backoff
-    (``_reconnect``): a batch cut before its COMMIT is applied again (the server rolled it
-    back); one cut during its COMMIT is acked only if the commit log holds its row with
-    the chain hash this writer computed, else applied again. Nothing is acked before that.
+    (``_reconnect``), and the writer lock taken again before anything is written (if a
+    standby took it meanwhile, the writer stops): a batch cut before its COMMIT is applied
+    again (the server rolled it back); one cut during its COMMIT is acked only if the
+    commit log holds its row with the chain hash this writer computed, else applied again.
+    Nothing is acked before that. An idle writer checks its connection every
+    ``idle_check`` seconds, so a session ended while idle is made again at once.
 
 Where the time goes and what was measured: docs/benchmarks.md ("Where the time goes").
 """
@@ -78,6 +81,7 @@ from .._store import quarantine as _quarantine
 from .._store.backend import Connection
 from .._store.db import Store
 from .._store.log import LogHead, entry_hash, load_head
+from .._store.postgresql import WriterLockLost
 from . import apply as _apply
 
 __all__ = ["Writer", "WriterHooks", "WriterLimits"]
@@ -96,6 +100,10 @@ class WriterLimits:
     busy_retries: int = 5  # BEGIN IMMEDIATE attempts beyond the first, each after busy_timeout
     verify_artifacts: bool = False  # re-hash referenced artifacts (not just size) on validation
     checkpoint_wal_bytes: int = 32 * 1024 * 1024  # past this, checkpoint after a commit
+    # A server database (PostgreSQL): while no batch comes for this long, the write
+    # connection is checked, so that a session the server ended is made again, and the
+    # writer lock taken again, at once (Store.check_connection). None: never.
+    idle_check: float | None = 1.0
 
 
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
@@ -387,6 +395,7 @@ class Writer:
         # in hand has its outcome (acked if its own COMMIT had succeeded).
         self._stopping: SyncError | None = None
         self._records = _quarantine.BatchRecords()  # reset at the start of every batch
+        self._idle_failure = ""  # what the last idle check could not do (said once)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -551,7 +560,7 @@ class Writer:
                     first, self._carry = self._carry, None
                     if first is None:
                         try:
-                            first = await self._receive.receive()
+                            first = await self._next_or_idle(committer)
                         except anyio.EndOfStream:
                             return
                     job = committer.start(await self._collect(first))
@@ -559,6 +568,43 @@ class Writer:
                     # fsyncs there; not when it committed before any producer runs again).
                     self._busy = not job.done.is_set()
                 job = await self._finish(job)
+
+    async def _next_or_idle(self, committer: _CommitThread | _CommitInline) -> _Group:
+        """The next submission. On a server database, each ``idle_check`` seconds that none
+        comes, the commit thread checks the write connection (``Store.check_connection``):
+        a session the server ended while the writer was idle (a restart, or terminated) is
+        made again and its writer lock taken again now, not at the next write, which leaves
+        no gap for a standby to take over. A lock that another writer took meanwhile
+        (``WriterLockLost``) stops the writer, as at a batch."""
+        every = self.limits.idle_check
+        if not every or getattr(self.store, "check_connection", None) is None:
+            return await self._receive.receive()
+        while True:
+            with anyio.move_on_after(every):
+                return await self._receive.receive()
+            job = committer.start([])  # an empty batch: the check (_commit_batch)
+            with anyio.CancelScope(shield=True):
+                await job.done.wait()
+            if job.error is not None:
+                self._failure = job.error
+                self._fail_queued(WriterClosedError(f"the writer stopped: {job.error}",
+                                                    cause=job.error))
+                raise job.error
+
+    def _check_connection(self) -> None:
+        """On the commit thread, while idle: ``Store.check_connection``. A server still out
+        of reach past the outage deadline is said once and tried again at the next check
+        (the next batch tries too, and fails if it still is): only a lost lock is fatal."""
+        try:
+            self.store.check_connection()  # type: ignore[attr-defined]
+            self._idle_failure = ""
+        except WriterLockLost:
+            raise
+        except EvidenceError as exc:
+            if str(exc) != self._idle_failure:
+                log.warning("the write connection could not be made again while idle: %s",
+                            exc)
+            self._idle_failure = str(exc)
 
     async def _collect(self, first: _Group) -> list[_Pending]:
         """Take what is queued, up to the bounds; linger up to max_batch_delay for more,
@@ -701,6 +747,9 @@ class Writer:
         """Commit ``batch``; ``wait=False``: raise ``_WouldWait`` (nothing done) where the
         write lock is held elsewhere, instead of waiting for it. ``tail`` (a local store,
         ``_CommitInline``): apply it, and return what is left to run elsewhere."""
+        if not batch:  # not a batch: the idle check of _next_or_idle
+            self._check_connection()
+            return []
         committed: bool | None = False
         try:
             for losses in itertools.count(1):
@@ -750,6 +799,8 @@ class Writer:
                 row = [] if lost.acks is None else conn.execute(
                     "SELECT entry_hash FROM commit_log WHERE batch_seq = ?",
                     (batch_seq,)).fetchall()
+        except WriterLockLost:
+            raise  # another writer has the store: this one stops (nothing of it acked)
         except EvidenceError as exc:
             raise CommitError(
                 f"batch {batch_seq}: the database connection was lost and could not be made "
