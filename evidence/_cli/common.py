@@ -316,7 +316,7 @@ def apply_config(args: argparse.Namespace, parser: argparse.ArgumentParser, path
         raise EvidenceError(f"{path}: not valid TOML: {exc}",
                             hint="fix the line it names (https://toml.io)") from exc
     keys = config_keys(parser)
-    given = getattr(args, "given", set())
+    given: set[str] = getattr(args, "given", set())
     found: dict[str, object] = {}
     for key, value in data.items():
         line = _line_of(text, key)

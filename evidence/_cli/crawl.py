@@ -71,7 +71,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_crawl(args: argparse.Namespace) -> int:
     _configure(args)
     if args.print_config:
-        extra = {"seeds": list(args.urls)} if args.urls else {}
+        extra: dict[str, object] = {"seeds": list(args.urls)} if args.urls else {}
         sys.stdout.write(config_toml(args, args.crawl_parser, extra))
         return 0
     result = run_crawl(args)
