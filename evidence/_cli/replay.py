@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .._errors import EvidenceError
 from .._store.db import Store
-from .common import print_json
+from .common import local_path, print_json, store_location
 
 __all__ = ["add_commands"]
 
@@ -86,7 +86,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "and content coding included); --content prints the decoded content instead. "
         "With --serve, serve the whole capture (a store or a WACZ file) for a web browser "
         "through pywb on 127.0.0.1, and list each page's address (docs/replay.md).")
-    p.add_argument("store", metavar="STORE", help="the store directory (with --serve: or a "
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory (with --serve: or a "
                    "WACZ file)")
     p.add_argument("url", metavar="URL", nargs="?",
                    help="the URL (compared by its normalized form)")
@@ -98,7 +99,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--at", metavar="TIME",
                    help="the latest attempt started at or before TIME (ISO 8601, with Z or "
                    "an offset)")
-    p.add_argument("--out", metavar="FILE", help="write the bytes here, not to stdout")
+    p.add_argument("--out", metavar="FILE", type=local_path,
+                   help="write the bytes here, not to stdout")
     part = p.add_mutually_exclusive_group()
     part.add_argument("--headers-only", action="store_true", help="only the response head")
     part.add_argument("--body-only", action="store_true",
