@@ -284,7 +284,8 @@ def object_destination(url: str) -> Iterator[Path]:
 # --- the archive commands, at either kind of location ------------------------------------
 
 def export_to(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
-              format: Literal["sql", "jsonl", "csv"] = "sql", progress: Progress | None = None) -> Manifest:
+              format: Literal["sql", "jsonl", "csv"] = "sql",
+              progress: Progress | None = None) -> Manifest:
     """``export`` to a new directory, or to an empty ``s3://`` prefix (built in a temporary
     directory, then uploaded, ``INDEX.json`` last)."""
     if not is_s3_url(out):

@@ -25,6 +25,7 @@ from .common import (
     archive_location,
     archive_source,
     compare_source,
+    local_directory,
     local_path,
     print_json,
     store_location,
@@ -316,7 +317,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="a store directory or an archive")
     p.add_argument("--rows", type=int, default=20, metavar="N",
                    help="list at most N differing rows per table (default 20)")
-    p.add_argument("--scratch", type=lambda text: Path(local_path(text)), metavar="DIR",
+    p.add_argument("--scratch", type=local_directory, metavar="DIR",
                    help="where to put the two temporary copies (default: the system's "
                    "temporary directory)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "archive_location",
            "archive_source", "artifacts_location", "checkpoint_location", "compare_source",
-           "confirm", "error_text", "format_bytes", "integer", "listen_options", "local_path",
+           "confirm", "error_text", "format_bytes", "integer", "listen_options", "local_directory",
+           "local_path",
            "log_to", "non_negative", "parse_duration", "positive", "positive_seconds",
            "print_json", "seconds", "store_location", "write_output"]
 
@@ -296,6 +297,11 @@ def local_path(text: str) -> str:
         raise LocationError(f"{text}: this is a local file or directory, not a {scheme}:// "
                             "URL", hint="give a path on this machine")
     return text
+
+
+def local_directory(text: str) -> Path:
+    """``local_path``, as a ``Path``."""
+    return Path(local_path(text))
 
 
 def archive_location(text: str) -> str | Path:
