@@ -53,7 +53,7 @@ from .._store.log import check_log
 from .._store.packs import open_artifact_store
 from .._store.s3 import S3ArtifactStore, S3Location
 from .._store.sqlite import map_sqlite_errors
-from .remote import INDEX, Remote, RemoteFile
+from .remote import INDEX, Remote, RemoteFile, no_archive
 from .snapshot import Gap, Progress, Source, artifact_refs, building, copy_artifacts, open_source
 
 __all__ = ["CHECKPOINT", "Checkpoint", "Checkpointer", "RestoredCheckpoint", "backup_to_s3",
@@ -286,9 +286,11 @@ def restore_checkpoint(url: str, store_path: os.PathLike[str] | str, *,
                  else latest(remote))
         if found is None:
             ids = checkpoints(remote)
+            if not ids and checkpoint_id is None:
+                raise no_archive(remote)  # neither an export nor checkpoints
             what = (f"checkpoint {checkpoint_id} is not there, or not complete"
                     if checkpoint_id else f"no complete checkpoint ({len(ids)} without a "
-                    f"{CHECKPOINT}: unfinished uploads)" if ids else "no checkpoint")
+                    f"{CHECKPOINT}: unfinished uploads)")
             raise StoreError(f"{remote.url}: {what}",
                              hint="check the prefix; a checkpoint is complete once its "
                              f"{CHECKPOINT} is written")

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from .checkpoint import RestoredCheckpoint
 
 __all__ = ["INDEX", "PART_BYTES", "SINGLE_PUT_BYTES", "Remote", "RemoteFile", "RemoteIndex",
-           "download_tree", "export_to", "fetched_archive", "object_destination",
-           "restore_from", "upload_tree"]
+           "download_tree", "export_to", "fetched_archive", "no_archive", "object_destination",
+           "read_index", "restore_from", "upload_tree"]
 
 INDEX = "INDEX.json"
 INDEX_VERSION = 1
