@@ -9,10 +9,10 @@ subprocess (so its exit status and output are what a runner sees).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from evidence import Store
 from evidence._archive.checkpoint import CHECKPOINT, checkpoints, read_checkpoint
 from evidence._archive.remote import Remote
+from evidence._cli.main import main
 from evidence._demo.site import SiteConfig, TestSite
 from evidence.testing.seaweed import SeaweedS3
 
@@ -35,19 +36,30 @@ def evidence(*args: str, env: dict[str, str], cwd: Path | None = None
 
 
 @pytest.fixture
-def env(seaweed: SeaweedS3) -> dict[str, str]:
-    import os
+def env(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The object store's credentials, here (for the commands run in this process) and
+    for the subprocesses."""
+    for name, value in seaweed.environ.items():
+        monkeypatch.setenv(name, value)
+    return dict(os.environ)
 
-    return {**os.environ, **seaweed.environ}
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``evidence ARGS`` run here (a restore or a verify needs no process of its own)."""
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def test_a_crawl_restored_from_its_checkpoint_on_a_new_machine_resumes_the_same_session(
-        tmp_path: Path, seaweed: SeaweedS3, env: dict[str, str]) -> None:
+        tmp_path: Path, seaweed: SeaweedS3, env: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
     url = new_s3_url(seaweed, "runner")
     first, second = tmp_path / "machine-1" / "s", tmp_path / "machine-2" / "s"
-    with TestSite(SiteConfig(pages=30)) as site:
+    slow = {f"/p/{i}": 0.1 for i in range(30)}  # 12 pages at 2 workers: 0.6 s at least
+    with TestSite(SiteConfig(pages=30, slow=slow)) as site:
         run1 = evidence("crawl", site.url, "--store", str(first), "--workers", "2",
-                        "--max-documents", "12", "--checkpoint", url, "--every", "0.2s",
+                        "--max-documents", "12", "--checkpoint", url, "--every", "0.1s",
                         "--json", env=env)
         assert run1.returncode == 0, run1.stderr
         one = json.loads(run1.stdout)
@@ -55,9 +67,10 @@ def test_a_crawl_restored_from_its_checkpoint_on_a_new_machine_resumes_the_same_
         assert "checkpoint " in run1.stderr
         shutil.rmtree(tmp_path / "machine-1")  # the machine and its disk are gone
 
-        restored = evidence("restore", url, "--store", str(second), "--json", env=env)
-        assert restored.returncode == 0, restored.stderr
-        report = json.loads(restored.stdout)
+        status, out, err = in_process(capsys, "restore", url, "--store", str(second),
+                                      "--json")
+        assert status == 0, err
+        report = json.loads(out)
         assert report["open_sessions"] == [one["session_id"]]
 
         run2 = evidence("crawl", "--store", str(second), "--checkpoint", url, "--json",
@@ -74,8 +87,7 @@ def test_a_crawl_restored_from_its_checkpoint_on_a_new_machine_resumes_the_same_
     # is fetched again (the loss window is empty), and run 2 fetched the rest.
     assert all(counts[p] == 1 for p in reachable), {p: counts[p] for p in reachable
                                                      if counts[p] != 1}
-    verified = evidence("verify", str(second), "--full", env=env)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert in_process(capsys, "verify", str(second), "--full")[0] == 0
     with Remote(url, environ=env) as remote:
         ids = checkpoints(remote)
         taken = [read_checkpoint(remote, i) for i in ids]
@@ -84,8 +96,60 @@ def test_a_crawl_restored_from_its_checkpoint_on_a_new_machine_resumes_the_same_
     assert sum(t.uploaded for t in taken if t) == taken[-1].artifacts  # type: ignore[union-attr]
 
 
+def test_a_store_restored_from_a_checkpoint_taken_mid_crawl_resumes_exactly(
+        tmp_path: Path, seaweed: SeaweedS3, env: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The loss window: a checkpoint taken while pages were claimed and in flight. The URLs
+    claimed then are requeued as after a crash, the pages committed after it are fetched
+    again, and the session completes with each page recorded once and verify clean."""
+    url = new_s3_url(seaweed, "midway")
+    slow = {f"/p/{i}": 0.1 for i in range(25)}
+    with TestSite(SiteConfig(pages=25, slow=slow)) as site:
+        run1 = evidence("crawl", site.url, "--store", str(tmp_path / "gone"), "--workers",
+                        "2", "--max-documents", "14", "--checkpoint", url, "--every",
+                        "0.1s", "--json", env=env)
+        assert run1.returncode == 0, run1.stderr
+        session = json.loads(run1.stdout)["session_id"]
+        with Remote(url, environ=env) as remote:
+            taken = [c for c in (read_checkpoint(remote, i) for i in checkpoints(remote)) if c]
+        with Store.open(tmp_path / "gone", read_only=True) as store:
+            final_size = store.connection.execute(
+                "SELECT count(*) FROM ingest_ledger").fetchall()[0][0]
+        # The earliest checkpoint with the session open and pages still to come.
+        midway = next(c for c in taken if c.open_sessions == [session]
+                      and 0 < c.artifacts < taken[-1].artifacts)
+        assert midway.tree_size < final_size
+        shutil.rmtree(tmp_path / "gone")
+        status, _out, err = in_process(capsys, "restore", url, "--store", str(tmp_path / "s"),
+                                       "--checkpoint", midway.checkpoint_id)
+        assert status == 0, err
+        with Store.open(tmp_path / "s", read_only=True) as store:
+            claimed = store.connection.execute(
+                "SELECT count(*) FROM frontier WHERE state = 'in_flight'").fetchall()[0][0]
+        assert claimed, "the checkpoint caught URLs claimed and in flight"
+        before = site.request_counts()
+        run2 = evidence("crawl", "--store", str(tmp_path / "s"), "--json", env=env)
+        assert run2.returncode == 0, run2.stderr
+        again = site.request_counts() - before
+        reachable = site.reachable_pages()
+    two = json.loads(run2.stdout)
+    assert two["session_id"] == session and two["session_completed"]
+    done = done_pages(tmp_path / "s")
+    assert set(done) == reachable and all(n == 1 for n in done.values())
+    assert all(again[p] <= 1 for p in reachable)
+    # What the checkpoint held done was not fetched again; the loss window was.
+    with Store.open(tmp_path / "s", read_only=True) as store:
+        requeued = store.connection.execute(
+            "SELECT count(*) FROM crawl_run WHERE reason LIKE 'no end recorded%'"
+        ).fetchall()[0][0]
+    assert requeued == 1, "the run the checkpoint caught running is closed as after a crash"
+    assert sum(again[p] for p in reachable) < len(reachable)
+    assert in_process(capsys, "verify", str(tmp_path / "s"), "--full")[0] == 0
+
+
 def test_restore_takes_the_newest_complete_checkpoint_and_skips_an_unfinished_one(
-        tmp_path: Path, seaweed: SeaweedS3, env: dict[str, str]) -> None:
+        tmp_path: Path, seaweed: SeaweedS3, env: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
     url = new_s3_url(seaweed, "unfinished")
     with TestSite(SiteConfig(pages=5)) as site:
         crawled = evidence("crawl", site.url, "--store", str(tmp_path / "s"),
@@ -97,51 +161,63 @@ def test_restore_takes_the_newest_complete_checkpoint_and_skips_an_unfinished_on
         assert complete is not None
         # A newer checkpoint whose upload was cut before its manifest: not a checkpoint.
         remote.put_bytes("checkpoints/99990101T000000.000000Z-000000/evidence.db", b"torn")
-        restored = evidence("restore", url, "--store", str(tmp_path / "r"), "--json",
-                            env=env)
-        assert restored.returncode == 0, restored.stderr
-        assert json.loads(restored.stdout)["checkpoint_id"] == only
+        status, out, err = in_process(capsys, "restore", url, "--store", str(tmp_path / "r"),
+                                      "--json")
+        assert status == 0, err
+        assert json.loads(out)["checkpoint_id"] == only
         # With no complete one left, restore refuses and creates nothing.
         remote.client.delete(remote.key(f"checkpoints/{only}/{CHECKPOINT}"))
-    refused = evidence("restore", url, "--store", str(tmp_path / "r2"), env=env)
-    assert refused.returncode == 2
-    assert "no complete checkpoint" in refused.stderr and "Try:" in refused.stderr
+    status, _out, err = in_process(capsys, "restore", url, "--store", str(tmp_path / "r2"))
+    assert status == 2
+    assert "no complete checkpoint" in err and "Try:" in err
     assert not (tmp_path / "r2").exists()
     with Store.open(tmp_path / "r") as store:
         assert store.store_id == complete.store_id
 
 
-def _failing_manifests(fail: threading.Event):
-    def rule(seen: Seen, _n: int) -> Action:
+class _Manifests:
+    """An S3 proxy rule: refuse (403, not retried) the first ``failing`` checkpoint
+    manifests sent through it, then let them through."""
+
+    def __init__(self) -> None:
+        self.failing = 0
+        self.refused = 0
+
+    def __call__(self, seen: Seen, _n: int) -> Action:
         if seen.method == "PUT" and seen.path.split("?")[0].endswith(CHECKPOINT) \
-                and fail.is_set():
+                and self.refused < self.failing:
+            self.refused += 1
             return Action(kind="status", status=403)
         return Action()
-    return rule
 
 
 def test_a_failed_checkpoint_is_retried_and_a_failed_final_one_fails_the_run(
         tmp_path: Path, seaweed: SeaweedS3, env: dict[str, str]) -> None:
     port = int(seaweed.endpoint.rsplit(":", 1)[1])
-    fail = threading.Event()
-    slow = {f"/p/{i}": 0.05 for i in range(20)}
-    with S3Proxy(upstream=("127.0.0.1", port), rule=_failing_manifests(fail)) as proxy, \
-            TestSite(SiteConfig(pages=20, slow=slow)) as site:
+    manifests = _Manifests()
+    slow = {f"/p/{i}": 0.1 for i in range(10)}
+    with S3Proxy(upstream=("127.0.0.1", port), rule=manifests) as proxy, \
+            TestSite(SiteConfig(pages=10, slow=slow)) as site:
         via = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
         url = new_s3_url(seaweed, "failing").split("?")[0]  # the endpoint: the proxy
-        fail.set()
-        # Every checkpoint's manifest is refused: the periodic ones are logged and the crawl
-        # goes on to completion; the final one fails the command with the reason.
-        run = evidence("crawl", site.url, "--store", str(tmp_path / "s"), "--workers", "1",
+        # The first two checkpoints fail: each is logged, the crawl goes on, the next works.
+        manifests.failing = 2
+        run = evidence("crawl", site.url, "--store", str(tmp_path / "s"), "--workers", "2",
                        "--checkpoint", url, "--every", "0.1s", env=via)
+        assert run.returncode == 0, run.stderr
+        assert manifests.refused == 2
+        assert run.stderr.count(f"checkpoint to {url} failed") == 2, run.stderr
+        # Every checkpoint fails: the final one fails the command, with the reason.
+        manifests.failing, manifests.refused = 10**6, 0
+        run = evidence("crawl", site.url, "--store", str(tmp_path / "s"), "--full",
+                       "--max-documents", "1", "--checkpoint", url, env=via)
         assert run.returncode == 2, run.stderr
-        assert "checkpoint to" in run.stderr and "failed" in run.stderr
-        assert "the run's final checkpoint" in run.stderr and "Try:" in run.stderr
-        assert done_pages(tmp_path / "s"), "the crawl itself went on"
-        fail.clear()  # the store's endpoint answers again: the next run's checkpoints work
-        again = evidence("crawl", site.url, "--store", str(tmp_path / "s"), "--checkpoint",
-                         url, "--full", env=via)
-        assert again.returncode == 0, again.stderr
+        assert "Error: the run's final checkpoint to" in run.stderr, run.stderr
+        assert "403" in run.stderr and "Try: evidence backup" in run.stderr
     with Remote(url, environ=env) as remote:
-        complete = [c for c in (read_checkpoint(remote, i) for i in checkpoints(remote)) if c]
-    assert complete, "a checkpoint was written once the object store took it"
+        ids = checkpoints(remote)
+        complete = [c for c in (read_checkpoint(remote, i) for i in ids) if c]
+    assert complete and len(ids) == len(complete) + 2 + 1, "a failed one has no manifest"
+    with Store.open(tmp_path / "s", read_only=True) as store:
+        sessions = store.connection.execute("SELECT count(*) FROM crawl_session").fetchall()
+    assert sessions == [(2,)], "the failed final checkpoint did not undo the run"

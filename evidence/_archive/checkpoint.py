@@ -223,6 +223,18 @@ class Checkpointer:
             self.taken.append(checkpoint)
             return checkpoint
 
+    def final(self) -> Checkpoint:
+        """The checkpoint at the end of a run: the one whose failure is the run's, said with
+        what is where (everything is committed locally; the newest checkpoint is older)."""
+        try:
+            return self.take()
+        except EvidenceError as exc:
+            raise StoreError(
+                f"the run's final checkpoint to {self.url} failed: {exc} (everything is "
+                f"committed in {self.store.location}; the newest checkpoint there is older)",
+                hint=f"evidence backup {self.store.location} --out s3://BUCKET/NEW-PREFIX, or "
+                "run the crawl again before this machine goes") from exc
+
     async def every(self, interval: float) -> None:
         """Take a checkpoint every ``interval`` seconds until cancelled, off the event
         loop; a failed one is logged and the next is tried on time (the crawl goes on)."""
