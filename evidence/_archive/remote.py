@@ -135,6 +135,29 @@ class Remote:
                              "over", hint="was something else written to this prefix "
                              "meanwhile? choose another prefix")
 
+    def put_bytes_entry(self, name: str, body: bytes) -> RemoteFile:
+        """``put_bytes``, described as an index describes a file (one part)."""
+        self.put_bytes(name, body)
+        return RemoteFile(bytes=len(body), sha256=hashlib.sha256(body).hexdigest(),
+                          parts=[name])
+
+    def get_verified(self, entry: RemoteFile, what: str) -> bytes:
+        """A small object described by ``entry``, checked against its SHA-256."""
+        body = b"".join(self._part(part, what) for part in entry.parts)
+        if (len(body), hashlib.sha256(body).hexdigest()) != (entry.bytes, entry.sha256):
+            raise CorruptStoreError(f"{self.url}: {what} is not what its manifest says",
+                                    hint="the archive in object storage was altered or "
+                                    "damaged; use another copy")
+        return body
+
+    def _part(self, part: str, what: str) -> bytes:
+        body = self.get_bytes(part)
+        if body is None:
+            raise CorruptStoreError(f"{self.url}: {part} of {what} is missing",
+                                    hint="the archive in object storage was altered or "
+                                    "damaged; use another copy")
+        return body
+
     def create(self, key: str, body: bytes) -> bool:
         """A conditional create of ``key`` with the body's MD5 and SHA-256 (the server
         checks both): True if created, False if the key was taken."""
@@ -150,11 +173,7 @@ class Remote:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(dest, "xb") as handle:
             for part in entry.parts:
-                body = self.get_bytes(part)
-                if body is None:
-                    raise CorruptStoreError(f"{self.url}: {part} of {what} is missing",
-                                            hint="the archive in object storage was altered "
-                                            "or damaged; use another copy")
+                body = self._part(part, what)
                 whole.update(body)
                 handle.write(body)
             handle.flush()

@@ -168,9 +168,15 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                     tg.cancel_scope.cancel()
             return result
 
-        result = anyio.run(main)
+        try:
+            result = anyio.run(main)
+        except Exception:
+            if checkpointer is not None:  # what the failed run committed, if it can be
+                with contextlib.suppress(EvidenceError):
+                    checkpointer.take()
+            raise
         if checkpointer is not None:
-            _final_checkpoint(checkpointer, store)
+            _final_checkpoint(checkpointer)
         return result
 
 
@@ -187,7 +193,7 @@ def _checkpoints(args: argparse.Namespace, store: Store) -> Iterator[Checkpointe
         yield checkpointer
 
 
-def _final_checkpoint(checkpointer: Checkpointer, store: Store) -> None:
+def _final_checkpoint(checkpointer: Checkpointer) -> None:
     """The checkpoint at the end of the run (its failure is the command's, exit 2)."""
     last = checkpointer.final()
     print(f"checkpoint {last.checkpoint_id} at {checkpointer.url}: {last.uploaded} payloads "
