@@ -291,7 +291,7 @@ class Checkpointer:
         what is where (everything is committed locally; the newest checkpoint is older)."""
         try:
             return self.take()
-        except EvidenceError as exc:
+        except (EvidenceError, OSError) as exc:
             raise StoreError(
                 f"the run's final checkpoint to {self.url} failed: {exc} (everything is "
                 f"committed in {self.store.location}; the newest checkpoint there is older)",
@@ -305,7 +305,7 @@ class Checkpointer:
             await anyio.sleep(interval)
             try:
                 checkpoint = await anyio.to_thread.run_sync(self.take)
-            except EvidenceError as exc:
+            except (EvidenceError, OSError) as exc:  # the store, the network, the disk
                 self.failures += 1
                 log.warning("checkpoint to %s failed (%s); trying again in %g s", self.url,
                             exc, interval)

@@ -172,7 +172,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             result = anyio.run(main)
         except Exception:
             if checkpointer is not None:  # what the failed run committed, if it can be
-                with contextlib.suppress(EvidenceError):
+                with contextlib.suppress(EvidenceError, OSError):
                     checkpointer.take()
             raise
         if checkpointer is not None:
@@ -592,8 +592,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="copy the store to object storage every --every and when the run "
                    "ends, for a machine whose disk is thrown away: each checkpoint a "
                    "consistent snapshot, uploading only new payloads; a failed one is logged "
-                   "and retried, a failed final one exits 1. Restore on another machine "
-                   "with evidence restore s3://BUCKET/PREFIX --store DIR and resume: what "
+                   "and retried, a failed final one fails the command (exit 2). Restore on "
+                   "another machine with evidence restore s3://BUCKET/PREFIX --store DIR and "
+                   "resume: what "
                    "committed after the last checkpoint is fetched again (docs/scale.md, "
                    "'Ephemeral runners')")
     p.add_argument("--every", type=_interval, default=300.0, metavar="DURATION",
