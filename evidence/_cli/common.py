@@ -345,8 +345,9 @@ def artifacts_location(text: str) -> str:
     scheme = _scheme(text)
     if scheme is None or scheme == "s3":
         return text  # the URL's options are checked with the store (artifactspec)
-    raise LocationError(f"{text}: payloads cannot live at a {scheme}:// URL",
-                        hint="give a directory, or s3://BUCKET/PREFIX")
+    raise LocationError(f"{text}: payloads cannot live at a {scheme}:// URL: a store keeps "
+                        "them in a directory, and the other place it can keep them is an "
+                        "s3:// URL", hint="give s3://BUCKET/PREFIX, or leave out --artifacts")
 
 
 def checkpoint_location(text: str) -> str:
