@@ -59,6 +59,7 @@ def test_an_export_in_s3_restores_to_the_same_store_and_is_never_written_over(
     # compare reads the archive in S3 too
     monkeypatch.chdir(tmp_path)
     assert main(["compare", url, str(tmp_path / "restored")]) == 0
+    assert f"a  archive {url}  (store {populated_store.store_id}" in capsys.readouterr().out
     # A second export to the same prefix is refused before anything is built or sent.
     assert main(["export", str(populated_store.path), "--out", url]) == 2
     err = capsys.readouterr().err

@@ -13,18 +13,27 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from evidence import Store
-from evidence._archive.checkpoint import CHECKPOINT, checkpoints, read_checkpoint
+from evidence import EvidenceError, Store, check_log, verify
+from evidence._archive.checkpoint import (
+    CHECKPOINT,
+    Checkpointer,
+    checkpoints,
+    read_checkpoint,
+    restore_checkpoint,
+)
 from evidence._archive.remote import Remote
 from evidence._cli.main import main
 from evidence._demo.site import SiteConfig, TestSite
 from evidence.testing.seaweed import SeaweedS3
 
-from .conftest import new_s3_url
+from .conftest import Factory, new_s3_url, submit_all
 from .s3proxy import Action, S3Proxy, Seen
 from .test_crawl import done_pages
 
@@ -221,3 +230,61 @@ def test_a_failed_checkpoint_is_retried_and_a_failed_final_one_fails_the_run(
     with Store.open(tmp_path / "s", read_only=True) as store:
         sessions = store.connection.execute("SELECT count(*) FROM crawl_session").fetchall()
     assert sessions == [(2,)], "the failed final checkpoint did not undo the run"
+
+
+# --- any sequence of commits, checkpoints, failed checkpoints and restarts ----------------
+
+_STEPS = st.lists(st.sampled_from(["pages", "pages", "checkpoint", "fail", "restart"]),
+                  min_size=2, max_size=7)
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_STEPS, bodies=st.lists(st.integers(0, 5), min_size=14, max_size=14))
+def test_any_sequence_of_commits_and_checkpoints_restores_each_complete_one_exactly(
+        seaweed: SeaweedS3, env: dict[str, str], steps: list[str], bodies: list[int]) -> None:
+    """Each complete checkpoint restores to the store as it was when it was taken (its
+    Merkle head and its payloads, each re-hashed), whatever came before it: payloads shared
+    with earlier checkpoints, checkpoints that failed before their manifest, a new process
+    (a restart) taking over the prefix. Bodies repeat (the same payload in many pages)."""
+    port = int(seaweed.endpoint.rsplit(":", 1)[1])
+    manifests = _Manifests()
+    url = new_s3_url(seaweed, "any").split("?")[0]
+    with tempfile.TemporaryDirectory() as tmp, \
+            S3Proxy(upstream=("127.0.0.1", port), rule=manifests) as proxy:
+        via = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
+        expected: dict[str, tuple[int, bytes, set[tuple[str, str]]]] = {}
+        with Store.create(Path(tmp) / "s") as store:
+            make, pages = Factory(store), iter(bodies)
+            submit_all(store, [make.session(), make.run()])
+            checkpointer = Checkpointer(store, url, environ=via)
+            try:
+                for step in steps:
+                    if step == "pages":
+                        submit_all(store, [make.attempt(
+                            f"http://example.com/{make.id('p')}",
+                            body=make.body(b"page %d" % next(pages, 9))) for _ in range(2)])
+                    elif step == "restart":
+                        checkpointer.close()
+                        checkpointer = Checkpointer(store, url, environ=via)
+                    elif step == "fail":
+                        manifests.failing, manifests.refused = 1, 0
+                        with pytest.raises(EvidenceError):
+                            checkpointer.take()
+                    else:
+                        taken = checkpointer.take()
+                        size, root, _ = check_log(store.connection)
+                        payloads = {(ns, d) for ns, d in store.connection.execute(
+                            "SELECT namespace, digest FROM artifact")}
+                        expected[taken.checkpoint_id] = (size, root, payloads)
+            finally:
+                checkpointer.close()
+        for checkpoint_id, (size, root, payloads) in expected.items():
+            target = Path(tmp) / checkpoint_id
+            restore_checkpoint(url, target, checkpoint_id=checkpoint_id, environ=via)
+            with Store.open(target) as restored:
+                assert check_log(restored.connection)[:2] == (size, root)
+                got = {(ns, d) for ns, d in restored.connection.execute(
+                    "SELECT namespace, digest FROM artifact")}
+                assert got == payloads
+                assert verify(restored, full=True).ok

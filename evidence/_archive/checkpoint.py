@@ -66,7 +66,7 @@ from .._store.log import check_log
 from .._store.packs import open_artifact_store
 from .._store.sqlite import map_sqlite_errors
 from .remote import INDEX, Remote, RemoteFile, no_archive
-from .snapshot import Gap, Progress, Source, artifact_refs, building, open_source
+from .snapshot import Gap, Progress, Source, artifact_refs, building
 
 __all__ = ["CHECKPOINT", "Checkpoint", "Checkpointer", "RestoredCheckpoint", "backup_to_s3",
            "check_destination", "checkpoints", "latest", "read_checkpoint",
@@ -201,6 +201,10 @@ class Checkpointer:
     def __init__(self, store: Store, url: str, *,
                  environ: Mapping[str, str] | None = None) -> None:
         self.store = store
+        # Read here, once: ``take`` runs on other threads, and the store's own connection
+        # belongs to the thread that opened it (the writer's, during a crawl).
+        self.store_id = store.store_id
+        self.location = store.location
         self.remote = Remote(url, environ=environ)
         self.url = self.remote.url
         self._lock = threading.Lock()
@@ -222,9 +226,9 @@ class Checkpointer:
             raise StoreError(f"{self.url} holds an export, not checkpoints",
                              hint="choose another prefix for the checkpoints")
         found = latest(self.remote)
-        if found is not None and found.store_id != self.store.store_id:
+        if found is not None and found.store_id != self.store_id:
             raise StoreError(f"{self.url} holds checkpoints of store {found.store_id}, not of "
-                             f"this store ({self.store.store_id})",
+                             f"this store ({self.store_id})",
                              hint="choose another prefix (one per store)")
 
     def close(self) -> None:
@@ -243,7 +247,7 @@ class Checkpointer:
         with self._lock, tempfile.TemporaryDirectory(prefix="evidence-checkpoint-") as tmp:
             checkpoint_id = _new_id()
             db = Path(tmp) / DB_NAME
-            backend, artifacts = open_source(self.store)
+            backend, artifacts = self.store.backend, self.store.artifacts
             backend.copy_snapshot(db, progress=progress)
             with map_sqlite_errors(db), contextlib.closing(apsw.Connection(str(db))) as conn:
                 findings = _checks(conn) if verify else []
@@ -272,7 +276,7 @@ class Checkpointer:
             self._gaps = sorted(set(self._gaps) | set(gaps))
             checkpoint = Checkpoint(
                 format_version=FORMAT_VERSION, checkpoint_id=checkpoint_id,
-                store_id=self.store.store_id, created_at=dt.datetime.now(dt.UTC).isoformat(),
+                store_id=self.store_id, created_at=dt.datetime.now(dt.UTC).isoformat(),
                 schema_version=version, tree_size=size, root=root.hex(),
                 open_sessions=opened, frontier=frontier, artifacts=count, artifact_bytes=total,
                 uploaded=len(index), uploaded_bytes=sent, database=database,
@@ -294,8 +298,8 @@ class Checkpointer:
         except (EvidenceError, OSError) as exc:
             raise StoreError(
                 f"the run's final checkpoint to {self.url} failed: {exc} (everything is "
-                f"committed in {self.store.location}; the newest checkpoint there is older)",
-                hint=f"evidence backup {self.store.location} --out s3://BUCKET/NEW-PREFIX, or "
+                f"committed in {self.location}; the newest checkpoint there is older)",
+                hint=f"evidence backup {self.location} --out s3://BUCKET/NEW-PREFIX, or "
                 "run the crawl again before this machine goes") from exc
 
     async def every(self, interval: float) -> None:

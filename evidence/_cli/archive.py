@@ -220,6 +220,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                  if is_s3_url(side) else side) for side in (args.a, args.b))
         result = compare(a, b, rows_per_table=args.rows, scratch=args.scratch,
                          progress=progress)
+    for name, side in (("a", args.a), ("b", args.b)):  # a download is named by its URL
+        if is_s3_url(side):
+            shown = msgspec.structs.replace(getattr(result, name), source=side)
+            result = msgspec.structs.replace(result, **{name: shown})
     if args.json:
         print_json(result)
     else:
