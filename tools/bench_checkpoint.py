@@ -10,7 +10,8 @@ run on 127.0.0.1. In the same run, ``--rounds`` times each, alternating:
 
 each timed as a subprocess (wall time, Python's start included: about 1.3 s here). Then, on
 the last plain store: ``backup --out s3://``, ``backup --out DIR`` (the baseline) and
-``restore s3://`` of that backup.
+``restore s3://`` of that backup; ``export --out s3://`` and ``--out DIR``, and ``restore``
+of each.
 
 Examples:
   python tools/bench_checkpoint.py                # 1,000 pages, 2 rounds: about 2 minutes
@@ -69,7 +70,15 @@ def main() -> None:
         wall, _ = run("backup", store, "--out", f"{tmp}/backup")
         print(f"backup dir  {wall:6.2f} s")
         wall, _ = run("restore", s3.url("backup"), "--store", f"{tmp}/restored")
-        print(f"restore s3  {wall:6.2f} s")
+        print(f"restore s3  {wall:6.2f} s  (of the backup: a checkpoint)")
+        wall, _ = run("export", store, "--out", s3.url("export"))
+        print(f"export s3   {wall:6.2f} s")
+        wall, _ = run("export", store, "--out", f"{tmp}/export")
+        print(f"export dir  {wall:6.2f} s")
+        wall, _ = run("restore", s3.url("export"), "--store", f"{tmp}/from-export")
+        print(f"restore s3  {wall:6.2f} s  (of the export)")
+        wall, _ = run("restore", f"{tmp}/export", "--store", f"{tmp}/from-dir")
+        print(f"restore dir {wall:6.2f} s  (of the export)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ checked directory in a private temporary directory), then uploaded under the pre
 
     <prefix>/<file>             one object per file of the archive, at its relative path
     <prefix>/<file>.NNNNN       a file over ``PART_BYTES``: its parts, in order
+                                (``TRANSFERS`` files are sent or fetched at once)
     <prefix>/INDEX.json         written last: every file, its size and SHA-256, its parts
 
 Every object is a conditional create (``If-None-Match: *``) carrying its MD5 and SHA-256,
@@ -32,9 +33,10 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import msgspec
 
@@ -57,6 +59,8 @@ INDEX = "INDEX.json"
 INDEX_VERSION = 1
 PART_BYTES = 64 * 1024 * 1024  # a file over this is stored as parts (memory per put)
 SINGLE_PUT_BYTES = 5 * 1024**3  # S3's limit for one PUT
+TRANSFERS = 4  # files sent or fetched at once
+T = TypeVar("T")
 _PART_NAME = re.compile(r"\.\d{5}")
 
 
@@ -203,8 +207,10 @@ def upload_tree(remote: Remote, directory: Path, kind: str, *,
     for name in names:
         if name == INDEX or _PART_NAME.fullmatch(PurePosixPath(name).suffix):
             raise StoreError(f"{directory}/{name}: a name the upload reserves")
-    names.sort(key=lambda n: n in last)
-    files = {name: remote.put_file(name, directory / name) for name in names}
+    first, then = ([n for n in names if (n in last) is later] for later in (False, True))
+    files: dict[str, RemoteFile] = {}
+    for group in (first, then):  # the manifest only once every other file is stored
+        files.update(_each(group, lambda name: remote.put_file(name, directory / name)))
     index = RemoteIndex(format_version=INDEX_VERSION, kind=kind, files=files)
     remote.put_bytes(INDEX, msgspec.json.format(msgspec.json.encode(index), indent=2) + b"\n")
     return index
@@ -244,8 +250,15 @@ def no_archive(remote: Remote) -> StoreError:
 
 def download_tree(remote: Remote, into: Path, index: RemoteIndex) -> None:
     """Every file of ``index`` into the directory ``into``, each checked as it comes."""
-    for name, entry in index.files.items():
-        remote.get_file(entry, into / name, name)
+    _each(list(index.files), lambda name: remote.get_file(index.files[name], into / name,
+                                                           name))
+
+
+def _each(names: list[str], transfer: Callable[[str], T]) -> dict[str, T]:
+    """``transfer`` of each name, ``TRANSFERS`` at a time (the client is thread-safe; a
+    part is at most ``PART_BYTES`` in memory); the first failure is raised."""
+    with ThreadPoolExecutor(max_workers=TRANSFERS) as pool:
+        return dict(zip(names, pool.map(transfer, names), strict=True))
 
 
 @contextlib.contextmanager
