@@ -148,3 +148,18 @@ def test_a_backup_in_s3_is_a_verified_checkpoint_that_restores_into_a_new_store(
     with Store.open(tmp_path / "restored") as restored:
         assert verify(restored, full=True).ok
     assert compare(populated_store, tmp_path / "restored").equal
+
+
+def test_the_library_refuses_a_location_it_cannot_use_by_its_scheme(
+        tmp_path: Path, populated_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only the command: ``export_to``, ``backup_to`` and ``restore_from`` never turn an
+    http:// or ftp:// location into a local folder named after it."""
+    from evidence._archive.remote import backup_to
+
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: export_to(populated_store, "http://host/x"),
+                 lambda: backup_to(populated_store, "ftp://host/x"),
+                 lambda: restore_from("http://host/x", tmp_path / "new")):
+        with pytest.raises(StoreError, match=r"cannot be at a (http|ftp):// URL"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]

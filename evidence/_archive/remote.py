@@ -44,16 +44,16 @@ from .._errors import CorruptStoreError, StoreError
 from .._store.location import is_s3_url
 from .._store.s3 import S3Location
 from .._store.s3client import ListedObject, S3Client
-from .archive import RestoreReport, restore
+from .archive import BackupReport, RestoreReport, backup, restore
 from .export import Manifest, export
 from .snapshot import Progress, Source
 
 if TYPE_CHECKING:
-    from .checkpoint import RestoredCheckpoint
+    from .checkpoint import Checkpoint, RestoredCheckpoint
 
 __all__ = ["INDEX", "PART_BYTES", "SINGLE_PUT_BYTES", "Remote", "RemoteFile", "RemoteIndex",
-           "download_tree", "export_to", "fetched_archive", "no_archive", "object_destination",
-           "read_index", "restore_from", "upload_tree"]
+           "backup_to", "download_tree", "export_to", "fetched_archive", "no_archive",
+           "object_destination", "read_index", "restore_from", "upload_tree"]
 
 INDEX = "INDEX.json"
 INDEX_VERSION = 1
@@ -315,12 +315,38 @@ def object_destination(url: str) -> Iterator[Path]:
 
 # --- the archive commands, at either kind of location ------------------------------------
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _here_or_s3(location: os.PathLike[str] | str, what: str) -> bool:
+    """True for an ``s3://`` URL, False for a local path; any other URL is refused by its
+    scheme (it would otherwise become a local folder named after it)."""
+    if is_s3_url(location):
+        return True
+    scheme = _SCHEME.match(str(location))
+    if scheme is not None:
+        raise StoreError(f"{location}: {what} cannot be at a {scheme[1]}:// URL",
+                         hint="give a local directory, or s3://BUCKET/PREFIX")
+    return False
+
+
+def backup_to(source: Source, out: os.PathLike[str] | str, *,
+              progress: Progress | None = None) -> BackupReport | Checkpoint:
+    """``backup`` to a new directory, or to an empty ``s3://`` prefix (one verified
+    checkpoint there: ``_archive/checkpoint.py``)."""
+    if not _here_or_s3(out, "a backup"):
+        return backup(source, out, progress=progress)
+    from .checkpoint import backup_to_s3
+
+    return backup_to_s3(source, str(out), progress=progress)
+
+
 def export_to(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
               format: Literal["sql", "jsonl", "csv"] = "sql",
               progress: Progress | None = None) -> Manifest:
     """``export`` to a new directory, or to an empty ``s3://`` prefix (built in a temporary
     directory, then uploaded, ``INDEX.json`` last)."""
-    if not is_s3_url(out):
+    if not _here_or_s3(out, "an archive"):
         return export(source, out, run_id=run_id, format=format, progress=progress)
     with Remote(str(out)) as remote:
         remote.require_empty()
@@ -338,7 +364,7 @@ def restore_from(archive: os.PathLike[str] | str, store_path: os.PathLike[str] |
     """``restore`` from a local archive, or from ``s3://``: an export there (downloaded,
     checked against its index, then restored as a local one), else the newest complete
     checkpoint (or ``checkpoint_id``) of a crawl or a backup."""
-    if not is_s3_url(archive):
+    if not _here_or_s3(archive, "an archive"):
         if checkpoint_id is not None:
             raise StoreError("--checkpoint picks a checkpoint in object storage",
                              hint="leave it out for a local archive")

@@ -33,6 +33,7 @@ from .common import (
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.archive import Comparison
+    from .._archive.checkpoint import Checkpoint
     from .._archive.export import Manifest
 
 __all__ = ["add_commands"]
@@ -135,12 +136,13 @@ def _format_manifest(path: Path | str, m: Manifest) -> str:
 
 
 def _cmd_backup(args: argparse.Namespace) -> int:
-    from .._archive.archive import backup
+    from .._archive.checkpoint import Checkpoint
+    from .._archive.remote import backup_to
 
-    if not isinstance(args.out, Path):
-        return _cmd_backup_s3(args)
     with Progress() as progress:
-        report = backup(args.store, args.out, progress=progress)
+        report = backup_to(args.store, args.out, progress=progress)
+    if isinstance(report, Checkpoint):
+        return _print_checkpoint_backup(args, report)
     if args.json:
         print_json(report)
     else:
@@ -156,11 +158,7 @@ def _cmd_backup(args: argparse.Namespace) -> int:
     return 1 if report.findings else 0
 
 
-def _cmd_backup_s3(args: argparse.Namespace) -> int:
-    from .._archive.checkpoint import backup_to_s3
-
-    with Progress() as progress:
-        c = backup_to_s3(args.store, args.out, progress=progress)
+def _print_checkpoint_backup(args: argparse.Namespace, c: Checkpoint) -> int:
     if args.json:
         print_json(c)
     else:
