@@ -174,6 +174,12 @@ def test_restore_takes_the_newest_complete_checkpoint_and_skips_an_unfinished_on
                                       "--json")
         assert status == 0, err
         assert json.loads(out)["checkpoint_id"] == only
+        # A new store may not take over another store's checkpoints: refused before it is
+        # created.
+        status, _out, err = in_process(capsys, "crawl", "http://127.0.0.1:9/", "--store",
+                                       str(tmp_path / "new"), "--checkpoint", url)
+        assert status == 2 and "a new store checkpoints to a prefix of its own" in err, err
+        assert not (tmp_path / "new").exists()
         # With no complete one left, restore refuses and creates nothing.
         remote.client.delete(remote.key(f"checkpoints/{only}/{CHECKPOINT}"))
     status, _out, err = in_process(capsys, "restore", url, "--store", str(tmp_path / "r2"))

@@ -469,9 +469,11 @@ def backup_to_s3(source: Source, url: str, *, progress: Progress | None = None
     raise AssertionError("unreachable")
 
 
-def check_destination(url: str, *, environ: Mapping[str, str] | None = None) -> None:
+def check_destination(url: str, *, new_store: bool = False,
+                      environ: Mapping[str, str] | None = None) -> None:
     """Refuse a checkpoint location that cannot work (no prefix, no credentials, no bucket,
-    an export there) before a crawl creates or opens its store."""
+    an export there; for a store not created yet, any store's checkpoints) before a crawl
+    creates or opens its store."""
     with Remote(url, environ=environ) as remote:
         if not remote.location.prefix:
             raise StoreError(f"{remote.url}: give a prefix for the checkpoints, not a whole "
@@ -483,3 +485,9 @@ def check_destination(url: str, *, environ: Mapping[str, str] | None = None) -> 
         if remote.get_bytes(INDEX) is not None:
             raise StoreError(f"{remote.url} holds an export, not checkpoints",
                              hint="choose another prefix for the checkpoints")
+        found = latest(remote) if new_store else None
+        if found is not None:
+            raise StoreError(f"{remote.url} holds checkpoints of store {found.store_id}; a new "
+                             "store checkpoints to a prefix of its own",
+                             hint=f"restore them first (evidence restore {remote.url} --store "
+                             "DIR), or choose another prefix")

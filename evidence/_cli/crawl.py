@@ -126,7 +126,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     if args.checkpoint is not None:  # credentials, bucket and prefix: before the store
         from .._archive.checkpoint import check_destination
 
-        check_destination(args.checkpoint)
+        check_destination(args.checkpoint,
+                          new_store=not postgres and not (path / DB_NAME).exists())
     log_to(stderr)
     with Store.create(args.store if postgres else path, sync=args.sync,
                       artifacts=args.artifacts) as store, store.writer_lock(), \
