@@ -61,8 +61,9 @@ LOCATIONS = [
 ]
 CASES = [(line.replace("{L}", location), scheme)
          for line, takes_s3 in LOCATIONS
-         for location, scheme in [("ftp://host/x", "ftp"), ("http://host/x", "http"),
+         for location, scheme in [("ftp://host/x", "ftp"),
                                   *([] if takes_s3 else [("s3://bucket/x", "s3")])]]
+CASES.append(("export st --out http://host/x", "http"))
 
 
 @pytest.mark.parametrize(("line", "scheme"), CASES, ids=[c[0] for c in CASES])
