@@ -55,6 +55,7 @@ from .._errors import (
     ArtifactMissingError,
     CorruptStoreError,
     EvidenceError,
+    MigrationError,
     StoreError,
 )
 from .._model.refs import ArtifactRef
@@ -64,7 +65,7 @@ from .._store.fsync import fsync_file
 from .._store.location import is_postgres_location
 from .._store.log import check_log
 from .._store.packs import open_artifact_store
-from .._store.sqlite import map_sqlite_errors
+from .._store.sqlite import load_migrations, map_sqlite_errors
 from .remote import INDEX, Remote, RemoteFile, no_archive
 from .snapshot import Gap, Progress, Source, artifact_refs, building
 
@@ -373,6 +374,12 @@ def restore_checkpoint(url: str, store_path: os.PathLike[str] | str, *,
             raise StoreError(f"{remote.url}: {what}",
                              hint="check the prefix; a checkpoint is complete once its "
                              f"{CHECKPOINT} is written")
+        newest = len(load_migrations())
+        if found.schema_version > newest:
+            raise MigrationError(f"{remote.url}: checkpoint {found.checkpoint_id} has schema "
+                                 f"version {found.schema_version}, newer than this program "
+                                 f"supports ({newest})",
+                                 hint="upgrade evidence to restore this checkpoint")
         with building(store_path, "restoring") as tmp:
             db = tmp / DB_NAME
             remote.get_file(found.database, db, f"checkpoint {found.checkpoint_id}'s database")
