@@ -11,15 +11,29 @@ library's report for scripts. ``_cli.main`` prints any ``EvidenceError`` (exit 2
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from .._errors import EvidenceError
 from .._store.db import Store
-from .common import Progress, print_json
+from .common import (
+    Progress,
+    archive_location,
+    archive_source,
+    compare_source,
+    local_directory,
+    local_path,
+    print_json,
+    store_location,
+)
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.archive import Comparison
+    from .._archive.checkpoint import Checkpoint
     from .._archive.export import Manifest
 
 __all__ = ["add_commands"]
@@ -33,11 +47,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             hint="add --format wacz, or leave the key out")
     if args.format == "warc":  # request and response records, not a restorable archive
         return _cmd_export_warc(args)
-    from .._archive.export import export
+    from .._archive.remote import export_to
 
     with Progress() as progress:
-        manifest = export(args.store, args.out, run_id=args.run, format=args.format,
-                          progress=progress)
+        manifest = export_to(args.store, args.out, run_id=args.run, format=args.format,
+                             progress=progress)
     if args.json:
         print_json(manifest)
     else:
@@ -55,14 +69,16 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
         raise EvidenceError("give --key or --new-key, not both",
                             hint="--key FILE signs with an existing key; --new-key FILE "
                             "makes one")
-    if args.out.exists():
+    if isinstance(args.out, Path) and args.out.exists():
         raise EvidenceError(f"{args.out} already exists; an export never overwrites a file",
                             hint="remove it or choose another name", path=str(args.out))
     key = load_signing_key(args.key) if args.key else None
-    with Store.open(args.store, read_only=True) as store:
+    with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
         if args.new_key:
             key = new_signing_key(args.new_key)
-        report = export_wacz(store, args.out, key=key)
+        report = export_wacz(store, out, key=key)
+    if not isinstance(args.out, Path):
+        report = msgspec.structs.replace(report, path=args.out)
     if args.json:
         print_json(report)
     else:
@@ -78,8 +94,10 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
 def _cmd_export_warc(args: argparse.Namespace) -> int:
     from .._archive.warc import export_warc
 
-    with Store.open(args.store, read_only=True) as store:
-        result = export_warc(store, args.out, run_id=args.run)
+    with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
+        result = export_warc(store, out, run_id=args.run)
+    if not isinstance(args.out, Path):  # the object's name, not the local file's
+        result = msgspec.structs.replace(result, path=args.out)
     if args.json:
         print_json(result)
     else:
@@ -88,9 +106,20 @@ def _cmd_export_warc(args: argparse.Namespace) -> int:
               f"sha256 {result.sha256}")
     return 0
 
+@contextlib.contextmanager
+def _one_file(out: Path | str) -> Iterator[Path]:
+    """Where a single-file export is written: the local file, or a temporary one that
+    becomes the s3:// object when the export succeeds."""
+    if isinstance(out, Path):
+        yield out
+        return
+    from .._archive.remote import object_destination
+
+    with object_destination(out) as path:
+        yield path
 
 
-def _format_manifest(path: Path, m: Manifest) -> str:
+def _format_manifest(path: Path | str, m: Manifest) -> str:
     rows = sum(s.rows for s in m.tables.values())
     lines = [
         f"archive   {path}  ({m.format}, {'run ' + m.run_id if m.run_id else 'whole store'})",
@@ -107,10 +136,13 @@ def _format_manifest(path: Path, m: Manifest) -> str:
 
 
 def _cmd_backup(args: argparse.Namespace) -> int:
-    from .._archive.archive import backup
+    from .._archive.checkpoint import Checkpoint
+    from .._archive.remote import backup_to
 
     with Progress() as progress:
-        report = backup(args.store, args.out, progress=progress)
+        report = backup_to(args.store, args.out, progress=progress)
+    if isinstance(report, Checkpoint):
+        return _print_checkpoint_backup(args, report)
     if args.json:
         print_json(report)
     else:
@@ -126,12 +158,42 @@ def _cmd_backup(args: argparse.Namespace) -> int:
     return 1 if report.findings else 0
 
 
+def _print_checkpoint_backup(args: argparse.Namespace, c: Checkpoint) -> int:
+    if args.json:
+        print_json(c)
+    else:
+        print(f"backup    {args.out}  (store {c.store_id}, checkpoint {c.checkpoint_id})\n"
+              f"database  {c.database.bytes} bytes in {len(c.database.parts)} object(s)\n"
+              f"artifacts {c.artifacts} ({c.artifact_bytes} bytes), {c.uploaded} uploaded\n"
+              f"log       tree size {c.tree_size}, root {c.root[:16]}…")
+        for finding in c.findings:
+            print(f"FINDING   {finding}")
+        print("verified: integrity_check, check_log, every referenced artifact uploaded"
+              if not c.findings else f"{len(c.findings)} findings")
+    return 1 if c.findings else 0
+
+
 def _cmd_restore(args: argparse.Namespace) -> int:
-    from .._archive.archive import restore
+    from .._archive.checkpoint import RestoredCheckpoint
+    from .._archive.remote import restore_from
 
     with Progress() as progress:
-        report = restore(args.archive, args.store, artifacts=args.artifacts,
-                         progress=progress)
+        report = restore_from(args.archive, args.store, artifacts=args.artifacts,
+                              checkpoint_id=args.checkpoint, progress=progress)
+    if isinstance(report, RestoredCheckpoint):
+        if args.json:
+            print_json(report)
+        else:
+            print(f"restored  {report.source} checkpoint {report.checkpoint_id} (taken "
+                  f"{report.created_at}) -> {report.path}  (store {report.store_id})\n"
+                  f"sessions  {', '.join(report.open_sessions) or 'none'} open: resume with "
+                  f"evidence crawl --store {report.path}\n"
+                  f"artifacts {report.artifacts} ({report.artifact_bytes} bytes)\n"
+                  f"log       tree size {report.tree_size}, root {report.root[:16]}…")
+            print("matched   " + "; ".join(report.checks))
+            for finding in report.findings:
+                print(f"note      {finding}")
+        return 0
     if args.json:
         print_json(report)
     else:
@@ -148,10 +210,18 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .._archive.archive import compare
+    from .._archive.remote import fetched_archive
+    from .._store.location import is_s3_url
 
-    with Progress() as progress:
-        result = compare(args.a, args.b, full=args.full, rows_per_table=args.rows,
+    with Progress() as progress, contextlib.ExitStack() as stack:
+        a, b = ((stack.enter_context(fetched_archive(side, scratch=args.scratch))[0]
+                 if is_s3_url(side) else side) for side in (args.a, args.b))
+        result = compare(a, b, full=args.full, rows_per_table=args.rows,
                          scratch=args.scratch, progress=progress)
+    for name, side in (("a", args.a), ("b", args.b)):  # a download is named by its URL
+        if is_s3_url(side):
+            shown = msgspec.structs.replace(getattr(result, name), source=side)
+            result = msgspec.structs.replace(result, **{name: shown})
     if args.json:
         print_json(result)
     else:
@@ -180,9 +250,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "its rows reference, and manifest.json (counts, a BLAKE3 hash per section, the "
         "Merkle root, the gaps). Reads one snapshot taken with SQLite's backup API: the "
         "writer is never blocked. See docs/archives.md.")
-    p.add_argument("store", metavar="STORE", help="the store directory (or a backup of one)")
-    p.add_argument("--out", required=True, type=Path, metavar="ARCHIVE",
-                   help="the archive directory to create (must not exist, or be empty)")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory (or a backup of one)")
+    p.add_argument("--out", required=True, type=archive_location, metavar="ARCHIVE",
+                   help="the archive directory to create (must not exist, or be empty), or "
+                   "an empty s3://BUCKET/PREFIX (built here, then uploaded, INDEX.json last; "
+                   "warc and wacz: the object to create; see docs/archives.md)")
     p.add_argument("--run", metavar="ID", help="only this run's rows and what they reference")
     p.add_argument("--format", choices=("sql", "jsonl", "csv", "warc", "wacz"), default="sql",
                    help="sql (default; restorable), or jsonl/csv files per table for review "
@@ -193,7 +266,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--key", metavar="FILE",
                    help="wacz: sign datapackage-digest.json with this ECDSA P-256/P-384 "
                    "PEM key")
-    p.add_argument("--new-key", metavar="FILE",
+    p.add_argument("--new-key", metavar="FILE", type=local_path,
                    help="wacz: make an ECDSA P-384 key (FILE, mode 0600, and FILE.pub) and "
                    "sign with it")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -205,9 +278,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "SQLite's online backup API for the database, then every artifact its rows "
         "reference, then integrity_check, check_log and an artifact check on the copy. "
         "Exit status 1 if the copy has findings.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR",
-                   help="the backup directory to create (must not exist, or be empty)")
+    p.add_argument("store", metavar="STORE", type=store_location, help="the store directory")
+    p.add_argument("--out", required=True, type=archive_location, metavar="DIR",
+                   help="the backup directory to create (must not exist, or be empty), or an "
+                   "empty s3://BUCKET/PREFIX (a checkpoint there, as crawl --checkpoint "
+                   "writes; restore it with evidence restore s3://...)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_backup)
 
@@ -216,13 +291,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Build a store at NEW (which must not exist, or be empty) from ARCHIVE, "
         "then check row counts, section hashes, the Merkle root, the schema and every "
         "artifact against the manifest. On any mismatch nothing is left at NEW.")
-    p.add_argument("archive", metavar="ARCHIVE", help="a directory written by evidence export")
-    p.add_argument("--store", required=True, metavar="NEW",
+    p.add_argument("archive", metavar="ARCHIVE", type=archive_source,
+                   help="a directory written by evidence export, or s3://BUCKET/PREFIX: an "
+                   "export uploaded there, or (a backup's or crawl --checkpoint's) the newest "
+                   "complete checkpoint")
+    p.add_argument("--store", required=True, metavar="NEW", type=store_location,
                    help="where to create the store: a new or empty directory, or a "
                    "PostgreSQL connection string to an empty database")
-    p.add_argument("--artifacts", metavar="DIR",
+    p.add_argument("--artifacts", metavar="DIR", type=local_path,
                    help="restoring into PostgreSQL: a new or empty directory for the "
                    "payloads, recorded in the store")
+    p.add_argument("--checkpoint", metavar="ID",
+                   help="restoring from s3://: this checkpoint, not the newest complete one")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_restore)
 
@@ -234,14 +314,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "differ, and the payloads: each one either side references, held or not by each "
         "(present with its size; --full: its bytes re-hashed). Exit status 0 when equal, 1 "
         "when anything differs, 2 when a payload cannot be read.")
-    p.add_argument("a", metavar="A", help="a store directory or an archive")
-    p.add_argument("b", metavar="B", help="a store directory or an archive")
+    p.add_argument("a", metavar="A", type=compare_source,
+                   help="a store directory or an archive (a directory, or an export at "
+                   "s3://BUCKET/PREFIX)")
+    p.add_argument("b", metavar="B", type=compare_source,
+                   help="a store directory or an archive")
     p.add_argument("--rows", type=int, default=20, metavar="N",
                    help="list at most N differing rows per table (default 20)")
     p.add_argument("--full", action="store_true",
                    help="re-hash every payload on both sides (default: each is present, "
                    "with its size)")
-    p.add_argument("--scratch", type=Path, metavar="DIR",
+    p.add_argument("--scratch", type=local_directory, metavar="DIR",
                    help="where to put the two temporary copies (default: the system's "
                    "temporary directory)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")

@@ -5,7 +5,10 @@
   ``main``'s boundary too);
 - ``print_json`` (the one JSON printer), ``write_output``, ``format_bytes``, ``confirm``;
 - the argument types (whole numbers, seconds, durations), so ``--workers 0`` or
-  ``--grace 1x`` is a usage error in the same words in every command;
+  ``--grace 1x`` is a usage error in the same words in every command; and the location
+  types (``store_location``, ``archive_location``, ``local_path``...), so a location a
+  command cannot use (``init s3://...``, ``export --out http://...``) is refused by its
+  scheme's name before anything is created: ``s3:`` never becomes a local folder;
 - ``Progress``, the phase-and-count line long library calls report through, and
   ``log_to``, which keeps log lines off a live progress line;
 - ``add_listen_options`` / ``listen_options``: listening beyond the Unix socket (TCP, TLS,
@@ -33,10 +36,12 @@ import msgspec
 if TYPE_CHECKING:
     from .._write.tls import TLSFiles
 
-__all__ = ["Parser", "Progress", "add_listen_options", "apply_config", "config_keys",
-           "config_toml", "confirm", "error_text", "format_bytes", "integer",
-           "listen_options", "log_to", "non_negative", "note_given", "parse_duration",
-           "positive", "positive_seconds", "print_json", "seconds", "write_output"]
+__all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "apply_config",
+           "archive_location", "archive_source", "artifacts_location", "checkpoint_location",
+           "compare_source", "config_keys", "config_toml", "confirm", "error_text",
+           "format_bytes", "integer", "listen_options", "local_directory", "local_path",
+           "log_to", "non_negative", "note_given", "parse_duration", "positive",
+           "positive_seconds", "print_json", "seconds", "store_location", "write_output"]
 
 
 # --- the parser's form ----------------------------------------------------------------
@@ -67,7 +72,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, error_text(message, f"{self.prog} --help"))
+        # A location type's refusal carries its own hint: argparse raises its usage error
+        # while handling the type's ``LocationError``, which is that error's context.
+        cause = getattr(sys.exc_info()[1], "__context__", None)
+        hint = cause.hint if isinstance(cause, LocationError) else f"{self.prog} --help"
+        self.exit(2, error_text(message, hint))
 
 
 # --- output ----------------------------------------------------------------------------
@@ -388,3 +397,119 @@ def _toml(value: object) -> str:
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     # A TOML basic string takes JSON's escapes.
     return msgspec.json.encode(str(value)).decode()
+
+
+# --- locations: what each argument may name, refused by scheme before anything is made ----
+
+class LocationError(argparse.ArgumentTypeError):
+    """A location an argument cannot take, with the hint the ``Try:`` line shows."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_POSTGRES = ("postgresql", "postgres")
+
+
+def _scheme(text: str) -> str | None:
+    match = _SCHEME.match(text)
+    return match[1].lower() if match else None
+
+
+def _s3(text: str) -> str:
+    """An ``s3://`` URL, parsed now (a bad bucket or prefix is a usage error)."""
+    from .._errors import EvidenceError
+    from .._store.s3 import S3Location
+
+    try:
+        return S3Location(text).url
+    except EvidenceError as exc:
+        raise LocationError(str(exc), exc.hint or "give s3://BUCKET/PREFIX") from None
+
+
+def store_location(text: str) -> str:
+    """A store: a directory, or a PostgreSQL connection string. Never an object store: a
+    database needs a file system (or a server) under it."""
+    scheme = _scheme(text)
+    if scheme is None or scheme in _POSTGRES:
+        return text
+    if scheme == "s3":
+        raise LocationError(f"{text}: a store's database cannot live in S3",
+                            hint="keep the store in a directory and its payloads in S3: "
+                            "evidence init DIR --artifacts s3://BUCKET/PREFIX (or back it "
+                            "up there: evidence backup DIR --out s3://BUCKET/PREFIX)")
+    raise LocationError(f"{text}: a store cannot be at a {scheme}:// URL",
+                        hint="give a store directory, or a postgresql:// connection string")
+
+
+def local_path(text: str) -> str:
+    """A file or directory on this machine; a URL of any scheme is refused by name."""
+    scheme = _scheme(text)
+    if scheme is not None:
+        raise LocationError(f"{text}: this is a local file or directory, not a {scheme}:// "
+                            "URL", hint="give a path on this machine")
+    return text
+
+
+def local_directory(text: str) -> Path:
+    """``local_path``, as a ``Path``."""
+    return Path(local_path(text))
+
+
+def archive_location(text: str) -> str | Path:
+    """Where ``export`` and ``backup`` write: a new local directory (or file), or an
+    ``s3://BUCKET/PREFIX`` (docs/archives.md, "Archives in object storage")."""
+    scheme = _scheme(text)
+    if scheme is None:
+        return Path(text)
+    if scheme == "s3":
+        return _s3(text)
+    raise LocationError(f"{text}: an archive cannot be written to a {scheme}:// URL",
+                        hint="give a new local directory or file, or s3://BUCKET/PREFIX")
+
+
+def archive_source(text: str) -> str:
+    """What ``restore`` reads: a local archive, or one in ``s3://BUCKET/PREFIX``."""
+    scheme = _scheme(text)
+    if scheme is None:
+        return text
+    if scheme == "s3":
+        return _s3(text)
+    raise LocationError(f"{text}: an archive cannot be read from a {scheme}:// URL",
+                        hint="give an archive directory, or s3://BUCKET/PREFIX")
+
+
+def compare_source(text: str) -> str:
+    """A side of ``compare``: a store (a directory or PostgreSQL), or an archive (a
+    directory or ``s3://BUCKET/PREFIX``)."""
+    scheme = _scheme(text)
+    if scheme == "s3":
+        return _s3(text)
+    if scheme is None or scheme in _POSTGRES:
+        return text
+    raise LocationError(f"{text}: compare reads stores and archives, not {scheme}:// URLs",
+                        hint="give a store or archive directory, a postgresql:// store, or "
+                        "an archive at s3://BUCKET/PREFIX")
+
+
+def artifacts_location(text: str) -> str:
+    """Where a store's payloads live: a directory, or ``s3://BUCKET/PREFIX[?...]``."""
+    scheme = _scheme(text)
+    if scheme is None or scheme == "s3":
+        return text  # the URL's options are checked with the store (artifactspec)
+    raise LocationError(f"{text}: payloads cannot live at a {scheme}:// URL: a store keeps "
+                        "them in a directory, and the other place it can keep them is an "
+                        "s3:// URL", hint="give s3://BUCKET/PREFIX, or leave out --artifacts")
+
+
+def checkpoint_location(text: str) -> str:
+    """Where ``crawl --checkpoint`` writes: an ``s3://BUCKET/PREFIX`` only (a checkpoint
+    is for a machine whose own disk is thrown away)."""
+    if _scheme(text) == "s3":
+        return _s3(text)
+    what = f"a {_scheme(text)}:// URL" if _scheme(text) else "a local path"
+    raise LocationError(f"{text}: checkpoints go to object storage, not {what}",
+                        hint="give --checkpoint s3://BUCKET/PREFIX (or back up to a "
+                        "directory with 'evidence backup')")

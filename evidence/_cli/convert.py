@@ -7,9 +7,8 @@ A few lines over ``_store.convert.convert_to_packs``: progress on stderr (a term
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from .common import Progress, print_json
+from .common import Progress, local_directory, print_json
 
 __all__ = ["add_commands"]
 
@@ -43,6 +42,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "is removed before its bytes are in a sealed pack. The database is not changed: "
         "exports, reports and proofs are the same afterwards. Stop crawls and services on "
         "the store first (a running crawl makes it refuse). See docs/store.md.")
-    p.add_argument("store", type=Path, metavar="STORE", help="the store directory")
+    p.add_argument("store", type=local_directory, metavar="STORE",
+                   help="the store directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_convert)

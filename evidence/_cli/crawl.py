@@ -11,9 +11,11 @@ signal cancels in-flight fetches).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,20 +33,26 @@ from .common import (
     add_listen_options,
     add_outage_option,
     apply_config,
+    artifacts_location,
+    checkpoint_location,
     config_toml,
     confirm,
     format_bytes,
     listen_options,
+    local_path,
     log_to,
     non_negative,
     note_given,
+    parse_duration,
     positive,
     positive_seconds,
     print_json,
     seconds,
+    store_location,
 )
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._archive.checkpoint import Checkpointer
     from .._crawl.crawler import CrawlProgress, CrawlResult
 
 __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
@@ -164,10 +172,15 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             f"Abandon the open session of {path} (if any) and start a new one? [y/N] "):
         raise EvidenceError("not confirmed: --clean abandons the open session",
                             hint="add --yes to skip the question")
+    if args.checkpoint is not None:  # credentials, bucket and prefix: before the store
+        from .._archive.checkpoint import check_destination
+
+        check_destination(args.checkpoint,
+                          new_store=not postgres and not (path / DB_NAME).exists())
     log_to(stderr)
     with Store.create(args.store if postgres else path, sync=args.sync,
                       artifacts=args.artifacts, db_outage_deadline=args.db_outage_deadline
-                      ) as store, store.writer_lock():
+                      ) as store, store.writer_lock(), _checkpoints(args, store) as checkpointer:
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
         progress = _CrawlProgressLine(stderr)
@@ -196,6 +209,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                                              "their URLs are requeued by the next run")
                                 crawler.cancel(f"{words} again")
                 tg.start_soon(signals)
+                if checkpointer is not None:
+                    tg.start_soon(checkpointer.every, args.every)
                 try:
                     result = await crawler.run()
                 finally:
@@ -203,7 +218,45 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                     tg.cancel_scope.cancel()
             return result
 
-        return anyio.run(main)
+        try:
+            result = anyio.run(main)
+        except Exception:
+            if checkpointer is not None:  # what the failed run committed, if it can be
+                with contextlib.suppress(EvidenceError, OSError):
+                    checkpointer.take()
+            raise
+        if checkpointer is not None:
+            _final_checkpoint(checkpointer)
+        return result
+
+
+@contextlib.contextmanager
+def _checkpoints(args: argparse.Namespace, store: Store) -> Iterator[Checkpointer | None]:
+    """With ``--checkpoint``: the store's checkpoints to object storage (docs/scale.md,
+    "Ephemeral runners"); else None."""
+    if args.checkpoint is None:
+        yield None
+        return
+    from .._archive.checkpoint import Checkpointer
+
+    with Checkpointer(store, args.checkpoint) as checkpointer:
+        yield checkpointer
+
+
+def _final_checkpoint(checkpointer: Checkpointer) -> None:
+    """The checkpoint at the end of the run (its failure is the command's, exit 2)."""
+    last = checkpointer.final()
+    print(f"checkpoint {last.checkpoint_id} at {checkpointer.url}: {last.uploaded} payloads "
+          f"uploaded ({format_bytes(last.uploaded_bytes)}), database "
+          f"{format_bytes(last.database.bytes)}; {len(checkpointer.taken)} checkpoints this "
+          f"run, {checkpointer.failures} failed", file=sys.stderr)
+
+
+def _interval(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
 
 
 def _lease(text: str) -> float:
@@ -477,13 +530,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        "evidence.db and artifacts/) in a new or empty directory. Opening an "
                        "existing store is harmless; a file or a directory of other things "
                        "(an archive, say) is refused.")
-    p.add_argument("store", metavar="STORE",
+    p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory, or a PostgreSQL connection string "
                    "(postgresql://..., or libpq's 'host=... dbname=...'): see docs/store.md")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="full (default): every commit survives power loss; normal: survives "
                    "a process crash, may lose the last commits on power loss")
-    p.add_argument("--artifacts", metavar="DIR|URL",
+    p.add_argument("--artifacts", metavar="DIR|URL", type=artifacts_location,
                    help="where the payloads live, recorded in the store so that later "
                    "commands find it: an S3-compatible object store, "
                    "s3://BUCKET/PREFIX[?endpoint=URL&region=NAME] (credentials from "
@@ -503,18 +556,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "signal; the session stays open). Exit status 0 when the run completed, stopped or "
         "reached its cap; 1 when it failed, or when not one seed could be fetched.")
     p.add_argument("urls", metavar="URL", nargs="*", help="seed URLs (new session)")
-    p.add_argument("--store", help="the store directory (created if absent), or a PostgreSQL "
+    p.add_argument("--store", type=store_location,
+                   help="the store directory (created if absent), or a PostgreSQL "
                    "connection string (required, here or in --config)")
-    p.add_argument("--config", metavar="FILE",
+    p.add_argument("--config", metavar="FILE", type=local_path,
                    help="a TOML file of options under their long flags' names (store, "
                    "workers, max_documents, ...) and seeds (a list of URLs, or a seeds "
                    "file); options given on the command line win (docs/crawling.md)")
-    p.add_argument("--seeds", metavar="FILE",
+    p.add_argument("--seeds", metavar="FILE", type=local_path,
                    help="seed URLs from a file, one a line (# starts a comment)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective options as a --config file and exit (nothing "
                    "is crawled or created)")
-    p.add_argument("--artifacts", metavar="DIR|URL",
+    p.add_argument("--artifacts", metavar="DIR|URL", type=artifacts_location,
                    help="a new store: where its payloads live, s3://BUCKET/PREFIX or (a "
                    "PostgreSQL store) a directory (see 'evidence init --help'); an existing "
                    "store knows where they are")
@@ -618,6 +672,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
     add_outage_option(p, "the crawl")
+    p.add_argument("--checkpoint", type=checkpoint_location, metavar="s3://BUCKET/PREFIX",
+                   help="copy the store to object storage every --every and when the run "
+                   "ends, for a machine whose disk is thrown away: each checkpoint a "
+                   "consistent snapshot, uploading only new payloads; a failed one is logged "
+                   "and retried, a failed final one fails the command (exit 2). Restore on "
+                   "another machine with evidence restore s3://BUCKET/PREFIX --store DIR and "
+                   "resume: what "
+                   "committed after the last checkpoint is fetched again (docs/scale.md, "
+                   "'Ephemeral runners')")
+    p.add_argument("--every", type=_interval, default=300.0, metavar="DURATION",
+                   help="time between checkpoints: 90s, 5m, 1h (default 5m)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     note_given(p)  # last: --config fills in only what the command line left out
     p.set_defaults(func=_cmd_crawl, crawl_parser=p)
@@ -627,7 +692,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        "two completed sessions, from their records (a document is a URL "
                        "whose last attempt in the session got an HTTP answer; changed: "
                        "another status or body checksum).")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     p.add_argument("--session", action="append", required=True, metavar="ID",
                    help="give twice: the older session A, then B")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -638,7 +704,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        "makes no new requests, gives in-flight fetches its grace period to "
                        "finish, commits and exits; the session stays open. Exit status 1 "
                        "when no crawl is running, 2 when STORE is not a store.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     p.set_defaults(func=_cmd_stop)
 
     p = sub.add_parser("demo", help="crawl a small site served on 127.0.0.1 into a store",
@@ -646,6 +713,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        "and crawl it into STORE with a new session, as 'evidence crawl' "
                        "does (and with its exit status). No other address is contacted.")
     p.add_argument("store", metavar="STORE", nargs="?", default="demo.evidence",
+                   type=local_path,
                    help="the store directory (default ./demo.evidence)")
     p.add_argument("--pages", type=positive, default=60, metavar="N",
                    help="pages in the demo site, besides its home page")
@@ -655,6 +723,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        description="Show sessions, runs (a run whose process is gone shows "
                        "as interrupted), row counts, the Merkle log head, quarantine and WAL "
                        "size, from one short read-only snapshot.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_status)

@@ -17,6 +17,7 @@ import anyio
 
 from .._write.tls import client_context, make_self_signed, parse_connect
 from .._write.wire import read_token
+from .common import local_path
 
 __all__ = ["add_commands"]
 
@@ -77,7 +78,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--tls-ca OUT/cert.pem. For production, use a certificate from your own CA.")
     p.add_argument("--host", action="append", required=True, metavar="HOST",
                    help="an address or name workers dial (repeat for more)")
-    p.add_argument("--out", required=True, metavar="DIR", help="where to write the pair")
+    p.add_argument("--out", required=True, type=local_path, metavar="DIR",
+                   help="where to write the pair")
     p.add_argument("--days", type=int, default=365, metavar="N",
                    help="validity in days (default %(default)s)")
     p.set_defaults(func=_cmd_tls_cert)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import ProofError
 from .._store.db import Store
-from .common import print_json, write_output
+from .common import local_path, print_json, store_location, write_output
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._audit.proofs import ConsistencyProof, InclusionProof
@@ -117,7 +117,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "keygen", help="create an Ed25519 key for signing checkpoints",
         description="Write a new signing key to KEY (mode 0600, never overwritten) and its "
         "public key to KEY.pub, in the signed-note key formats.")
-    p.add_argument("key", metavar="KEY", help="file for the private key")
+    p.add_argument("key", metavar="KEY", type=local_path, help="file for the private key")
     p.add_argument("--name", default="evidence",
                    help="the key name in signatures: no spaces or '+', e.g. example.com/crawl")
     p.set_defaults(func=_cmd_keygen)
@@ -126,13 +126,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "checkpoint", help="sign the log's current size and root",
         description="Recompute the log from the ledger and sign (store id, tree size, root, "
         "time) as a C2SP checkpoint with Ed25519.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     key = p.add_mutually_exclusive_group(required=True)
     key.add_argument("--key", metavar="KEY", help="the private key file (see keygen)")
-    key.add_argument("--new-key", metavar="FILE",
+    key.add_argument("--new-key", metavar="FILE", type=local_path,
                      help="create a key named after the store in FILE (and FILE.pub), sign "
                      "with it")
-    p.add_argument("--out", metavar="FILE", help="write the checkpoint here, not to stdout")
+    p.add_argument("--out", metavar="FILE", type=local_path,
+                   help="write the checkpoint here, not to stdout")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_checkpoint)
 
@@ -140,7 +142,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "prove", help="an inclusion or consistency proof",
         description="Print an RFC 9162 inclusion proof for an attempt's ledger entry, or a "
         "consistency proof between two tree sizes, as JSON.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--attempt", metavar="ID", help="prove this fetch attempt is logged")
     what.add_argument("--index", type=int, metavar="N", help="prove ledger entry N is logged")
@@ -151,7 +154,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                       help="prove against the tree of size M (default: the current size)")
     size.add_argument("--checkpoint", metavar="FILE",
                       help="prove against this checkpoint's size (and check its root)")
-    p.add_argument("--out", metavar="FILE", help="write the proof here, not to stdout")
+    p.add_argument("--out", metavar="FILE", type=local_path,
+                   help="write the proof here, not to stdout")
     p.set_defaults(func=_cmd_prove)
 
     p = sub.add_parser(

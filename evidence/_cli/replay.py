@@ -23,7 +23,7 @@ import msgspec
 
 from .._errors import EvidenceError
 from .._store.db import Store
-from .common import print_json
+from .common import local_path, print_json, store_location
 
 __all__ = ["add_commands"]
 
@@ -146,7 +146,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "and content coding included); --content prints the decoded content instead. "
         "With --serve, serve the whole capture (a store or a WACZ file) for a web browser "
         "through pywb on 127.0.0.1, and list each page's address (docs/replay.md).")
-    p.add_argument("store", metavar="STORE", help="the store directory (with --serve: or a "
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory (with --serve: or a "
                    "WACZ file)")
     p.add_argument("url", metavar="URL", nargs="?",
                    help="the URL (compared by its normalized form)")
@@ -158,7 +159,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--at", metavar="TIME",
                    help="the latest attempt started at or before TIME (ISO 8601, with Z or "
                    "an offset)")
-    p.add_argument("--out", metavar="FILE", help="write the bytes here, not to stdout")
+    p.add_argument("--out", metavar="FILE", type=local_path,
+                   help="write the bytes here, not to stdout")
     part = p.add_mutually_exclusive_group()
     part.add_argument("--headers-only", action="store_true", help="only the response head")
     part.add_argument("--body-only", action="store_true",
@@ -178,19 +180,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--request, --body and --content write that attempt's recorded bytes (and its "
         "latest render's) to files, re-hashed as they are read. Exit status 2 when the "
         "page, the run or an asked-for part is not in the store (nothing is written).")
-    p.add_argument("store", metavar="STORE", help="the store directory or connection string")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory or connection string")
     p.add_argument("url", metavar="URL", help="the URL (compared by its normalized form)")
     p.add_argument("--run", metavar="ID", help="that run's current attempt")
     p.add_argument("--at", metavar="TIME",
                    help="the latest attempt started at or before TIME (ISO 8601)")
-    p.add_argument("--screenshot", metavar="FILE", help="write the render's screenshot (PNG)")
-    p.add_argument("--dom", metavar="FILE", help="write the rendered DOM (HTML)")
-    p.add_argument("--headers", metavar="FILE",
+    p.add_argument("--screenshot", metavar="FILE", type=local_path,
+                   help="write the render's screenshot (PNG)")
+    p.add_argument("--dom", metavar="FILE", type=local_path, help="write the rendered DOM (HTML)")
+    p.add_argument("--headers", metavar="FILE", type=local_path,
                    help="write the response head, as received")
-    p.add_argument("--request", metavar="FILE", help="write the request head, as sent")
-    p.add_argument("--body", metavar="FILE",
+    p.add_argument("--request", metavar="FILE", type=local_path,
+                   help="write the request head, as sent")
+    p.add_argument("--body", metavar="FILE", type=local_path,
                    help="write the body, as it came off the connection")
-    p.add_argument("--content", metavar="FILE",
+    p.add_argument("--content", metavar="FILE", type=local_path,
                    help="write the content: the body with its codings removed")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
     p.set_defaults(func=_cmd_show)

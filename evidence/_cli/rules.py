@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._store.db import Store
-from .common import print_json, write_output
+from .common import local_path, print_json, store_location, write_output
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._crawl.rules import EvaluationSummary
@@ -107,7 +107,8 @@ def add_commands(
         "duplicate; a different answer is quarantined as a conflict). Refused while a crawl "
         "runs on STORE, and for a rule whose version was recorded with another definition. "
         "Exit status 1 on a conflict, a rejection or an unreadable artifact.")
-    e.add_argument("store", metavar="STORE", help="the store directory")
+    e.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     e.add_argument("--rules", required=True, metavar="FILE", help="the rules file (TOML)")
     e.add_argument("--run", metavar="ID", help="only this run's pages (default: every run)")
     e.add_argument("--recheck", action="store_true",
@@ -126,12 +127,14 @@ def add_commands(
         "and body, and the log indexes to prove them with. The same store always gives the "
         "same bytes. HTML is one static file with no script and no external reference; it "
         "lists the first --per-group failures of each group.")
-    r.add_argument("store", metavar="STORE", help="the store directory")
+    r.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     r.add_argument("--run", metavar="ID",
                    help="the run to report on (default: the one that started last)")
     r.add_argument("--format", choices=("text", "json", "html"), default="text",
                    help="text (default), json, or a self-contained html page")
-    r.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
+    r.add_argument("--out", metavar="FILE", type=local_path,
+                   help="write to FILE instead of standard output")
     r.add_argument("--max-failures", type=int, metavar="N",
                    help="list at most N failures (the count of the rest is given; default: "
                    "all)")

@@ -26,9 +26,12 @@ from .._write.writer import WriterLimits
 from .common import (
     add_listen_options,
     add_outage_option,
+    artifacts_location,
     listen_options,
+    local_path,
     log_to,
     print_json,
+    store_location,
 )
 
 __all__ = ["add_commands"]
@@ -126,15 +129,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "commits. When the writer falls behind, the service stops reading from sockets "
         "(clients block). SIGTERM or 'evidence stop STORE' stops accepting, commits and "
         "acknowledges what was read, and exits 0.")
-    p.add_argument("store", metavar="STORE",
+    p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory, or a PostgreSQL connection string (see "
                    "'evidence init'); on PostgreSQL a second service of the same store waits "
                    "as a standby and takes over when the first ends")
-    p.add_argument("--artifacts", metavar="DIR|URL",
+    p.add_argument("--artifacts", metavar="DIR|URL", type=artifacts_location,
                    help="the store's payload location, if not where the store records it: "
                    "its s3:// location with other options (another endpoint, say), or a "
                    "PostgreSQL store's directory (default: the recorded one)")
-    p.add_argument("--socket", metavar="PATH",
+    p.add_argument("--socket", metavar="PATH", type=local_path,
                    help="listen on a Unix socket, created with mode 0600")
     add_listen_options(p, what="also")
     p.add_argument("--metrics", metavar="HOST:PORT",

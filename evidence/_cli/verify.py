@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._store.db import Store
-from .common import format_bytes, parse_duration, print_json
+from .common import format_bytes, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._audit.verify import VerifyReport
@@ -105,7 +105,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Check the schema, SQLite integrity, foreign keys, the Merkle log and hash "
         "chain, every evidence row against its ledger entry, the url_current projection and "
         "the artifact files; list orphaned files. Exit 1 on any error.")
-    p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("store", metavar="STORE", type=store_location,
+                   help="the store directory")
     p.add_argument("--full", action="store_true",
                    help="integrity_check instead of quick_check, and re-hash every artifact")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
