@@ -144,3 +144,17 @@ def test_init_at_s3_says_where_a_store_and_its_payloads_can_live(
     assert "a store's database cannot live in S3" in err
     assert "Try: " in err and "init DIR --artifacts s3://" in err
     assert not Path("s3:").exists()
+
+
+def test_the_library_never_makes_a_folder_named_after_a_url_scheme(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evidence import Store, StoreError, backup, export
+
+    monkeypatch.chdir(tmp_path)
+    Store.create(tmp_path / "st").close()
+    for call in (lambda: Store.create("s3://bucket/x"),
+                 lambda: export(tmp_path / "st", "s3://bucket/x"),
+                 lambda: backup(tmp_path / "st", "ftp://host/x")):
+        with pytest.raises(StoreError, match="URL"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["st"]

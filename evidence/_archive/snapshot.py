@@ -170,7 +170,14 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
     On any error the partial build is removed and ``target`` is left as it was. The build
     directory is flock'ed while it is built, so one left by a killed process is known for
     what it is: the next build to the same target removes it (saying so).
+
+    A URL (``s3://...``, any ``scheme://``) is refused: it would become a local folder
+    named after its scheme (``_archive/remote.py`` writes to object storage).
     """
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", os.fspath(target)):
+        raise StoreError(f"{os.fspath(target)}: a URL, not a local directory",
+                         hint="export_to / backup_to (evidence._archive.remote) write to "
+                         "s3://; here give a path on this machine", path=os.fspath(target))
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise StoreError(f"{target} is a file; refusing to replace it",

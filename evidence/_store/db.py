@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,6 +117,11 @@ class Store:
         """
         from .location import is_postgres_location
 
+        if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path) \
+                and not is_postgres_location(path):
+            raise StoreError(f"{path}: a store is a directory or a PostgreSQL database, not "
+                             "a URL", path=path, hint="keep the store in a directory and its "
+                             "payloads in S3: Store.create(DIR, artifacts='s3://BUCKET/PREFIX')")
         if is_postgres_location(path):
             from .pgstore import PostgresStore
 
