@@ -230,3 +230,19 @@ def test_an_outage_longer_than_the_deadline_fails_the_run_clearly_and_loses_noth
         reachable = site.reachable_pages()
     assert set(done_pages(tmp_path / "s")) == reachable
     assert _evidence("verify", store, "--full").returncode == 0
+
+
+def test_an_outage_deadline_that_is_not_seconds_is_refused_and_creates_nothing(
+        tmp_path: Path, seaweed: SeaweedS3) -> None:
+    env = {**os.environ, **seaweed.environ, "EVIDENCE_S3_OUTAGE_DEADLINE": "soon"}
+    init = subprocess.run([sys.executable, "-m", "evidence", "init", str(tmp_path / "s"),
+                           "--artifacts", seaweed.url("refused")], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert init.returncode == 2, init.stderr
+    assert init.stderr.startswith(
+        "Error: EVIDENCE_S3_OUTAGE_DEADLINE='soon' is not a number of seconds\nTry: ")
+    flag = _evidence("crawl", "http://127.0.0.1:9/", "--store", str(tmp_path / "s"),
+                     "--s3-outage-deadline", "-1")
+    assert flag.returncode == 2 and "--s3-outage-deadline: must be 0 seconds or more" in (
+        flag.stderr)
+    assert not (tmp_path / "s").exists()

@@ -507,11 +507,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "at --workers 8 --processes 1 and 2 ran at 0.91 and 0.90 times (0.81 and "
                    "0.72 on 600 pages)")
     add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
-    p.add_argument("--s3-outage-deadline", type=seconds, metavar="SECONDS",
-                   help="payloads in an object store: how long one request to it keeps "
-                   "retrying while it is unreachable or failing with 5xx (the crawl pauses "
-                   "meanwhile) before the run fails (default: EVIDENCE_S3_OUTAGE_DEADLINE, "
-                   "else 60; docs/scale.md)")
     p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
                    help="a worker host silent this long loses the pages it holds, which "
                    "return to the frontier (default %(default)s)")
@@ -572,6 +567,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--yes", action="store_true", help="do not ask to confirm --clean")
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
+    p.add_argument("--s3-outage-deadline", type=seconds, metavar="SECONDS",
+                   help="payloads in an object store: how long one request to it keeps "
+                   "retrying while it is unreachable or failing with 5xx (the crawl pauses "
+                   "meanwhile) before the run fails (default: EVIDENCE_S3_OUTAGE_DEADLINE, "
+                   "else 60; docs/scale.md)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_crawl)
 

@@ -128,6 +128,9 @@ class _Failing:
     outage: Outage | None = None
     said: bool = False  # the outage was logged (it lasted ``_SAY_AFTER``)
     started: float = 0.0  # time.monotonic() of the first failure
+    # Set (and replaced) when any request gets an answer: those waiting to retry a store
+    # they could not reach try again now, not at the end of a backoff of up to 2 s.
+    reached: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,8 @@ class S3Client:
 
     def close(self) -> None:
         self._closed.set()
+        with self._lock:
+            self._failing.reached.set()  # retries waiting end now (the client is closed)
         self._drop_idle()
 
     def outage(self) -> Outage | None:
@@ -406,14 +411,16 @@ class S3Client:
                     wait = min(delay * random.uniform(0.5, 1.0), give_up - now)
                     log.debug("S3 %s %s: %s; retrying in %.2f s (try %d)", method, path, exc,
                               wait, attempt + 1)
-                    self._closed.wait(wait)  # close() ends the wait (and the retries)
+                    self._pause(wait, unreachable=exc.status is None)
                     delay = min(delay * 2, config.backoff_max)
                     continue
                 except S3Error:
+                    self._reached()
                     if failing:  # an answer, if not the one hoped for: the store is back
                         failing = False
                         self._answered()
                     raise
+                self._reached()
                 if failing:
                     failing = False
                     self._answered()
@@ -421,6 +428,27 @@ class S3Client:
         finally:
             if failing:  # gave up, closed, or interrupted: no longer one of the failing
                 self._stopped_failing()
+
+    def _pause(self, seconds: float, *, unreachable: bool) -> None:
+        """Wait before a retry. One that could not reach the store at all retries as soon
+        as another request gets an answer (it is back); one answered 5xx or SlowDown
+        waits its backoff out (the store asked for less load). ``close`` ends either."""
+        if not unreachable:
+            self._closed.wait(seconds)
+            return
+        with self._lock:
+            reached = self._failing.reached
+        if self._closed.is_set():
+            return
+        reached.wait(seconds)
+
+    def _reached(self) -> None:
+        if not self._failing.requests:  # nobody waits to retry (read without the lock)
+            return
+        with self._lock:
+            failing = self._failing
+            reached, failing.reached = failing.reached, threading.Event()
+        reached.set()  # now is the time
 
     # --- the outage record: said once when it has lasted, and once when it ends -----------
 
