@@ -15,6 +15,7 @@ import hashlib
 import io
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -28,9 +29,11 @@ from evidence import CrawlConfig, Store, verify
 from evidence._cli.crawl import _CrawlProgressLine
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.s3client import S3Client, S3Config, S3Error
+from evidence._write.tls import make_self_signed
 from evidence.testing.seaweed import SeaweedS3
 
 from .test_crawl import crawl, done_pages
+from .test_hosts import COORDINATOR, TOKEN, _coordinator, _finish, _host, _log, _wait
 
 
 @pytest.fixture
@@ -71,6 +74,7 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
     client = _client(server, outage_deadline=30.0)
     try:
         assert _put(client, "warm", b"a kept-alive connection to the old server")
+        assert len(client._idle) == 1
         server.kill()
         outcome: list[object] = []
         thread = threading.Thread(target=lambda: outcome.append(
@@ -79,6 +83,7 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         thread.start()
         thread.join(1.5)
         assert thread.is_alive() and not outcome, "the put gave up instead of waiting"
+        assert not client._idle, "a connection to the killed server is still pooled"
         outage = client.outage()
         assert outage is not None and outage.endpoint == server.endpoint
         line = _CrawlProgressLine(io.StringIO(), outage=client.outage)  # the crawl's
@@ -246,3 +251,38 @@ def test_an_outage_deadline_that_is_not_seconds_is_refused_and_creates_nothing(
     assert flag.returncode == 2 and "--s3-outage-deadline: must be 0 seconds or more" in (
         flag.stderr)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_worker_host_rides_through_an_outage_longer_than_its_lease(
+        tmp_path: Path, server: SeaweedS3) -> None:
+    """A worker host whose puts wait on the object store for longer than the lease timeout
+    (1.5 s, beats every 0.5 s) still beats: it is not fenced, its pages are fetched once,
+    and the crawl completes with verify --full clean."""
+
+    cert, key = make_self_signed([COORDINATOR], tmp_path / "tls")
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    with socket.socket() as s:
+        s.bind((COORDINATOR, 0))
+        port = s.getsockname()[1]
+    d = {"cert": cert, "key": key, "token": token, "env": dict(os.environ), "tmp": tmp_path,
+         "address": f"{COORDINATOR}:{port}", "store": str(tmp_path / "store"),
+         "artifacts": server.url("host")}
+    with TestSite(SiteConfig(pages=40)) as site:
+        coordinator = _coordinator(d, site.url, "--lease-timeout", "1.5", "--delay", "0.05")
+        host = _host(d, "127.0.0.3", "host-a")
+        try:
+            _wait("some pages", lambda: len(site.requests) >= 8, [coordinator, host], d)
+            down = server.outage(0.5)
+            assert down > 1.5, "the outage must outlast the lease"
+            assert coordinator.wait(120) == 0, _log(d, "coordinator")
+            assert host.wait(60) == 0, _log(d, "host-a")
+        finally:
+            _finish([coordinator, host])
+        counts = site.request_counts()
+    assert max(counts.values()) == 1, [p for p, n in counts.items() if n > 1]
+    assert "nothing from it for" not in _log(d, "coordinator")
+    assert "unreachable since" in _log(d, "host-a")
+    with Store.open(tmp_path / "store", read_only=True) as store:
+        assert verify(store, full=True).ok
