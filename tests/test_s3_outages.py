@@ -27,6 +27,7 @@ import pytest
 
 from evidence import CrawlConfig, Store, verify
 from evidence._cli.crawl import _CrawlProgressLine
+from evidence._cli.main import main
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.s3client import S3Client, S3Config, S3Error
 from evidence._write.tls import make_self_signed
@@ -93,7 +94,7 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         thread.join(30)
         assert outcome == [True]
         assert time.monotonic() - started > 1.5
-        assert client.retries > 0 and client.outage() is None
+        assert client.retries > 0 and client.outage() is None and client.outages == 1
         assert client.get("during") == b"put while the server was down"
         assert _said(caplog, "unreachable since") == 1
         assert _said(caplog, "reachable again") == 1
@@ -228,28 +229,30 @@ def test_an_outage_longer_than_the_deadline_fails_the_run_clearly_and_loses_noth
         assert "\nTry: " in error and "Traceback" not in stderr, stderr
 
         server.restart()
-        checked = _evidence("verify", store, "--full", "--json")
-        assert checked.returncode == 0, checked.stdout + checked.stderr
+        with Store.open(store, read_only=True) as opened:  # what was acknowledged is there
+            report = verify(opened, full=True)
+        assert report.ok, report.findings
         resumed = _evidence("crawl", "--store", store, "--workers", "4")
         assert resumed.returncode == 0, resumed.stderr
         reachable = site.reachable_pages()
     assert set(done_pages(tmp_path / "s")) == reachable
-    assert _evidence("verify", store, "--full").returncode == 0
+    with Store.open(store, read_only=True) as opened:
+        assert verify(opened, full=True).ok
 
 
 def test_an_outage_deadline_that_is_not_seconds_is_refused_and_creates_nothing(
-        tmp_path: Path, seaweed: SeaweedS3) -> None:
-    env = {**os.environ, **seaweed.environ, "EVIDENCE_S3_OUTAGE_DEADLINE": "soon"}
-    init = subprocess.run([sys.executable, "-m", "evidence", "init", str(tmp_path / "s"),
-                           "--artifacts", seaweed.url("refused")], capture_output=True,
-                          text=True, env=env, timeout=60)
-    assert init.returncode == 2, init.stderr
-    assert init.stderr.startswith(
+        tmp_path: Path, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in {**seaweed.environ, "EVIDENCE_S3_OUTAGE_DEADLINE": "soon"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["init", str(tmp_path / "s"), "--artifacts", seaweed.url("refused")]) == 2
+    assert capsys.readouterr().err.startswith(
         "Error: EVIDENCE_S3_OUTAGE_DEADLINE='soon' is not a number of seconds\nTry: ")
-    flag = _evidence("crawl", "http://127.0.0.1:9/", "--store", str(tmp_path / "s"),
-                     "--s3-outage-deadline", "-1")
-    assert flag.returncode == 2 and "--s3-outage-deadline: must be 0 seconds or more" in (
-        flag.stderr)
+    with pytest.raises(SystemExit) as usage:
+        main(["crawl", "http://127.0.0.1:9/", "--store", str(tmp_path / "s"),
+              "--s3-outage-deadline", "-1"])
+    assert usage.value.code == 2
+    assert "--s3-outage-deadline: must be 0 seconds or more" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
 
 
