@@ -5,7 +5,8 @@ request that finds it down keeps trying until its outage deadline; a crawl whose
 pauses, says so once per outage, and carries on with every page fetched once; an outage
 longer than the deadline fails the run with an error that says what to do, and loses
 nothing that was acknowledged. What retrying cannot fix (credentials, a missing bucket, a
-checksum the server refused) is not retried at all. The real 10-second outages are
+checksum the server refused) is not retried at all. A worker host whose puts wait keeps
+its lease (they wait on a thread, not on its event loop). The real 10-second outages are
 ``tools/s3_outages.py``; here they last the 2 to 3 seconds a restart takes.
 """
 
