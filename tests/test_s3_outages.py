@@ -103,6 +103,35 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         client.close()
 
 
+def test_past_its_deadline_an_outage_fails_each_request_at_its_first_try(
+        server: SeaweedS3) -> None:
+    """The deadline is the outage's, not each request's: once the store has failed for
+    longer, a request tries once and fails (a verify of a store that stays down does not
+    wait a deadline per object); the first answer ends that."""
+    client = _client(server, outage_deadline=1.0)
+    try:
+        server.kill()
+        started = time.monotonic()
+        with pytest.raises(S3Error) as first:
+            _put(client, "first", b"waits a second")
+        assert 1.0 <= time.monotonic() - started < 5 and client.retries > 0
+        assert "past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of 1 s" in str(
+            first.value)
+        sent, started = client.requests, time.monotonic()
+        with pytest.raises(S3Error, match="failed after 1 try; the object store has failed "
+                           "requests for 1.[0-9] s, past its outage deadline"):
+            client.head("second")
+        assert client.requests == sent + 1 and time.monotonic() - started < 0.5
+        server.restart()
+        assert _put(client, "third", b"the store answers again") and client.outage() is None
+        with pytest.raises(S3Error) as refused:  # a new outage: a deadline of its own
+            server.kill()
+            _put(client, "fourth", b"waits a second again")
+        assert "failed requests for 1." in str(refused.value)
+    finally:
+        client.close()
+
+
 def test_what_retrying_cannot_fix_is_not_retried(seaweed: SeaweedS3) -> None:
     """Wrong credentials (403), a bucket that is not there (404) and a checksum the server
     refused (400) fail at the first answer, however long the outage deadline."""
@@ -226,7 +255,8 @@ def test_an_outage_longer_than_the_deadline_fails_the_run_clearly_and_loses_noth
         assert process.returncode in (1, 2), stderr
         assert took < 20, f"gave up after {took:.1f} s, not about 2"
         error = stderr[stderr.index("\nError: "):]
-        assert server.endpoint in error and "EVIDENCE_S3_OUTAGE_DEADLINE, is 2 s" in error, error
+        assert server.endpoint in error and (
+            "past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of 2 s" in error), error
         assert "\nTry: " in error and "Traceback" not in stderr, stderr
 
         server.restart()

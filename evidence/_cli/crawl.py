@@ -568,7 +568,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
     p.add_argument("--s3-outage-deadline", type=seconds, metavar="SECONDS",
-                   help="payloads in an object store: how long one request to it keeps "
+                   help="payloads in an object store: how long requests to it keep "
                    "retrying while it is unreachable or failing with 5xx (the crawl pauses "
                    "meanwhile) before the run fails (default: EVIDENCE_S3_OUTAGE_DEADLINE, "
                    "else 60; docs/scale.md)")

@@ -20,9 +20,10 @@ Failures that may pass are retried here (``_send``): a connection that could not
 or broke mid-request, a timeout, 5xx, 408, 429 and ``SlowDown``. An object store that is
 down for a while (a restart, a failover, a network cut) is an outage to ride through, not an
 error: each request keeps trying, with exponential backoff (``S3Config.backoff`` doubling to
-``backoff_max``) and jitter, until it has tried for ``S3Config.outage_deadline`` seconds
-(default 60; ``EVIDENCE_S3_OUTAGE_DEADLINE``, read by ``s3.S3Location.config``), then raises
-an ``S3Error`` naming the endpoint and how long it tried. Meanwhile whoever waits on the
+``backoff_max``) and jitter, until the outage (from its first failed request) has lasted
+``S3Config.outage_deadline`` seconds (default 60; ``EVIDENCE_S3_OUTAGE_DEADLINE``, read by
+``s3.S3Location.config``), then raises an ``S3Error`` naming the endpoint and how long it
+tried; past it, each request tries once until one gets an answer. Meanwhile whoever waits on the
 request waits: a crawl's pages wait on their puts, the writer on its reference checks, so
 the crawl pauses and nothing is acknowledged before its payloads are stored. Retrying is
 safe for every request we send: GET, HEAD, LIST and DELETE are idempotent, and a retried
@@ -72,7 +73,7 @@ _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNRESERVED = "-_.~"  # RFC 3986 unreserved, besides letters and digits (never encoded)
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_CODES = frozenset({"SlowDown", "InternalError", "RequestTimeout", "ServiceUnavailable"})
-DEFAULT_OUTAGE_DEADLINE = 60.0  # seconds one request keeps retrying an unreachable store
+DEFAULT_OUTAGE_DEADLINE = 60.0  # seconds an outage of the store is retried through
 _SAY_AFTER = 1.0  # seconds of failing before an outage is logged (a lone 503 is not one)
 _POOL_SIZE = 64  # idle connections kept (a crawl's worker threads, the writer's)
 _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -96,8 +97,8 @@ class S3Config:
     secret_key: str = field(default="", repr=False)
     session_token: str = field(default="", repr=False)
     timeout: float = 30.0  # seconds one read may wait (connect, a response chunk)
-    # Seconds one request keeps retrying a failure that may pass (0: one try); a try begun
-    # before the deadline may take ``timeout`` more.
+    # Seconds an outage is retried through, from its first failed request (0: one try); a
+    # try begun before the deadline may take ``timeout`` more.
     outage_deadline: float = DEFAULT_OUTAGE_DEADLINE
     attempts: int | None = None  # at most this many tries of one request (None: no cap)
     backoff: float = 0.05  # seconds before the first retry, doubling, with jitter
@@ -385,10 +386,9 @@ class S3Client:
         query = dict(query or {})
         payload_sha256 = payload_sha256 or (hashlib.sha256(body).hexdigest() if body
                                             else _EMPTY_SHA256)
-        started = time.monotonic()
-        give_up = started + config.outage_deadline
         delay = config.backoff
         attempt = 0
+        give_up = 0.0  # time.monotonic() past which this request stops retrying
         failing = False  # this request is counted in ``_failing``
         try:
             while True:
@@ -402,10 +402,10 @@ class S3Client:
                     now = time.monotonic()
                     if not failing:
                         failing = True
-                        self._failed_first(exc, give_up - now)
+                        give_up = self._failed_first(exc, now)
                     if now >= give_up or (config.attempts is not None
                                           and attempt >= config.attempts):
-                        raise self._gave_up(method, path, exc, attempt, now - started) from exc
+                        raise self._gave_up(method, path, exc, attempt, now) from exc
                     self._still_failing()
                     self.retries += 1
                     wait = min(delay * random.uniform(0.5, 1.0), give_up - now)
@@ -414,16 +414,12 @@ class S3Client:
                     self._pause(wait, unreachable=exc.status is None)
                     delay = min(delay * 2, config.backoff_max)
                     continue
-                except S3Error:
-                    self._reached()
-                    if failing:  # an answer, if not the one hoped for: the store is back
-                        failing = False
-                        self._answered()
-                    raise
-                self._reached()
-                if failing:
+                except S3Error:  # an answer, if not the one hoped for: the store is back
+                    self._answered(failing)
                     failing = False
-                    self._answered()
+                    raise
+                self._answered(failing)
+                failing = False
                 return response
         finally:
             if failing:  # gave up, closed, or interrupted: no longer one of the failing
@@ -442,25 +438,23 @@ class S3Client:
             return
         reached.wait(seconds)
 
-    def _reached(self) -> None:
-        if not self._failing.requests:  # nobody waits to retry (read without the lock)
-            return
-        with self._lock:
-            failing = self._failing
-            reached, failing.reached = failing.reached, threading.Event()
-        reached.set()  # now is the time
-
     # --- the outage record: said once when it has lasted, and once when it ends -----------
 
-    def _failed_first(self, exc: _Retryable, left: float) -> None:
+    def _failed_first(self, exc: _Retryable, now: float) -> float:
+        """This request joins the outage (the first failure starts it); it retries until
+        the outage has lasted the deadline, whenever this request began: so once an outage
+        has outlasted it, each request tries once and fails (``verify`` of a store that
+        stays down does not wait a deadline per object)."""
         with self._lock:
             failing = self._failing
             failing.requests += 1
             if failing.outage is None:
-                now = time.time()
-                failing.outage = Outage(endpoint=self.config.endpoint, since=now,
-                                        until=now + max(0.0, left), error=str(exc))
-                failing.started = time.monotonic()
+                wall = time.time()
+                failing.outage = Outage(endpoint=self.config.endpoint, since=wall,
+                                        until=wall + self.config.outage_deadline,
+                                        error=str(exc))
+                failing.started = now
+            return failing.started + self.config.outage_deadline
 
     def _still_failing(self) -> None:
         with self._lock:
@@ -474,37 +468,45 @@ class S3Client:
         log.warning("%s (%s); requests wait meanwhile (S3 outage deadline %g s)",
                     outage.describe(), outage.error, self.config.outage_deadline)
 
-    def _answered(self) -> None:
-        """A request that had failed got an answer: the outage is over once none fails."""
+    def _answered(self, was_failing: bool) -> None:
+        """Any answer (a success, or an error retrying cannot fix): the store is reachable.
+        Requests waiting to retry try now, and the outage is over once none is left."""
+        if not was_failing and self._failing.outage is None:  # the usual case: no lock
+            return
+        reached: threading.Event | None = None
         with self._lock:
             failing = self._failing
-            failing.requests -= 1
-            if failing.requests:
-                return
-            outage, said = failing.outage, failing.said
-            self._failing = _Failing()
-        if outage is not None and said:
+            if was_failing:
+                failing.requests -= 1
+            if failing.requests:  # they end it, each with its own answer
+                reached, failing.reached = failing.reached, threading.Event()
+            else:
+                self._failing = _Failing()
+        if reached is not None:
+            reached.set()
+        elif (outage := failing.outage) is not None and failing.said:
             log.warning("object store %s reachable again after %.1f s of outage",
                         outage.endpoint, time.time() - outage.since)
 
     def _stopped_failing(self) -> None:
+        """A request gave up (or the client was closed): the outage goes on until an
+        answer comes; past its deadline, each request tries once."""
         with self._lock:
-            failing = self._failing
-            failing.requests -= 1
-            if not failing.requests:  # the last one gave up: the next failure is news
-                self._failing = _Failing()
+            self._failing.requests -= 1
 
     def _gave_up(self, method: str, path: str, exc: _Retryable, attempt: int,
-                 elapsed: float) -> S3Error:
+                 now: float) -> S3Error:
         config = self.config
-        if config.attempts is not None and attempt >= config.attempts and (
-                elapsed < config.outage_deadline):
-            why = f"{attempt} tries"
-        else:
-            why = (f"{attempt} tries over {elapsed:.1f} s (its outage deadline, "
-                   f"EVIDENCE_S3_OUTAGE_DEADLINE, is {config.outage_deadline:g} s)")
+        with self._lock:
+            started = self._failing.started
+        what = f"S3 {method} {path} at {config.endpoint} failed after {attempt} " \
+               f"{'try' if attempt == 1 else 'tries'}"
+        if now - started >= config.outage_deadline:
+            what += (f"; the object store has failed requests for {now - started:.1f} s, "
+                     f"past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of "
+                     f"{config.outage_deadline:g} s")
         return S3Error(
-            f"S3 {method} {path} at {config.endpoint} failed after {why}; last: {exc}",
+            f"{what}; last: {exc}",
             hint="check that the object store is up and reachable from here; to wait "
             "longer for it, set EVIDENCE_S3_OUTAGE_DEADLINE (seconds; crawl: "
             "--s3-outage-deadline). A crawl can be resumed once it is back",
