@@ -6,8 +6,9 @@
 
 A real ``evidence crawl`` process crawls a site served on 127.0.0.1 (evidence._demo.site)
 into a new store whose payloads are in SeaweedFS (evidence.testing.seaweed, on 127.0.0.1).
-Each time the site has answered ``--spacing`` more pages, the object store is SIGKILLed,
-kept down ``--seconds``, and started again on the same port and data (``outage``); the
+Each time the crawl has said the last outage is over and the site has answered
+``--spacing`` more pages, the object store is SIGKILLed, kept down ``--seconds``, and
+started again on the same port and data (``outage``); the
 crawl's puts and reference checks wait meanwhile (issue 29). Then: the crawl must exit 0
 with its session completed, every path the site served must have been requested once,
 ``evidence verify --full`` must be clean, and the crawl's log must say each outage once
@@ -64,8 +65,16 @@ def main() -> int:
                      "--delay", str(args.delay)], stdout=subprocess.DEVNULL, stderr=err,
                     env=env)
 
+            def ended() -> bool:  # every outage the crawl said has its end said too
+                text = log.read_text()
+                return text.count("reachable again after") >= text.count(
+                    "requests wait meanwhile")
+
             def outages() -> None:
                 for _ in range(args.outages):
+                    give_up = time.monotonic() + 60
+                    while not ended() and crawl.poll() is None and time.monotonic() < give_up:
+                        time.sleep(0.05)
                     target = len(site.requests) + args.spacing
                     while len(site.requests) < target and crawl.poll() is None:
                         time.sleep(0.005)
