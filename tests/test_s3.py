@@ -182,8 +182,10 @@ def test_a_5xx_answer_is_retried_and_the_put_lands_once(seaweed: SeaweedS3) -> N
             store.close()
 
 
-def test_a_store_that_keeps_failing_is_given_up_after_bounded_tries(
+def test_a_store_that_keeps_failing_is_given_up_at_its_outage_deadline(
         seaweed: SeaweedS3) -> None:
+    """A 500 to every put: retried with backoff until EVIDENCE_S3_OUTAGE_DEADLINE (here 1 s),
+    then an S3Error that says how long it tried; no object was made."""
     port = int(seaweed.endpoint.rsplit(":", 1)[1])
 
     def rule(seen, index):
@@ -193,15 +195,18 @@ def test_a_store_that_keeps_failing_is_given_up_after_bounded_tries(
 
     with S3Proxy(upstream=("127.0.0.1", port), rule=rule) as proxy:
         url = new_s3_url(seaweed).replace(seaweed.endpoint, proxy.endpoint)
-        store = open_s3(url, create=True, read_only=False, environ=seaweed.environ)
+        store = open_s3(url, create=True, read_only=False,
+                        environ={**seaweed.environ, "EVIDENCE_S3_OUTAGE_DEADLINE": "1"})
         try:
             started = time.monotonic()
             with pytest.raises(S3Error) as failed:
                 store.put("body", b"never lands")
-            assert time.monotonic() - started < 10
+            assert 1 <= time.monotonic() - started < 5
             assert failed.value.status == 500
+            assert "past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of 1 s; last: " \
+                "HTTP 500" in str(failed.value)
             attempts = [s for s in proxy.seen if s.method == "PUT" and "/body/" in s.path]
-            assert len(attempts) == store.client.config.attempts
+            assert 3 <= len(attempts) == store.client.retries + 1 <= 12
             ref = ArtifactRef("body", blake3.blake3(b"never lands").hexdigest(), 11)
             assert not store.exists(ref)
         finally:
@@ -248,13 +253,14 @@ def test_a_damaged_object_is_replaced_by_the_next_put_of_its_content(
 
 def test_a_server_killed_mid_put_leaves_no_object_and_no_reference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SIGKILL while the server is receiving a put's body: the put raises after its
-    bounded retries, the restarted server has no object, and the writer refuses a message
+    """SIGKILL while the server is receiving a put's body: the put raises at its outage
+    deadline (1 s here), the restarted server has no object, and the writer refuses a message
     that names it. Once the server is back, the put and the message go through."""
     server = SeaweedS3.start(tmp_path / "s3")
     try:
         for name, value in server.environ.items():
             monkeypatch.setenv(name, value)
+        monkeypatch.setenv("EVIDENCE_S3_OUTAGE_DEADLINE", "1")  # (tests/test_s3_outages.py)
         port = server.ports["s3"]
         held, sent = threading.Event(), threading.Event()
 
@@ -312,6 +318,7 @@ def test_a_reference_check_the_object_store_cannot_answer_fails_the_batch_not_th
     try:
         for name, value in server.environ.items():
             monkeypatch.setenv(name, value)
+        monkeypatch.setenv("EVIDENCE_S3_OUTAGE_DEADLINE", "1")  # (tests/test_s3_outages.py)
         with Store.create(tmp_path / "store", artifacts=server.url("down")) as store:
             make = Factory(store)
             ref = store.artifacts.put("body", b"stored while the server was up")
@@ -357,7 +364,8 @@ def test_any_schedule_of_failures_leaves_each_put_whole_or_raised(
 
     with S3Proxy(upstream=("127.0.0.1", port), rule=rule) as proxy:
         url = new_s3_url(seaweed, "faults").replace(seaweed.endpoint, proxy.endpoint)
-        store = open_s3(url, create=True, read_only=False, environ=seaweed.environ)
+        store = open_s3(url, create=True, read_only=False,  # a few tries, as many raise
+                        environ={**seaweed.environ, "EVIDENCE_S3_OUTAGE_DEADLINE": "0.3"})
         returned: list[tuple[ArtifactRef, bytes]] = []
         try:
             for data in payloads:

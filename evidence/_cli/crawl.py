@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -178,12 +179,13 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         check_destination(args.checkpoint,
                           new_store=not postgres and not (path / DB_NAME).exists())
     log_to(stderr)
-    with Store.create(args.store if postgres else path, sync=args.sync,
-                      artifacts=args.artifacts, db_outage_deadline=args.db_outage_deadline
-                      ) as store, store.writer_lock(), _checkpoints(args, store) as checkpointer:
+    with _s3_outage_deadline(args.s3_outage_deadline), Store.create(
+            args.store if postgres else path, sync=args.sync, artifacts=args.artifacts,
+            db_outage_deadline=args.db_outage_deadline) as store, store.writer_lock(), \
+            _checkpoints(args, store) as checkpointer:
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
-        progress = _CrawlProgressLine(stderr)
+        progress = _CrawlProgressLine(stderr, outage=getattr(store.artifacts, "outage", None))
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
             timeout=args.timeout, deadline=args.deadline, grace=args.grace,
@@ -257,6 +259,26 @@ def _interval(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
     return value
+
+
+@contextlib.contextmanager
+def _s3_outage_deadline(value: float | None) -> Iterator[None]:
+    """``--s3-outage-deadline``: in the environment, where this process and the worker
+    processes it starts read an S3 store's settings (``_store/s3.py``), for the run."""
+    if value is None:
+        yield
+        return
+    from .._store.s3 import OUTAGE_DEADLINE_ENV
+
+    before = os.environ.get(OUTAGE_DEADLINE_ENV)
+    os.environ[OUTAGE_DEADLINE_ENV] = repr(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(OUTAGE_DEADLINE_ENV, None)
+        else:
+            os.environ[OUTAGE_DEADLINE_ENV] = before
 
 
 def _lease(text: str) -> float:
@@ -346,8 +368,9 @@ class _CrawlProgressLine:
     full line every 10 seconds. It counts errors as they happen, and says why fewer fetches
     are in flight than allowed."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, *, outage: Callable[[], Any] | None = None) -> None:
         self.stream = stream
+        self.outage = outage  # an object store's outage under way, if any (``describe``)
         self.tty = stream.isatty()
         self._drawn = False
         self._named = False
@@ -359,7 +382,7 @@ class _CrawlProgressLine:
                 self.say(f"crawling {self.seeds(p)} in session {p.session_id} "
                          f"(run {p.run_id})")
                 self._named = True
-            line = self.counts(p)
+            line = self.line(p)
             width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn
             self.stream.write("\r\x1b[K" + (line if len(line) <= width else
                                              line[:max(0, width - 1)] + "…"))
@@ -367,7 +390,7 @@ class _CrawlProgressLine:
             self._drawn = True
         elif p.elapsed - self._last >= 10:
             self._last = p.elapsed
-            self.stream.write(f"{p.session_id} {self.seeds(p)}: {self.counts(p)}\n")
+            self.stream.write(f"{p.session_id} {self.seeds(p)}: {self.line(p)}\n")
             self.stream.flush()
 
     @staticmethod
@@ -375,6 +398,14 @@ class _CrawlProgressLine:
         if not p.seeds:
             return "?"
         return p.seeds[0] + (f" (+{len(p.seeds) - 1} more seeds)" if len(p.seeds) > 1 else "")
+
+    def line(self, p: CrawlProgress) -> str:
+        return self.counts(p) + self.paused()
+
+    def paused(self) -> str:
+        """Why the crawl is paused, if an object store it waits on is down (else "")."""
+        outage = self.outage() if self.outage is not None else None
+        return f"; paused: {outage.describe()}" if outage else ""
 
     @staticmethod
     def counts(p: CrawlProgress) -> str:
@@ -683,6 +714,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "'Ephemeral runners')")
     p.add_argument("--every", type=_interval, default=300.0, metavar="DURATION",
                    help="time between checkpoints: 90s, 5m, 1h (default 5m)")
+    p.add_argument("--s3-outage-deadline", type=seconds, metavar="SECONDS",
+                   help="payloads in an object store: how long requests to it keep "
+                   "retrying while it is unreachable or failing with 5xx (the crawl pauses "
+                   "meanwhile) before the run fails (default: EVIDENCE_S3_OUTAGE_DEADLINE, "
+                   "else 60; docs/scale.md)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     note_given(p)  # last: --config fills in only what the command line left out
     p.set_defaults(func=_cmd_crawl, crawl_parser=p)

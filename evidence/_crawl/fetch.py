@@ -64,12 +64,14 @@ class FetchResult:
 # slow page never stalls the others on the event loop. A small one (most pages) is done in
 # place: with packs a put is an append (no fsync), lexbor parses a 4 KiB page in ~50 us, and
 # the hop to a thread and back cost more than the work (thread wake-ups, GIL hand-overs:
-# 25% of a crawl's CPU in issue 15's profile).
+# 25% of a crawl's CPU in issue 15's profile). A put to an object store is a request, which
+# may wait out an outage for a minute (``_store/s3client.py``): always on a thread, so the
+# loop goes on (heartbeats, progress, signals) while the page waits.
 INLINE_BYTES = 64 * 1024
 
 
-async def _off_the_loop(work: Callable[[], T], size: int) -> T:
-    if size <= INLINE_BYTES:
+async def _off_the_loop(work: Callable[[], T], size: int, artifacts: ArtifactBackend) -> T:
+    if size <= INLINE_BYTES and artifacts.local:
         await anyio.lowlevel.checkpoint()  # others run first, as they would with a thread
         return work()
     return await anyio.to_thread.run_sync(work)
@@ -204,7 +206,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                   if ok and usable and wire.content else None)
         return wire, refs, parsed
 
-    wire, refs, parsed = await _off_the_loop(store, len(exchange.received))
+    wire, refs, parsed = await _off_the_loop(store, len(exchange.received), artifacts)
     if cut and wire.split.complete and len(wire.split.body) <= max_body_bytes:
         # The last read brought the body's end and bytes after it past the cap: whole.
         outcome, error, cut = "response", None, False
@@ -232,7 +234,7 @@ async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: O
         exchange.close()
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 
-    wire, refs = await _off_the_loop(store, len(exchange.received))
+    wire, refs = await _off_the_loop(store, len(exchange.received), artifacts)
     named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
     extra = {k: v for k, v in wire.extra.items() if k != "content_problem"}
     if named.get("body") is None:  # no whole head: nothing was derived from it

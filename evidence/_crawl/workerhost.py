@@ -50,7 +50,7 @@ from .frontier import CrawlConfig
 from .http import crawl_client
 from .netpolicy import NetworkPolicy
 from .pages import PageWorker
-from .workers import Beat, Bye, Done, Failed, Fetched, Order, Ready, Setup, _down, _read
+from .workers import Beat, Bye, Done, Fetched, Order, Ready, Setup, _down, _read, failed
 
 __all__ = ["HostOptions", "serve_coordinator"]
 
@@ -189,8 +189,7 @@ async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageW
         try:
             effects = await pages.page(order.page, lambda: answer(Fetched(id=order.id)))
         except Exception as exc:  # the coordinator fails the run with this reason
-            log.exception("%s: %s", setup.name, order.page.url)
-            await answer(Failed(id=order.id, error=f"{type(exc).__name__}: {exc}"))
+            await answer(failed(order, exc, setup.name))
         else:
             await answer(Done(id=order.id, effects=effects))
 

@@ -113,6 +113,7 @@ class Fetched(msgspec.Struct, tag="fetched"):
 class Failed(msgspec.Struct, tag="failed"):
     id: int
     error: str
+    hint: str | None = None  # the error's own advice (an S3 outage's deadline, say)
 
 
 class Beat(msgspec.Struct, tag="beat"):
@@ -363,7 +364,8 @@ class WorkerPool:
                 elif isinstance(frame, Done):
                     waiter.resolve(frame.effects)
                 elif isinstance(frame, Failed):
-                    waiter.resolve(EvidenceError(f"{child.name}: {frame.error}"))
+                    waiter.resolve(EvidenceError(f"{child.name}: {frame.error}",
+                                                 hint=frame.hint))
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
             log.warning("%s: channel broken: %s", child.name, exc)
         child.alive = False
@@ -471,7 +473,8 @@ class WorkerPool:
                 elif isinstance(frame, Done):
                     waiter.resolve(frame.effects)
                 elif isinstance(frame, Failed):
-                    waiter.resolve(EvidenceError(f"{host.name}: {frame.error}"))
+                    waiter.resolve(EvidenceError(f"{host.name}: {frame.error}",
+                                                 hint=frame.hint))
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
             return f"broke its connection ({gone_in_words(exc)})"
 
@@ -516,8 +519,7 @@ async def _child(fd: int) -> None:
                         effects = await pages.page(
                             order.page, lambda: answer(Fetched(id=order.id)))
                     except Exception as exc:  # the parent fails the run with this reason
-                        log.exception("%s: %s", setup.name, order.page.url)
-                        await answer(Failed(id=order.id, error=f"{type(exc).__name__}: {exc}"))
+                        await answer(failed(order, exc, setup.name))
                     else:
                         await answer(Done(id=order.id, effects=effects))
 
@@ -528,6 +530,17 @@ async def _child(fd: int) -> None:
                     tg.cancel_scope.cancel()  # the parent is gone: so is this run
         finally:
             artifacts.close()  # seals this process's pack
+
+
+def failed(order: Order, exc: Exception, name: str) -> Failed:
+    """What a page's failure is to the parent, which fails the run with it (its traceback
+    logged here unless it is one of ours, whose message and hint say it all)."""
+    if isinstance(exc, EvidenceError):
+        log.error("%s: %s: %s", name, order.page.url, exc)
+    else:
+        log.exception("%s: %s", name, order.page.url)
+    return Failed(id=order.id, error=f"{type(exc).__name__}: {exc}", hint=exc.hint
+                  if isinstance(exc, EvidenceError) else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,9 +18,11 @@ a racing put of the same digest, an earlier try of this put whose answer was los
 older copy. The put then reads what is there (HEAD: size and ETag, the MD5 of a single-part
 object) and returns the ref only if it is the same content; an object of the same key with
 other bytes is damaged, and is replaced (``If-Match`` on its ETag, so a concurrent repair
-is not undone). A put that fails raises, and no message names its ref: the writer checks
-every new reference with a HEAD (``check``) before the COMMIT that records it, so a
-reference never names an object that is not there (design rule 6).
+is not undone). A put waits out an outage of the object store (``s3client``: retried until
+``EVIDENCE_S3_OUTAGE_DEADLINE``), so a crawl pauses on it; a put that fails even so
+raises, and no message names its ref: the writer checks every new reference with a HEAD
+(``check``) before the COMMIT that records it, so a reference never names an object that
+is not there (design rule 6).
 
 Reclaim's grace period reads ``age`` from the object's Last-Modified. A put that finds its
 object already there and older than ``_TOUCH_AFTER`` refreshes that time with a copy of the
@@ -54,9 +56,17 @@ from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest,
 from .artifacts import Removal, SingleRemoval
 from .backend import check_one_by_one
 from .location import is_s3_url
-from .s3client import HeadResult, ListedObject, S3Client, S3Config, S3Error
+from .s3client import (
+    DEFAULT_OUTAGE_DEADLINE,
+    HeadResult,
+    ListedObject,
+    Outage,
+    S3Client,
+    S3Config,
+    S3Error,
+)
 
-__all__ = ["S3ArtifactStore", "S3Location", "is_s3_url"]
+__all__ = ["OUTAGE_DEADLINE_ENV", "S3ArtifactStore", "S3Location", "is_s3_url"]
 
 log = logging.getLogger("evidence.s3")
 
@@ -69,6 +79,7 @@ _TOUCH_AFTER = 60.0  # seconds: a put finding an older object refreshes its time
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _PARAMS = ("endpoint", "region", "ca")
+OUTAGE_DEADLINE_ENV = "EVIDENCE_S3_OUTAGE_DEADLINE"  # seconds (S3Config.outage_deadline)
 
 
 class S3Location:
@@ -115,7 +126,10 @@ class S3Location:
 
     def config(self, environ: Mapping[str, str], **options: Any) -> S3Config:
         """The client's configuration: the URL's options first, then the usual AWS_*
-        variables of ``environ`` (read only here, when the user names an s3:// store)."""
+        variables of ``environ`` (read only here, when the user names an s3:// store), and
+        ``EVIDENCE_S3_OUTAGE_DEADLINE``: how long a request rides through an outage. That
+        one is not a URL option: it is how patient this process is, not where the objects
+        are, and the URL is recorded in the store."""
         endpoint = (self.params.get("endpoint") or environ.get("AWS_ENDPOINT_URL_S3")
                     or environ.get("AWS_ENDPOINT_URL"))
         if not endpoint:
@@ -129,11 +143,26 @@ class S3Location:
                                 hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         region = (self.params.get("region") or environ.get("AWS_REGION")
                   or environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+        if OUTAGE_DEADLINE_ENV in environ and "outage_deadline" not in options:
+            options["outage_deadline"] = _outage_deadline(environ[OUTAGE_DEADLINE_ENV])
         return S3Config(endpoint=endpoint.rstrip("/"), bucket=self.bucket, region=region,
                         access_key=access, secret_key=secret,
                         session_token=environ.get("AWS_SESSION_TOKEN", ""),
                         ca_file=self.params.get("ca") or environ.get("AWS_CA_BUNDLE") or None,
                         **options)
+
+
+def _outage_deadline(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ArtifactError(f"{OUTAGE_DEADLINE_ENV}={text!r} is not a number of seconds",
+                            hint=f"set it to how long a request to the object store may keep "
+                            f"retrying an outage, e.g. {OUTAGE_DEADLINE_ENV}=300 (default "
+                            f"{DEFAULT_OUTAGE_DEADLINE:g}; 0: no retry)")
+    return value
 
 
 def _digests(data: bytes | Iterable[bytes] | BinaryIO, limit: int,
@@ -213,6 +242,10 @@ class S3ArtifactStore:
 
     def __repr__(self) -> str:
         return f"S3ArtifactStore({self.url!r})"
+
+    def outage(self) -> Outage | None:
+        """The object store's outage under way (requests waiting on it), if any."""
+        return self.client.outage()
 
     @property
     def root(self) -> str:

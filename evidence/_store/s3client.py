@@ -16,13 +16,30 @@ list (v2, paged), delete. Every method is synchronous and thread-safe (a connect
 used by one thread at a time, then pooled): the crawler puts from worker threads and the
 writer checks references on its commit thread (``backend.py``).
 
-Failures are retried here, boundedly (``S3Config.attempts``, exponential backoff with
-jitter): a connection that could not be made or broke mid-request, a timeout, 5xx, 429 and
-``SlowDown``. That is safe for every request we send: GET, HEAD, LIST and DELETE are
-idempotent, and a retried conditional create either creates the object or answers 412
-because an earlier try (or a racing put of the same digest) did, which the caller resolves
-by reading what is there. Anything else is an ``S3Error`` at once. The credentials never
-appear in an error, a log line or a ``repr``.
+Failures that may pass are retried here (``_send``): a connection that could not be made
+or broke mid-request, a timeout, 5xx, 408, 429 and ``SlowDown``. An object store that is
+down for a while (a restart, a failover, a network cut) is an outage to ride through, not an
+error: each request keeps trying, with exponential backoff (``S3Config.backoff`` doubling to
+``backoff_max``) and jitter, until the outage (from its first failed request) has lasted
+``S3Config.outage_deadline`` seconds (default 60; ``EVIDENCE_S3_OUTAGE_DEADLINE``, read by
+``s3.S3Location.config``), then raises an ``S3Error`` naming the endpoint and how long it
+tried; past it, each request tries once until one gets an answer. Meanwhile whoever waits on the
+request waits: a crawl's pages wait on their puts, the writer on its reference checks, so
+the crawl pauses and nothing is acknowledged before its payloads are stored. Retrying is
+safe for every request we send: GET, HEAD, LIST and DELETE are idempotent, and a retried
+conditional create either creates the object or answers 412 because an earlier try whose
+answer was lost (or a racing put of the same digest) did, which the caller resolves by
+reading what is there. What retrying cannot fix is an ``S3Error`` at once: 403
+(credentials), 404 ``NoSuchBucket``, a checksum the server refused (``BadDigest``), a
+certificate that does not verify.
+
+An outage is said once, not per retry: a warning when requests have failed for a second
+(``unreachable since ..., retrying until ...``) and a line when the last of them got through
+(``outage``, for a progress line, tells whether one is under way). A connection that failed
+is closed, never pooled again, and the idle pool is emptied with it (after a restart every
+kept-alive connection is dead), so no request after an outage reads the rest of an answer
+meant for one before it. The credentials never appear in an error, a log line or a
+``repr``.
 """
 
 from __future__ import annotations
@@ -47,13 +64,17 @@ from xml.etree import ElementTree
 
 from .._errors import ArtifactError
 
-__all__ = ["HeadResult", "ListedObject", "S3Client", "S3Config", "S3Error", "sign_v4"]
+__all__ = ["DEFAULT_OUTAGE_DEADLINE", "HeadResult", "ListedObject", "Outage", "S3Client",
+           "S3Config", "S3Error", "sign_v4"]
 
 log = logging.getLogger("evidence.s3")
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNRESERVED = "-_.~"  # RFC 3986 unreserved, besides letters and digits (never encoded)
-_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_RETRY_CODES = frozenset({"SlowDown", "InternalError", "RequestTimeout", "ServiceUnavailable"})
+DEFAULT_OUTAGE_DEADLINE = 60.0  # seconds an outage of the store is retried through
+_SAY_AFTER = 1.0  # seconds of failing before an outage is logged (a lone 503 is not one)
 _POOL_SIZE = 64  # idle connections kept (a crawl's worker threads, the writer's)
 _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
@@ -76,10 +97,41 @@ class S3Config:
     secret_key: str = field(default="", repr=False)
     session_token: str = field(default="", repr=False)
     timeout: float = 30.0  # seconds one read may wait (connect, a response chunk)
-    attempts: int = 5  # tries of one request on a retryable failure (1: no retry)
+    # Seconds an outage is retried through, from its first failed request (0: one try); a
+    # try begun before the deadline may take ``timeout`` more.
+    outage_deadline: float = DEFAULT_OUTAGE_DEADLINE
+    attempts: int | None = None  # at most this many tries of one request (None: no cap)
     backoff: float = 0.05  # seconds before the first retry, doubling, with jitter
     backoff_max: float = 2.0
     ca_file: str | None = None  # trust this CA for an https endpoint (else the system's)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """The object store has been failing requests since ``since`` (seconds since the
+    epoch); the request that found it so gives up at ``until`` if it does not come back."""
+
+    endpoint: str
+    since: float
+    until: float
+    error: str  # the first failure, as it was seen
+
+    def describe(self) -> str:
+        return (f"object store {self.endpoint} unreachable since {_clock(self.since)}, "
+                f"retrying until {_clock(self.until)}")
+
+
+@dataclass
+class _Failing:
+    """Requests of one client now retrying, and the outage they are in."""
+
+    requests: int = 0
+    outage: Outage | None = None
+    said: bool = False  # the outage was logged (it lasted ``_SAY_AFTER``)
+    started: float = 0.0  # time.monotonic() of the first failure
+    # Set (and replaced) when any request gets an answer: those waiting to retry a store
+    # they could not reach try again now, not at the end of a backoff of up to 2 s.
+    reached: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -161,6 +213,11 @@ class S3Client:
         if not config.endpoint.startswith(("http://", "https://")):
             raise S3Error(f"S3 endpoint {config.endpoint!r} is not an http(s) URL",
                           hint="give it as http://HOST:PORT or https://HOST")
+        if not 0 <= config.outage_deadline < float("inf"):
+            raise S3Error(f"the S3 outage deadline must be 0 seconds or more, not "
+                          f"{config.outage_deadline!r}", hint="give a number of seconds")
+        if config.attempts is not None and config.attempts < 1:
+            raise S3Error(f"S3 attempts must be 1 or more, not {config.attempts!r}")
         self.config = config
         parts = urllib.parse.urlsplit(config.endpoint)
         self._host = parts.netloc
@@ -174,13 +231,19 @@ class S3Client:
         self._closed = threading.Event()
         self.requests = 0  # sent, retries included (for the benchmarks)
         self.retries = 0
+        self.outages = 0  # outages logged (each lasted a second or more)
+        self._failing = _Failing()
 
     def close(self) -> None:
         self._closed.set()
         with self._lock:
-            idle, self._idle = list(self._idle), collections.deque()
-        for conn in idle:
-            conn.close()
+            self._failing.reached.set()  # retries waiting end now (the client is closed)
+        self._drop_idle()
+
+    def outage(self) -> Outage | None:
+        """The outage under way, once it has lasted a second (else None)."""
+        with self._lock:
+            return self._failing.outage if self._failing.said else None
 
     # --- connections: one thread's at a time, kept alive between requests ----------------
 
@@ -201,6 +264,14 @@ class S3Client:
                 self._idle.append(conn)
                 return
         conn.close()
+
+    def _drop_idle(self) -> None:
+        """Close every pooled connection: a failure says the server went away (or was
+        restarted), and each of them is then dead or about to be."""
+        with self._lock:
+            idle, self._idle = list(self._idle), collections.deque()
+        for conn in idle:
+            conn.close()
 
     def __repr__(self) -> str:
         return f"S3Client({self.config.endpoint!r}, bucket={self.config.bucket!r})"
@@ -306,33 +377,140 @@ class S3Client:
     def _send(self, method: str, key: str | None, *, headers: Mapping[str, str] | None = None,
               query: Mapping[str, str] | None = None, body: bytes = b"",
               payload_sha256: str | None = None, ok: tuple[int, ...]) -> _Response:
-        """Sign and send; retry what may succeed later; raise ``S3Error`` otherwise."""
+        """Sign and send; retry what may pass until the outage deadline; raise ``S3Error``
+        otherwise (module docstring)."""
         config = self.config
         path = f"/{config.bucket}" if key is None else f"/{config.bucket}/{key}"
         if key == "":
             path = f"/{config.bucket}"
         query = dict(query or {})
+        payload_sha256 = payload_sha256 or (hashlib.sha256(body).hexdigest() if body
+                                            else _EMPTY_SHA256)
         delay = config.backoff
-        for attempt in range(1, config.attempts + 1):
-            if self._closed.is_set():
-                raise S3Error(f"the S3 client for {config.endpoint} was closed")
-            try:
-                return self._once(method, path, query, dict(headers or {}), body,
-                                  payload_sha256 or (hashlib.sha256(body).hexdigest()
-                                                     if body else _EMPTY_SHA256), ok)
-            except _Retryable as exc:
-                if attempt == config.attempts:
-                    raise S3Error(
-                        f"S3 {method} {path} at {config.endpoint} failed {attempt} times, "
-                        f"last: {exc}", hint="check that the object store is up and "
-                        "reachable; the operation can be retried", status=exc.status,
-                    ) from exc
-                self.retries += 1
-                log.warning("S3 %s %s: %s; retrying in %.2f s (try %d of %d)", method, path,
-                            exc, delay, attempt + 1, config.attempts)
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, config.backoff_max)
-        raise AssertionError("unreachable")
+        attempt = 0
+        give_up = 0.0  # time.monotonic() past which this request stops retrying
+        failing = False  # this request is counted in ``_failing``
+        try:
+            while True:
+                attempt += 1
+                if self._closed.is_set():
+                    raise S3Error(f"the S3 client for {config.endpoint} was closed")
+                try:
+                    response = self._once(method, path, query, dict(headers or {}), body,
+                                          payload_sha256, ok)
+                except _Retryable as exc:
+                    now = time.monotonic()
+                    if not failing:
+                        failing = True
+                        give_up = self._failed_first(exc, now)
+                    if now >= give_up or (config.attempts is not None
+                                          and attempt >= config.attempts):
+                        raise self._gave_up(method, path, exc, attempt, now) from exc
+                    self._still_failing()
+                    self.retries += 1
+                    wait = min(delay * random.uniform(0.5, 1.0), give_up - now)
+                    log.debug("S3 %s %s: %s; retrying in %.2f s (try %d)", method, path, exc,
+                              wait, attempt + 1)
+                    self._pause(wait, unreachable=exc.status is None)
+                    delay = min(delay * 2, config.backoff_max)
+                    continue
+                except S3Error:  # an answer, if not the one hoped for: the store is back
+                    self._answered(failing)
+                    failing = False
+                    raise
+                self._answered(failing)
+                failing = False
+                return response
+        finally:
+            if failing:  # gave up, closed, or interrupted: no longer one of the failing
+                self._stopped_failing()
+
+    def _pause(self, seconds: float, *, unreachable: bool) -> None:
+        """Wait before a retry. One that could not reach the store at all retries as soon
+        as another request gets an answer (it is back); one answered 5xx or SlowDown
+        waits its backoff out (the store asked for less load). ``close`` ends either."""
+        if not unreachable:
+            self._closed.wait(seconds)
+            return
+        with self._lock:
+            reached = self._failing.reached
+        if self._closed.is_set():
+            return
+        reached.wait(seconds)
+
+    # --- the outage record: said once when it has lasted, and once when it ends -----------
+
+    def _failed_first(self, exc: _Retryable, now: float) -> float:
+        """This request joins the outage (the first failure starts it); it retries until
+        the outage has lasted the deadline, whenever this request began: so once an outage
+        has outlasted it, each request tries once and fails (``verify`` of a store that
+        stays down does not wait a deadline per object)."""
+        with self._lock:
+            failing = self._failing
+            failing.requests += 1
+            if failing.outage is None:
+                wall = time.time()
+                failing.outage = Outage(endpoint=self.config.endpoint, since=wall,
+                                        until=wall + self.config.outage_deadline,
+                                        error=str(exc))
+                failing.started = now
+            return failing.started + self.config.outage_deadline
+
+    def _still_failing(self) -> None:
+        with self._lock:
+            failing = self._failing
+            if (failing.outage is None or failing.said
+                    or time.monotonic() - failing.started < _SAY_AFTER):
+                return
+            failing.said = True
+            self.outages += 1
+            outage = failing.outage
+        log.warning("%s (%s); requests wait meanwhile (S3 outage deadline %g s)",
+                    outage.describe(), outage.error, self.config.outage_deadline)
+
+    def _answered(self, was_failing: bool) -> None:
+        """Any answer (a success, or an error retrying cannot fix): the store is reachable.
+        Requests waiting to retry try now, and the outage is over once none is left."""
+        if not was_failing and self._failing.outage is None:  # the usual case: no lock
+            return
+        reached: threading.Event | None = None
+        with self._lock:
+            failing = self._failing
+            if was_failing:
+                failing.requests -= 1
+            if failing.requests:  # they end it, each with its own answer
+                reached, failing.reached = failing.reached, threading.Event()
+            else:
+                self._failing = _Failing()
+        if reached is not None:
+            reached.set()
+        elif (outage := failing.outage) is not None and failing.said:
+            log.warning("object store %s reachable again after %.1f s of outage",
+                        outage.endpoint, time.time() - outage.since)
+
+    def _stopped_failing(self) -> None:
+        """A request gave up (or the client was closed): the outage goes on until an
+        answer comes; past its deadline, each request tries once."""
+        with self._lock:
+            self._failing.requests -= 1
+
+    def _gave_up(self, method: str, path: str, exc: _Retryable, attempt: int,
+                 now: float) -> S3Error:
+        config = self.config
+        with self._lock:
+            started = self._failing.started
+        what = f"S3 {method} {path} at {config.endpoint} failed after {attempt} " \
+               f"{'try' if attempt == 1 else 'tries'}"
+        if now - started >= config.outage_deadline:
+            what += (f"; the object store has failed requests for {now - started:.1f} s, "
+                     f"past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of "
+                     f"{config.outage_deadline:g} s")
+        return S3Error(
+            f"{what}; last: {exc}",
+            hint="check that the object store is up and reachable from here; to wait "
+            "longer for it, set EVIDENCE_S3_OUTAGE_DEADLINE (seconds; crawl: "
+            "--s3-outage-deadline). A crawl can be resumed once it is back",
+            status=exc.status)
 
     def _once(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
               body: bytes, payload_sha256: str, ok: tuple[int, ...]) -> _Response:
@@ -358,7 +536,7 @@ class S3Client:
         if status in ok:
             return response
         code, message = _error_of(response)
-        if status in _RETRY_STATUS or code in ("SlowDown", "InternalError", "RequestTimeout"):
+        if status in _RETRY_STATUS or code in _RETRY_CODES:
             raise _Retryable(f"HTTP {status} {code} {message}".strip(), status)
         raise S3Error(
             f"S3 {method} {path} at {config.endpoint}: HTTP {status} {code}: {message}".rstrip(),
@@ -369,7 +547,8 @@ class S3Client:
                   body: bytes) -> _Response:
         """One request and its whole answer. A kept-alive connection the server closed
         while idle fails before any answer: that one is tried once more on a new
-        connection, silently; any other failure is ``_Retryable``."""
+        connection, silently; any other failure is ``_Retryable``. A connection that
+        failed is closed, and the idle ones with it (``_drop_idle``)."""
         while True:
             conn, reused = self._connection()
             self.requests += 1
@@ -378,8 +557,15 @@ class S3Client:
                              headers=headers)
                 answer = conn.getresponse()
                 content = answer.read()
+            except ssl.SSLCertVerificationError as exc:  # no retry makes it trusted
+                conn.close()
+                raise S3Error(f"S3 {method} at {self.config.endpoint}: the server's "
+                              f"certificate does not verify: {exc.verify_message}",
+                              hint="give its CA with ?ca=FILE in the s3:// URL or "
+                              "AWS_CA_BUNDLE") from exc
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
+                self._drop_idle()
                 if reused and isinstance(exc, http.client.RemoteDisconnected | BrokenPipeError
                                          | ConnectionResetError):
                     continue  # the idle connection had been closed by the server
@@ -388,6 +574,9 @@ class S3Client:
                 what = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else (
                     str(exc) or "no answer")
                 raise _Retryable(f"{type(exc).__name__}: {what}") from exc
+            except BaseException:
+                conn.close()  # half a request or an answer: never pooled
+                raise
             response = _Response(answer.status,
                                  {k.lower(): v for k, v in answer.getheaders()}, content)
             if answer.will_close:
@@ -433,6 +622,11 @@ def _text(node: ElementTree.Element, name: str) -> str:
     if found is None:
         found = node.find(name)  # a server that leaves out the namespace
     return (found.text or "") if found is not None else ""
+
+
+def _clock(epoch: float) -> str:
+    """A time of day for a log line (the log's own stamps are local time too)."""
+    return dt.datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
 
 
 def _http_time(text: str | None) -> float:

@@ -15,7 +15,8 @@ that pair is chosen together.
 
 ``weed`` ignores SIGTERM; it runs in its own session and is stopped (``kill``) with SIGKILL
 on its process group. ``restart`` starts it again on the same directory and ports: the
-crash tests kill it mid-put and read back what it acknowledged.
+crash tests kill it mid-put and read back what it acknowledged; ``outage(seconds)`` is both,
+that far apart (an object store that is down for a while, as the outage tests need).
 
 Nothing here is silent: a missing binary or a server that does not answer raises
 ``SeaweedError`` with its log's tail, and the test that needed it fails with that.
@@ -188,8 +189,8 @@ class SeaweedS3:
         from evidence._store.s3client import S3Client, S3Config
 
         client = S3Client(S3Config(endpoint=self.endpoint, bucket=self.bucket,
-                                   access_key=ACCESS_KEY, secret_key=SECRET_KEY, attempts=1,
-                                   timeout=5.0))
+                                   access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                                   outage_deadline=0.0, timeout=5.0))
         deadline = time.monotonic() + _START_TIMEOUT
         try:
             while time.monotonic() < deadline:
@@ -241,6 +242,15 @@ class SeaweedS3:
                 self.kill()
                 time.sleep(0.5)  # the killed server's ports may take a moment to free
         self._launch()
+
+    def outage(self, seconds: float) -> float:
+        """Unreachable for ``seconds`` (SIGKILL), then serving again on the same directory
+        and ports; returns how long it really was down (``restart`` takes a while more)."""
+        started = time.monotonic()
+        self.kill()
+        time.sleep(seconds)
+        self.restart()
+        return time.monotonic() - started
 
     def close(self) -> None:
         self.kill()
