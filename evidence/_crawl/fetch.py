@@ -10,7 +10,10 @@ connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.h
   gzip body gzipped; cut at ``max_body_bytes`` (``too_large``, ``body_truncated``);
 - bytes read after the body's end, if any (``surplus``; the connection is then closed);
 - the content (``_model.http1.derive_content``: transfer coding, then content codings removed)
-  as its own artifact where its bytes differ from the body's, with the codings removed.
+  as its own artifact where its bytes differ from the body's, with the codings removed:
+  derived up to ``max_content_bytes`` (``content_truncated`` past it), never further, so a
+  megabyte of gzip that would inflate to a gigabyte costs at most the cap in memory. A
+  body with no coding to remove is its own content, whatever its size (nothing is derived).
 
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
 records the error and references the bytes read before it (``body_truncated``).
@@ -18,6 +21,7 @@ records the error and references the bytes read before it (``body_truncated``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import email.utils
 import math
@@ -65,6 +69,23 @@ class FetchResult:
 # 25% of a crawl's CPU in issue 15's profile).
 INLINE_BYTES = 64 * 1024
 
+# What a page derives from its bytes (its content decoded, then parsed) takes memory its
+# wire bytes do not bound: up to about twice ``max_content_bytes`` while the content is
+# decoded, and the parser's tree (tens of bytes per byte parsed). A large exchange's is
+# derived on one of DERIVING threads of their own, whatever the crawl's --workers: at
+# most that many pages derive at once, and the memory they free stays with those threads'
+# malloc arenas, where the next derivation reuses it (issue 30: derived on any of the
+# worker threads, 16 bombs at --workers 16 left 16 arenas each holding a bomb's peak).
+# Their puts (network I/O to an object store) stay on the worker threads. Work done in
+# place on the event loop (a small exchange) is one page at a time already.
+DERIVING = 2
+_derivers = concurrent.futures.ThreadPoolExecutor(DERIVING, thread_name_prefix="derive")
+
+
+def _derived(work: Callable[[], T], size: int) -> T:
+    """``work()``, on a derive thread for a large exchange (called from a worker thread)."""
+    return work() if size <= INLINE_BYTES else _derivers.submit(work).result()
+
 
 async def _off_the_loop(work: Callable[[], T], size: int) -> T:
     if size <= INLINE_BYTES:
@@ -93,9 +114,11 @@ class _Wire:
     sniffed: Sniffed | None = None  # the encoding an HTML content is read in, and why
 
 
-def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
+def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
+          content_cap: int | None = None) -> _Wire:
     """The exchange's bytes as payloads: request, head, body (cut at ``cap``), surplus,
-    and the content derived from them where it differs from the body."""
+    and the content derived from them where it differs from the body (at most
+    ``content_cap`` bytes of it, default ``cap``)."""
     split = exchange.split()
     items: list[tuple[str, bytes]] = []
     fields: list[str] = []
@@ -110,8 +133,13 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
         fields.append("response_headers")
     if head_length(split.head) is not None:  # a whole head: the rest is the body
         body = split.body[:cap]
-        derived = derive_content(split.head, body, cap)
+        derived = derive_content(split.head, body, cap if content_cap is None else content_cap)
         content = derived.data
+        cut = derived.truncated
+        if derived.transfer_coding is None and derived.content_coding is None:
+            # Nothing was removed (none to remove, or one that cannot be): the body is the
+            # content, as it was, whatever the content cap.
+            content, cut = body, False
         items.append((BODY_NS, body))
         fields.append("body")
         if content != body:
@@ -119,7 +147,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
             fields.append("content")
         extra.update(transfer_coding=derived.transfer_coding,
                      content_coding=derived.content_coding,
-                     content_truncated=derived.truncated or len(split.body) > cap
+                     content_truncated=cut or len(split.body) > cap
                      or not split.complete, content_problem=derived.problem)
         if split.surplus:
             items.append((BODY_NS, split.surplus))
@@ -132,12 +160,14 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
-                extra_headers: dict[str, str] | None = None,
+                max_content_bytes: int | None = None, extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
                 content: bytes | None = None, render_id: str | None = None) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
+    ``max_content_bytes``: the most content derived from the body (decompressed), default
+    ``max_body_bytes``; past it the content is cut and ``content_truncated``.
     ``parse(content_type, content, sniffed)``, if given, runs on a 2xx response's non-empty
     content in the worker thread that stores the payloads (``sniffed``: the encoding an HTML
     content was read in, recorded in the attempt, or None); its result is
@@ -186,23 +216,28 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
             f"deadline: the fetch took longer than {deadline:g} s; {came}", False
     if response is None:
         return await _failed(artifacts, common, outcome, error or "", exchange, t0,
-                             max_body_bytes)
+                             max_body_bytes, max_content_bytes)
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")
     ok = 200 <= response.status_code < 300 and parse is not None
 
+    size = len(exchange.received)
+
     def store() -> tuple[_Wire, list[ArtifactRef], Any]:
         # One trip to a worker thread: splitting, decoding and parsing are CPU work that
         # must stay off the event loop, and the puts fsync.
-        wire = _wire(exchange, max_body_bytes, content_type=content_type)
+        wire = _derived(lambda: _wire(exchange, max_body_bytes, content_type=content_type,
+                                      content_cap=max_content_bytes), size)
         exchange.close()
         refs = _put_each(artifacts, wire.items)
         usable = wire.extra.get("content_problem") is None
-        parsed = (parse(content_type or "", wire.content, wire.sniffed)  # type: ignore[misc]
-                  if ok and usable and wire.content else None)
+        parsed = None
+        if ok and usable and wire.content:
+            parsed = _derived(lambda: parse(content_type or "",  # type: ignore[misc]
+                                            wire.content, wire.sniffed), size)
         return wire, refs, parsed
 
-    wire, refs, parsed = await _off_the_loop(store, len(exchange.received))
+    wire, refs, parsed = await _off_the_loop(store, size)
     if cut and wire.split.complete and len(wire.split.body) <= max_body_bytes:
         # The last read brought the body's end and bytes after it past the cap: whole.
         outcome, error, cut = "response", None, False
@@ -221,12 +256,13 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
 
 
 async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: Outcome,
-                  error: str, exchange: Exchange, t0: float, cap: int) -> FetchResult:
+                  error: str, exchange: Exchange, t0: float, cap: int,
+                  content_cap: int | None = None) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
 
     def store() -> tuple[_Wire, list[ArtifactRef]]:
-        wire = _wire(exchange, cap, content_type=None)
+        wire = _wire(exchange, cap, content_type=None, content_cap=content_cap)
         exchange.close()
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 

@@ -240,10 +240,15 @@ class PageWorker:
 
     async def fetch(self, url: str, sequence: int,
                     headers: dict[str, str] | None = None) -> FetchResult:
+        config = self.config
         return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
-                           sequence=sequence, user_agent=self.config.user_agent,
-                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers,
-                           parse=functools.partial(_page_links, url), deadline=self.deadline)
+                           sequence=sequence, user_agent=config.user_agent,
+                           max_body_bytes=config.max_body_bytes,
+                           max_content_bytes=config.max_content_bytes, extra_headers=headers,
+                           parse=functools.partial(_page_links, url,
+                                                   max_bytes=config.max_parse_bytes,
+                                                   max_links=config.max_links),
+                           deadline=self.deadline)
 
     # --- one page ----------------------------------------------------------------------
 
@@ -272,7 +277,8 @@ class PageWorker:
                 headers_ref=attempt.response_headers, body_ref=document,
                 elapsed_ms=attempt.elapsed_ms,
                 body_truncated=attempt.body_truncated or attempt.content_truncated,
-                decoded=True, content_coding=attempt.content_coding))
+                decoded=True, content_coding=attempt.content_coding,
+                max_bytes=self.config.max_parse_bytes))
         # A timeout or a broken connection is transient even after the head came (the body
         # is incomplete): retried like a 5xx, never settled as done on a partial body.
         transient = attempt.outcome in ("timeout", "network_error")
@@ -387,7 +393,8 @@ class PageWorker:
                 attempt_id=attempt.attempt_id if attempt.run_id == self.run_id else None,
                 run_id=self.run_id, headers_bytes=source.head, body_bytes=rendered.dom,
                 headers_ref=attempt.response_headers, body_ref=render.dom,
-                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True))
+                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True,
+                max_bytes=self.config.max_parse_bytes))
         queued: list[QueuedUrl] = []
         if rendered.refs and render.dom is not None:
             messages.append(Discovery(
@@ -440,9 +447,15 @@ def _problem(url: str, what: str, backoff: float | None, host: str = "") -> str:
     return text
 
 
-def _page_links(url: str, content_type: str, body: bytes,
-                sniffed: Sniffed | None = None) -> tuple[list[ObservedRef], bool, list[str]]:
-    """The page's references (bounded), whether they were cut, and sitemap fetch keys."""
+_DEFAULTS = CrawlConfig(seeds=[])
+
+
+def _page_links(url: str, content_type: str, body: bytes, sniffed: Sniffed | None = None,
+                *, max_bytes: int = _DEFAULTS.max_parse_bytes,
+                max_links: int = _DEFAULTS.max_links) -> tuple[list[ObservedRef], bool, list[str]]:
+    """The page's references (bounded), whether they were cut, and sitemap fetch keys. An
+    HTML page is parsed up to ``max_bytes`` of its content and ``max_links`` references;
+    past either the rest is not read, and the discovery is recorded as truncated."""
     content_type = content_type.lower()
     sitemaps: list[str] = []
     if "xml" in content_type and _SITEMAP_ROOT.search(body[:4096]):
@@ -451,7 +464,7 @@ def _page_links(url: str, content_type: str, body: bytes,
         sitemaps = [normalize_url(r.url) for r in refs if r.tag == "sitemap"]
     elif "html" in content_type:
         extraction = extract_links(body, url, encoding=charset_param(content_type),
-                                   sniffed=sniffed)
+                                   sniffed=sniffed, max_bytes=max_bytes, max_links=max_links)
         refs, truncated = extraction.refs, extraction.truncated
     else:
         return [], False, []
