@@ -25,6 +25,7 @@ import concurrent.futures
 import datetime as dt
 import email.utils
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,12 +75,22 @@ INLINE_BYTES = 64 * 1024
 # decoded, and the parser's tree (tens of bytes per byte parsed). A large exchange's is
 # derived on one of DERIVING threads of their own, whatever the crawl's --workers: at
 # most that many pages derive at once, and the memory they free stays with those threads'
-# malloc arenas, where the next derivation reuses it (issue 30: derived on any of the
-# worker threads, 16 bombs at --workers 16 left 16 arenas each holding a bomb's peak).
-# Their puts (network I/O to an object store) stay on the worker threads. Work done in
-# place on the event loop (a small exchange) is one page at a time already.
+# malloc arenas, where the next derivation reuses it (issue 30, 16 bombs at --workers 16:
+# derived on whichever worker thread stored the page, two at a time at most, they peaked
+# at 389 MiB of RSS; on two threads of their own, at 248 MiB). Their puts (network I/O to
+# an object store) stay on the worker threads. Work done in place on the event loop (a
+# small exchange) is one page at a time already.
 DERIVING = 2
-_derivers = concurrent.futures.ThreadPoolExecutor(DERIVING, thread_name_prefix="derive")
+_derivers: concurrent.futures.ThreadPoolExecutor
+
+
+def _new_derivers() -> None:
+    global _derivers
+    _derivers = concurrent.futures.ThreadPoolExecutor(DERIVING, thread_name_prefix="derive")
+
+
+_new_derivers()
+os.register_at_fork(after_in_child=_new_derivers)  # a forked child has none of the threads
 
 
 def _derived(work: Callable[[], T], size: int) -> T:
@@ -160,7 +171,8 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
-                max_content_bytes: int | None = None, extra_headers: dict[str, str] | None = None,
+                max_content_bytes: int | None = None,
+                extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
                 content: bytes | None = None, render_id: str | None = None) -> FetchResult:

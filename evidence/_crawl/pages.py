@@ -452,7 +452,8 @@ _DEFAULTS = CrawlConfig(seeds=[])
 
 def _page_links(url: str, content_type: str, body: bytes, sniffed: Sniffed | None = None,
                 *, max_bytes: int = _DEFAULTS.max_parse_bytes,
-                max_links: int = _DEFAULTS.max_links) -> tuple[list[ObservedRef], bool, list[str]]:
+                max_links: int = _DEFAULTS.max_links
+                ) -> tuple[list[ObservedRef], bool, list[str]]:
     """The page's references (bounded), whether they were cut, and sitemap fetch keys. An
     HTML page is parsed up to ``max_bytes`` of its content and ``max_links`` references;
     past either the rest is not read, and the discovery is recorded as truncated."""
