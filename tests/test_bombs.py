@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, decode_message, verify
-from evidence._crawl.rules import evaluate_page, parse_rules
+from evidence._crawl.rules import RulesError, evaluate_page, parse_rules
 from evidence._model import http1
 from evidence._model.http1 import derive_content
 from evidence._model.refs import ArtifactRef
@@ -161,9 +161,9 @@ def served(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
         thread.join(5)
 
 
-def _crawl(tmp_path: Path, seeds: list[str], **caps: int) -> Store:
+def _crawl(tmp_path: Path, seeds: list[str], **caps: object) -> Store:
     store = Store.create(tmp_path / "store")
-    config = CrawlConfig(seeds=seeds, max_depth=0, **caps)
+    config = CrawlConfig(seeds=seeds, max_depth=0, **caps)  # type: ignore[arg-type]
     assert anyio.run(Crawler(store, config, CrawlOptions()).run).outcome == "completed"
     return store
 
@@ -183,17 +183,22 @@ def _page(store: Store, url: str) -> dict:
     queued = {u.rsplit("/", 1)[1] for (u,) in conn.execute(
         "SELECT url FROM frontier WHERE source_attempt_id = ?", (attempt_id,)).fetchall()}
     [discovery] = discoveries
+    verdicts = [m for (payload,) in conn.execute(
+        "SELECT payload FROM ingest_ledger WHERE kind = 'rule_evaluated'").fetchall()
+        if (m := decode_message(payload)).attempt_id == attempt_id]
     return {"content_truncated": bool(cut), "body": body, "content": content,
-            "truncated": discovery.truncated, "refs": [r.url.rsplit("/", 1)[1]
-                                                       for r in discovery.refs],
-            "queued": queued}
+            "truncated": discovery.truncated,
+            "refs": [r.url.rsplit("/", 1)[1] for r in discovery.refs], "queued": queued,
+            "verdicts": [(v.verdict, v.details["input"]["body"].get("max_bytes"))
+                         for v in verdicts]}
 
 
 def test_a_page_over_the_caps_is_recorded_cut_and_its_links_past_them_are_not_queued(
         tmp_path: Path) -> None:
     with served(_Site) as site:
         store = _crawl(tmp_path, [site + "/big", site + "/small", site + "/many"],
-                       max_content_bytes=128 * KIB, max_parse_bytes=64 * KIB, max_links=3)
+                       max_content_bytes=128 * KIB, max_parse_bytes=64 * KIB, max_links=3,
+                       rules=RULES.as_record())
     with store:
         big = _page(store, site + "/big")
         # The body is stored as it came, whole; the content derived from it is cut at the
@@ -202,10 +207,13 @@ def test_a_page_over_the_caps_is_recorded_cut_and_its_links_past_them_are_not_qu
         assert big["content"] == 128 * KIB and big["content_truncated"]
         assert big["refs"] == ["before"] and big["truncated"]
         assert big["queued"] == {"before"}
+        # Rules do not read it either (its content is over the cap), and say so.
+        assert big["verdicts"] == [("error", 64 * KIB)]
         # Under the caps: as it always was.
         small = _page(store, site + "/small")
         assert not small["content_truncated"] and not small["truncated"]
         assert small["refs"] == ["s1", "s2", "s3"] and small["queued"] == {"s1", "s2", "s3"}
+        assert small["verdicts"] == [("fail", None)]  # read: it has no title
         # The first max_links references, no more.
         many = _page(store, site + "/many")
         assert many["content"] is None and not many["content_truncated"]  # no coding
@@ -240,13 +248,14 @@ selector = "title"
 """)
 
 
-def _judge(body: bytes, max_bytes: int | None) -> tuple[str, dict]:
+def _judge(body: bytes, max_bytes: int | None, *, hand: bool = True) -> tuple[str, dict]:
     def ref(data: bytes) -> ArtifactRef:
         return ArtifactRef("content", blake3.blake3(data).hexdigest(), len(data))
 
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n"
     [verdict] = evaluate_page(RULES, url="http://h.example/", attempt_id="a", run_id="r",
-                              headers_bytes=head, body_bytes=body, headers_ref=ref(head),
+                              headers_bytes=head, body_bytes=body if hand else None,
+                              headers_ref=ref(head),
                               body_ref=ref(body), elapsed_ms=1.0, decoded=True,
                               max_bytes=max_bytes)
     return verdict.verdict, verdict.details
@@ -257,6 +266,11 @@ def test_rules_do_not_read_a_document_over_the_cap_and_say_so_in_its_input() -> 
     verdict, details = _judge(page, max_bytes=4096)
     assert verdict == "error" and "4096" in details["reason"]
     assert details["input"]["body"]["max_bytes"] == 4096
+    # Its bytes need not be handed over (a crawl keeps no content larger than it reads):
+    # the same verdict, the same input.
+    assert _judge(page, max_bytes=4096, hand=False) == (verdict, details)
+    with pytest.raises(RulesError, match="together"):  # within the cap they are needed
+        _judge(page, max_bytes=len(page), hand=False)
     # Within the cap: the verdict and its input are what they were without one (the same
     # input hash as verdicts recorded before the cap existed).
     verdict, details = _judge(page, max_bytes=len(page))

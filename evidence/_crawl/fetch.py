@@ -56,7 +56,8 @@ class FetchResult:
     attempt: FetchAttempt
     status: int | None
     headers: Headers | None
-    body: bytes  # the content: the body decoded (transfer and content codings removed)
+    body: bytes  # the content: the body decoded (transfer and content codings removed);
+    # b"" when it is over fetch's ``keep_content`` (it is stored: the attempt names it)
     elapsed: float
     head: bytes = b""  # the stored response head, as read
     raw_body: bytes = b""  # the stored body, as read (transfer coding included)
@@ -171,7 +172,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
-                max_content_bytes: int | None = None,
+                max_content_bytes: int | None = None, keep_content: int | None = None,
                 extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
@@ -180,6 +181,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
 
     ``max_content_bytes``: the most content derived from the body (decompressed), default
     ``max_body_bytes``; past it the content is cut and ``content_truncated``.
+    ``keep_content``: ``FetchResult.body`` holds a content of at most this many bytes, else
+    b"" (None: any): a crawl holds no larger content than it reads, once it is stored.
     ``parse(content_type, content, sniffed)``, if given, runs on a 2xx response's non-empty
     content in the worker thread that stores the payloads (``sniffed``: the encoding an HTML
     content was read in, recorded in the attempt, or None); its result is
@@ -263,7 +266,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
         http_status=response.status_code, **named,
         body_truncated=cut or outcome != "response", content_type=content_type,
         error=error, **extra)
-    return FetchResult(attempt, response.status_code, response.headers, wire.content, elapsed,
+    kept = wire.content if keep_content is None or len(wire.content) <= keep_content else b""
+    return FetchResult(attempt, response.status_code, response.headers, kept, elapsed,
                        wire.split.head, wire.body, parsed)
 
 

@@ -244,7 +244,9 @@ class PageWorker:
         return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
                            sequence=sequence, user_agent=config.user_agent,
                            max_body_bytes=config.max_body_bytes,
-                           max_content_bytes=config.max_content_bytes, extra_headers=headers,
+                           max_content_bytes=config.max_content_bytes,
+                           keep_content=config.max_parse_bytes if self.rules else 0,
+                           extra_headers=headers,
                            parse=functools.partial(_page_links, url,
                                                    max_bytes=config.max_parse_bytes,
                                                    max_links=config.max_links),
@@ -270,10 +272,12 @@ class PageWorker:
         messages: list[Message] = [attempt]
         if self.rules is not None and attempt.response_headers is not None:
             document = attempt.content or attempt.body  # the content: what rules read
+            # A document over the cap is not read, and was not kept (fetch's keep_content).
+            handed = document is not None and document.size <= self.config.max_parse_bytes
             messages += await anyio.to_thread.run_sync(functools.partial(
                 evaluate_page, self.rules.response, url=attempt.url,
                 attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
-                body_bytes=result.body if document is not None else None,
+                body_bytes=result.body if handed else None,
                 headers_ref=attempt.response_headers, body_ref=document,
                 elapsed_ms=attempt.elapsed_ms,
                 body_truncated=attempt.body_truncated or attempt.content_truncated,

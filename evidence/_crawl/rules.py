@@ -706,20 +706,22 @@ _CHECKS = {"selector": _check_selector, "regex": _check_regex, "header": _check_
            "max_response_time": _check_time, "link": _check_link}
 
 
-def _judge(rule: Rule, page: _Page, max_bytes: int | None = None
+def _judge(rule: Rule, page: _Page, over: tuple[int, int] | None = None
            ) -> tuple[Verdict, dict[str, Any]]:
+    """``over``: (the document's size, the cap) when it is over the cap on what rules
+    read: then it is not read (its bytes may not have been handed over)."""
     reason = _not_applicable(rule, page)
     if reason is not None:
         return "not_applicable", {"reason": reason}
     if rule.reads_body:
-        if page.raw_body is None:
+        if page.raw_body is None and over is None:
             return "error", {"reason": "no body was stored for this attempt"}
         if page.body_truncated:
             return "error", {"reason": "the stored body is truncated (size cap or a failed "
                              "read): a verdict on part of a document would mislead"}
-        if max_bytes is not None and len(page.raw_body) > max_bytes:
-            return "error", {"reason": f"the document is {len(page.raw_body)} bytes, over the "
-                             f"cap of {max_bytes} bytes on what rules read (the crawl's "
+        if over is not None:
+            return "error", {"reason": f"the document is {over[0]} bytes, over the cap of "
+                             f"{over[1]} bytes on what rules read (the crawl's "
                              "--max-parse-bytes): it was not read"}
         try:
             page.body  # noqa: B018 - decode now, so a decoding problem is this rule's error
@@ -762,10 +764,12 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str | None, ru
     it is the stored body, still content-coded (``input_description``). ``rendered``: the
     document is a render's DOM (UTF-8) and ``rules`` are the ones that read it.
     ``max_bytes``: a document larger than this is not read (rules that read it give an
-    ``error`` verdict, and their input names the cap). Submit the result in the page's (or
+    ``error`` verdict, and their input names the cap), so its bytes may be left out
+    (``body_bytes`` None with its ``body_ref``). Submit the result in the page's (or
     render's) writer group.
     """
-    if (body_bytes is None) != (body_ref is None):
+    over = max_bytes is not None and body_ref is not None and body_ref.size > max_bytes
+    if (body_bytes is None) != (body_ref is None) and not (over and body_bytes is None):
         raise RulesError("body_bytes and body_ref must be given together (or both None)",
                          hint="pass the stored body bytes with the ref that names them")
     _check_bytes(headers_bytes, headers_ref, "response head")
@@ -786,6 +790,8 @@ def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id
               rendered: bool = False, max_bytes: int | None = None) -> list[RuleEvaluated]:
     page = _Page(url, head, body, body_truncated, elapsed_ms, decoded, content_coding,
                  rendered)
+    over = ((body_ref.size, max_bytes) if max_bytes is not None and body_ref is not None
+            and body_ref.size > max_bytes else None)
     messages = []
     for rule in rules:
         description = input_description(rule, url=url, headers_ref=headers_ref,
@@ -793,7 +799,7 @@ def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id
                                         elapsed_ms=elapsed_ms, decoded=decoded,
                                         content_coding=content_coding,
                                         max_bytes=max_bytes)
-        verdict, details = _judge(rule, page, max_bytes)
+        verdict, details = _judge(rule, page, over)
         messages.append(RuleEvaluated(
             message_id=new_id("m-"), run_id=run_id, url=url, rule_id=rule.id,
             rule_version=rule.version, input_hash=input_hash(description), verdict=verdict,
