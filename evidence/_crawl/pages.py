@@ -238,14 +238,16 @@ class PageWorker:
                                     skip=self.scope.reason_to_skip_key(*known, at)))
         return queued
 
-    async def fetch(self, url: str, sequence: int,
-                    headers: dict[str, str] | None = None) -> FetchResult:
+    async def fetch(self, url: str, sequence: int, headers: dict[str, str] | None = None,
+                    keep_content: int | None = None) -> FetchResult:
+        """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
+        holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
         config = self.config
         return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
                            sequence=sequence, user_agent=config.user_agent,
                            max_body_bytes=config.max_body_bytes,
                            max_content_bytes=config.max_content_bytes,
-                           keep_content=config.max_parse_bytes if self.rules else 0,
+                           keep_content=keep_content,
                            extra_headers=headers,
                            parse=functools.partial(_page_links, url,
                                                    max_bytes=config.max_parse_bytes,
@@ -259,7 +261,10 @@ class PageWorker:
         """Request the page once and settle it (or hand back a baseline 304). ``fetched``
         is awaited once the request is over (its payloads stored), before the page is
         committed: a worker process tells the crawl then that its fetch slot is free."""
-        result = await self.fetch(order.url, order.attempts + 1, order.headers or None)
+        # Once stored, a page's content is kept only for rules to read (never one larger
+        # than they read): what the page derived is not held while it commits.
+        keep = self.config.max_parse_bytes if self.rules else 0
+        result = await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
         if fetched is not None:
             await fetched()
         if result.status == 304 and order.baseline:
