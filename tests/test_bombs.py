@@ -312,7 +312,7 @@ class _Bombs(http.server.BaseHTTPRequestHandler):
         pass
 
 
-PEAK_BOUND_MIB = 160  # measured 108-110 MiB here, 233-240 MiB before issue 30 (docs/benchmarks.md)
+PEAK_BOUND_MIB = 160  # measured 102-116 MiB here, 233-240 MiB before issue 30 (docs/benchmarks.md)
 
 
 def test_a_crawl_of_bombs_stays_within_bounded_memory(tmp_path: Path) -> None:
