@@ -289,8 +289,9 @@ def _lease(text: str) -> float:
 
 
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
-                 "obey_robots", "user_agent", "max_body_bytes", "recrawl", "rules", "render",
-                 "render_only", "requisites", "allow_network", "render_unsafe_anywhere")
+                 "obey_robots", "user_agent", "max_body_bytes", "max_content_bytes",
+                 "max_parse_bytes", "max_links", "recrawl", "rules", "render", "render_only",
+                 "requisites", "allow_network", "render_unsafe_anywhere")
 
 
 def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
@@ -667,6 +668,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--max-body-bytes", type=positive, metavar="N",
                    help="bodies are cut at this size and recorded as truncated (default "
                    f"{CrawlConfig(seeds=[]).max_body_bytes}, 10 MiB)")
+    p.add_argument("--max-content-bytes", type=positive, metavar="N",
+                   help="content decoded from a body (gzip, deflate, chunks) is cut at this "
+                   "size and recorded as truncated; the body is kept whole (default "
+                   f"{CrawlConfig(seeds=[]).max_content_bytes}, 8 MiB)")
+    p.add_argument("--max-parse-bytes", type=positive, metavar="N",
+                   help="links are found in this much of a page's content at most, and rules "
+                   "read no larger document; past it the discovery is recorded as truncated "
+                   f"(default {CrawlConfig(seeds=[]).max_parse_bytes}, 2 MiB)")
+    p.add_argument("--max-links", type=positive, metavar="N",
+                   help="references taken from one page; past it the discovery is recorded "
+                   f"as truncated (default {CrawlConfig(seeds=[]).max_links})")
     p.add_argument("--recrawl", action="append", type=_recrawl_rule, metavar="REGEX=FREQ",
                    help="incremental sessions: do not refetch documents whose fetch key "
                    "matches REGEX (or type:MEDIA/TYPE) more often than FREQ (daily, weekly, "

@@ -10,7 +10,10 @@ connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.h
   gzip body gzipped; cut at ``max_body_bytes`` (``too_large``, ``body_truncated``);
 - bytes read after the body's end, if any (``surplus``; the connection is then closed);
 - the content (``_model.http1.derive_content``: transfer coding, then content codings removed)
-  as its own artifact where its bytes differ from the body's, with the codings removed.
+  as its own artifact where its bytes differ from the body's, with the codings removed:
+  derived up to ``max_content_bytes`` (``content_truncated`` past it), never further, so a
+  megabyte of gzip that would inflate to a gigabyte costs at most the cap in memory. A
+  body with no coding to remove is its own content, whatever its size (nothing is derived).
 
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
 records the error and references the bytes read before it (``body_truncated``). A
@@ -20,9 +23,11 @@ connection the crawl's network policy refuses (``_crawl.netpolicy``) is an attem
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import email.utils
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +58,8 @@ class FetchResult:
     attempt: FetchAttempt
     status: int | None
     headers: Headers | None
-    body: bytes  # the content: the body decoded (transfer and content codings removed)
+    body: bytes  # the content: the body decoded (transfer and content codings removed);
+    # b"" when it is over fetch's ``keep_content`` (it is stored: the attempt names it)
     elapsed: float
     head: bytes = b""  # the stored response head, as read
     raw_body: bytes = b""  # the stored body, as read (transfer coding included)
@@ -68,6 +74,33 @@ class FetchResult:
 # may wait out an outage for a minute (``_store/s3client.py``): always on a thread, so the
 # loop goes on (heartbeats, progress, signals) while the page waits.
 INLINE_BYTES = 64 * 1024
+
+# What a page derives from its bytes (its content decoded, then parsed) takes memory its
+# wire bytes do not bound: up to about twice ``max_content_bytes`` while the content is
+# decoded, and the parser's tree (tens of bytes per byte parsed). A large exchange's is
+# derived on one of DERIVING threads of their own, whatever the crawl's --workers: at
+# most that many pages derive at once, and the memory they free stays with those threads'
+# malloc arenas, where the next derivation reuses it (issue 30, 16 bombs at --workers 16:
+# derived on whichever worker thread stored the page, two at a time at most, they peaked
+# at 389 MiB of RSS; on two threads of their own, at 248 MiB). Their puts (network I/O to
+# an object store) stay on the worker threads. Work done in place on the event loop (a
+# small exchange) is one page at a time already.
+DERIVING = 2
+_derivers: concurrent.futures.ThreadPoolExecutor
+
+
+def _new_derivers() -> None:
+    global _derivers
+    _derivers = concurrent.futures.ThreadPoolExecutor(DERIVING, thread_name_prefix="derive")
+
+
+_new_derivers()
+os.register_at_fork(after_in_child=_new_derivers)  # a forked child has none of the threads
+
+
+def _derived(work: Callable[[], T], size: int) -> T:
+    """``work()``, on a derive thread for a large exchange (called from a worker thread)."""
+    return work() if size <= INLINE_BYTES else _derivers.submit(work).result()
 
 
 async def _off_the_loop(work: Callable[[], T], size: int, artifacts: ArtifactBackend) -> T:
@@ -97,9 +130,11 @@ class _Wire:
     sniffed: Sniffed | None = None  # the encoding an HTML content is read in, and why
 
 
-def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
+def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
+          content_cap: int | None = None) -> _Wire:
     """The exchange's bytes as payloads: request, head, body (cut at ``cap``), surplus,
-    and the content derived from them where it differs from the body."""
+    and the content derived from them where it differs from the body (at most
+    ``content_cap`` bytes of it, default ``cap``)."""
     split = exchange.split()
     items: list[tuple[str, bytes]] = []
     fields: list[str] = []
@@ -114,8 +149,13 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
         fields.append("response_headers")
     if head_length(split.head) is not None:  # a whole head: the rest is the body
         body = split.body[:cap]
-        derived = derive_content(split.head, body, cap)
+        derived = derive_content(split.head, body, cap if content_cap is None else content_cap)
         content = derived.data
+        cut = derived.truncated
+        if derived.transfer_coding is None and derived.content_coding is None:
+            # Nothing was removed (none to remove, or one that cannot be): the body is the
+            # content, as it was, whatever the content cap.
+            content, cut = body, False
         items.append((BODY_NS, body))
         fields.append("body")
         if content != body:
@@ -123,7 +163,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
             fields.append("content")
         extra.update(transfer_coding=derived.transfer_coding,
                      content_coding=derived.content_coding,
-                     content_truncated=derived.truncated or len(split.body) > cap
+                     content_truncated=cut or len(split.body) > cap
                      or not split.complete, content_problem=derived.problem)
         if split.surplus:
             items.append((BODY_NS, split.surplus))
@@ -136,12 +176,17 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None) -> _Wire:
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 run_id: str, sequence: int, user_agent: str, max_body_bytes: int,
+                max_content_bytes: int | None = None, keep_content: int | None = None,
                 extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
                 content: bytes | None = None, render_id: str | None = None) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
+    ``max_content_bytes``: the most content derived from the body (decompressed), default
+    ``max_body_bytes``; past it the content is cut and ``content_truncated``.
+    ``keep_content``: ``FetchResult.body`` holds a content of at most this many bytes, else
+    b"" (None: any): a crawl holds no larger content than it reads, once it is stored.
     ``parse(content_type, content, sniffed)``, if given, runs on a 2xx response's non-empty
     content in the worker thread that stores the payloads (``sniffed``: the encoding an HTML
     content was read in, recorded in the attempt, or None); its result is
@@ -190,23 +235,28 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
             f"deadline: the fetch took longer than {deadline:g} s; {came}", False
     if response is None:
         return await _failed(artifacts, common, outcome, error or "", exchange, t0,
-                             max_body_bytes)
+                             max_body_bytes, max_content_bytes)
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")
     ok = 200 <= response.status_code < 300 and parse is not None
 
+    size = len(exchange.received)
+
     def store() -> tuple[_Wire, list[ArtifactRef], Any]:
         # One trip to a worker thread: splitting, decoding and parsing are CPU work that
         # must stay off the event loop, and the puts fsync.
-        wire = _wire(exchange, max_body_bytes, content_type=content_type)
+        wire = _derived(lambda: _wire(exchange, max_body_bytes, content_type=content_type,
+                                      content_cap=max_content_bytes), size)
         exchange.close()
         refs = _put_each(artifacts, wire.items)
         usable = wire.extra.get("content_problem") is None
-        parsed = (parse(content_type or "", wire.content, wire.sniffed)  # type: ignore[misc]
-                  if ok and usable and wire.content else None)
+        parsed = None
+        if ok and usable and wire.content:
+            parsed = _derived(lambda: parse(content_type or "",  # type: ignore[misc]
+                                            wire.content, wire.sniffed), size)
         return wire, refs, parsed
 
-    wire, refs, parsed = await _off_the_loop(store, len(exchange.received), artifacts)
+    wire, refs, parsed = await _off_the_loop(store, size, artifacts)
     if cut and wire.split.complete and len(wire.split.body) <= max_body_bytes:
         # The last read brought the body's end and bytes after it past the cap: whole.
         outcome, error, cut = "response", None, False
@@ -220,17 +270,19 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
         http_status=response.status_code, **named,
         body_truncated=cut or outcome != "response", content_type=content_type,
         error=error, **extra)
-    return FetchResult(attempt, response.status_code, response.headers, wire.content, elapsed,
+    kept = wire.content if keep_content is None or len(wire.content) <= keep_content else b""
+    return FetchResult(attempt, response.status_code, response.headers, kept, elapsed,
                        wire.split.head, wire.body, parsed)
 
 
 async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: Outcome,
-                  error: str, exchange: Exchange, t0: float, cap: int) -> FetchResult:
+                  error: str, exchange: Exchange, t0: float, cap: int,
+                  content_cap: int | None = None) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
 
     def store() -> tuple[_Wire, list[ArtifactRef]]:
-        wire = _wire(exchange, cap, content_type=None)
+        wire = _wire(exchange, cap, content_type=None, content_cap=content_cap)
         exchange.close()
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 

@@ -48,6 +48,13 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     obey_robots: bool = True
     user_agent: str = "evidence/0.1 (+https://example.invalid/evidence)"
     max_body_bytes: int = 10 * 1024 * 1024
+    # What a page may cost in memory beyond its wire bytes (issue 30; docs/crawling.md,
+    # "Caps"): the content derived from its body (decompressed), the part of the content
+    # parsed for links (and read by rules), the references taken from it. Past each the
+    # record says so (content_truncated, a truncated discovery, a rule's error verdict).
+    max_content_bytes: int = 8 * 1024 * 1024
+    max_parse_bytes: int = 2 * 1024 * 1024
+    max_links: int = 10_000
     # Minimum recrawl intervals in incremental sessions: a regular expression over the
     # fetch key, or "type:<media type prefix>", to a frequency (daily, weekly, 12h, 3d...).
     recrawl: dict[str, str] = {}

@@ -239,12 +239,21 @@ class PageWorker:
                                     skip=self.scope.reason_to_skip_key(*known, at)))
         return queued
 
-    async def fetch(self, url: str, sequence: int,
-                    headers: dict[str, str] | None = None) -> FetchResult:
+    async def fetch(self, url: str, sequence: int, headers: dict[str, str] | None = None,
+                    keep_content: int | None = None) -> FetchResult:
+        """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
+        holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
+        config = self.config
         return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
-                           sequence=sequence, user_agent=self.config.user_agent,
-                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers,
-                           parse=functools.partial(_page_links, url), deadline=self.deadline)
+                           sequence=sequence, user_agent=config.user_agent,
+                           max_body_bytes=config.max_body_bytes,
+                           max_content_bytes=config.max_content_bytes,
+                           keep_content=keep_content,
+                           extra_headers=headers,
+                           parse=functools.partial(_page_links, url,
+                                                   max_bytes=config.max_parse_bytes,
+                                                   max_links=config.max_links),
+                           deadline=self.deadline)
 
     # --- one page ----------------------------------------------------------------------
 
@@ -253,7 +262,10 @@ class PageWorker:
         """Request the page once and settle it (or hand back a baseline 304). ``fetched``
         is awaited once the request is over (its payloads stored), before the page is
         committed: a worker process tells the crawl then that its fetch slot is free."""
-        result = await self.fetch(order.url, order.attempts + 1, order.headers or None)
+        # Once stored, a page's content is kept only for rules to read (never one larger
+        # than they read): what the page derived is not held while it commits.
+        keep = self.config.max_parse_bytes if self.rules else 0
+        result = await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
         if fetched is not None:
             await fetched()
         if result.status == 304 and order.baseline:
@@ -271,14 +283,17 @@ class PageWorker:
         messages: list[Message] = [attempt]
         if self.rules is not None and attempt.response_headers is not None:
             document = attempt.content or attempt.body  # the content: what rules read
+            # A document over the cap is not read, and was not kept (fetch's keep_content).
+            handed = document is not None and document.size <= self.config.max_parse_bytes
             messages += await anyio.to_thread.run_sync(functools.partial(
                 evaluate_page, self.rules.response, url=attempt.url,
                 attempt_id=attempt.attempt_id, run_id=self.run_id, headers_bytes=result.head,
-                body_bytes=result.body if document is not None else None,
+                body_bytes=result.body if handed else None,
                 headers_ref=attempt.response_headers, body_ref=document,
                 elapsed_ms=attempt.elapsed_ms,
                 body_truncated=attempt.body_truncated or attempt.content_truncated,
-                decoded=True, content_coding=attempt.content_coding))
+                decoded=True, content_coding=attempt.content_coding,
+                max_bytes=self.config.max_parse_bytes))
         # A timeout or a broken connection is transient even after the head came (the body
         # is incomplete): retried like a 5xx, never settled as done on a partial body.
         transient = attempt.outcome in ("timeout", "network_error")
@@ -393,7 +408,8 @@ class PageWorker:
                 attempt_id=attempt.attempt_id if attempt.run_id == self.run_id else None,
                 run_id=self.run_id, headers_bytes=source.head, body_bytes=rendered.dom,
                 headers_ref=attempt.response_headers, body_ref=render.dom,
-                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True))
+                elapsed_ms=attempt.elapsed_ms, decoded=True, rendered=True,
+                max_bytes=self.config.max_parse_bytes))
         queued: list[QueuedUrl] = []
         if rendered.refs and render.dom is not None:
             messages.append(Discovery(
@@ -446,9 +462,16 @@ def _problem(url: str, what: str, backoff: float | None, host: str = "") -> str:
     return text
 
 
-def _page_links(url: str, content_type: str, body: bytes,
-                sniffed: Sniffed | None = None) -> tuple[list[ObservedRef], bool, list[str]]:
-    """The page's references (bounded), whether they were cut, and sitemap fetch keys."""
+_DEFAULTS = CrawlConfig(seeds=[])
+
+
+def _page_links(url: str, content_type: str, body: bytes, sniffed: Sniffed | None = None,
+                *, max_bytes: int = _DEFAULTS.max_parse_bytes,
+                max_links: int = _DEFAULTS.max_links
+                ) -> tuple[list[ObservedRef], bool, list[str]]:
+    """The page's references (bounded), whether they were cut, and sitemap fetch keys. An
+    HTML page is parsed up to ``max_bytes`` of its content and ``max_links`` references;
+    past either the rest is not read, and the discovery is recorded as truncated."""
     content_type = content_type.lower()
     sitemaps: list[str] = []
     if "xml" in content_type and _SITEMAP_ROOT.search(body[:4096]):
@@ -457,7 +480,7 @@ def _page_links(url: str, content_type: str, body: bytes,
         sitemaps = [normalize_url(r.url) for r in refs if r.tag == "sitemap"]
     elif "html" in content_type:
         extraction = extract_links(body, url, encoding=charset_param(content_type),
-                                   sniffed=sniffed)
+                                   sniffed=sniffed, max_bytes=max_bytes, max_links=max_links)
         refs, truncated = extraction.refs, extraction.truncated
     else:
         return [], False, []

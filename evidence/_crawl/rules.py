@@ -445,13 +445,17 @@ def _ref(ref: ArtifactRef | None) -> dict[str, Any] | None:
 def input_description(rule: Rule, *, url: str, headers_ref: ArtifactRef,
                       body_ref: ArtifactRef | None, body_truncated: bool,
                       elapsed_ms: float, decoded: bool = False,
-                      content_coding: str | None = None) -> dict[str, Any]:
+                      content_coding: str | None = None,
+                      max_bytes: int | None = None) -> dict[str, Any]:
     """What ``rule`` reads of one attempt: the objects whose canonical JSON is hashed.
 
     ``body_ref`` is the document: for a wire capture (``decoded``) the attempt's content
     (its ``content``, or its body when they are the same bytes), with the content codings
     the crawler removed; for an attempt recorded before wire capture, its stored body,
-    whose content codings the reader removes.
+    whose content codings the reader removes. ``max_bytes``: the largest document rules
+    read (a crawl's ``max_parse_bytes``); a document over it is not read, and the cap is
+    then part of the input (``body["max_bytes"]``), since the verdict depends on it. A
+    document within it is described as it always was.
     """
     description: dict[str, Any] = {"format": INPUT_FORMAT, "url": url,
                                    "response_headers": _ref(headers_ref)}
@@ -463,6 +467,8 @@ def input_description(rule: Rule, *, url: str, headers_ref: ArtifactRef,
             body |= {"truncated": body_truncated}
             if decoded:
                 body |= {"decoded": True, "content_coding": content_coding}
+            if max_bytes is not None and body["size"] > max_bytes:
+                body |= {"max_bytes": max_bytes}
         description["body"] = body
     if rule.reads_elapsed:
         description["elapsed_ms"] = float(elapsed_ms)
@@ -700,16 +706,23 @@ _CHECKS = {"selector": _check_selector, "regex": _check_regex, "header": _check_
            "max_response_time": _check_time, "link": _check_link}
 
 
-def _judge(rule: Rule, page: _Page) -> tuple[Verdict, dict[str, Any]]:
+def _judge(rule: Rule, page: _Page, over: tuple[int, int] | None = None
+           ) -> tuple[Verdict, dict[str, Any]]:
+    """``over``: (the document's size, the cap) when it is over the cap on what rules
+    read: then it is not read (its bytes may not have been handed over)."""
     reason = _not_applicable(rule, page)
     if reason is not None:
         return "not_applicable", {"reason": reason}
     if rule.reads_body:
-        if page.raw_body is None:
+        if page.raw_body is None and over is None:
             return "error", {"reason": "no body was stored for this attempt"}
         if page.body_truncated:
             return "error", {"reason": "the stored body is truncated (size cap or a failed "
                              "read): a verdict on part of a document would mislead"}
+        if over is not None:
+            return "error", {"reason": f"the document is {over[0]} bytes, over the cap of "
+                             f"{over[1]} bytes on what rules read (the crawl's "
+                             "--max-parse-bytes): it was not read"}
         try:
             page.body  # noqa: B018 - decode now, so a decoding problem is this rule's error
         except ValueError as exc:
@@ -741,7 +754,7 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str | None, ru
                   body_truncated: bool = False,
                   evaluated_at: dt.datetime | None = None, decoded: bool = False,
                   content_coding: str | None = None,
-                  rendered: bool = False) -> list[RuleEvaluated]:
+                  rendered: bool = False, max_bytes: int | None = None) -> list[RuleEvaluated]:
     """Judge one attempt by every rule: one ``RuleEvaluated`` per rule, nothing written.
 
     ``headers_bytes`` and ``body_bytes`` are the stored artifact bytes (the response head
@@ -749,10 +762,14 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str | None, ru
     is the URL as requested. For a wire capture (``decoded``) the document is the
     attempt's content and ``content_coding`` the codings the crawler removed; otherwise
     it is the stored body, still content-coded (``input_description``). ``rendered``: the
-    document is a render's DOM (UTF-8) and ``rules`` are the ones that read it. Submit the
-    result in the page's (or render's) writer group.
+    document is a render's DOM (UTF-8) and ``rules`` are the ones that read it.
+    ``max_bytes``: a document larger than this is not read (rules that read it give an
+    ``error`` verdict, and their input names the cap), so its bytes may be left out
+    (``body_bytes`` None with its ``body_ref``). Submit the result in the page's (or
+    render's) writer group.
     """
-    if (body_bytes is None) != (body_ref is None):
+    over = max_bytes is not None and body_ref is not None and body_ref.size > max_bytes
+    if (body_bytes is None) != (body_ref is None) and not (over and body_bytes is None):
         raise RulesError("body_bytes and body_ref must be given together (or both None)",
                          hint="pass the stored body bytes with the ref that names them")
     _check_bytes(headers_bytes, headers_ref, "response head")
@@ -761,7 +778,8 @@ def evaluate_page(rules: Iterable[Rule], *, url: str, attempt_id: str | None, ru
                      head=headers_bytes, body=body_bytes,
                      headers_ref=headers_ref, body_ref=body_ref, elapsed_ms=elapsed_ms,
                      body_truncated=body_truncated, evaluated_at=evaluated_at or utc_now(),
-                     decoded=decoded, content_coding=content_coding, rendered=rendered)
+                     decoded=decoded, content_coding=content_coding, rendered=rendered,
+                     max_bytes=max_bytes)
 
 
 def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id: str,
@@ -769,16 +787,19 @@ def _evaluate(rules: Iterable[Rule], *, url: str, attempt_id: str | None, run_id
               body: bytes | None, headers_ref: ArtifactRef, body_ref: ArtifactRef | None,
               elapsed_ms: float, body_truncated: bool, evaluated_at: dt.datetime,
               decoded: bool = False, content_coding: str | None = None,
-              rendered: bool = False) -> list[RuleEvaluated]:
+              rendered: bool = False, max_bytes: int | None = None) -> list[RuleEvaluated]:
     page = _Page(url, head, body, body_truncated, elapsed_ms, decoded, content_coding,
                  rendered)
+    over = ((body_ref.size, max_bytes) if max_bytes is not None and body_ref is not None
+            and body_ref.size > max_bytes else None)
     messages = []
     for rule in rules:
         description = input_description(rule, url=url, headers_ref=headers_ref,
                                         body_ref=body_ref, body_truncated=body_truncated,
                                         elapsed_ms=elapsed_ms, decoded=decoded,
-                                        content_coding=content_coding)
-        verdict, details = _judge(rule, page)
+                                        content_coding=content_coding,
+                                        max_bytes=max_bytes)
+        verdict, details = _judge(rule, page, over)
         messages.append(RuleEvaluated(
             message_id=new_id("m-"), run_id=run_id, url=url, rule_id=rule.id,
             rule_version=rule.version, input_hash=input_hash(description), verdict=verdict,

@@ -309,8 +309,14 @@ def derive_content(head: bytes, body: bytes, limit: int, *, dechunk: bool = True
     return Content(data, transfer, coding_text, truncated, problem)
 
 
+# Output is taken from the inflater this many bytes at a time: a bomb is never inflated
+# past the limit to be measured, and the content is joined once (never copied whole again).
+_INFLATE_STEP = 256 * 1024
+
+
 def _inflate(data: bytes, coding: str, limit: int) -> tuple[bytes, bool]:
-    """One content coding removed; (content, whether it is incomplete or over ``limit``)."""
+    """One content coding removed; (content, whether it is incomplete or over ``limit``).
+    At most ``limit + 1`` bytes are ever inflated, ``_INFLATE_STEP`` at a time."""
     wbits = 16 + zlib.MAX_WBITS if coding != "deflate" else zlib.MAX_WBITS
     if coding == "deflate" and data[:1] and (data[0] & 0x0F) != 8:
         wbits = -zlib.MAX_WBITS  # raw deflate without the zlib wrapper, as browsers accept
@@ -319,16 +325,24 @@ def _inflate(data: bytes, coding: str, limit: int) -> tuple[bytes, bool]:
     rest = data
     while rest:  # gzip: concatenated members are one content
         inflater = zlib.decompressobj(wbits)
+        member = len(out)  # where this member's output starts
         try:
-            chunk = inflater.decompress(rest, limit + 1 - size)
+            while True:  # a step at a time, up to one byte past the limit
+                step = min(_INFLATE_STEP, limit + 1 - size)  # >= 1: 0 would mean no limit
+                chunk = inflater.decompress(rest, step)
+                out.append(chunk)
+                size += len(chunk)
+                rest = inflater.unconsumed_tail
+                if size > limit or inflater.eof or (not rest and len(chunk) < step):
+                    break
         except zlib.error:
-            if out:  # bytes after a complete member that are no member: ignored, as browsers do
+            if member:  # bytes after a complete member that are no member: ignored, as browsers do
+                del out[member:]
                 break
             raise
-        out.append(chunk)
-        size += len(chunk)
-        if size > limit or inflater.unconsumed_tail:
-            return b"".join(out)[:limit], True
+        if size > limit:
+            out[-1] = out[-1][:len(out[-1]) - (size - limit)]
+            return b"".join(out), True
         if not inflater.eof:
             return b"".join(out), True
         rest = inflater.unused_data if coding != "deflate" else b""
