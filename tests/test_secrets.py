@@ -170,16 +170,30 @@ def test_a_mistyped_s3_option_on_the_command_line_is_not_echoed(
 
 _SAFE = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                                 "-._~!$&*+,;:"), min_size=1, max_size=24)
+_ANY = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1,
+               max_size=24)
 
 
-@given(password=_SAFE, form=st.sampled_from(["uri", "uri-query", "keyword", "quoted"]))
-def test_any_password_is_redacted_from_a_shown_location(password: str, form: str) -> None:
+def _libpq_escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'").replace(" ", "\\ ")
+
+
+@given(password=_SAFE, form=st.sampled_from(["uri", "uri-query"]))
+def test_any_password_is_redacted_from_a_shown_uri(password: str, form: str) -> None:
     secret = "SECRET" + password
     location = {
         "uri": f"postgresql://user:{secret}@127.0.0.1:5432/db?sslmode=disable",
         "uri-query": f"postgresql://user@127.0.0.1/db?password={secret}&sslmode=disable",
-        "keyword": f"host=127.0.0.1 password={secret} dbname=db",
-        "quoted": "host=127.0.0.1 password='{}' dbname=db".format(
-            secret.replace("\\", "\\\\").replace("'", "\\'")),
     }[form]
     assert "SECRET" not in redact(location)
+
+
+@given(password=_ANY, quoted=st.booleans())
+def test_any_password_is_redacted_whole_from_a_shown_keyword_string(password: str,
+                                                                    quoted: bool) -> None:
+    """Any value libpq would read as the password (quoted, or unquoted with backslash
+    escapes: a space in it does not end it) is replaced whole."""
+    value = _libpq_escaped(password)
+    value = f"'{value}'" if quoted else value
+    assert redact(f"host=127.0.0.1 password={value} dbname=db") == \
+        "host=127.0.0.1 password=*** dbname=db"
