@@ -8,9 +8,12 @@ Debian Chromium; in CI a missing browser fails the test (conftest.need_chromium)
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -236,12 +239,16 @@ def test_a_browser_that_dies_mid_render_is_a_crashed_render_and_is_restarted(
 
 def test_a_kill_during_rendering_resumes_without_a_duplicate_render(
         tmp_path: Path, chromium: str) -> None:
+    """... and leaves no key behind; its browser profile goes when the next crawl starts
+    its browser (issue 30 point 6; the crawls' own TMPDIR shows what they leave)."""
     store = tmp_path / "s"
     command = [sys.executable, "-m", "evidence", "crawl", "--store", str(store), "--render",
                "--workers", "1"]
+    scratch = Path(tempfile.mkdtemp(prefix="ev-tmp-", dir="/tmp"))  # short: Chromium's socket
+    env = {**os.environ, "TMPDIR": str(scratch)}
     with JsSite() as site:
         proc = subprocess.Popen([*command, site.url + "slowpage"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=ROOT)
+                                stderr=subprocess.PIPE, cwd=ROOT, env=env)
         try:
             site.wait_for("/slow.png")  # the browser is rendering /slowpage now
         except TimeoutError:
@@ -250,10 +257,16 @@ def test_a_kill_during_rendering_resumes_without_a_duplicate_render(
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
         assert rows(store, "SELECT count(*) FROM render") == [(0,)]
+        left = sorted(p.name for p in scratch.iterdir())
+        assert [n for n in left if n.startswith("evidence-browser-")] and \
+            not [n for n in left if n.startswith("evidence-render-tls")], left  # no key
         site.release()
         done = subprocess.run([*command, "--json"], capture_output=True, text=True,
-                              timeout=120, cwd=ROOT)
+                              timeout=120, cwd=ROOT, env=env)
         hits = dict(site.hits)
+    left = sorted(p.name for p in scratch.iterdir())
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert left == [], "the killed crawl's profile is removed by the next"
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["session_completed"]
     renders = rows(store, "SELECT r.outcome, r.run_id, f.run_id FROM render r JOIN "

@@ -13,6 +13,9 @@
   ``log_to``, which keeps log lines off a live progress line;
 - ``add_listen_options`` / ``listen_options``: listening beyond the Unix socket (TCP, TLS,
   the token), for ``crawl`` taking worker hosts and ``serve``;
+- the store location (``STORE`` or ``--store``) of every command, which ``Parser`` gives a
+  ``--dsn-file FILE`` beside it, and a warning when a password is typed on the command line
+  (``_StoreLocation``).
 - ``note_given``, ``apply_config``, ``config_toml``: a TOML file of a command's options
   under their long flags' names, the command line winning (``crawl --config``).
 
@@ -25,9 +28,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
+import stat
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
@@ -65,11 +71,36 @@ class _Help(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors in the CLI's own form: ``Error:`` and ``Try:`` lines, exit status 2."""
+    """Usage errors in the CLI's own form: ``Error:`` and ``Try:`` lines, exit status 2.
+
+    A command whose store location is an argument (``store``, positional or ``--store``)
+    gets ``--dsn-file FILE`` too, and has it read as it is parsed (``_StoreLocation``):
+    every command takes a PostgreSQL store the same way.
+    """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
+        self._location: _StoreLocation | None = None  # before argparse adds --help
         kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def add_argument(self, *names: str, **kwargs: object) -> argparse.Action:
+        action = super().add_argument(*names, **kwargs)  # type: ignore[arg-type]
+        if action.dest == "store" and action.type is None and self._location is None:
+            self._location = _StoreLocation(action)
+            super().add_argument(
+                "--dsn-file", metavar="FILE",
+                help=f"read {action.metavar or 'STORE'}, a PostgreSQL connection string, from "
+                "FILE (mode 600) instead of the command line, where other users of this "
+                "machine can see it (ps); or keep the password in ~/.pgpass, PGPASSFILE or "
+                "PGPASSWORD, which libpq reads")
+        return action
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        if self._location is not None:
+            args = self._location.resolve(self, list(sys.argv[1:] if args is None else args))
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         # A location type's refusal carries its own hint: argparse raises its usage error
@@ -77,6 +108,83 @@ class Parser(argparse.ArgumentParser):
         cause = getattr(sys.exc_info()[1], "__context__", None)
         hint = cause.hint if isinstance(cause, LocationError) else f"{self.prog} --help"
         self.exit(2, error_text(message, hint))
+
+
+_PASSWORD_WARNING = (
+    "Warning: the connection string on this command line holds a password, which every user "
+    "of this machine can read (ps, /proc/PID/cmdline). Keep it in ~/.pgpass (or the file "
+    "PGPASSFILE names), or in PGPASSWORD, both read by libpq; or put the whole connection "
+    "string in a file (mode 600) and give --dsn-file FILE instead of it.\n")
+
+
+class _StoreLocation:
+    """A command's store location: ``--dsn-file FILE`` read into it, and a warning for a
+    password typed on the command line.
+
+    The file's connection string is put in the arguments this process parses (first, as
+    the positional STORE; or as ``--store``), never in any process's argv. It must not be
+    readable by other users (as libpq requires of ~/.pgpass), and its content is never
+    shown in an error: it holds a password.
+    """
+
+    def __init__(self, action: argparse.Action) -> None:
+        self.action = action
+
+    def resolve(self, parser: Parser, args: list[str]) -> list[str]:
+        from .._store.location import is_postgres_location, redact
+
+        if any(is_postgres_location(text) and redact(text) != text
+               for arg in args for text in (arg, arg.partition("=")[2])):
+            sys.stderr.write(_PASSWORD_WARNING)
+        path = _option_value(args, "--dsn-file")
+        if path is None:
+            return args
+        location = _read_dsn_file(parser, path)
+        if not self.action.option_strings:
+            return [location, *args]  # the first positional (every STORE is)
+        if _option_value(args, *self.action.option_strings) is not None:
+            parser.exit(2, error_text(f"give {self.action.option_strings[0]} or --dsn-file, "
+                                      "not both", f"{parser.prog} --help"))
+        return [*args, self.action.option_strings[0], location]
+
+
+def _option_value(args: list[str], *names: str) -> str | None:
+    """The value given to the option ``names`` in ``args`` (the last one), if any."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg in names and i + 1 < len(args):
+            value = args[i + 1]
+        for name in names:
+            if arg.startswith(name + "="):
+                value = arg[len(name) + 1:]
+    return value
+
+
+def _read_dsn_file(parser: Parser, path: str) -> str:
+    """The connection string in ``path``; an unusable file exits with an error that names
+    the file, never its content."""
+    from .._store.location import is_postgres_location
+
+    def fail(message: str, hint: str) -> NoReturn:
+        parser.exit(2, error_text(f"--dsn-file {path}: {message}", hint))
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            text = file.read().strip()
+    except OSError as exc:
+        fail(f"cannot read it ({exc.strerror})", "give a file holding the connection string")
+    except UnicodeDecodeError:
+        fail("not a text file", "give a file holding the connection string")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        fail("other users may read it, and it holds a password", f"chmod 600 {path}")
+    if not is_postgres_location(text):
+        fail("it does not hold a PostgreSQL connection string (its content is not shown)",
+             "write one line: postgresql://USER:PASSWORD@HOST/DBNAME, or libpq's "
+             "'host=... dbname=... password=...'")
+    return text
 
 
 # --- output ----------------------------------------------------------------------------

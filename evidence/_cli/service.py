@@ -60,6 +60,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                  max_pending_bytes=args.max_pending_bytes,
                                  connection_in_flight=args.connection_in_flight,
                                  max_connections=args.max_connections,
+                                 max_connections_per_peer=args.max_connections_per_peer,
                                  max_unauthenticated=args.max_unauthenticated,
                                  send_timeout=args.send_timeout,
                                  handshake_timeout=args.handshake_timeout,
@@ -162,6 +163,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--max-connections", metavar="N", type=int, default=limits.max_connections,
                    help="clients connected after a valid hello; more are refused, retryably "
                    "(default %(default)s)")
+    p.add_argument("--max-connections-per-peer", metavar="N", type=int,
+                   default=limits.max_connections_per_peer,
+                   help="of those, from one process on the Unix socket (as the kernel names it) "
+                   "or one address over TCP; more are refused, retryably, so one peer cannot "
+                   "take every connection (default %(default)s)")
     p.add_argument("--max-unauthenticated", metavar="N", type=int,
                    default=limits.max_unauthenticated,
                    help="connections that have not said hello yet; a newer one drops the oldest "

@@ -16,7 +16,8 @@ Every command waits for its answer at most ``timeout`` seconds; a browser that d
 answer, or whose pipe closes (it crashed or was killed), raises ``BrowserError`` with
 ``gone=True`` and every later command fails at once. The owner then starts a new one
 (``_crawl.render.Renderer`` does). The browser always runs with a fresh profile in a
-temporary directory, removed on close, and with the flags that keep it from contacting
+temporary directory, removed on close (one left by a killed crawl is removed when the next
+browser starts: ``_crawl.scratch``), and with the flags that keep it from contacting
 any host of its own accord (background networking, component updates, sync).
 
 Pages are opened in browser contexts of their own (``Target.createBrowserContext``): no
@@ -34,9 +35,7 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -44,8 +43,12 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._errors import BrowserError
+from .scratch import ScratchDir
 
-__all__ = ["Browser", "Page", "find_browser"]
+__all__ = ["PROFILE_PREFIX", "Browser", "Page", "find_browser"]
+
+#: A browser profile's directory name, in the temporary directory.
+PROFILE_PREFIX = "evidence-browser-"
 
 #: Flags every browser gets: headless, no sandbox (CI and containers run as root), and no
 #: traffic of its own (updates, sync, safe browsing lists, metrics, default apps).
@@ -94,7 +97,7 @@ class Browser:
         self._sessions: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._gone: BrowserError | None = None
         self._write_lock = anyio.Lock()
-        self._profile = ""
+        self._profile: ScratchDir | None = None
         self._to_browser = self._from_browser = -1
         self._pidfd = -1
         self._own: anyio.abc.TaskGroup
@@ -150,9 +153,9 @@ class Browser:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._to_browser = self._from_browser = self._pidfd = -1
-        if self._profile:
-            shutil.rmtree(self._profile, ignore_errors=True)
-            self._profile = ""
+        if self._profile is not None:
+            self._profile.remove()
+            self._profile = None
 
     async def _pump(self) -> None:
         """Read the pipe and reap the process, until ``close`` cancels it."""
@@ -171,8 +174,8 @@ class Browser:
                 os.kill(self.pid, signal.SIGKILL)
 
     def _spawn(self) -> None:
-        self._profile = tempfile.mkdtemp(prefix="evidence-browser-")
-        args = [self.executable, *FLAGS, f"--user-data-dir={self._profile}",
+        self._profile = ScratchDir(PROFILE_PREFIX)
+        args = [self.executable, *FLAGS, f"--user-data-dir={self._profile.path}",
                 *self.extra_flags]
         if self.user_agent:
             args.append(f"--user-agent={self.user_agent}")
@@ -184,7 +187,7 @@ class Browser:
         child_out = fcntl.fcntl(up_w, fcntl.F_DUPFD_CLOEXEC, 10)
         for fd in (down_r, up_w):
             os.close(fd)
-        log = Path(self._profile) / "browser.log"
+        log = self._profile.path / "browser.log"
         try:
             self.pid = os.posix_spawn(self.executable, args, os.environ, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -196,6 +199,8 @@ class Browser:
         except OSError as exc:
             for fd in (down_w, up_r):
                 os.close(fd)
+            self._profile.remove()
+            self._profile = None
             raise BrowserError(f"cannot start {self.executable}: {exc.strerror}", gone=True,
                                hint="check that the browser runs: chromium --version") from exc
         finally:

@@ -10,13 +10,19 @@ request and response as they crossed that connection, inside its TLS).
 The browser trusts these certificates, and only these, by the hash of their public key:
 every host certificate shares one key, and the browser is started with
 ``--ignore-certificate-errors-spki-list=<base64 SHA-256 of that key's
-SubjectPublicKeyInfo>``. Nothing is installed in a trust store; the keys live in memory
-and in a private temporary directory removed on close.
+SubjectPublicKeyInfo>``. Nothing is installed in a trust store, and no key touches a
+disk: the keys live in this process's memory. Python's ``ssl`` loads a certificate and key
+only from a file name, so each context's chain and key are written to an anonymous memory
+file (``memfd_create``), loaded through its ``/proc/self/fd/N`` name and closed: there is
+no directory to leave behind, whatever ends the crawl (a SIGKILL included). Crawls before
+this left ``evidence-render-tls-*/host.key`` behind when killed; such a directory is
+removed at the next start once the certificates made with it have expired (7 days).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import ipaddress
@@ -24,7 +30,7 @@ import os
 import shutil
 import ssl
 import tempfile
-from pathlib import Path
+import time
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -38,10 +44,10 @@ class RenderTLS:
     """A throwaway certificate authority and the server contexts it signs, one per host."""
 
     def __init__(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="evidence-render-tls-"))
-        os.chmod(self._dir, 0o700)
+        _remove_expired_key_dirs()
         now = dt.datetime.now(dt.UTC)
-        self._start, self._end = now - dt.timedelta(hours=1), now + dt.timedelta(days=7)
+        self._start = now - dt.timedelta(hours=1)
+        self._end = now + dt.timedelta(seconds=_EXPIRED)
         self._ca_key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
                                              "evidence render proxy (this crawl only)")])
@@ -53,13 +59,9 @@ class RenderTLS:
                     .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
                     .sign(self._ca_key, hashes.SHA256()))
         self._key = ec.generate_private_key(ec.SECP256R1())  # every host certificate's key
-        key_pem = self._key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption())
-        self._key_file = self._dir / "host.key"
-        fd = os.open(self._key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(key_pem)
+        self._key_pem = self._key.private_bytes(serialization.Encoding.PEM,
+                                                serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption())
         self._contexts: dict[str, ssl.SSLContext] = {}
 
     @property
@@ -90,14 +92,49 @@ class RenderTLS:
                 .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .sign(self._ca_key, hashes.SHA256()))
-        chain = self._dir / f"host-{len(self._contexts)}.pem"
-        chain.write_bytes(cert.public_bytes(serialization.Encoding.PEM)
-                          + self._ca.public_bytes(serialization.Encoding.PEM))
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(chain, self._key_file)
+        _load_from_memory(context, cert.public_bytes(serialization.Encoding.PEM)
+                          + self._ca.public_bytes(serialization.Encoding.PEM) + self._key_pem)
         context.set_alpn_protocols(["http/1.1"])  # one request per tunnel, HTTP/1.1
         self._contexts[host] = context
         return context
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._contexts.clear()
+
+
+def _load_from_memory(context: ssl.SSLContext, pem: bytes) -> None:
+    """``context.load_cert_chain`` of a PEM holding the chain and then the key, never
+    written to a file system (Linux: a memfd; elsewhere, a private file removed at once)."""
+    if not hasattr(os, "memfd_create"):
+        with tempfile.TemporaryDirectory(prefix="evidence-render-tls-") as directory:
+            path = os.path.join(directory, "chain.pem")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(pem)
+            context.load_cert_chain(path)
+        return
+    fd = os.memfd_create("evidence-render-tls", os.MFD_CLOEXEC)
+    try:
+        with open(fd, "wb", closefd=False) as out:
+            out.write(pem)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+_EXPIRED = 7 * 24 * 3600  # the certificates' lifetime (RenderTLS: not_valid_after)
+
+
+def _remove_expired_key_dirs() -> None:
+    """Remove this user's ``evidence-render-tls-*`` directories (their ``host.key`` left by
+    a killed crawl of an earlier version) older than the certificates made with it."""
+    directory = tempfile.gettempdir()
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if (entry.name.startswith("evidence-render-tls-")
+                        and entry.is_dir(follow_symlinks=False)
+                        and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                        and time.time() - entry.stat().st_mtime > _EXPIRED):
+                    shutil.rmtree(entry.path, ignore_errors=True)

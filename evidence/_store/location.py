@@ -42,6 +42,9 @@ def redact(location: str) -> str:
             parts = parts._replace(query=urllib.parse.urlencode(
                 [(k, "***" if k == "password" else v) for k, v in query], safe="/"))
         return urllib.parse.urlunsplit(parts)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", location)
+    # libpq's keyword values: quoted, or up to the next ASCII space (libpq's isspace); a
+    # backslash escapes the next character in both (password=a\ b is "a b": it goes whole).
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:[^ \t\n\r\f\v\\]|\\.)+)", r"\1***",
+                  location)
 
 

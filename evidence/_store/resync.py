@@ -52,7 +52,8 @@ SYNC_MARKER = "sync-failed"
 _MARKER_HEAD = ("evidence: an fsync of this store failed; it is resynced at the next open "
                 "for writing")
 _CHUNK = 1024 * 1024
-# A failed fsync, or an I/O error that does not say which operation failed (a VFS may not).
+# A failed fsync, or an I/O error that does not say which operation failed (a VFS may not:
+# its bare SQLITE_IOERR, or an apsw.IOError with no extended code at all).
 _SYNC_CODES = frozenset({apsw.SQLITE_IOERR, apsw.SQLITE_IOERR_FSYNC,
                          apsw.SQLITE_IOERR_DIR_FSYNC})
 
@@ -64,8 +65,13 @@ def is_sync_failure(exc: BaseException) -> bool:
     SQLite writes a commit's frames before its single fsync, so a write error at COMMIT
     means the commit frame was never written.
     """
+    if not isinstance(exc, apsw.IOError):
+        return False
     code = getattr(exc, "extendedresult", None)
-    return isinstance(exc, apsw.IOError) and code in _SYNC_CODES
+    # No code at all: a Python VFS (an encryption or compression shim) raised a bare
+    # apsw.IOError, which reaches the caller as it was raised. It does not say which
+    # operation failed, so it may have been the fsync (issue 30: 10 of 10 such acks lost).
+    return code is None or code in _SYNC_CODES
 
 
 def describe(exc: BaseException) -> str:

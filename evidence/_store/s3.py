@@ -109,7 +109,8 @@ class S3Location:
         params = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
         unknown = sorted(set(params) - set(_PARAMS))
         if unknown:
-            raise ArtifactError(f"{url!r}: unknown option {unknown[0]!r}",
+            raise ArtifactError(f"s3://{bucket}/{prefix}: unknown option {unknown[0]!r} (the "
+                                "URL's options are not shown: one may hold a secret)",
                                 hint="the options are endpoint=URL, region=NAME, ca=FILE")
         endpoint = params.get("endpoint")
         if endpoint is not None and not endpoint.startswith(("http://", "https://")):
