@@ -94,7 +94,8 @@ def test_every_command_with_a_store_location_takes_a_dsn_file() -> None:
     with_dsn_file = {name for name, sub in commands.items()
                      if any(a.dest == "dsn_file" for a in sub._actions)}
     assert {"init", "crawl", "serve", "verify", "export", "restore"} <= with_store
-    assert with_store - {"convert"} == with_dsn_file  # convert takes a directory only
+    # convert and demo take a directory only
+    assert with_store - {"convert", "demo"} == with_dsn_file
 
 
 # --- against the real PostgreSQL cluster ------------------------------------------------

@@ -85,7 +85,8 @@ class Parser(argparse.ArgumentParser):
 
     def add_argument(self, *names: str, **kwargs: object) -> argparse.Action:
         action = super().add_argument(*names, **kwargs)  # type: ignore[arg-type]
-        if action.dest == "store" and action.type is None and self._location is None:
+        if action.dest == "store" and action.type in (None, store_location) \
+                and self._location is None:
             self._location = _StoreLocation(action)
             super().add_argument(
                 "--dsn-file", metavar="FILE",

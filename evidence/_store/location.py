@@ -44,7 +44,7 @@ def redact(location: str) -> str:
         return urllib.parse.urlunsplit(parts)
     # libpq's keyword values: quoted, or up to the next ASCII space (libpq's isspace); a
     # backslash escapes the next character in both (password=a\ b is "a b": it goes whole).
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:[^ \t\n\r\f\v\\]|\\.)+)", r"\1***",
-                  location)
+    return re.sub(r"(password[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
+                  r"('(?:[^'\\]|\\.)*'|(?:[^ \t\n\r\f\v\\]|\\.)+)", r"\1***", location)
 
 
