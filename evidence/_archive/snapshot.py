@@ -156,7 +156,7 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
                          hint="choose a new or empty directory", path=str(target))
     for stale in stale_builds(target):
         log.warning("removing %s: a partial build left by a killed export, restore or "
-                    "backup", stale)
+                    "backup", stale, extra={"event": "archive.partial_removed"})
         shutil.rmtree(stale, ignore_errors=True)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

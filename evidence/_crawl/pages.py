@@ -240,10 +240,16 @@ class PageWorker:
 
     async def fetch(self, url: str, sequence: int,
                     headers: dict[str, str] | None = None) -> FetchResult:
-        return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
-                           sequence=sequence, user_agent=self.config.user_agent,
-                           max_body_bytes=self.config.max_body_bytes, extra_headers=headers,
-                           parse=functools.partial(_page_links, url), deadline=self.deadline)
+        result = await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
+                             sequence=sequence, user_agent=self.config.user_agent,
+                             max_body_bytes=self.config.max_body_bytes,
+                             extra_headers=headers, parse=functools.partial(_page_links, url),
+                             deadline=self.deadline)
+        attempt = result.attempt
+        log.debug("%s: %s%s", url, attempt.outcome,
+                  f", HTTP {attempt.http_status}" if attempt.http_status else "",
+                  extra={"event": "fetch.done", "url": url, "attempt_id": attempt.attempt_id})
+        return result
 
     # --- one page ----------------------------------------------------------------------
 
@@ -296,7 +302,8 @@ class PageWorker:
                 refs.append(ObservedRef(observed=location, url=target, position=0,
                                         tag="http", attr="location", edge_kind="redirect"))
             except URLError as exc:
-                log.info("redirect from %s to an unusable location: %s", order.url, exc)
+                log.info("redirect from %s to an unusable location: %s", order.url, exc,
+                         extra={"event": "fetch.redirect_unusable"})
         elif 200 <= status < 300 and result.parsed is not None:
             # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
             # the event loop, so a page that is slow to parse never stalls the others).

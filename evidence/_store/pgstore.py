@@ -170,7 +170,7 @@ class PostgresStore(Store):
                                            where=backend.location) or spec
             elif create and recorded not in (None, _to_record(spec)):
                 log.info("artifacts of %s are in %s; this open uses %s", backend.location,
-                         recorded, spec)
+                         recorded, spec, extra={"event": "store.artifacts_elsewhere"})
             store_artifacts = open_artifacts(spec, create=create, read_only=read_only,
                                              max_payload=max_payload, layout=artifact_layout)
         except BaseException:
@@ -207,7 +207,8 @@ class PostgresStore(Store):
 
         def retry(exc: BaseException, delay: float) -> None:
             log.warning("PostgreSQL at %s is unreachable (%s); retrying in %.1f s",
-                        self.location, str(exc).strip().splitlines()[0], delay)
+                        self.location, str(exc).strip().splitlines()[0], delay,
+                        extra={"event": "postgresql.unreachable"})
 
         with self.errors():
             self.connection = self.backend.reconnect_writer(on_retry=retry)

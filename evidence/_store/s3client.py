@@ -329,7 +329,7 @@ class S3Client:
                     ) from exc
                 self.retries += 1
                 log.warning("S3 %s %s: %s; retrying in %.2f s (try %d of %d)", method, path,
-                            exc, delay, attempt + 1, config.attempts)
+                            exc, delay, attempt + 1, config.attempts, extra={"event": "s3.retry"})
                 time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, config.backoff_max)
         raise AssertionError("unreachable")
