@@ -54,6 +54,25 @@ def test_a_json_crawl_writes_only_json_lines_each_with_its_event_and_the_run_id(
     assert progress and {"done", "queued", "in_flight"} <= set(progress[0]["data"])
 
 
+def test_worker_processes_log_as_their_crawl_does(tmp_path: Path) -> None:
+    """A worker process (--processes) writes JSON lines too, at the crawl's level, with the
+    run's and session's ids: its pid is its own."""
+    with TestSite(SiteConfig(pages=2)) as site:
+        done = subprocess.run([*EVIDENCE, "crawl", site.url, "--store", str(tmp_path / "s"),
+                               "--processes", "1", "--json", "--log-format", "json",
+                               "--log-level", "debug"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    crawl_pid = next(line["pid"] for line in lines if line["event"] == "run.started")
+    children = [line for line in lines if line["pid"] != crawl_pid]
+    assert {line["event"] for line in children} == {"fetch.done"}, children
+    assert all(line["run_id"] == result["run_id"] and line["session_id"] ==
+               result["session_id"] for line in lines if line["event"] == "fetch.done")
+    assert all(line["run_id"] == result["run_id"] for line in lines)
+
+
 def test_log_level_warning_hides_info_lines_and_keeps_warnings(tmp_path: Path) -> None:
     with TestSite(SiteConfig(pages=3, flaky={"/p/1": 1})) as site:
         quiet = subprocess.run([*EVIDENCE, "crawl", site.url, "--store", str(tmp_path / "q"),

@@ -21,6 +21,9 @@ from evidence._store.db import Store
 from evidence._write.metrics import metrics_address
 from evidence._write.wire import ServiceError
 
+# deployment: test_hosts' fixture (a certificate, a token, the object store), by its name
+from .test_hosts import _coordinator, _finish, _live, _log, _wait, deployment  # noqa: F401
+
 EVIDENCE = [sys.executable, "-m", "evidence"]
 
 
@@ -168,3 +171,51 @@ def test_metrics_are_served_on_this_machine_unless_the_operator_says_otherwise(
         metrics_address("metrics.example:9464", public=True)  # never a name to resolve
     assert metrics_address("localhost:0") == ("127.0.0.1", 0)
     assert metrics_address("0.0.0.0:9464", public=True) == ("0.0.0.0", 9464)  # not bound
+
+
+def test_a_worker_host_serves_what_it_did_and_it_agrees_with_the_store(
+        request: pytest.FixtureRequest) -> None:
+    """``evidence worker --metrics``: the pages the coordinator leased to the host, and what
+    the host's submissions recorded, counted as the service acknowledged them."""
+    d = request.getfixturevalue("deployment")  # test_hosts': TLS, a token, the object store
+    host_log = d["tmp"] / "host.log"
+    with TestSite(SiteConfig(pages=6, slow={"/p/4": 4.0})) as site:
+        coordinator = _coordinator(d, site.url)
+        with host_log.open("w") as log:
+            host = subprocess.Popen(
+                [*EVIDENCE, "worker", "--connect", d["address"], "--token-file",
+                 str(d["token"]), "--tls-ca", str(d["cert"]), "--bind", "127.0.0.3",
+                 "--metrics", "127.0.0.1:0", "--log-format", "json"],
+                stdout=subprocess.DEVNULL, stderr=log, env=d["env"])
+        try:
+            def listening() -> str | None:
+                for line in host_log.read_text().splitlines():
+                    if json.loads(line)["event"] == "metrics.listening":
+                        return json.loads(line)["data"]["url"]
+                return None
+
+            url = _wait("the host's metrics", listening, [coordinator, host], d)
+
+            def quiet() -> dict | None:  # only the slow page left, in flight on the host
+                families = scrape(url)
+                return families if (
+                    value(families, "evidence_worker_pages_in_flight") == 1
+                    and _live(d).get("counts", {}).get("queued", 1) == 0
+                    and value(families, "evidence_worker_pages", "evidence_worker_pages_total",
+                              state="done") >= 6) else None
+
+            families = _wait("the slow page alone in flight", quiet, [coordinator, host], d)
+            states, _ = store_counts(Path(d["store"]))
+            assert coordinator.wait(120) == 0, _log(d, "coordinator")
+            assert host.wait(60) == 0
+        finally:
+            _finish([coordinator, host])
+    assert value(families, "evidence_worker_connected") == 1
+    assert value(families, "evidence_worker_pages", "evidence_worker_pages_total",
+                 state="done") == states["done"]  # every page was fetched by this host
+    assert value(families, "evidence_worker_orders", "evidence_worker_orders_total") == \
+        states["done"] + 1
+    assert families["evidence_worker_attempts"]["type"] == "counter"
+    lines = [json.loads(line) for line in host_log.read_text().splitlines()]
+    served = [line for line in lines if line["event"] == "worker.serving"]
+    assert len(served) == 1 and served[0]["run_id"].startswith("run-")
