@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from evidence._demo.site import SiteConfig, TestSite
@@ -219,3 +221,47 @@ def test_a_worker_host_serves_what_it_did_and_it_agrees_with_the_store(
     lines = [json.loads(line) for line in host_log.read_text().splitlines()]
     served = [line for line in lines if line["event"] == "worker.serving"]
     assert len(served) == 1 and served[0]["run_id"].startswith("run-")
+
+
+# --- the counters are what committed --------------------------------------------------
+
+_OUTCOMES = ("network_error", "timeout")
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(deliveries=st.lists(st.tuples(st.integers(0, 6), st.sampled_from(_OUTCOMES),
+                                     st.booleans()), min_size=1, max_size=24),
+       group=st.integers(1, 4))
+def test_any_sequence_of_deliveries_counts_the_attempts_the_store_holds(
+        tmp_path_factory: pytest.TempPathFactory,
+        deliveries: list[tuple[int, str, bool]], group: int) -> None:
+    """First deliveries commit and count; a redelivery (duplicate), the same message id
+    with another outcome (a conflict) and an attempt of a run never started (rejected)
+    count nothing: the writer's tally equals the store's rows, whatever the sequence."""
+    import anyio
+
+    from evidence._model.messages import FetchAttempt, RunStarted, SessionStarted, utc_now
+    from evidence._write.writer import Writer
+
+    now = utc_now()
+    messages = [FetchAttempt(message_id=f"m-{i}", attempt_id=f"a-{i}",
+                             run_id="r1" if known else "r-never", url=f"http://127.0.0.1/{i}",
+                             sequence=0, started_at=now, elapsed_ms=1.0, outcome=outcome,
+                             error="no answer")
+                for i, outcome, known in deliveries]
+    path = tmp_path_factory.mktemp("tally")
+
+    async def deliver(store: Store) -> dict[str, int]:
+        async with Writer(store) as writer:
+            await writer.submit_group([
+                SessionStarted(message_id="m-session", session_id="s1", started_at=now),
+                RunStarted(message_id="m-run", run_id="r1", session_id="s1", started_at=now)])
+            for start in range(0, len(messages), group):
+                await writer.submit_group(messages[start:start + group])
+            return writer.statistics().recorded.attempts
+
+    with Store.create(path / "s") as store:
+        counted = anyio.run(deliver, store)
+    _, outcomes = store_counts(path / "s")
+    assert counted == outcomes

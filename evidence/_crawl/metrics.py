@@ -136,9 +136,9 @@ def recorded_families(prefix: str, r: Recorded, how: str) -> Iterator[Metric]:
                                   "outcome.", labels=["outcome"]), r.attempts)
     yield CounterMetricFamily(f"{prefix}_fetched_bytes", f"Response body bytes of the "
                               f"attempts ({how}), as received.", value=r.fetched_bytes)
-    yield CounterMetricFamily(f"{prefix}_recorded_bytes", f"Payload bytes the messages "
-                              f"({how}) reference: heads, bodies, renders (the artifact "
-                              "store keeps one copy of a repeated payload).",
+    yield CounterMetricFamily(f"{prefix}_recorded_bytes", f"Payload bytes of the attempts "
+                              f"and renders ({how}): heads, bodies, DOMs, screenshots (the "
+                              "artifact store keeps one copy of a repeated payload).",
                               value=r.recorded_bytes)
     yield _by(CounterMetricFamily(f"{prefix}_renders", f"Renders ({how}), by outcome.",
                                   labels=["outcome"]), r.renders)

@@ -35,7 +35,7 @@ class Recorded(msgspec.Struct, frozen=True, kw_only=True):
     render_seconds: dict[str, int] = {}  # histogram: bucket upper bound -> renders
     render_seconds_sum: float = 0.0
     fetched_bytes: int = 0  # response bodies of the attempts, as received
-    recorded_bytes: int = 0  # every payload the messages reference (a repeat counts again)
+    recorded_bytes: int = 0  # the attempts' and renders' payloads (a repeat counts again)
 
 
 class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
