@@ -662,6 +662,7 @@ def test_tcp_needs_a_token_and_loopback_metrics_over_http(
     for name in ("evidence_writer_queue_depth", "evidence_writer_oldest_pending_age_seconds",
                  'evidence_writer_commit_latency_seconds_bucket{le="+Inf"}',
                  "evidence_writer_commit_latency_seconds_count",
+                 "evidence_store_wal_bytes",
                  'evidence_writer_batch_size_messages_bucket{le="+Inf"}',
                  "evidence_writer_busy_retries_total",
                  'evidence_writer_messages_total{outcome="duplicate"} 1',

@@ -270,7 +270,7 @@ def add_metrics_options(p: argparse.ArgumentParser) -> None:
     ``serve``; the metrics: docs/operations.md)."""
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks "
-                   "one, logged as metrics.listening): a loopback address, or any with "
+                   "one; the address is logged): a loopback address, or any with "
                    "--metrics-public")
     p.add_argument("--metrics-public", action="store_true",
                    help="allow --metrics on an address beyond this machine: anyone who "

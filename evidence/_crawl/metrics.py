@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -25,12 +24,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .._errors import ServiceError
 from .._model.acks import Recorded
-from .._store.db import DB_NAME
 from .._write.metrics import (
     exposition,
     histogram,
     metrics_address,
     serve_metrics,
+    wal_family,
     writer_families,
 )
 
@@ -99,10 +98,7 @@ def crawl_families(crawler: Crawler) -> Iterator[Metric]:
                             "(--processes) alive.", value=len(p.worker_pids))
     yield GaugeMetricFamily("evidence_crawl_worker_hosts", "Worker hosts serving the run.",
                             value=len(p.worker_hosts))
-    wal = _wal_bytes(crawler)
-    if wal is not None:
-        yield GaugeMetricFamily("evidence_store_wal_bytes", "Size of the SQLite store's "
-                                "write-ahead log (evidence.db-wal).", value=wal)
+    yield from wal_family(crawler.store)
     yield from writer_families(p.writer)
 
 
@@ -159,12 +155,3 @@ def _by(family: CounterMetricFamily | GaugeMetricFamily, counts: dict[str, int],
         family.add_metric([label], counts.get(label, 0))
     return family
 
-
-def _wal_bytes(crawler: Crawler) -> int | None:
-    """The WAL's size now (0 when there is none), or None for a store without one here."""
-    if crawler.store.path is None:
-        return None
-    try:
-        return os.stat(crawler.store.path / f"{DB_NAME}-wal").st_size
-    except FileNotFoundError:
-        return 0

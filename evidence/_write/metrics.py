@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import anyio
@@ -32,11 +33,12 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .._model.acks import WriterStatistics
+from .._store.db import Store
 from .tls import parse_listen
 from .wire import PEER_GONE, ServiceError, ServiceStatistics
 
 __all__ = ["CONTENT_TYPE", "exposition", "histogram", "metrics_address", "prometheus_text",
-           "serve_metrics", "service_families", "writer_families"]
+           "serve_metrics", "service_families", "wal_family", "writer_families"]
 
 # The text format the families are written in (Prometheus text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -116,6 +118,14 @@ def writer_families(w: WriterStatistics) -> Iterator[Metric]:
     yield _gauge("evidence_writer_tree_size", "Messages in the Merkle log.", w.tree_size)
 
 
+def wal_family(store: Store) -> Iterator[Metric]:
+    """The size of a SQLite store's write-ahead log now (a PostgreSQL store has none here)."""
+    if store.path is not None:
+        yield _gauge("evidence_store_wal_bytes",
+                     "Size of the SQLite store's write-ahead log (evidence.db-wal).",
+                     store.wal_size())
+
+
 def service_families(s: ServiceStatistics) -> Iterator[Metric]:
     """The service's figures (its writer's first): connections, requests, backpressure."""
     yield from writer_families(s.writer)
@@ -166,10 +176,12 @@ def exposition(families: Callable[[], Iterable[Metric]]) -> str:
     return generate_latest(registry).decode()
 
 
-def prometheus_text(s: ServiceStatistics) -> str:
+def prometheus_text(s: ServiceStatistics, store: Store | None = None) -> str:
     """The service's statistics in the Prometheus text format (what ``evidence serve
-    --metrics`` serves, and a client's ``metrics_text()`` reads)."""
-    return exposition(lambda: service_families(s))
+    --metrics`` serves, with its ``store``'s WAL size, and a client's ``metrics_text()``
+    reads)."""
+    return exposition(lambda: itertools.chain(
+        service_families(s), wal_family(store) if store is not None else ()))
 
 
 # --- the endpoint ------------------------------------------------------------------------

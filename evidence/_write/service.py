@@ -846,7 +846,8 @@ class Service:
     async def _serve_metrics(self,
                              listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         with self._metrics_scope:
-            await serve_metrics(listener, lambda: prometheus_text(self.statistics()),
+            await serve_metrics(listener,
+                                lambda: prometheus_text(self.statistics(), self.store),
                                 lambda: not self._stopping)
 
 
