@@ -20,7 +20,8 @@ from evidence._model.logs import CONTEXT_KEYS, EVENTS, add_log_context, log_cont
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]
-KEYS = {"time", "level", "logger", "event", "message", "pid", "data", "error", *CONTEXT_KEYS}
+ORDER = ["time", "level", "logger", "event", "message", "pid", *CONTEXT_KEYS, "data", "error"]
+KEYS = set(ORDER)
 
 
 def test_a_json_crawl_writes_only_json_lines_each_with_its_event_and_the_run_id(
@@ -37,6 +38,7 @@ def test_a_json_crawl_writes_only_json_lines_each_with_its_event_and_the_run_id(
     assert lines
     for line in lines:
         assert set(line) <= KEYS, line
+        assert list(line) == sorted(line, key=ORDER.index), line  # always in one order
         assert {"time", "level", "logger", "event", "message", "pid"} <= set(line), line
         assert line["event"] in EVENTS and line["event"] != "log", line
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])

@@ -165,7 +165,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "pid": record.process,
         }
-        line.update(line_fields(record))
+        ids = line_fields(record)
+        line.update((key, ids[key]) for key in CONTEXT_KEYS if key in ids)  # in this order
         data = record.__dict__.get("data")
         if data:
             line["data"] = data
