@@ -58,7 +58,6 @@ from .._errors import CommitError, MessageError, WriterClosedError
 from .._model.messages import Message, decode_message
 from .._net import acquire, adopt
 from .._store.db import Store
-from .metrics import metrics_address, prometheus_text, serve_metrics
 from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
     HEADER,
@@ -352,8 +351,11 @@ class Service:
                                                                 tls=self._tls is not None)
         self.worker_handler = worker_handler
         self._fenced: set[str] = set()
-        self._metrics = None if metrics is None else metrics_address(metrics,
-                                                                     public=metrics_public)
+        self._metrics = None
+        if metrics is not None:
+            from .metrics import metrics_address
+
+            self._metrics = metrics_address(metrics, public=metrics_public)
         self._token = token or None
         self.tcp_address: tuple[str, int] | None = None
         self.metrics_address: tuple[str, int] | None = None
@@ -845,6 +847,8 @@ class Service:
 
     async def _serve_metrics(self,
                              listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
+        from .metrics import serve_metrics
+
         with self._metrics_scope:
             await serve_metrics(listener,
                                 lambda: prometheus_text(self.statistics(), self.store),
@@ -907,3 +911,10 @@ def _socket_is_live(path: Path) -> bool:
         probe.close()
     return True
 
+
+def prometheus_text(s: ServiceStatistics, store: Store | None = None) -> str:
+    """The statistics as Prometheus text (``_write/metrics.py``, imported when first
+    asked: a command that serves no metrics never loads the Prometheus client)."""
+    from .metrics import prometheus_text as text
+
+    return text(s, store)
