@@ -107,6 +107,7 @@ def test_a_crawl_serves_metrics_that_parse_and_agree_with_the_store(
         crawls.append(Crawl(site.url, "--store", str(store)))
         crawl = crawls[0]
         during = scrape(crawl.url)
+        assert httpx.get(crawl.url.replace("/metrics", "/healthz"), timeout=10).text == "ok\n"
         deadline = time.monotonic() + 60
         while True:  # until the frontier shows only the slow page left
             quiet = scrape(crawl.url)

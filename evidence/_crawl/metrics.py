@@ -47,9 +47,11 @@ _STATES = ("queued", "in_flight", "done", "failed", "skipped")
 
 @contextlib.asynccontextmanager
 async def metrics_endpoint(address: str, families: Callable[[], Iterable[Metric]], *,
-                           public: bool = False) -> AsyncIterator[tuple[str, int]]:
-    """Serve ``families()`` on ``address`` while the block runs; yields the address bound
-    (port 0 picks one), and logs it (``metrics.listening``)."""
+                           public: bool = False, healthy: Callable[[], bool] = lambda: True
+                           ) -> AsyncIterator[tuple[str, int]]:
+    """Serve ``families()`` on ``address`` while the block runs (``/healthz``: 200 while
+    ``healthy()``); yields the address bound (port 0 picks one), and logs it
+    (``metrics.listening``)."""
     host, port = metrics_address(address, public=public)
     try:
         listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
@@ -61,7 +63,7 @@ async def metrics_endpoint(address: str, families: Callable[[], Iterable[Metric]
     log.info("Prometheus metrics at %s", url, extra={"event": "metrics.listening",
                                                       "data": {"url": url}})
     async with anyio.create_task_group() as tg:
-        tg.start_soon(serve_metrics, listener, lambda: exposition(families), lambda: True)
+        tg.start_soon(serve_metrics, listener, lambda: exposition(families), healthy)
         try:
             yield bound
         finally:
@@ -70,8 +72,10 @@ async def metrics_endpoint(address: str, families: Callable[[], Iterable[Metric]
 
 def crawl_metrics(crawler: Crawler, address: str, *, public: bool = False
                   ) -> contextlib.AbstractAsyncContextManager[tuple[str, int]]:
-    """Serve the crawl's metrics (``crawl_families``) on ``address`` while the block runs."""
-    return metrics_endpoint(address, lambda: crawl_families(crawler), public=public)
+    """Serve the crawl's metrics (``crawl_families``) on ``address`` while the block runs;
+    ``/healthz`` answers 503 once the run is stopping."""
+    return metrics_endpoint(address, lambda: crawl_families(crawler), public=public,
+                            healthy=lambda: not crawler.stopping)
 
 
 def crawl_families(crawler: Crawler) -> Iterator[Metric]:
