@@ -372,7 +372,7 @@ class AsyncClient:
                 return
             lost_at = time.monotonic()
             log.info("connection to %s lost; reconnecting, %d requests to redeliver",
-                     self._where, len(self._pending))
+                     self._where, len(self._pending), extra={"event": "client.reconnect"})
 
     def _give_up(self, error: ServiceError) -> None:
         self._failure = error
@@ -474,7 +474,8 @@ class AsyncClient:
                 elif isinstance(frame, ErrorFrame):
                     if frame.id is None:
                         log.info("the service at %s ends the connection: %s: %s",
-                                 self._where, frame.code, frame.message)
+                                 self._where, frame.code, frame.message,
+                                 extra={"event": "client.ended_by_service"})
                         if frame.retryable:
                             return None
                         return ServiceError(f"the writer service ended the connection: "

@@ -660,7 +660,9 @@ def test_tcp_needs_a_token_and_loopback_metrics_over_http(
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     for name in ("evidence_writer_queue_depth", "evidence_writer_oldest_pending_age_seconds",
-                 'evidence_writer_commit_latency_seconds{quantile="0.99"}',
+                 'evidence_writer_commit_latency_seconds_bucket{le="+Inf"}',
+                 "evidence_writer_commit_latency_seconds_count",
+                 "evidence_store_wal_bytes",
                  'evidence_writer_batch_size_messages_bucket{le="+Inf"}',
                  "evidence_writer_busy_retries_total",
                  'evidence_writer_messages_total{outcome="duplicate"} 1',
@@ -749,32 +751,43 @@ def test_client_gives_up_after_reconnect_timeout(short_dir: Path) -> None:
 
 
 def test_prometheus_text_is_well_formed() -> None:
+    """The official parser reads it: every family typed, histograms cumulative."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     from evidence._model.acks import WriterStatistics
     from evidence._write.wire import ServiceStatistics
 
-    fields: dict[str, object] = dict.fromkeys(WriterStatistics.__struct_fields__, 0)
+    fields: dict[str, object] = {name: 0 for name in WriterStatistics.__struct_fields__
+                                 if name != "recorded"}
     fields.update(queue_depth=3, oldest_pending_age=0.25, batches=2,
                   batch_sizes={"1": 1, "10": 0, "50": 1, "inf": 0}, commit_latency_p50=0.001,
                   commit_latency_p99=0.01, commit_latency_max=0.02, busy_retries=1,
-                  committed=40, duplicates=2, conflicts=1, tree_size=40)
+                  committed=40, duplicates=2, conflicts=1, tree_size=40,
+                  commit_latencies={"0.001": 1, "0.025": 1, "inf": 0},
+                  commit_latency_sum=0.021)
     writer = WriterStatistics(**fields)
     text = prometheus_text(ServiceStatistics(
         writer=writer, uptime=1.5, connected_clients=2, connections_total=3,
         requests_in_flight=1, pending_bytes=100, frames_received=5, messages_received=43,
         acks_sent=43, backpressure_waits=0, send_blocked_connections=0, slow_disconnects=0,
         protocol_errors={"unauthorized": 1}))
-    samples = [line for line in text.splitlines() if not line.startswith("#")]
-    names = set()
-    for line in samples:
-        name, value = line.rsplit(" ", 1)
-        float(value)
-        names.add(name.split("{")[0])
-    for name in names:
-        base = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-        assert f"# TYPE {base} " in text, name
-    assert 'evidence_writer_batch_size_messages_bucket{le="50"} 2' in samples
-    assert 'evidence_writer_batch_size_messages_bucket{le="+Inf"} 2' in samples
-    assert "evidence_writer_batch_size_messages_sum 43" in samples
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert all(f.type in ("counter", "gauge", "histogram") for f in families.values())
+    samples = {(s.name, tuple(s.labels.items())): s.value
+               for f in families.values() for s in f.samples}
+    assert families["evidence_writer_batch_size_messages"].type == "histogram"
+    assert samples[("evidence_writer_batch_size_messages_bucket", (("le", "50"),))] == 2
+    assert samples[("evidence_writer_batch_size_messages_bucket", (("le", "+Inf"),))] == 2
+    assert samples[("evidence_writer_batch_size_messages_sum", ())] == 43
+    assert families["evidence_writer_commit_latency_seconds"].type == "histogram"
+    assert samples[("evidence_writer_commit_latency_seconds_bucket", (("le", "0.001"),))] == 1
+    assert samples[("evidence_writer_commit_latency_seconds_bucket", (("le", "+Inf"),))] == 2
+    assert samples[("evidence_writer_commit_latency_seconds_count", ())] == 2
+    assert samples[("evidence_writer_commit_latency_seconds_sum", ())] == 0.021
+    assert families["evidence_writer_messages"].type == "counter"
+    assert samples[("evidence_writer_messages_total", (("outcome", "conflict"),))] == 1
+    assert samples[("evidence_service_protocol_errors_total", (("code", "unauthorized"),))] == 1
+    assert families["evidence_service_connected_clients"].type == "gauge"
 
 
 @pytest.mark.parametrize(("text", "parsed"), [

@@ -313,11 +313,12 @@ class Checkpointer:
             except (EvidenceError, OSError) as exc:  # the store, the network, the disk
                 self.failures += 1
                 log.warning("checkpoint to %s failed (%s); trying again in %g s", self.url,
-                            exc, interval)
+                            exc, interval, extra={"event": "checkpoint.retry"})
             else:
                 log.info("checkpoint %s: %d payloads uploaded (%d bytes), database %d bytes",
                          checkpoint.checkpoint_id, checkpoint.uploaded,
-                         checkpoint.uploaded_bytes, checkpoint.database.bytes)
+                         checkpoint.uploaded_bytes, checkpoint.database.bytes,
+                         extra={"event": "checkpoint.done"})
 
 
 def _checks(conn: apsw.Connection) -> list[str]:

@@ -187,7 +187,7 @@ def building(target: os.PathLike[str] | str, what: str) -> Iterator[Path]:
                          hint="choose a new or empty directory", path=str(target))
     for stale in stale_builds(target):
         log.warning("removing %s: a partial build left by a killed export, restore or "
-                    "backup", stale)
+                    "backup", stale, extra={"event": "archive.partial_removed"})
         shutil.rmtree(stale, ignore_errors=True)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +265,8 @@ def _reading(src: ArtifactBackend, ref: ArtifactRef, work: Callable[[], T],
         if tried >= READ_TRIES or stop.is_set():
             break
         log.warning("reading payload %s/%s failed (%s); trying again in %.2f s",
-                    ref.namespace, ref.digest, cause, delay)
+                    ref.namespace, ref.digest, cause, delay,
+                    extra={"event": "archive.read_retry"})
         if stop.wait(delay):
             break
         delay *= 2

@@ -10,7 +10,8 @@
   command cannot use (``init s3://...``, ``export --out http://...``) is refused by its
   scheme's name before anything is created: ``s3:`` never becomes a local folder;
 - ``Progress``, the phase-and-count line long library calls report through, and
-  ``log_to``, which keeps log lines off a live progress line;
+  ``log_to``, which keeps log lines off a live progress line; ``configure_logs`` and
+  ``add_log_options``: the log format and level every command takes;
 - ``add_listen_options`` / ``listen_options``: listening beyond the Unix socket (TCP, TLS,
   the token), for ``crawl`` taking worker hosts and ``serve``;
 - the store location (``STORE`` or ``--store``) of every command, which ``Parser`` gives a
@@ -42,12 +43,13 @@ import msgspec
 if TYPE_CHECKING:
     from .._write.tls import TLSFiles
 
-__all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "apply_config",
-           "archive_location", "archive_source", "artifacts_location", "checkpoint_location",
-           "compare_source", "config_keys", "config_toml", "confirm", "error_text",
-           "format_bytes", "integer", "listen_options", "local_directory", "local_path",
-           "log_to", "non_negative", "note_given", "parse_duration", "positive",
-           "positive_seconds", "print_json", "seconds", "store_location", "write_output"]
+__all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "add_log_options",
+           "add_metrics_options", "apply_config", "archive_location", "archive_source",
+           "artifacts_location", "checkpoint_location", "compare_source", "config_keys",
+           "config_toml", "configure_logs", "confirm", "error_text", "format_bytes", "integer",
+           "listen_options", "local_directory", "local_path", "log_to", "logs_are_json",
+           "non_negative", "note_given", "parse_duration", "positive", "positive_seconds",
+           "print_json", "seconds", "store_location", "write_output"]
 
 
 # --- the parser's form ----------------------------------------------------------------
@@ -248,19 +250,71 @@ class Progress:
 
 
 class _TerminalLogHandler(logging.StreamHandler):
-    """Log lines that first clear a live progress line, so the two never share a line."""
+    """Log lines that first clear a live progress line, so the two never share a line
+    (``clear``: JSON lines have no progress line to clear). Without a stream, to
+    ``sys.stderr`` as it is when a line is written (``main`` may run more than once in a
+    process that replaces it, a test's)."""
+
+    def __init__(self, stream: IO[str] | None = None, *, clear: bool = True) -> None:
+        super().__init__(stream or sys.stderr)
+        self.follow = stream is None
+        self.clear = clear
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(self.stream, "isatty", lambda: False)():
+        if self.follow:
+            self.stream = sys.stderr
+        if self.clear and getattr(self.stream, "isatty", lambda: False)():
             self.stream.write("\r\x1b[K")
         super().emit(record)
 
 
 def log_to(stream: IO[str]) -> None:
-    """Log INFO and up to ``stream``, time-stamped."""
-    handler = _TerminalLogHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    """Log INFO and up to ``stream``, time-stamped, unless logging is set up already (by
+    ``main``, with ``--log-format`` and ``--log-level``)."""
+    if not logging.getLogger().handlers:
+        configure_logs(stream)
+
+
+def configure_logs(stream: IO[str] | None, *, form: str = "text", level: str = "info"
+                   ) -> None:
+    """Log ``level`` and up (this package's lines; other libraries' from WARNING up) to
+    ``stream`` (None: ``sys.stderr``, whatever it is then), as text (time, level,
+    message) or as JSON lines (``_model.logs``). Replaces the handler an earlier call
+    added, so calling ``main`` twice in one process logs each line once."""
+    from .._model.logs import JsonFormatter, TextFormatter, set_level
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _TerminalLogHandler)]:
+        root.removeHandler(old)
+    handler = _TerminalLogHandler(stream, clear=form != "json")
+    handler.setFormatter(JsonFormatter() if form == "json" else TextFormatter())
+    root.addHandler(handler)
+    set_level(level)
+
+
+def logs_are_json() -> bool:
+    """Whether ``configure_logs`` set JSON lines (then stderr carries nothing else)."""
+    from .._model.logs import JsonFormatter
+
+    return any(isinstance(h, _TerminalLogHandler) and isinstance(h.formatter, JsonFormatter)
+               for h in logging.getLogger().handlers)
+
+
+def add_log_options(p: argparse.ArgumentParser, *, shown: bool) -> None:
+    """``--log-format`` and ``--log-level``: on ``evidence`` itself, ``shown`` in its help
+    with their defaults; on every command, accepted but not shown, without defaults (a
+    value given before the command stays unless one is given after it)."""
+    from .._model.logs import FORMATS, LEVELS
+
+    p.add_argument("--log-format", choices=FORMATS,
+                   default="text" if shown else argparse.SUPPRESS,
+                   help="log lines on stderr as text, or as JSON lines for a log system "
+                   "(keys and event names: docs/operations.md); before or after the "
+                   "command" if shown else argparse.SUPPRESS)
+    p.add_argument("--log-level", choices=LEVELS,
+                   default="info" if shown else argparse.SUPPRESS,
+                   help="the least severe lines logged; before or after the command"
+                   if shown else argparse.SUPPRESS)
 
 
 # --- argument types --------------------------------------------------------------------
@@ -339,6 +393,18 @@ def add_listen_options(p: argparse.ArgumentParser, *, what: str) -> None:
     p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
     p.add_argument("--token-file", metavar="FILE",
                    help="a file (mode 600) holding the token every client must present")
+
+
+def add_metrics_options(p: argparse.ArgumentParser) -> None:
+    """``--metrics`` and ``--metrics-public``: a Prometheus endpoint (``crawl``, ``worker``,
+    ``serve``; the metrics: docs/operations.md)."""
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks "
+                   "one; the address is logged): a loopback address, or any with "
+                   "--metrics-public")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="allow --metrics on an address beyond this machine: anyone who "
+                   "reaches it reads the metrics (no token, no TLS)")
 
 
 def listen_options(args: argparse.Namespace) -> tuple[str | None, TLSFiles | None,

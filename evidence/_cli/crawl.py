@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ from .._store.runlock import stop
 from .common import (
     Parser,
     add_listen_options,
+    add_metrics_options,
     add_outage_option,
     apply_config,
     artifacts_location,
@@ -42,6 +44,7 @@ from .common import (
     listen_options,
     local_path,
     log_to,
+    logs_are_json,
     non_negative,
     note_given,
     parse_duration,
@@ -57,6 +60,8 @@ if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only i
     from .._crawl.crawler import CrawlProgress, CrawlResult
 
 __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
+
+log = logging.getLogger("evidence.crawl")
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -164,6 +169,10 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
     listen, tls, token = listen_options(args)  # checked before the store is touched
+    if args.metrics is not None:
+        from .._write.metrics import metrics_address
+
+        metrics_address(args.metrics, public=args.metrics_public)
     rules = None
     if args.rules is not None:  # the full definitions are recorded with the session
         from .._crawl.rules import load_rules
@@ -185,14 +194,16 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             _checkpoints(args, store) as checkpointer:
         config = _crawl_config(args, store, rules)
         render = _render_options(args, config)
-        progress = _CrawlProgressLine(stderr, outage=getattr(store.artifacts, "outage", None))
+        progress: _CrawlProgressLine | _CrawlProgressLog = (
+            _CrawlProgressLog() if logs_are_json() else _CrawlProgressLine(
+                stderr, outage=getattr(store.artifacts, "outage", None)))
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
             timeout=args.timeout, deadline=args.deadline, grace=args.grace,
             max_documents=args.max_documents, clean=args.clean, full=args.full,
             processes=args.processes, render=render, progress=progress,
             listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
-            progress_interval=1.0)
+            progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public)
         crawler = Crawler(store, config, options)
 
         async def main() -> CrawlResult:
@@ -435,6 +446,32 @@ class _CrawlProgressLine:
             self._drawn = False
 
 
+class _CrawlProgressLog:
+    """The progress as log lines, with ``--log-format json`` (stderr then carries JSON lines
+    only): a ``crawl.progress`` line at the first report and every 10 seconds after, its
+    counts in ``data``; what the line would say (a stop signal) as ``crawl.stopping``."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+
+    def __call__(self, p: CrawlProgress) -> None:
+        if self._last is None or p.elapsed - self._last >= 10:
+            self._last = p.elapsed
+            c = p.counts
+            text = _CrawlProgressLine.counts(p)
+            log.info("%s", text, extra={"event": "crawl.progress", "data": {
+                "done": c.done, "queued": c.queued, "in_flight": p.in_flight,
+                "failed": c.failed, "skipped": c.skipped, "errors": p.errors,
+                "requested": p.requested, "pages_per_second": round(p.pages_per_second, 3),
+                "limited_by": p.limited_by}})
+
+    def say(self, text: str) -> None:
+        log.info("%s", text, extra={"event": "crawl.stopping"})
+
+    def end(self) -> None:
+        pass
+
+
 def _cmd_stop(args: argparse.Namespace) -> int:
     if is_postgres_location(args.store):
         from .._store.pgstore import stop_writer
@@ -632,6 +669,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "at --workers 8 --processes 1 and 2 ran at 0.91 and 0.90 times (0.81 and "
                    "0.72 on 600 pages)")
     add_listen_options(p, what="take worker hosts ('evidence worker --connect'):")
+    add_metrics_options(p)
     p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
                    help="a worker host silent this long loses the pages it holds, which "
                    "return to the frontier (default %(default)s)")

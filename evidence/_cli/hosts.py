@@ -10,14 +10,12 @@ coordinator's ``crawl`` and ``serve`` take to listen beyond this machine.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
 import anyio
 
 from .._write.tls import client_context, make_self_signed, parse_connect
 from .._write.wire import read_token
-from .common import local_path
+from .common import add_metrics_options, local_path
 
 __all__ = ["add_commands"]
 
@@ -28,11 +26,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     tls = client_context(args.tls_ca) if args.tls_ca or not args.no_tls else None
     address = parse_connect(args.connect, tls=tls is not None)
     token = read_token(args.token_file)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s [worker pid %(process)d] "
-                        "%(message)s")
+    if args.metrics is not None:
+        from .._write.metrics import metrics_address
+
+        metrics_address(args.metrics, public=args.metrics_public)
     options = HostOptions(address=address, token=token, tls=tls, local_host=args.bind,
-                          name=args.name or "", reconnect_timeout=args.reconnect_timeout)
+                          name=args.name or "", reconnect_timeout=args.reconnect_timeout,
+                          metrics=args.metrics, metrics_public=args.metrics_public)
     return anyio.run(serve_coordinator, options)
 
 
@@ -68,6 +68,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="how this host introduces itself (default: host name and pid)")
     p.add_argument("--reconnect-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up after this long without a coordinator (default %(default)s)")
+    add_metrics_options(p)
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser(

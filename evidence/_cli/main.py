@@ -8,7 +8,10 @@ The groups, in the order ``evidence --help`` lists them (docs/cli.md follows it)
 what they share is in ``common``.
 
 Every subcommand has ``--help`` (every default shown); those a script would read have
-``--json``. A user error prints ``Error: <message>`` and ``Try: <hint>`` on stderr and exits
+``--json``. Every command logs to stderr as ``--log-format`` (text, or JSON lines) and
+``--log-level`` say, given before or after the command: ``main`` sets logging up once.
+
+A user error prints ``Error: <message>`` and ``Try: <hint>`` on stderr and exits
 with status 2, changing nothing: ``main`` is the one boundary where an ``EvidenceError``
 (alone, or inside a task group's exception group) and argparse's usage errors become those
 two lines. Output cut short by the reader (``evidence compare A B | head``) ends quietly
@@ -25,7 +28,7 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from .._errors import EvidenceError, only_evidence_error
 from . import archive, convert, crawl, hosts, proofs, replay, rules, service, verify
-from .common import Parser, error_text
+from .common import Parser, add_log_options, configure_logs, error_text
 
 __all__ = ["build_parser", "main"]
 
@@ -40,15 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the version and exit")
+    add_log_options(parser, shown=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in GROUPS:
         group.add_commands(sub)
+    for command in sub.choices.values():  # accepted after the command too
+        add_log_options(command, shown=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    configure_logs(None, form=args.log_format, level=args.log_level)  # to sys.stderr
     try:
         code = func(args)
         sys.stdout.flush()  # here, so a closed pipe is seen while it can be handled

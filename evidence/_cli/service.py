@@ -25,6 +25,7 @@ from .._write.wire import ServiceError, ServiceStatistics
 from .._write.writer import WriterLimits
 from .common import (
     add_listen_options,
+    add_metrics_options,
     add_outage_option,
     artifacts_location,
     listen_options,
@@ -54,7 +55,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # nothing, not even the lock file.
         service = Service(
             store, socket_path=args.socket, listen=listen, token=token, tls=tls,
-            metrics=args.metrics,
+            metrics=args.metrics, metrics_public=args.metrics_public,
             limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
                                  max_in_flight=args.max_in_flight,
                                  max_pending_bytes=args.max_pending_bytes,
@@ -72,7 +73,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if postgres:  # a second service waits as a standby and takes over when this one ends
             with store.writer_lock(wait=True, on_wait=lambda holder: log.info(
                     "standby: the writer lock of %s is held by %s; this service takes over "
-                    "when it ends", store.location, holder)):
+                    "when it ends", store.location, holder,
+                    extra={"event": "service.waiting_for_lock"})):
                 stats = anyio.run(_serve, service, args)
             return _stopped(stats, args)
         pid = running_pid(path)
@@ -107,7 +109,7 @@ async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistic
                        if service.metrics_address else None)
             log.info("serving %s on %s%s (pid %d); SIGTERM drains and stops", args.store,
                      ", ".join(where), f", metrics at {metrics}" if metrics else "",
-                     os.getpid())
+                     os.getpid(), extra={"event": "service.ready"})
             if args.json:
                 print_json({"event": "ready", "pid": os.getpid(),
                             "socket": None if service.socket_path is None
@@ -117,7 +119,8 @@ async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistic
                            one_line=True)
             async for signum in signals:
                 log.info("%s: stopping: no new connections; committing and acknowledging "
-                         "what was read", signal.Signals(signum).name)
+                         "what was read", signal.Signals(signum).name,
+                         extra={"event": "service.stopping"})
                 break
         return service.statistics()
 
@@ -141,8 +144,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--socket", metavar="PATH", type=local_path,
                    help="listen on a Unix socket, created with mode 0600")
     add_listen_options(p, what="also")
-    p.add_argument("--metrics", metavar="HOST:PORT",
-                   help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only)")
+    add_metrics_options(p)
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
     add_outage_option(p, "the service")

@@ -41,6 +41,7 @@ import msgspec
 
 from .._errors import EvidenceError, StoreError, only_evidence_error
 from .._model.acks import WriterStatistics
+from .._model.logs import add_log_context, log_context
 from .._model.messages import (
     Discovery,
     FetchAttempt,
@@ -127,6 +128,10 @@ class CrawlOptions:
     # How host names become addresses for the network policy (``_crawl.netpolicy``): the
     # system's resolver by default; a test gives its own answers. In this process only.
     resolver: Resolver | None = None
+    # Prometheus metrics at http://HOST:PORT/metrics while the run goes (``_crawl.metrics``):
+    # a loopback address, or any with ``metrics_public``.
+    metrics: str | None = None
+    metrics_public: bool = False
 
 
 class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -274,6 +279,8 @@ class Crawler:
         self._host_records: dict[str, tuple] = {}
         self._pool: WorkerPool | None = None  # with options.processes, while the run goes
         self._service: Service
+        self._progress: CrawlProgress | None = None  # the last progress report
+        self.metrics_address: tuple[str, int] | None = None  # with options.metrics
         self.session_id = ""
         self.run_id = new_id("run-")
         self._baseline: Baseline | None = None
@@ -313,10 +320,15 @@ class Crawler:
     # --- the run -----------------------------------------------------------------------
 
     async def run(self) -> CrawlResult:
+        with log_context(run_id=self.run_id):  # on every line logged inside the run
+            return await self._run()
+
+    async def _run(self) -> CrawlResult:
         async with contextlib.AsyncExitStack() as stack:
             await self._open(stack)
             self._reader = reader = stack.enter_context(self.store.reader())
             resumed = await self._begin()
+            add_log_context(session_id=self.session_id)
             started = time.monotonic()
             outcome: Outcome = "failed"
             reason = ""
@@ -339,9 +351,9 @@ class Crawler:
                 exc = only_evidence_error(raised) or raised
                 outcome, reason = "failed", f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, EvidenceError):  # said once, by whoever reports it
-                    log.error("run %s failed: %s", self.run_id, exc)
+                    log.error("run %s failed: %s", self.run_id, exc, extra={"event": "run.failed"})
                 else:
-                    log.exception("run %s failed", self.run_id)
+                    log.exception("run %s failed", self.run_id, extra={"event": "run.failed"})
                 with contextlib.suppress(EvidenceError):  # a full disk may refuse this too
                     await self._end(outcome, reason, complete=False)
                 too_long = _outage_too_long(exc)
@@ -425,9 +437,15 @@ class Crawler:
             if self._service.tcp_address is not None:
                 log.info("worker hosts may connect to %s:%d (%s)",
                          *self._service.tcp_address,
-                         "TLS" if self.options.tls else "no TLS: loopback only")
+                         "TLS" if self.options.tls else "no TLS: loopback only",
+                         extra={"event": "crawl.listening"})
         else:
             self._writer = await stack.enter_async_context(Writer(self.store, limits=limits))
+        if self.options.metrics is not None:
+            from .metrics import crawl_metrics
+
+            self.metrics_address = await stack.enter_async_context(crawl_metrics(
+                self, self.options.metrics, public=self.options.metrics_public))
         # Its session_id is set by _begin, once the store says which session this run is of.
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
@@ -548,7 +566,8 @@ class Crawler:
                 self._host(host).next_start = self._host(host).next_request = until
         log.info("session %s run %s %s (%s)", self.session_id, self.run_id,
                  "resumed" if resumed else "started",
-                 "full" if baseline_id is None else f"incremental against {baseline_id}")
+                 "full" if baseline_id is None else f"incremental against {baseline_id}",
+                 extra={"event": "run.started", "session_id": self.session_id})
         return resumed
 
     def _close_runs(self, run_ids: list[str], reason: str, now: dt.datetime) -> list[Message]:
@@ -566,7 +585,8 @@ class Crawler:
                                          ended_at=now, outcome="completed"))
         with anyio.CancelScope(shield=True):
             await self._commit(messages)
-        log.info("run %s ended: %s (%s)", self.run_id, outcome, reason)
+        log.info("run %s ended: %s (%s)", self.run_id, outcome, reason,
+                 extra={"event": "run.ended"})
 
     async def _record_documents(self) -> None:
         """The completed session's record of every document, in chunks, before its end.
@@ -719,7 +739,8 @@ class Crawler:
                 else:
                     job, claimed = claimed, None
                     self._riding -= 1
-                claimed = await self._work(job)
+                with log_context(url=job.url):
+                    claimed = await self._work(job)
 
     async def _work(self, job: _Job) -> _Job | None:
         """Request and settle one claimed page; the next job if one was claimed with it."""
@@ -959,7 +980,7 @@ class Crawler:
         if effects.problem is not None:
             self._errors += 1
             self._last_error = effects.problem
-            log.warning("%s", effects.problem)
+            log.warning("%s", effects.problem, extra={"event": "fetch.failed"})
         if effects.backoff is not None:
             host = self._host(job.host)
             host.next_start = max(host.next_start, now + effects.backoff)
@@ -1087,6 +1108,7 @@ class Crawler:
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error, limited_by=self._limited_by(),
             database_unreachable_since=self._unreachable_since())
+        self._progress = progress  # the frontier's counts, for statistics()
         try:
             if path is not None:
                 tmp = path.with_suffix(".tmp")
@@ -1095,10 +1117,27 @@ class Crawler:
         except OSError as exc:  # a convenience for 'evidence status', never worth a run
             if not self._live_stats_failed:
                 log.warning("cannot write %s (%s); 'evidence status' will not show this "
-                            "run's progress", path, exc.strerror)
+                            "run's progress", path, exc.strerror,
+                            extra={"event": "crawl.live_stats_failed"})
             self._live_stats_failed = True
         if self.options.progress is not None:
             self.options.progress(progress)
+
+    def statistics(self) -> CrawlProgress:
+        """The run's figures now (its metrics read them at each scrape); the frontier's
+        counts are those of the last progress report (counting is a query, not a lookup)."""
+        last = self._progress
+        return CrawlProgress(
+            session_id=self.session_id, run_id=self.run_id,
+            counts=last.counts if last is not None else FrontierCounts(),
+            requested=self._requested, in_flight=self._requests,
+            pages_per_second=last.pages_per_second if last is not None else 0.0,
+            elapsed=last.elapsed if last is not None else 0.0,
+            writer=self._writer.statistics(),
+            worker_pids=self._pool.pids if self._pool is not None else [],
+            worker_hosts=self._pool.hosts if self._pool is not None else [],
+            seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
+            last_error=self._last_error)
 
     def _limited_by(self) -> list[str]:
         """Why fewer than ``workers`` fetches are in flight, when URLs wait (else [])."""

@@ -244,16 +244,21 @@ class PageWorker:
         """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
         holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
         config = self.config
-        return await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
-                           sequence=sequence, user_agent=config.user_agent,
-                           max_body_bytes=config.max_body_bytes,
-                           max_content_bytes=config.max_content_bytes,
-                           keep_content=keep_content,
-                           extra_headers=headers,
-                           parse=functools.partial(_page_links, url,
-                                                   max_bytes=config.max_parse_bytes,
-                                                   max_links=config.max_links),
-                           deadline=self.deadline)
+        result = await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
+                             sequence=sequence, user_agent=config.user_agent,
+                             max_body_bytes=config.max_body_bytes,
+                             max_content_bytes=config.max_content_bytes,
+                             keep_content=keep_content,
+                             extra_headers=headers,
+                             parse=functools.partial(_page_links, url,
+                                                     max_bytes=config.max_parse_bytes,
+                                                     max_links=config.max_links),
+                             deadline=self.deadline)
+        attempt = result.attempt
+        log.debug("%s: %s%s", url, attempt.outcome,
+                  f", HTTP {attempt.http_status}" if attempt.http_status else "",
+                  extra={"event": "fetch.done", "url": url, "attempt_id": attempt.attempt_id})
+        return result
 
     # --- one page ----------------------------------------------------------------------
 
@@ -317,7 +322,8 @@ class PageWorker:
                 refs.append(ObservedRef(observed=location, url=target, position=0,
                                         tag="http", attr="location", edge_kind="redirect"))
             except URLError as exc:
-                log.info("redirect from %s to an unusable location: %s", order.url, exc)
+                log.info("redirect from %s to an unusable location: %s", order.url, exc,
+                         extra={"event": "fetch.redirect_unusable"})
         elif 200 <= status < 300 and result.parsed is not None:
             # Parsed by fetch, in the thread that stored the payloads (CPU work stays off
             # the event loop, so a page that is slow to parse never stalls the others).

@@ -735,7 +735,7 @@ def _judge(rule: Rule, page: _Page, over: tuple[int, int] | None = None
         return verdict, details
     except Exception as exc:  # recorded as the verdict, and logged: never a crashed crawl
         log.warning("rule %s v%s failed on %s", rule.id, rule.version, page.url,
-                    exc_info=True)
+                    exc_info=True, extra={"event": "rule.error"})
         return "error", {"reason": f"the check failed: {type(exc).__name__}: {exc}"}
 
 

@@ -79,7 +79,8 @@ def _unowned(entry: os.DirEntry[str]) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False  # its owner is alive
-        log.info("removing %s: left by a process that ended without removing it", entry.path)
+        log.info("removing %s: left by a process that ended without removing it", entry.path,
+                 extra={"event": "scratch.removed"})
         shutil.rmtree(entry.path, ignore_errors=True)
         return True
     finally:

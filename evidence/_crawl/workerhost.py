@@ -25,7 +25,8 @@ import random
 import socket
 import ssl
 import time
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -33,7 +34,11 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError, ServiceError
+from .._model.acks import Ack
+from .._model.logs import log_context
+from .._model.messages import Message
 from .._store.artifactspec import open_artifacts
+from .._write.tally import Tally
 from .._write.wire import (
     PEER_GONE,
     PROTOCOL_VERSION,
@@ -52,7 +57,7 @@ from .netpolicy import NetworkPolicy
 from .pages import PageWorker
 from .workers import Beat, Bye, Done, Fetched, Order, Ready, Setup, _down, _read, failed
 
-__all__ = ["HostOptions", "serve_coordinator"]
+__all__ = ["HostOptions", "HostStatistics", "serve_coordinator"]
 
 log = logging.getLogger("evidence.worker")
 
@@ -66,6 +71,22 @@ class HostOptions:
     name: str = ""  # how this host introduces itself (default: host name and pid)
     reconnect_timeout: float = 60.0
     connect_timeout: float = 10.0
+    metrics: str | None = None  # "HOST:PORT": Prometheus metrics (``_crawl.metrics``)
+    metrics_public: bool = False  # ``metrics`` may be an address beyond this machine
+
+
+@dataclass
+class HostStatistics:
+    """What this host did, for its metrics: its channels to the coordinator, the pages
+    leased to it, and what its submissions recorded (counted as they were acknowledged
+    ``committed``, as the writer counts)."""
+
+    tally: Tally = field(default_factory=Tally)
+    run_id: str = ""  # the run served last
+    connected: bool = False  # a channel to the coordinator is open
+    channels: int = 0  # channels opened
+    orders: int = 0  # pages leased to this host
+    in_flight: int = 0  # of those, not answered yet
 
 
 class _Lost(Exception):
@@ -78,10 +99,21 @@ class _Refused(Exception):
 
 async def serve_coordinator(options: HostOptions) -> int:
     """Work for the coordinator until it says Bye (0), or cannot be reached (1)."""
+    statistics = HostStatistics()
+    if options.metrics is None:
+        return await _serve_coordinator(options, statistics)
+    from .metrics import host_families, metrics_endpoint
+
+    async with metrics_endpoint(options.metrics, lambda: host_families(statistics),
+                                public=options.metrics_public):
+        return await _serve_coordinator(options, statistics)
+
+
+async def _serve_coordinator(options: HostOptions, statistics: HostStatistics) -> int:
     lost_at, delay = time.monotonic(), 0.1
     while True:
         try:
-            await _session(options)
+            await _session(options, statistics)
             return 0
         except ServiceError:
             raise
@@ -96,11 +128,12 @@ async def serve_coordinator(options: HostOptions) -> int:
             if isinstance(exc, _Lost):
                 lost_at, delay = time.monotonic(), 0.1
                 log.warning("lost the coordinator (%s); connecting again as a new worker",
-                            exc)
+                            exc, extra={"event": "worker.coordinator_lost"})
             waited = time.monotonic() - lost_at
             if waited >= options.reconnect_timeout:
                 log.error("no coordinator at %s:%d for %.0f s (last: %s); giving up",
-                          *options.address, waited, exc or type(exc).__name__)
+                          *options.address, waited, exc or type(exc).__name__,
+                          extra={"event": "worker.gave_up"})
                 return 1
             await anyio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 2.0)
@@ -140,12 +173,14 @@ async def _connect(options: HostOptions) -> tuple[anyio.abc.ByteStream, FrameRea
                        f"{type(frame).__name__} frame", code="protocol")
 
 
-async def _session(options: HostOptions) -> None:
+async def _session(options: HostOptions, statistics: HostStatistics) -> None:
     """One channel, from hello to Bye (returns) or its loss (``_Lost``)."""
     from ..client import AsyncClient
 
     stream, reader = await _connect(options)
-    async with stream:
+    statistics.channels += 1
+    statistics.connected = True
+    async with stream, _disconnected(statistics):
         with anyio.fail_after(options.connect_timeout):
             setup = await _read(reader, _down)
         if not isinstance(setup, Setup):
@@ -165,19 +200,38 @@ async def _session(options: HostOptions) -> None:
             async with AsyncClient(address=address, token=options.token, tls=options.tls,
                                    name=setup.name, local_host=options.local_host
                                    ) as service, http:
+                async def submit(messages: Sequence[Message]) -> list[Ack]:
+                    acks = await service.submit_group(messages)
+                    for message, ack in zip(messages, acks, strict=True):
+                        if ack.status == "committed":
+                            statistics.tally.add(message)
+                    return acks
+
                 pages = PageWorker(config=config, session_id=setup.session_id,
                                    run_id=setup.run_id, artifacts=artifacts, client=http,
-                                   submit=service.submit_group, deadline=setup.deadline)
-                log.info("serving run %s as %s", setup.run_id, setup.name)
-                await _serve(stream, reader, pages, setup)
+                                   submit=submit, deadline=setup.deadline)
+                statistics.run_id = setup.run_id
+                with log_context(run_id=setup.run_id, session_id=setup.session_id):
+                    log.info("serving run %s as %s", setup.run_id, setup.name,
+                             extra={"event": "worker.serving"})
+                    await _serve(stream, reader, pages, setup, statistics)
         finally:
             close = getattr(artifacts, "close", None)
             if close is not None:
                 close()
 
 
+@contextlib.asynccontextmanager
+async def _disconnected(statistics: HostStatistics) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        statistics.connected = False
+        statistics.in_flight = 0
+
+
 async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageWorker,
-                 setup: Setup) -> None:
+                 setup: Setup, statistics: HostStatistics) -> None:
     lock = anyio.Lock()
 
     async def answer(frame: msgspec.Struct) -> None:
@@ -186,12 +240,17 @@ async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageW
                 await stream.send(encode_frame(frame))
 
     async def run(order: Order) -> None:
+        statistics.orders += 1
+        statistics.in_flight += 1
         try:
-            effects = await pages.page(order.page, lambda: answer(Fetched(id=order.id)))
+            with log_context(url=order.page.url):
+                effects = await pages.page(order.page, lambda: answer(Fetched(id=order.id)))
         except Exception as exc:  # the coordinator fails the run with this reason
             await answer(failed(order, exc, setup.name))
         else:
             await answer(Done(id=order.id, effects=effects))
+        finally:
+            statistics.in_flight = max(0, statistics.in_flight - 1)
 
     async def beat() -> None:
         while True:
@@ -211,7 +270,8 @@ async def _serve(stream: anyio.abc.ByteStream, reader: FrameReader, pages: PageW
                 elif frame is None:
                     lost = "it closed the channel without saying bye"
                 elif isinstance(frame, Bye):
-                    log.info("the coordinator ended the run: %s", frame.reason)
+                    log.info("the coordinator ended the run: %s", frame.reason,
+                             extra={"event": "worker.run_ended"})
                     break
                 elif isinstance(frame, Order):
                     tg.start_soon(run, frame)

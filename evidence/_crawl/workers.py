@@ -52,6 +52,15 @@ import anyio.abc
 import msgspec
 
 from .._errors import EvidenceError
+from .._model.logs import (
+    FORMATS,
+    LEVELS,
+    JsonFormatter,
+    add_log_context,
+    log_arguments,
+    log_context,
+    set_level,
+)
 from .._net import acquire, wrap_socket
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
@@ -316,7 +325,8 @@ class WorkerPool:
             [package_root, *filter(None, [env.get("PYTHONPATH")])])
         try:
             process = await anyio.open_process(
-                [sys.executable, "-c", _CHILD_MAIN, "--channel-fd", str(child_end.fileno())],
+                [sys.executable, "-c", _CHILD_MAIN, "--channel-fd", str(child_end.fileno()),
+                 *log_arguments()],
                 stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
                 pass_fds=[child_end.fileno()])
         except BaseException:
@@ -342,7 +352,8 @@ class WorkerPool:
             raise EvidenceError(f"worker process {index} (pid {process.pid}) did not start: "
                                 f"exit status {code}; see its messages above",
                                 hint="run with --processes 0 to crawl in one process")
-        log.info("worker process %d started: pid %d", index, process.pid)
+        log.info("worker process %d started: pid %d", index, process.pid,
+                 extra={"event": "worker.started"})
         child.alive = True
         self._changed.set()
         self._tg.start_soon(self._receive, child, reader)
@@ -367,7 +378,8 @@ class WorkerPool:
                     waiter.resolve(EvidenceError(f"{child.name}: {frame.error}",
                                                  hint=frame.hint))
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
-            log.warning("%s: channel broken: %s", child.name, exc)
+            log.warning("%s: channel broken: %s", child.name, exc,
+                        extra={"event": "worker.channel_broken"})
         child.alive = False
         with contextlib.suppress(OSError):
             await child.stream.aclose()
@@ -380,7 +392,7 @@ class WorkerPool:
         if self._closing:
             return
         log.warning("%s %s; its in-flight pages are settled from the store, and a new "
-                    "worker process starts", child.name, how)
+                    "worker process starts", child.name, how, extra={"event": "worker.lost"})
         await self._start(child.index)
 
     async def _start(self, index: int) -> None:
@@ -393,7 +405,8 @@ class WorkerPool:
                 await self._spawn(index)
         except (EvidenceError, OSError, TimeoutError) as exc:
             if self._closing:
-                log.debug("worker process %d stopped while it started: %s", index, exc)
+                log.debug("worker process %d stopped while it started: %s", index, exc,
+                          extra={"event": "worker.stopped_starting"})
             elif self._failure is None:
                 self._failure = exc if isinstance(exc, EvidenceError) else EvidenceError(
                     f"worker process {index} did not start: {type(exc).__name__}: {exc}",
@@ -422,15 +435,17 @@ class WorkerPool:
                 ready = await _read(reader, _up)
         except (OSError, TimeoutError, anyio.BrokenResourceError, anyio.EndOfStream,
                 msgspec.DecodeError, EvidenceError) as exc:
-            log.warning("%s (%s) did not start: %s", name, client or "unnamed", exc)
+            log.warning("%s (%s) did not start: %s", name, client or "unnamed", exc,
+                        extra={"event": "worker_host.refused"})
             return
         if not isinstance(ready, Ready):
-            log.warning("%s did not say ready", name)
+            log.warning("%s did not say ready", name, extra={"event": "worker_host.not_ready"})
             return
         self._hosts[name] = host
         host.alive = True
         self._changed.set()
-        log.info("%s joined: %s, pid %d", name, client or "unnamed", ready.pid)
+        log.info("%s joined: %s, pid %d", name, client or "unnamed", ready.pid,
+                 extra={"event": "worker_host.joined"})
         how = "was dropped at the end of the run"
         with host.scope:
             async with anyio.create_task_group() as tg:
@@ -442,7 +457,8 @@ class WorkerPool:
         for waiter in list(host.pending.values()):
             waiter.resolve(WorkerLost(name, how, remote=True))
         if not self._closing:
-            log.warning("%s %s; the pages it held are settled from the store", name, how)
+            log.warning("%s %s; the pages it held are settled from the store", name, how,
+                        extra={"event": "worker_host.lost"})
 
     async def _beat(self, host: _Child) -> None:
         with contextlib.suppress(*PEER_GONE):
@@ -489,6 +505,7 @@ async def _child(fd: int) -> None:
         if not isinstance(setup, Setup):
             raise SystemExit("evidence worker: the channel did not start with a setup frame")
         config = msgspec.convert(setup.config, CrawlConfig)
+        add_log_context(run_id=setup.run_id, session_id=setup.session_id)  # this process's
         # Its own pack (packs), files, or an s3:// location opened with this process's
         # environment (its credentials): the writer in the parent syncs what it appends.
         spec = setup.artifacts or None
@@ -516,8 +533,9 @@ async def _child(fd: int) -> None:
 
                 async def run(order: Order) -> None:
                     try:
-                        effects = await pages.page(
-                            order.page, lambda: answer(Fetched(id=order.id)))
+                        with log_context(url=order.page.url):
+                            effects = await pages.page(
+                                order.page, lambda: answer(Fetched(id=order.id)))
                     except Exception as exc:  # the parent fails the run with this reason
                         await answer(failed(order, exc, setup.name))
                     else:
@@ -536,9 +554,9 @@ def failed(order: Order, exc: Exception, name: str) -> Failed:
     """What a page's failure is to the parent, which fails the run with it (its traceback
     logged here unless it is one of ours, whose message and hint say it all)."""
     if isinstance(exc, EvidenceError):
-        log.error("%s: %s: %s", name, order.page.url, exc)
+        log.error("%s: %s: %s", name, order.page.url, exc, extra={"event": "page.crashed"})
     else:
-        log.exception("%s: %s", name, order.page.url)
+        log.exception("%s: %s", name, order.page.url, extra={"event": "page.crashed"})
     return Failed(id=order.id, error=f"{type(exc).__name__}: {exc}", hint=exc.hint
                   if isinstance(exc, EvidenceError) else None)
 
@@ -550,11 +568,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "with one end of a socketpair; not for direct use.")
     parser.add_argument("--channel-fd", type=int, required=True,
                         help="the file descriptor of this worker's channel to the crawl")
+    parser.add_argument("--log-format", choices=FORMATS, default="text",
+                        help="as the crawl logs")
+    parser.add_argument("--log-level", choices=LEVELS, default="info", help="as the crawl logs")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the crawl, which stops us
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s [worker pid %(process)d] "
-                        "%(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s [worker pid %(process)d] %(message)s"))
+    logging.basicConfig(handlers=[handler])
+    set_level(args.log_level)
     try:
         anyio.run(_child, args.channel_fd)
     except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):

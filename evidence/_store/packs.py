@@ -671,9 +671,9 @@ class PackStore:
         try:
             self._seal(pack)
         except ArtifactError as exc:
-            log.error("could not seal %s: %s", pack.path, exc)
+            log.error("could not seal %s: %s", pack.path, exc, extra={"event": "pack.seal_failed"})
         except Exception:  # a thread's error would otherwise go to stderr only
-            log.exception("could not seal %s", pack.path)
+            log.exception("could not seal %s", pack.path, extra={"event": "pack.seal_failed"})
 
     def _prepare_spare(self, active: _Pack) -> None:
         """Create the pack that follows ``active`` ahead of time (its header's fsync and
@@ -686,7 +686,8 @@ class PackStore:
         try:
             spare = self._create()
         except ArtifactError as exc:  # the rotating put creates one itself, and says why
-            log.warning("could not create the next pack ahead: %s", exc)
+            log.warning("could not create the next pack ahead: %s", exc,
+                        extra={"event": "pack.prepare_failed"})
             return
         with self._behind_lock:
             kept = self._spare is None and not self._closed
@@ -855,7 +856,8 @@ class PackStore:
         try:
             _append_line(self.packs_dir / _FAILED_LIST, pack.name)
         except OSError as exc:
-            log.error("cannot record that pack %s failed an fsync: %s", pack.path, exc)
+            log.error("cannot record that pack %s failed an fsync: %s", pack.path, exc,
+                      extra={"event": "pack.fsync_record_failed"})
 
     def _sync_failed(self, pack: _Pack, exc: OSError | None) -> ArtifactError:
         why = f": {exc.strerror or exc}" if exc is not None else " earlier"
@@ -889,7 +891,8 @@ class PackStore:
                     try:
                         self._seal(pack)
                     except ArtifactError as exc:
-                        log.error("could not seal %s at close: %s", pack.path, exc)
+                        log.error("could not seal %s at close: %s", pack.path, exc,
+                                  extra={"event": "pack.seal_failed"})
                 else:
                     self._discard_empty(pack)
             self._active = None
@@ -949,7 +952,7 @@ class PackStore:
                     self._by_name.pop(pack.name, None)
                     return True
                 log.warning("%s has no valid pack header; its bytes are kept, unread",
-                            pack.path)
+                            pack.path, extra={"event": "pack.bad_header"})
                 pack.sealed = True  # never appended to, never tailed again
                 return True
             if size == pf.FILE_HEADER_SIZE:  # a pack created ahead, never appended to
@@ -960,7 +963,8 @@ class PackStore:
             found = pf.scan(read_at, pf.FILE_HEADER_SIZE, size, verify=True)
             if not found.complete:
                 log.warning("%s: the tail after byte %d is not whole records (a crash before "
-                            "it was synced); it is kept, unindexed", pack.path, found.valid_end)
+                            "it was synced); it is kept, unindexed", pack.path, found.valid_end,
+                            extra={"event": "pack.torn_tail"})
             seal = pf.encode_seal(found.entries, size)
             try:
                 self._ops.make_writable(pack.path)
@@ -1632,7 +1636,7 @@ def _reseal_checked(path: Path, fd: int, file_ops: FileOps) -> None:
     if len(good) == len(entries):
         return
     log.warning("%s: %d records of its index did not reach the disk; sealed again without "
-                "them", path, len(entries) - len(good))
+                "them", path, len(entries) - len(good), extra={"event": "pack.resealed"})
     seal = pf.encode_seal(good, size)
     file_ops.make_writable(path)
     wfd = file_ops.open_existing(path)

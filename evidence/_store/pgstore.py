@@ -190,7 +190,7 @@ class PostgresStore(Store):
                                            where=backend.location) or spec
             elif create and recorded not in (None, _to_record(spec)):
                 log.info("artifacts of %s are in %s; this open uses %s", backend.location,
-                         recorded, spec)
+                         recorded, spec, extra={"event": "store.artifacts_elsewhere"})
             store_artifacts = open_artifacts(spec, create=create, read_only=read_only,
                                              max_payload=max_payload, layout=artifact_layout)
         except BaseException:
@@ -243,7 +243,7 @@ class PostgresStore(Store):
             if not self.backend.is_disconnect(exc.__cause__ or exc):
                 raise
         log.warning("the write connection to %s was lost while idle; connecting again",
-                    self.location)
+                    self.location, extra={"event": "postgresql.connection_lost"})
         self.reopen_connection()
 
     def mark_sync_failed(self, reason: str) -> SyncError:
@@ -316,7 +316,8 @@ class PostgresStore(Store):
                         exc.__cause__ or exc):
                     raise
             log.warning("standby: the connection to %s was lost while waiting for the "
-                        "writer lock; connecting again", self.location)
+                        "writer lock; connecting again", self.location,
+                        extra={"event": "postgresql.standby_connection_lost"})
             lost, on_wait = True, None
 
     def _let_holder_back(self) -> None:

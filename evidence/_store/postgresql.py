@@ -201,14 +201,16 @@ class Outage:
             if self.since is None:
                 self.since, self._started = time.time(), time.monotonic()
                 log.warning("database unreachable since %s (%s): retrying for up to %g s",
-                            _clock(self.since), _first_line(exc), self.deadline)
+                            _clock(self.since), _first_line(exc), self.deadline,
+                            extra={"event": "postgresql.unreachable"})
             return self._started + self.deadline - time.monotonic()
 
     def _back(self) -> None:
         with self._lock:
             if self.since is not None:
                 log.warning("database reachable again after %.1f s (unreachable since %s)",
-                            time.monotonic() - self._started, _clock(self.since))
+                            time.monotonic() - self._started, _clock(self.since),
+                            extra={"event": "postgresql.reachable"})
                 self.since = None
 
     def _expired(self, exc: BaseException) -> StoreError:

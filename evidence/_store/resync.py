@@ -108,7 +108,8 @@ def mark_sync_failed(root: Path, file_ops: FileOps, reason: str) -> bool:
     try:
         fd, tmp = file_ops.open_temp(root)
     except OSError as exc:
-        log.error("cannot leave the %s marker in %s (%s): %s", SYNC_MARKER, root, exc, reason)
+        log.error("cannot leave the %s marker in %s (%s): %s", SYNC_MARKER, root, exc, reason,
+                  extra={"event": "store.resync_marker_failed"})
         return False
     try:
         try:
@@ -123,11 +124,13 @@ def mark_sync_failed(root: Path, file_ops: FileOps, reason: str) -> bool:
     except OSError as exc:
         with contextlib.suppress(OSError):
             file_ops.unlink(tmp)
-        log.error("cannot leave the %s marker in %s (%s): %s", SYNC_MARKER, root, exc, reason)
+        log.error("cannot leave the %s marker in %s (%s): %s", SYNC_MARKER, root, exc, reason,
+                  extra={"event": "store.resync_marker_failed"})
         return False
     with contextlib.suppress(OSError):
         file_ops.fsync_dir(root)
-    log.error("an fsync of %s failed; the store is marked for a resync: %s", root, reason)
+    log.error("an fsync of %s failed; the store is marked for a resync: %s", root, reason,
+              extra={"event": "store.fsync_failed"})
     return True
 
 
@@ -188,7 +191,8 @@ def resync(root: Path, db_name: str, *, file_ops: FileOps, busy_timeout_ms: int,
         pass
     except OSError as exc:
         raise _failed(root, told, exc) from exc
-    log.warning("%s: resynced after a failed fsync%s", root, told)
+    log.warning("%s: resynced after a failed fsync%s", root, told,
+                extra={"event": "store.resynced"})
 
 
 def _rewrite(file_ops: FileOps, fd: int) -> None:

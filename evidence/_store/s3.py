@@ -331,7 +331,7 @@ class S3ArtifactStore:
                 self._touch(key, head)
             return
         log.warning("%s: the object holds other bytes than its digest says; replacing it",
-                    self.location(ref))
+                    self.location(ref), extra={"event": "s3.object_replaced"})
         self.client.replace(key, body, sha256=sha256, md5=md5, if_match=head.etag)
 
     def _same(self, head: HeadResult, ref: ArtifactRef, key: str, sha256: bytes,
@@ -350,7 +350,8 @@ class S3ArtifactStore:
             self.client.touch(key, if_match=head.etag)
         except S3Error as exc:  # object lock, a policy: reclaim may then see it as old
             log.warning("could not refresh the time of %s (%s): an orphan reclaim with a "
-                        "short grace period might remove it", key, exc)
+                        "short grace period might remove it", key, exc,
+                        extra={"event": "s3.touch_failed"})
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """Each put is written by itself here: a block that only runs its body."""

@@ -410,7 +410,7 @@ class S3Client:
                     self.retries += 1
                     wait = min(delay * random.uniform(0.5, 1.0), give_up - now)
                     log.debug("S3 %s %s: %s; retrying in %.2f s (try %d)", method, path, exc,
-                              wait, attempt + 1)
+                              wait, attempt + 1, extra={"event": "s3.retry"})
                     self._pause(wait, unreachable=exc.status is None)
                     delay = min(delay * 2, config.backoff_max)
                     continue
@@ -466,7 +466,8 @@ class S3Client:
             self.outages += 1
             outage = failing.outage
         log.warning("%s (%s); requests wait meanwhile (S3 outage deadline %g s)",
-                    outage.describe(), outage.error, self.config.outage_deadline)
+                    outage.describe(), outage.error, self.config.outage_deadline,
+                    extra={"event": "s3.outage"})
 
     def _answered(self, was_failing: bool) -> None:
         """Any answer (a success, or an error retrying cannot fix): the store is reachable.
@@ -486,7 +487,8 @@ class S3Client:
             reached.set()
         elif (outage := failing.outage) is not None and failing.said:
             log.warning("object store %s reachable again after %.1f s of outage",
-                        outage.endpoint, time.time() - outage.since)
+                        outage.endpoint, time.time() - outage.since,
+                        extra={"event": "s3.reachable"})
 
     def _stopped_failing(self) -> None:
         """A request gave up (or the client was closed): the outage goes on until an

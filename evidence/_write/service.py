@@ -41,7 +41,6 @@ import contextlib
 import errno
 import itertools
 import logging
-import math
 import os
 import socket
 import ssl
@@ -82,7 +81,6 @@ from .wire import (
     Welcome,
     decode_client_frame,
     encode_frame,
-    parse_loopback,
     tokens_match,
 )
 from .writer import Writer, WriterLimits
@@ -114,7 +112,6 @@ class ServiceLimits:
 
 
 _CHUNK = 64 * 1024  # bytes one socket read takes at most
-_METRICS_AT_ONCE = 16  # /metrics connections open at once; a newer one drops the oldest
 
 
 class _ReadBudget:
@@ -271,7 +268,8 @@ class _Connection:
             self.slow = True
             log.warning("%s: dropped: its answers could not be written for %.0f s (it does "
                         "not read them); it will redeliver what it has not seen acked",
-                        self.peer, self.limits.send_timeout)
+                        self.peer, self.limits.send_timeout,
+                        extra={"event": "service.slow_client_dropped"})
         except PEER_GONE:
             pass
         self.dead = True
@@ -328,7 +326,8 @@ class Service:
     one; see ``tcp_address``), which needs ``token``; a loopback address, or with ``tls``
     (the certificate and key, ``_write/tls.py``) any address, each connection a TLS one.
     When ``token`` is set, every connection must present it. ``metrics``: a loopback
-    ``HOST:PORT`` serving ``/metrics``.
+    ``HOST:PORT`` serving ``/metrics`` (``_write/metrics.py``); another address only with
+    ``metrics_public``.
 
     ``worker_handler``: a crawl coordinator's (``_crawl/workers.py``): a connection whose
     hello says ``role: worker`` is handed to it after the welcome, as (stream, bytes read
@@ -341,7 +340,8 @@ class Service:
                  metrics: str | None = None, limits: ServiceLimits | None = None,
                  writer_limits: WriterLimits | None = None,
                  tls: TLSFiles | ssl.SSLContext | None = None,
-                 worker_handler: WorkerHandler | None = None) -> None:
+                 worker_handler: WorkerHandler | None = None,
+                 metrics_public: bool = False) -> None:
         if socket_path is None and listen is None:
             raise ServiceError("the service needs a Unix socket path or a TCP address",
                                hint="give --socket PATH, or --listen 127.0.0.1:PORT")
@@ -357,7 +357,11 @@ class Service:
                                                                 tls=self._tls is not None)
         self.worker_handler = worker_handler
         self._fenced: set[str] = set()
-        self._metrics = None if metrics is None else parse_loopback(metrics, what="--metrics")
+        self._metrics = None
+        if metrics is not None:
+            from .metrics import metrics_address
+
+            self._metrics = metrics_address(metrics, public=metrics_public)
         self._token = token or None
         self.tcp_address: tuple[str, int] | None = None
         self.metrics_address: tuple[str, int] | None = None
@@ -374,7 +378,6 @@ class Service:
         self._requests: anyio.Semaphore
         self._budget: _ReadBudget
         self._unauthenticated: dict[_Connection, None] = {}  # oldest first
-        self._metrics_open: dict[anyio.CancelScope, None] = {}  # oldest first
         self._authenticated = 0
         self._per_peer = collections.Counter[str]()  # authenticated connections by identity
         self._counts = collections.Counter[str]()
@@ -508,7 +511,8 @@ class Service:
                     try:
                         stream = await listener.accept()
                     except OSError as exc:  # EMFILE and friends: wait, do not spin
-                        log.warning("accept failed: %s", exc)
+                        log.warning("accept failed: %s", exc,
+                                    extra={"event": "service.accept_failed"})
                         await anyio.sleep(0.1)
                         continue
                     self._tg.start_soon(self._handle, stream, tcp and self._tls is not None)
@@ -519,7 +523,8 @@ class Service:
         try:
             stream = await adopt(stream)  # a UNIX connection: read through _net (cheaper)
         except OSError as exc:  # the socket is unusable: as if the peer went at once
-            log.info("a connection failed as it was accepted: %s", exc)
+            log.info("a connection failed as it was accepted: %s", exc,
+                     extra={"event": "service.connection_failed"})
             with contextlib.suppress(OSError):
                 await stream.aclose()
             return
@@ -691,7 +696,8 @@ class Service:
     def _count_error(self, error: ProtocolError, conn: _Connection) -> None:
         self._errors[error.code] += 1
         if error.code != "shutting_down":
-            log.info("%s: %s: %s", conn.peer, error.code, error)
+            log.info("%s: %s: %s", conn.peer, error.code, error,
+                     extra={"event": "service.protocol_error"})
 
     async def _read_loop(self, conn: _Connection, reader: FrameReader) -> None:
         """Read, decode and dispatch frames until the peer ends the stream.
@@ -858,55 +864,12 @@ class Service:
 
     async def _serve_metrics(self,
                              listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
+        from .metrics import serve_metrics
+
         with self._metrics_scope:
-            async with listener:
-                await listener.serve(self._metrics_request)
-
-    async def _metrics_request(self, stream: anyio.abc.ByteStream) -> None:
-        """One ``/metrics`` connection. At most ``_METRICS_AT_ONCE`` are open: a newer one
-        drops the oldest (a scraper asks at once and is done in milliseconds), so a flood of
-        connections costs this process a bounded amount of memory (before: 11,742 held at
-        once took VmRSS from 34.4 to 53.6 MiB, and it stayed there; tools/flood_service.py)."""
-        scope = anyio.CancelScope()
-        while len(self._metrics_open) >= _METRICS_AT_ONCE:
-            oldest = next(iter(self._metrics_open))
-            del self._metrics_open[oldest]
-            oldest.cancel()
-        self._metrics_open[scope] = None
-        try:
-            with scope:
-                await self._metrics_answer(stream)
-        finally:
-            self._metrics_open.pop(scope, None)
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
-
-    async def _metrics_answer(self, stream: anyio.abc.ByteStream) -> None:
-        async with stream:
-            head = b""
-            with anyio.move_on_after(5.0):
-                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                    while b"\r\n\r\n" not in head and len(head) < 8192:
-                        head += await stream.receive(8192)
-            method, _, rest = head.partition(b" ")
-            target = rest.split(b" ", 1)[0].split(b"?", 1)[0]
-            if method not in (b"GET", b"HEAD"):
-                status, body, kind = "405 Method Not Allowed", "GET only\n", "text/plain"
-            elif target == b"/metrics":
-                status, body = "200 OK", prometheus_text(self.statistics())
-                kind = "text/plain; version=0.0.4"
-            elif target in (b"/healthz", b"/health"):
-                ok = not self._stopping
-                status, body, kind = (("200 OK", "ok\n", "text/plain") if ok else
-                                      ("503 Service Unavailable", "stopping\n", "text/plain"))
-            else:
-                status, body, kind = "404 Not Found", "try /metrics\n", "text/plain"
-            data = body.encode()
-            response = (f"HTTP/1.0 {status}\r\nContent-Type: {kind}; charset=utf-8\r\n"
-                        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
-            with contextlib.suppress(*PEER_GONE, TimeoutError), \
-                    anyio.fail_after(5.0):
-                await stream.send(response + (data if method == b"GET" else b""))
+            await serve_metrics(listener,
+                                lambda: prometheus_text(self.statistics(), self.store),
+                                lambda: not self._stopping)
 
 
 def _peer(stream: anyio.abc.ByteStream) -> str:
@@ -992,77 +955,9 @@ def _socket_is_live(path: Path) -> bool:
     return True
 
 
-# --- Prometheus text format -------------------------------------------------------------
+def prometheus_text(s: ServiceStatistics, store: Store | None = None) -> str:
+    """The statistics as Prometheus text (``_write/metrics.py``, imported when first
+    asked: a command that serves no metrics never loads the Prometheus client)."""
+    from .metrics import prometheus_text as text
 
-def prometheus_text(s: ServiceStatistics) -> str:
-    """The statistics in the Prometheus text exposition format (version 0.0.4)."""
-    w = s.writer
-    out: list[str] = []
-
-    def metric(name: str, kind: str, text: str, *samples: tuple[str, float]) -> None:
-        out.append(f"# HELP evidence_{name} {text}")
-        out.append(f"# TYPE evidence_{name} {kind}")
-        out.extend(f"evidence_{name}{labels} {_number(value)}" for labels, value in samples)
-
-    metric("writer_queue_depth", "gauge", "Submissions waiting for the writer.",
-           ("", w.queue_depth))
-    metric("writer_oldest_pending_age_seconds", "gauge",
-           "Age of the oldest submitted, unacknowledged message.", ("", w.oldest_pending_age))
-    metric("writer_commit_latency_seconds", "gauge",
-           "Batch commit latency over the last 2048 batches.",
-           ('{quantile="0.5"}', w.commit_latency_p50), ('{quantile="0.99"}', w.commit_latency_p99),
-           ('{quantile="1"}', w.commit_latency_max))
-    cumulative, buckets = 0, []
-    for bound, n in w.batch_sizes.items():
-        cumulative += n
-        buckets.append((f'_bucket{{le="{"+Inf" if bound == "inf" else bound}"}}', cumulative))
-    outcomes = w.committed + w.duplicates + w.conflicts + w.rejections
-    metric("writer_batch_size_messages", "histogram", "Messages per committed batch.",
-           *buckets, ("_sum", outcomes), ("_count", w.batches))
-    metric("writer_messages_total", "counter", "Messages acknowledged, by outcome.",
-           ('{outcome="committed"}', w.committed), ('{outcome="duplicate"}', w.duplicates),
-           ('{outcome="conflict"}', w.conflicts), ('{outcome="rejected"}', w.rejections))
-    metric("writer_busy_retries_total", "counter", "BEGIN IMMEDIATE retries on SQLITE_BUSY.",
-           ("", w.busy_retries))
-    metric("writer_commit_errors_total", "counter", "Batches that did not commit.",
-           ("", w.commit_errors))
-    metric("writer_checkpoints_total", "counter", "WAL checkpoints run by the writer.",
-           ("", w.checkpoints))
-    metric("writer_checkpoint_errors_total", "counter", "WAL checkpoints that failed.",
-           ("", w.checkpoint_errors))
-    metric("writer_tree_size", "gauge", "Messages in the Merkle log.", ("", w.tree_size))
-    metric("service_uptime_seconds", "gauge", "Seconds since the service started.",
-           ("", s.uptime))
-    metric("service_connected_clients", "gauge", "Open client connections.",
-           ("", s.connected_clients))
-    metric("service_connections_total", "counter", "Connections accepted.",
-           ("", s.connections_total))
-    metric("service_requests_in_flight", "gauge", "Requests read and not yet answered.",
-           ("", s.requests_in_flight))
-    metric("service_pending_bytes", "gauge", "Bytes read from clients, not yet committed.",
-           ("", s.pending_bytes))
-    metric("service_frames_received_total", "counter", "Frames read after handshakes.",
-           ("", s.frames_received))
-    metric("service_messages_received_total", "counter", "Messages decoded from submits.",
-           ("", s.messages_received))
-    metric("service_acks_sent_total", "counter", "Acknowledgements queued to clients.",
-           ("", s.acks_sent))
-    metric("service_backpressure_waits_total", "counter",
-           "Times a connection's reads paused for in-flight room.", ("", s.backpressure_waits))
-    metric("service_send_blocked_connections", "gauge",
-           "Connections whose answers are waiting on a full socket.",
-           ("", s.send_blocked_connections))
-    metric("service_slow_disconnects_total", "counter",
-           "Connections dropped because they did not read their answers.",
-           ("", s.slow_disconnects))
-    metric("service_protocol_errors_total", "counter",
-           "Connections and requests refused, by error code.",
-           *((f'{{code="{code}"}}', n) for code, n in sorted(s.protocol_errors.items())))
-    return "\n".join(out) + "\n"
-
-
-def _number(value: float) -> str:
-    if isinstance(value, float) and math.isinf(value):
-        return "+Inf"
-    return repr(value) if isinstance(value, float) else str(value)
-
+    return text(s, store)

@@ -83,6 +83,7 @@ from .._store.db import Store
 from .._store.log import LogHead, entry_hash, load_head
 from .._store.postgresql import WriterLockLost
 from . import apply as _apply
+from .tally import COMMIT_SECONDS, Histogram, Tally
 
 __all__ = ["Writer", "WriterHooks", "WriterLimits"]
 
@@ -227,7 +228,8 @@ class _CommitThread:
             try:
                 self._call_soon(job.done.set)
             except RuntimeError:  # the event loop is gone: nobody is waiting any more
-                log.error("writer event loop closed with a batch in flight")
+                log.error("writer event loop closed with a batch in flight",
+                          extra={"event": "writer.closed_in_flight"})
 
 
 class _CommitInline:
@@ -385,6 +387,8 @@ class Writer:
         self._latencies: collections.deque[float] = collections.deque(maxlen=2048)
         self._counts = collections.Counter[str]()
         self._histogram = dict.fromkeys(_BUCKETS, 0)
+        self._commit_seconds = Histogram(COMMIT_SECONDS)
+        self._tally = Tally()  # what committed messages recorded, for the crawl's metrics
         self._interner = _apply.Interner()
         self._url_keys: dict[str, str] = {}  # URL -> fetch key, a memo of a pure function
         self._optimistic = True  # try a batch without per-message savepoints first
@@ -603,7 +607,7 @@ class Writer:
         except EvidenceError as exc:
             if str(exc) != self._idle_failure:
                 log.warning("the write connection could not be made again while idle: %s",
-                            exc)
+                            exc, extra={"event": "writer.reconnect_failed"})
             self._idle_failure = str(exc)
 
     async def _collect(self, first: _Group) -> list[_Pending]:
@@ -680,7 +684,7 @@ class Writer:
                 raise exc
             else:
                 acks = job.acks
-                self._record(len(batch), job.seconds, acks)
+                self._record(batch, job.seconds, acks)
                 for pending, ack in zip(batch, acks, strict=True):
                     pending.ack = ack
                 if self._stopping is None and self._committer is not None \
@@ -790,7 +794,8 @@ class Writer:
         self._counts["reconnects"] += 1
         log.warning("batch %d: the connection to the database was lost %s (%s); "
                     "reconnecting", batch_seq, "during COMMIT" if lost.acks is not None
-                    else "before COMMIT", self._db.describe(lost.error))
+                    else "before COMMIT", self._db.describe(lost.error),
+                    extra={"event": "writer.reconnect"})
         try:
             self.store.reopen_connection()
             conn = self.store.connection
@@ -816,7 +821,8 @@ class Writer:
                 batch_seq=batch_seq)
         if lost.acks is not None:
             log.warning("batch %d: its COMMIT %s", batch_seq, "had committed: acknowledged"
-                        if committed else "had not committed: applying it again")
+                        if committed else "had not committed: applying it again",
+                        extra={"event": "writer.commit_uncertain"})
         return lost.acks if committed else None
 
     def _write_batch(self, batch: list[_Pending], *, wait: bool, tail: bool = False
@@ -1017,7 +1023,8 @@ class Writer:
                 return
             # A full disk or a failed write leaves the WAL as it was, which is safe: retry
             # at a later commit.
-            log.warning("WAL checkpoint failed after batch commit: %s", exc)
+            log.warning("WAL checkpoint failed after batch commit: %s", exc,
+                        extra={"event": "writer.checkpoint_failed"})
 
     def _sync_payloads(self, refs: list[ArtifactRef], batch_seq: int) -> None:
         try:
@@ -1167,12 +1174,15 @@ class Writer:
 
     # --- metrics -------------------------------------------------------------------------
 
-    def _record(self, size: int, latency: float, acks: list[Ack]) -> None:
+    def _record(self, batch: list[_Pending], latency: float, acks: list[Ack]) -> None:
         self._latencies.append(latency)
-        self._histogram[next(b for b in _BUCKETS if size <= b)] += 1
+        self._commit_seconds.observe(latency)
+        self._histogram[next(b for b in _BUCKETS if len(batch) <= b)] += 1
         self._counts["batches"] += 1
-        for ack in acks:
+        for pending, ack in zip(batch, acks, strict=True):
             self._counts[ack.status] += 1
+            if ack.status == "committed":
+                self._tally.add(pending.message)
 
     def statistics(self) -> WriterStatistics:
         """A snapshot of queue, batch and outcome metrics (design rule 10)."""
@@ -1203,4 +1213,7 @@ class Writer:
             wal_truncations=self._counts["wal_truncations"],
             tree_size=self._head.tree.size,
             reconnects=self._counts["reconnects"],
+            commit_latencies=self._commit_seconds.buckets(),
+            commit_latency_sum=self._commit_seconds.sum,
+            recorded=self._tally.snapshot(),
         )
