@@ -72,11 +72,21 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
     if isinstance(args.out, Path) and args.out.exists():
         raise EvidenceError(f"{args.out} already exists; an export never overwrites a file",
                             hint="remove it or choose another name", path=str(args.out))
+    _check_parent(args.out, "the WACZ file")
+    if args.new_key:
+        _check_parent(Path(args.new_key), "the new key")
     key = load_signing_key(args.key) if args.key else None
-    with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
-        if args.new_key:
-            key = new_signing_key(args.new_key)
-        report = export_wacz(store, out, key=key)
+    made: list[Path] = []
+    try:
+        with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
+            if args.new_key:
+                key = new_signing_key(args.new_key)
+                made += [Path(args.new_key), Path(f"{args.new_key}.pub")]
+            report = export_wacz(store, out, key=key)
+    except BaseException:
+        for file in made:  # a command that failed leaves nothing behind, a new key neither
+            file.unlink(missing_ok=True)
+        raise
     if not isinstance(args.out, Path):
         report = msgspec.structs.replace(report, path=args.out)
     if args.json:
@@ -94,6 +104,7 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
 def _cmd_export_warc(args: argparse.Namespace) -> int:
     from .._archive.warc import export_warc
 
+    _check_parent(args.out, "the WARC file")
     with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
         result = export_warc(store, out, run_id=args.run)
     if not isinstance(args.out, Path):  # the object's name, not the local file's
@@ -105,6 +116,15 @@ def _cmd_export_warc(args: argparse.Namespace) -> int:
               f"({result.skipped} attempts without a response skipped), {result.bytes} bytes, "
               f"sha256 {result.sha256}")
     return 0
+
+def _check_parent(out: Path | str, what: str) -> None:
+    """A single file goes into a directory that exists (checked before anything is made;
+    an s3:// destination has no directory)."""
+    if isinstance(out, Path) and not out.parent.is_dir():
+        raise EvidenceError(f"cannot write {what} {out}: the directory {out.parent} does not "
+                            "exist", hint=f"create it first (mkdir -p {out.parent}), or choose "
+                            "another path", path=str(out))
+
 
 @contextlib.contextmanager
 def _one_file(out: Path | str) -> Iterator[Path]:
