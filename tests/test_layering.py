@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# Reads or writes the package's own files: one xdist process runs all such tests.
+pytestmark = pytest.mark.xdist_group("package")
+
 PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 
 # The stages, lowest first. A module may import its own stage and the stages before it.

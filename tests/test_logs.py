@@ -18,6 +18,9 @@ import pytest
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.logs import CONTEXT_KEYS, EVENTS, add_log_context, log_context
 
+# Reads or writes the package's own files: one xdist process runs all such tests.
+pytestmark = pytest.mark.xdist_group("package")
+
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]
 ORDER = ["time", "level", "logger", "event", "message", "pid", *CONTEXT_KEYS, "data", "error"]

@@ -197,15 +197,17 @@ class _Outages(threading.Thread):
 
 def test_a_crawl_rides_through_five_object_store_outages(
         tmp_path: Path, server: SeaweedS3, caplog: pytest.LogCaptureFixture) -> None:
-    """Five outages of 2-3 s each in the middle of a crawl into an S3 store: the crawl
+    """Five outages of 3-4 s each in the middle of a crawl into an S3 store: the crawl
     pauses (its puts and reference checks wait), says so once per outage and once when it
     is over, and completes with every page fetched once and verify --full clean."""
     caplog.set_level(logging.INFO, logger="evidence.s3")
     with Store.create(tmp_path / "s", artifacts=server.url("outages")):
         pass
     with TestSite(SiteConfig(pages=120)) as site:
+        # Each outage down for 1.5 s before the restart (which takes more): longer than
+        # the second an outage must last to be said, however fast the restart is.
         outages = _Outages(server, site, lambda: _said(caplog, "reachable again"), count=5,
-                           seconds=0.5, spacing=4)
+                           seconds=1.5, spacing=4)
         outages.start()
         result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4, delay=0.02)
         outages.join(60)
@@ -308,7 +310,7 @@ def test_a_worker_host_rides_through_an_outage_longer_than_its_lease(
         host = _host(d, "127.0.0.3", "host-a")
         try:
             _wait("some pages", lambda: len(site.requests) >= 8, [coordinator, host], d)
-            down = server.outage(0.5)
+            down = server.outage(1.6)  # the sleep alone outlasts the lease, however fast
             assert down > 1.5, "the outage must outlast the lease"
             assert coordinator.wait(120) == 0, _log(d, "coordinator")
             assert host.wait(60) == 0, _log(d, "host-a")
