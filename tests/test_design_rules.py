@@ -20,9 +20,6 @@ from evidence._write.writer import WriterHooks
 
 from .conftest import Factory, asubmit
 
-# Reads or writes the package's own files: one xdist process runs all such tests.
-pytestmark = pytest.mark.xdist_group("package")
-
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"
 

@@ -15,9 +15,6 @@ import pytest
 
 from evidence._store.fsync import fsync_dir, fsync_file
 
-# Reads or writes the package's own files: one xdist process runs all such tests.
-pytestmark = pytest.mark.xdist_group("package")
-
 PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 HELPER = PACKAGE / "_store" / "fsync.py"
 

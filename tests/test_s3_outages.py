@@ -310,7 +310,7 @@ def test_a_worker_host_rides_through_an_outage_longer_than_its_lease(
         host = _host(d, "127.0.0.3", "host-a")
         try:
             _wait("some pages", lambda: len(site.requests) >= 8, [coordinator, host], d)
-            down = server.outage(1.6)  # the sleep alone outlasts the lease, however fast
+            down = server.outage(3.0)  # the sleep alone outlasts the lease, however fast
             assert down > 1.5, "the outage must outlast the lease"
             assert coordinator.wait(120) == 0, _log(d, "coordinator")
             assert host.wait(60) == 0, _log(d, "host-a")

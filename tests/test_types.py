@@ -12,11 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-# Reads or writes the package's own files: one xdist process runs all such tests.
-pytestmark = pytest.mark.xdist_group("package")
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
