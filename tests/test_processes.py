@@ -142,6 +142,13 @@ def test_a_killed_worker_process_loses_only_its_in_flight_pages(tmp_path: Path) 
             "SELECT outcome FROM crawl_session").fetchall() == [("completed",)]
 
 
+def _in_flight(store: Path) -> int:
+    """URLs the store shows claimed and not settled (a read that never blocks the crawl)."""
+    with Store.open(store, read_only=True) as s:
+        return s.connection.execute(
+            "SELECT count(*) FROM frontier WHERE state = 'in_flight'").fetchall()[0][0]
+
+
 def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen], None],
                                   *args: str) -> tuple[list, Counter[str], frozenset[str]]:
     """Crawl an 80-page slow site at one fetch slot (``args`` added) and, 10 pages in,
@@ -161,7 +168,9 @@ def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen]
         # to request while it is held.
         started = len(site.requests)
         _wait_for("a request", lambda: len(site.requests) > started, proc, store)
-        time.sleep(0.025)
+        # Taken once the store shows the next URL claimed too (two in flight), not after a
+        # fixed sleep: on a loaded machine 25 ms could pass before that claim committed.
+        _wait_for("the next URL claimed", lambda: _in_flight(store) >= 2, proc, store)
         lock = apsw.Connection(str(store / "evidence.db"))
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
