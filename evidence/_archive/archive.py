@@ -28,6 +28,7 @@ import blake3
 import msgspec
 
 from .._errors import CorruptStoreError, MigrationError, StoreError
+from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
 from .._store.backend import ArtifactBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
@@ -50,6 +51,7 @@ from .export import (
 from .snapshot import (
     HELD,
     MANIFEST,
+    Gap,
     Progress,
     Source,
     artifact_refs,
@@ -310,16 +312,10 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
         finally:
             conn.close()
         fsync_file(db)
-        restored = open_artifact_store(tmp / ARTIFACTS_DIR, max_payload=2**62)
-        try:
-            copied, gaps = copy_artifacts(
-                refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True),
-                restored, progress)
-        finally:
-            restored.close()
-        known = {(g.kind, g.subject) for g in manifest.gaps}
-        problems += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
-                     if (g.kind, g.subject) not in known]
+        copied, gaps, new = _restore_payloads(
+            archive, manifest, refs, open_artifact_store(tmp / ARTIFACTS_DIR,
+                                                         max_payload=2**62), progress)
+        problems += new
         if problems:
             raise CorruptStoreError(
                 f"{archive} does not restore to what its manifest describes; nothing was "
@@ -328,6 +324,22 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
                 path=str(archive), problems=problems)
     return _report(manifest, str(Path(store_path)), counts, size, root, refs, gaps, copied,
                    findings)
+
+
+def _restore_payloads(archive: Path, manifest: Manifest, refs: list[ArtifactRef],
+                      restored: ArtifactBackend, progress: Progress | None
+                      ) -> tuple[int, list[Gap], list[str]]:
+    """Copy the archive's payloads into ``restored`` (closed after), re-hashed: (bytes
+    copied, every gap, the gaps its manifest did not list, as problems)."""
+    try:
+        copied, gaps = copy_artifacts(
+            refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True),
+            restored, progress)
+    finally:
+        restored.close()
+    known = {(g.kind, g.subject) for g in manifest.gaps}
+    return copied, gaps, [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
+                          if (g.kind, g.subject) not in known]
 
 
 def _report(manifest: Manifest, where: str, counts: dict[str, int], size: int, root: bytes,
@@ -374,16 +386,9 @@ def _restore_postgres(archive: Path, manifest: Manifest, migrations: list, locat
                 refs = artifact_refs(conn)
         finally:
             conn.close()
-        restored = ArtifactStore(tmp, max_payload=2**62)
-        try:
-            copied, gaps = copy_artifacts(
-                refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True),
-                restored, progress)
-        finally:
-            restored.close()
-        known = {(g.kind, g.subject) for g in manifest.gaps}
-        problems += [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
-                     if (g.kind, g.subject) not in known]
+        copied, gaps, new = _restore_payloads(
+            archive, manifest, refs, ArtifactStore(tmp, max_payload=2**62), progress)
+        problems += new
 
         def check(snapshot: Path) -> list[str]:
             with map_sqlite_errors(snapshot), contextlib.closing(
