@@ -12,9 +12,15 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from evidence._write.service import ServiceLimits
+from anyio.from_thread import start_blocking_portal
+
+from evidence import Store
+from evidence._write.service import Service, ServiceLimits
 
 from .test_service import _frames, _hello, attempt
 from .test_service_fairness import serving, short_dir, store_path  # noqa: F401 (fixtures)
@@ -119,21 +125,44 @@ def _first_frame(s: socket.socket) -> dict:
 
 
 def test_over_tcp_a_peer_is_its_address(store_path: Path) -> None:  # noqa: F811
+    """Twenty hellos from 127.0.0.2 reach the service in one turn of its event loop (the
+    loop is held while they are sent), so their handshakes run at once: two are welcomed,
+    eighteen refused, and 127.0.0.1 is another peer. Before, a connection was counted only
+    after its welcome was sent, and concurrent hellos all passed the check (seen in CI: three
+    of three welcomed)."""
     from .test_service import TOKEN
 
-    with serving(store_path, token=TOKEN, max_connections_per_peer=2) as service:
-        assert service.tcp_address is not None
-        port = service.tcp_address[1]
-        held = [_connect_from("127.0.0.2", port) for _ in range(3)]
-        for s in held:
-            s.sendall(_hello())
-        codes = [_first_frame(s).get("code", "welcome") for s in held]
-        other = _connect_from("127.0.0.1", port)
-        other.sendall(_hello())
-        assert _first_frame(other)["type"] == "welcome"
-        for s in [*held, other]:
-            s.close()
-    assert sorted(codes) == ["too_many_connections", "welcome", "welcome"]
+    with Store.open(store_path) as store, start_blocking_portal() as portal:
+        service = Service(store, listen="127.0.0.1:0", token=TOKEN,
+                          limits=ServiceLimits(max_connections_per_peer=2))
+        with portal.wrap_async_context_manager(service):
+            assert service.tcp_address is not None
+            port = service.tcp_address[1]
+            held = [_connect_from("127.0.0.2", port) for _ in range(20)]
+            _wait_for(lambda: service.statistics().connections_total == 20)
+            gate = threading.Event()
+            portal.start_task_soon(_hold_the_loop, gate)  # type: ignore[arg-type]
+            for s in held:
+                s.sendall(_hello())
+            gate.set()
+            codes = [_first_frame(s).get("code", "welcome") for s in held]
+            other = _connect_from("127.0.0.1", port)
+            other.sendall(_hello())
+            assert _first_frame(other)["type"] == "welcome"
+            for s in [*held, other]:
+                s.close()
+    assert sorted(codes) == ["too_many_connections"] * 18 + ["welcome"] * 2
+
+
+async def _hold_the_loop(gate: threading.Event) -> None:
+    gate.wait(10)  # blocks the event loop: nothing the service does runs meanwhile
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 # --- memory after a flood ---------------------------------------------------------------

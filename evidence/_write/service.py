@@ -220,6 +220,7 @@ class _Connection:
         self.hello_scope = anyio.CancelScope()  # cancelled to drop it before its hello
         self.tls = False  # the TLS handshake is due before the hello
         self.role = ""  # the hello's: "worker" hands the connection to the coordinator
+        self.counted = False  # it holds a place in max_connections and its peer's share
 
     def push(self, data: bytes, *, slot: bool) -> None:
         """Queue an answer without blocking; ``slot``: it releases a request slot when sent."""
@@ -542,6 +543,11 @@ class Service:
             with anyio.CancelScope(shield=True):
                 await conn.stream.aclose()  # the TLS stream, if one was started
             self._unauthenticated.pop(conn, None)
+            if conn.counted:
+                self._authenticated -= 1
+                self._per_peer[conn.identity] -= 1
+                if not self._per_peer[conn.identity]:
+                    del self._per_peer[conn.identity]  # the map holds connected peers only
             self._budget.frame_done(conn)
             self._budget.release(conn.held)  # what it read and never handed on
             conn.held = 0
@@ -583,22 +589,14 @@ class Service:
         if conn.hello_scope.cancelled_caught:  # dropped for a newer connection (not logged:
             self._errors["too_many_unauthenticated"] += 1  # a flood would flood the log)
             return
-        self._authenticated += 1
-        self._per_peer[conn.identity] += 1
-        try:
-            if conn.role == "worker" and self.worker_handler is not None:
-                # The connection is the coordinator's now: the worker protocol, its own
-                # reads (a worker channel carries a few small frames, not the budget's).
-                with conn.read_scope:
-                    await self.worker_handler(conn.stream, reader.take_buffered(),
-                                              conn.client, conn.peer)
-                return
-            await self._serve_authenticated(conn, reader)
-        finally:
-            self._authenticated -= 1
-            self._per_peer[conn.identity] -= 1
-            if not self._per_peer[conn.identity]:
-                del self._per_peer[conn.identity]  # the map holds connected peers only
+        if conn.role == "worker" and self.worker_handler is not None:
+            # The connection is the coordinator's now: the worker protocol, its own
+            # reads (a worker channel carries a few small frames, not the budget's).
+            with conn.read_scope:
+                await self.worker_handler(conn.stream, reader.take_buffered(),
+                                          conn.client, conn.peer)
+            return
+        await self._serve_authenticated(conn, reader)
 
     async def _serve_authenticated(self, conn: _Connection, reader: FrameReader) -> None:
         final: ProtocolError | None = None
@@ -655,7 +653,12 @@ class Service:
             raise ProtocolError("too_many_connections", f"{conn.identity} has "
                                 f"{self.limits.max_connections_per_peer} connections open "
                                 "(--max-connections-per-peer); retry later", retryable=True)
+        # Counted before the welcome is sent, with no await between the checks above and
+        # here: otherwise several hellos from one peer pass the checks at once.
         self._unauthenticated.pop(conn, None)  # from here on it counts as a client
+        self._authenticated += 1
+        self._per_peer[conn.identity] += 1
+        conn.counted = True
         conn.client = hello.client
         conn.role = hello.role
         conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
