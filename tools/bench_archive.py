@@ -330,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.attempts, args.artifacts, args.live_rate = 2_000, 100, 1_000
     show = progress_line(sys.stderr.isatty())
-    work = Path(tempfile.mkdtemp(prefix="bench-archive-", dir=args.workdir))
+    # Absolute: the determinism check symlinks into it, and a relative link target would
+    # resolve against the link's own directory and lose every timing taken before it.
+    work = Path(tempfile.mkdtemp(prefix="bench-archive-", dir=args.workdir)).resolve()
     try:
         report = bench(args, work, show)
     finally:

@@ -350,6 +350,8 @@ class Result:
     vs_naive: float | None = None
     raw_batch: int | None = None  # the raw configuration vs_raw compares with
     all_msgs_per_s: list[float] = field(default_factory=list)  # every run, with --repeat
+    loads: list[float] = field(default_factory=list)  # 1-minute load average at each run
+    vs_raw_runs: list[float] = field(default_factory=list)  # per round, against its raw run
 
     @property
     def label(self) -> str:
@@ -726,6 +728,17 @@ def table(results: list[Result]) -> str:
         lines.append(f"{r.label:<32} {r.pages:>7} {r.pages_per_s:>9.0f} {r.msgs_per_s:>9.0f} "
                      f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.mean_batch:>10.1f} {vs_raw:>7} "
                      f"{vs_naive:>8}")
+    if any(len(r.all_msgs_per_s) > 1 for r in results):
+        lines += ["", "over the rounds (median, min-max; load at the start of each run):"]
+        for r in results:
+            spread = (f"msgs/s {r.msgs_per_s:,.0f} ({min(r.all_msgs_per_s):,.0f}-"
+                      f"{max(r.all_msgs_per_s):,.0f})")
+            if r.vs_raw_runs:
+                ratios = sorted(r.vs_raw_runs)
+                spread += (f", vs raw of its round {ratios[(len(ratios) - 1) // 2]:.2f}x "
+                           f"({ratios[0]:.2f}-{ratios[-1]:.2f})")
+            loads = ", ".join(f"{x:.1f}" for x in r.loads)
+            lines.append(f"  {r.label:<32} {spread}; load {loads}")
     return "\n".join(lines)
 
 
@@ -767,33 +780,43 @@ def run_matrix(args: argparse.Namespace, progress: Progress, env: dict[str, obje
     gc.freeze()  # the prebuilt objects are permanent: keep them out of every collection
     results: list[Result] = []
 
-    def measure(label: str, run: Callable[[], Result]) -> None:
-        """Run one configuration --repeat times; keep the run with the median msgs/s."""
-        runs = []
-        for attempt in range(args.repeat):
-            progress.note(f"{label}" + (f" (run {attempt + 1}/{args.repeat})"
-                                        if args.repeat > 1 else ""))
-            runs.append(run())
-            progress.note(f"  -> {runs[-1].msgs_per_s:,.0f} msgs/s, "
-                          f"mean batch {runs[-1].mean_batch:.0f}")
-        runs.sort(key=lambda r: r.msgs_per_s)
-        chosen = runs[(len(runs) - 1) // 2]
-        chosen.all_msgs_per_s = [r.msgs_per_s for r in runs]
-        results.append(chosen)
-
+    configs: list[tuple[str, Callable[[], Result]]] = []
     for sync in args.sync:
         if not args.no_baselines:
-            measure(f"naive sync={sync}", lambda sync=sync: run_naive(
-                workload, rowsets, sync, args.pages_small, args, progress))
+            configs.append((f"naive sync={sync}", lambda sync=sync: run_naive(
+                workload, rowsets, sync, args.pages_small, args, progress)))
         for batch in args.batches:
             pages = args.pages_small if batch == 1 else args.pages
             if not args.no_baselines:
-                measure(f"raw sync={sync} batch={batch}",
-                        lambda sync=sync, batch=batch, pages=pages: run_raw(
-                            workload, rowsets, sync, batch, pages, args, progress))
-            measure(f"writer sync={sync} batch={batch}",
-                    lambda sync=sync, batch=batch, pages=pages: run_writer(
-                        workload, prebuilt, sync, batch, pages, args, progress))
+                configs.append((f"raw sync={sync} batch={batch}",
+                                lambda sync=sync, batch=batch, pages=pages: run_raw(
+                                    workload, rowsets, sync, batch, pages, args, progress)))
+            configs.append((f"writer sync={sync} batch={batch}",
+                            lambda sync=sync, batch=batch, pages=pages: run_writer(
+                                workload, prebuilt, sync, batch, pages, args, progress)))
+    # Interleaved: every configuration once per round, the order reversed every other
+    # round (ABBA), so a machine that slows down or speeds up during the run moves every
+    # configuration alike instead of whichever ran last.
+    runs: dict[str, list[Result]] = {label: [] for label, _ in configs}
+    for round_ in range(args.repeat):
+        for label, run in configs if round_ % 2 == 0 else configs[::-1]:
+            progress.note(f"{label}" + (f" (round {round_ + 1}/{args.repeat})"
+                                        if args.repeat > 1 else ""))
+            load = os.getloadavg()[0]
+            result = run()
+            result.loads = [load]
+            runs[label].append(result)
+            progress.note(f"  -> {result.msgs_per_s:,.0f} msgs/s, "
+                          f"mean batch {result.mean_batch:.0f}, load {load:.1f}")
+    for label, _ in configs:
+        ordered = sorted(runs[label], key=lambda r: r.msgs_per_s)
+        chosen = ordered[(len(ordered) - 1) // 2]  # the run with the median msgs/s
+        chosen.all_msgs_per_s = [r.msgs_per_s for r in runs[label]]
+        chosen.loads = [r.loads[0] for r in runs[label]]
+        if label.startswith("writer ") and (raw := runs.get("raw " + label[7:])):
+            chosen.vs_raw_runs = [w.msgs_per_s / r.msgs_per_s
+                                  for w, r in zip(runs[label], raw, strict=True)]
+        results.append(chosen)
     compute_ratios(results)
     print(table(results))
     verdict = bar(results)
@@ -962,8 +985,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="most concurrent producer tasks (default 10000; the pool is "
                              "min(max(2, 2*batch), cap, pages))")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per configuration; the run with the median msgs/s is "
-                             "reported, all are kept in the JSON (default 1)")
+                        help="rounds: every configuration runs once per round, interleaved "
+                             "(the order reversed every other round); the run with the "
+                             "median msgs/s is reported with the range, and the writer's "
+                             "ratio to the raw run of the same round; all are kept in the "
+                             "JSON (default 1)")
     parser.add_argument("--baseline-log-order", choices=("first", "last"), default="first",
                         help="where the baselines insert the batch's commit_log row: 'first' "
                              "(default; no deferred foreign-key violations, so no scan) or "
