@@ -18,7 +18,6 @@ import anyio
 import pytest
 
 from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store
-from evidence._archive.cdxj import compressed_index
 from evidence._archive.wacz import export_wacz
 from evidence._archive.warc import export_warc
 from evidence._crawl.browser import Browser
@@ -127,6 +126,8 @@ def test_pywbs_own_indexer_keys_the_posts_the_same(package: Path) -> None:
 
 def test_the_compressed_index_in_members_of_n_lines_matches_cdxj_indexer(
         package: Path) -> None:
+    from evidence._archive.cdxj import compressed_index
+
     unpacked = package / "unpacked"
     lines = gzip.decompress((unpacked / "indexes" / "index.cdx.gz").read_bytes()
                             ).decode().splitlines()

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import subprocess
 import sys
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -21,11 +22,13 @@ import pytest
 from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store
 from evidence._archive.cdxj import timestamp14
 from evidence._archive.wacz import export_wacz
-from evidence._archive.warc import IDENTICAL_PAYLOAD, SERVER_NOT_MODIFIED, export_warc
+from evidence._archive.warc import export_warc
 from evidence._demo.site import SiteConfig, TestSite
 
 from .test_replayserve import serve, stop
 
+IDENTICAL_PAYLOAD = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
+SERVER_NOT_MODIFIED = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
 UNVALIDATED = "/p/1"  # served without ETag or Last-Modified: fetched whole again, same bytes
 
 
@@ -40,7 +43,11 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Path:
     validated pages answer 304, the unvalidated one its same bytes."""
     path = tmp_path_factory.mktemp("revisit") / "s"
     with TestSite(SiteConfig(pages=4, unvalidated={UNVALIDATED})) as site:
-        for _ in range(2):
+        for session in range(2):
+            if session:  # index times are whole seconds: the second session gets its own
+                second = int(time.time())
+                while int(time.time()) == second:
+                    time.sleep(0.05)
             with Store.create(path) as store:
                 report = anyio.run(Crawler(store, CrawlConfig(seeds=[site.url]),
                                            CrawlOptions(workers=2)).run)

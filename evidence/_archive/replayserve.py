@@ -35,9 +35,10 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 from .._errors import EvidenceError
 from .cdxj import timestamp14
@@ -79,7 +80,7 @@ _START = "\n".join([
 _INDEXES = ("indexes/index.cdx.gz", "indexes/index.cdx")  # the first one a WACZ has
 
 
-def _copy_index(src: BinaryIO, dst: BinaryIO, *, compressed: bool) -> None:
+def _copy_index(src: IO[bytes], dst: IO[bytes], *, compressed: bool) -> None:
     """The WACZ's index as the plain CDXJ pywb reads, without the 304 revisits.
 
     A compressed index (``index.cdx.gz``) is gzip members of sorted lines: read in turn
@@ -89,7 +90,7 @@ def _copy_index(src: BinaryIO, dst: BinaryIO, *, compressed: bool) -> None:
     without a validator gets an empty 304; without it, the page at that time replays from
     the capture the 304 confirmed, which is what the server said it still was.
     """
-    reader = gzip.GzipFile(fileobj=src, mode="rb") if compressed else src
+    reader: Iterable[bytes] = gzip.GzipFile(fileobj=src, mode="rb") if compressed else src
     for line in reader:
         fields = line.split(b" ", 2)
         if len(fields) == 3 and b'"warc/revisit"' in fields[2]:
