@@ -6,7 +6,8 @@ The record blocks are ``application/http`` messages built from the stored artifa
 byte for byte:
 
     response block = response head artifact + body artifact
-    request block  = request head artifact
+    request block  = request artifact (the request as written: head, and body if any)
+    revisit block  = response head artifact (its payload is in the record it refers to)
 
 For an attempt captured from the wire (``capture="wire"``) these are the bytes that crossed
 the connection: the request as written, the response head as read, and the message body
@@ -16,7 +17,13 @@ crawler's own copy of it). Attempts recorded before wire capture have heads rebu
 parsed headers and a de-chunked body; for a head stored without its first line (an older
 producer) the line is rebuilt from the attempt (method and URL; status code and its
 standard reason phrase, as HTTP/1.1) and the record says so in ``Evidence-Reconstructed``.
-No other byte is added or changed.
+No other byte is added or changed (a request with a body ends with its body, never with
+a blank line after it).
+
+A payload is written once per file (``Revisits``): a response whose body artifact was
+already written is a ``revisit`` record (identical-payload-digest profile), and a 304 of
+an incremental session one that names the last 2xx capture of its URL (server-not-modified
+profile); both hold the response head and the original's ``WARC-Payload-Digest``.
 
 Digests: ``WARC-Block-Digest`` and ``WARC-Payload-Digest`` are SHA-256 in base32
 (``sha256:<52 chars + padding>``); SHA-1, the older convention, is not collision-resistant.
@@ -338,7 +345,7 @@ class Revisits:
     another URL, or unchanged in a later run) becomes a ``revisit`` record with the
     identical-payload-digest profile; a 304 to a conditional request (an unchanged page
     of an incremental session) becomes one with the server-not-modified profile, naming
-    the last response of the same URL written whole before it. Either way the record
+    the record holding the payload of the last 2xx response of the same URL before it. Either way the record
     holds the response head as received and names its original (``WARC-Refers-To``,
     ``-Target-URI``, ``-Date``) and the original's payload digest. Only whole bodies
     (not cut at the cap) and non-empty ones are shared; a 304 with no earlier response of
