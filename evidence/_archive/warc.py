@@ -345,12 +345,13 @@ class Revisits:
     another URL, or unchanged in a later run) becomes a ``revisit`` record with the
     identical-payload-digest profile; a 304 to a conditional request (an unchanged page
     of an incremental session) becomes one with the server-not-modified profile, naming
-    the record holding the payload of the last 2xx response of the same URL before it. Either way the record
-    holds the response head as received and names its original (``WARC-Refers-To``,
-    ``-Target-URI``, ``-Date``) and the original's payload digest. Only whole bodies
-    (not cut at the cap) and non-empty ones are shared; a 304 with no earlier response of
-    its URL in the export stays a response record. The choice depends only on the
-    attempts before it in store order, so an export is still deterministic.
+    the record that holds the payload of the last 2xx response of its URL. Either way the
+    record holds the response head as received and names its original
+    (``WARC-Refers-To``, ``-Target-URI``, ``-Date``) and the original's payload digest.
+    Only whole bodies (not cut at the cap) and non-empty ones are shared; a 304 with no
+    earlier response of its URL in the export stays a response record. The choice
+    depends only on the attempts before it in store order, so an export is still
+    deterministic.
     """
 
     def __init__(self) -> None:
