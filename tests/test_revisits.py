@@ -7,10 +7,13 @@ the page at the revisit's time."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import gzip
 import hashlib
+import io
 import subprocess
 import sys
+import tempfile
 import time
 import types
 import zipfile
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store
 from evidence._archive.cdxj import timestamp14
@@ -164,3 +169,118 @@ def test_replay_serve_shows_the_page_at_the_time_of_each_revisit(twice: Path,
     for url, answer in answers.items():
         assert answer.status_code == 200, url
         assert answer.content == bodies[url], url  # id_: the payload as captured
+
+
+# --- property: any sequence of attempts ------------------------------------------------------
+
+_BODIES = [b"", b"<p>one</p>", b"<p>two</p>", b"<p>three</p>"]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["/a", "/b", "/c"]), st.sampled_from([200, 304, 404]),
+                          st.integers(0, len(_BODIES) - 1), st.booleans()),
+                min_size=1, max_size=10))
+def test_any_sequence_of_attempts_writes_each_payload_once_and_revisits_point_back(
+        attempts: list[tuple[str, int, int, bool]]) -> None:
+    """Whatever the URLs, statuses, bodies and cuts: every non-empty whole body is in
+    exactly one response record; every revisit names a response record before it with its
+    payload digest (a 304 one of its own URL); the content of every response is its body."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    from .conftest import Factory, submit_all
+
+    with tempfile.TemporaryDirectory() as tmp, Store.create(Path(tmp) / "s",
+                                                            sync="normal") as store:
+        make = Factory(store)
+        messages = [make.session(), make.run()]
+        for seq, (path, status, body, cut) in enumerate(attempts):
+            content = b"" if status == 304 else _BODIES[body]
+            head = (f"HTTP/1.1 {status} X\r\nContent-Length: {len(content)}\r\n\r\n").encode()
+            messages.append(make.attempt(
+                f"http://example.com{path}", sequence=seq, http_status=status,
+                started_at=make.now + dt.timedelta(seconds=seq),
+                response_headers=store.artifacts.put("headers", head),
+                body=make.body(content) if content else None,
+                body_truncated=cut and bool(content), capture="wire"))
+        submit_all(store, messages)
+        export_warc(store, Path(tmp) / "x.warc")
+        export_warc(store, Path(tmp) / "y.warc")
+        assert (Path(tmp) / "x.warc").read_bytes() == (Path(tmp) / "y.warc").read_bytes()
+        seen: dict[str, dict] = {}
+        whole_bodies: list[bytes] = []
+        with open(Path(tmp) / "x.warc", "rb") as f:
+            for record in ArchiveIterator(f):
+                headers = dict(record.rec_headers.headers)
+                content = record.content_stream().read()
+                if record.rec_type == "response":
+                    seen[headers["WARC-Record-ID"]] = headers
+                    if content and "WARC-Truncated" not in headers:
+                        whole_bodies.append(content)
+                elif record.rec_type == "revisit":
+                    original = seen[headers["WARC-Refers-To"]]  # written before it
+                    assert headers["WARC-Payload-Digest"] == original["WARC-Payload-Digest"]
+                    assert headers["WARC-Refers-To-Target-URI"] == original["WARC-Target-URI"]
+                    assert content == b""
+                    if headers["WARC-Profile"] == SERVER_NOT_MODIFIED:
+                        assert record.http_headers.get_statuscode() == "304"
+                        assert headers["WARC-Target-URI"] == original["WARC-Target-URI"]
+    assert len(whole_bodies) == len(set(whole_bodies))  # each payload once
+    written = {_BODIES[b] for _p, s, b, cut in attempts if s != 304 and _BODIES[b] and not cut}
+    assert set(whole_bodies) == written
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([b"POST", b"PUT", b"DELETE", b"GET", b"PATCH"]),
+       st.sampled_from([b"", b"Content-Type: application/json\r\n",
+                        b"Content-Type: multipart/form-data; boundary=xx\r\n",
+                        b"Content-Type: application/x-www-form-urlencoded\r\n",
+                        b"Content-Type: text/plain\r\n", b"Content-Length: 3\r\n",
+                        b"Content-Length: nope\r\n"]), st.binary(max_size=200))
+def test_any_request_bytes_give_a_key_and_never_raise(method: bytes, field: bytes,
+                                                      body: bytes) -> None:
+    from evidence._archive.cdxj import index_line, method_query
+    from evidence._model.http1 import header, parse_head
+
+    request = method + b" /api HTTP/1.1\r\nHost: x\r\n" + field + b"\r\n" + body
+    query = method_query(request)
+    if method == b"GET":
+        assert query is None
+        return
+    assert query is not None and query.method == method.decode()
+    assert query.suffix.startswith(f"__wb_method={method.decode()}")
+    assert query.body is None or len(query.body) <= 4096
+    line = index_line(url="http://x/api", date="2024-01-02T03:04:05Z", mime=None, status=200,
+                      digest=None, length=1, offset=0, filename="f", method=query)
+    key = line.split(" ")[0]
+    assert key.startswith("x)/api?") and "__wb_method=" + method.decode().lower() in key
+    if method in (b"POST", b"PUT"):  # the oracle: cdxj-indexer's own reading of the body
+        from cdxj_indexer.postquery import append_method_query
+
+        _status, fields = parse_head(request)
+        kind, length = header(fields, b"content-type"), header(fields, b"content-length")
+        try:
+            _q, theirs = append_method_query(
+                method.decode(), kind and kind.decode("latin-1"),
+                length and length.decode("latin-1"), io.BytesIO(body), "http://x/api")
+        except Exception:  # its multipart parser raises on a malformed body; ours never does
+            return
+        assert "?" + query.suffix == theirs
+
+
+@pytest.mark.parametrize("body", [
+    b'--xx\r\nContent-Disposition: form-data; name="q"\r\n\r\nalpha beta\r\n'
+    b'--xx\r\nContent-Disposition: form-data; name="f"; filename="a.bin"\r\n'
+    b'Content-Type: application/octet-stream\r\n\r\n\x00\xff&=\r\n--xx--\r\n',
+    b'--xx\r\nContent-Disposition: form-data; name="caf\xc3\xa9"\r\n\r\n\xc3\xa9\r\n--xx--\r\n',
+])
+def test_multipart_forms_are_keyed_as_cdxj_indexer_keys_them(body: bytes) -> None:
+    from cdxj_indexer.postquery import append_method_query
+
+    from evidence._archive.cdxj import method_query
+
+    request = (b"POST /f HTTP/1.1\r\nContent-Type: multipart/form-data; boundary=xx\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    query = method_query(request)
+    _q, theirs = append_method_query("POST", "multipart/form-data; boundary=xx",
+                                     str(len(body)), io.BytesIO(body), "http://x/f")
+    assert query is not None and "?" + query.suffix == theirs
