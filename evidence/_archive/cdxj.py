@@ -236,10 +236,11 @@ def index_line(*, url: str, date: str, mime: str | None, status: int | None,
 # arguments sorted). The line also names the ``method`` and its ``requestBody`` (the
 # appended form of the body), as the indexers write them.
 #
-# Two differences from cdxj-indexer, both where it cannot be what a replay finds: it keys
-# only POST and PUT this way (a captured DELETE is then keyed as a GET of its URL, and a
-# replayed DELETE, looked up with ``__wb_method=delete``, is not found), and it decodes
-# Flash's AMF bodies, which are kept here as binary (``__wb_post_data``).
+# Two differences from cdxj-indexer. It keys only POST and PUT this way (a captured DELETE
+# is then keyed as a GET of its URL, and a replayed DELETE, looked up with
+# ``__wb_method=delete``, is not found). And it decodes Flash's AMF bodies, which are kept
+# here as binary (``__wb_post_data``): an AMF POST is keyed otherwise than pywb would
+# look it up, a gap left open (Flash has not run in a browser since 2021).
 
 _MAX_QUERY = 4096
 _NO_LENGTH_READ = 8192
