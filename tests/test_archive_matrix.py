@@ -163,8 +163,8 @@ def test_a_backup_holds_every_payload_and_exports_the_same_bytes(
 
 def test_wacz_and_warc_exports_are_the_same_bytes_from_every_backend(
         source: Source, restored: dict[str, str]) -> None:
-    """The WARC and the WACZ (its compressed index too) depend only on the evidence: the source and its restored copies in either backend give the
-    same bytes (issue 33 point 4)."""
+    """The WARC and the WACZ (its compressed index too) depend only on the evidence: the
+    source and its restored copies in either backend give the same bytes (issue 33)."""
     made: dict[str, tuple[bytes, bytes]] = {}
     for name, location in [("source", source.location), *restored.items()]:
         out = source.work / f"wacz-{name}"
