@@ -23,6 +23,8 @@ import pytest
 from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store, compare
 from evidence._archive.archive import backup, restore
 from evidence._archive.export import Manifest, export
+from evidence._archive.wacz import export_wacz
+from evidence._archive.warc import export_warc
 from evidence._cli.main import main as cli_main
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.artifacts import ArtifactStore
@@ -157,3 +159,19 @@ def test_a_backup_holds_every_payload_and_exports_the_same_bytes(
             (archive[0] / name).read_bytes(), name
     result = compare(source.location, copy, full=True)
     assert result.equal, [str(d) for d in result.differences]
+
+
+def test_wacz_and_warc_exports_are_the_same_bytes_from_every_backend(
+        source: Source, restored: dict[str, str]) -> None:
+    """The WARC and the WACZ (its compressed index too) depend only on the evidence: the
+    source and its restored copies in either backend give the same bytes (issue 33)."""
+    made: dict[str, tuple[bytes, bytes]] = {}
+    for name, location in [("source", source.location), *restored.items()]:
+        out = source.work / f"wacz-{name}"
+        out.mkdir()
+        with Store.open(location, read_only=True) as store:
+            wacz = export_wacz(store, out / "x.wacz")
+            warc = export_warc(store, out / "x.warc.gz")
+        assert wacz.revisits == warc.revisits  # (tests/test_revisits.py makes some)
+        made[name] = ((out / "x.wacz").read_bytes(), (out / "x.warc.gz").read_bytes())
+    assert made["source"] == made["sqlite"] == made["postgresql"]

@@ -61,20 +61,28 @@ def test_the_wacz_validator_accepts_the_package(package) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Validation succeeded" in done.stdout
     assert [i.filename for i in infos] == [
-        "archive/data.warc.gz", "indexes/index.cdx", "pages/pages.jsonl", "datapackage.json",
-        "datapackage-digest.json"]
+        "archive/data.warc.gz", "indexes/index.cdx.gz", "indexes/index.idx",
+        "pages/pages.jsonl", "datapackage.json", "datapackage-digest.json"]
     assert all(i.compress_type == zipfile.ZIP_STORED for i in infos)
     assert report.signed and report.renders == 3
 
 
 def test_cdxj_indexer_over_the_warc_gives_the_packaged_index(package) -> None:
     _out, report, unpacked, _infos = package
-    done = run("-m", "cdxj_indexer.main", "--sort", "archive/data.warc.gz", cwd=unpacked)
+    # As py-wacz runs it: requests with a body appended to the key, each record's digest,
+    # the lines in gzip members of 1,024 with an .idx naming each member.
+    done = run("-W", "ignore", "-m", "cdxj_indexer.main", "--post-append", "--sort",
+               "--digest-records", "--compress", "index.cdx.gz", "--lines", "1024",
+               "-o", "index.idx", "archive/data.warc.gz", cwd=unpacked)
     assert done.returncode == 0, done.stderr
-    packaged = (unpacked / "indexes" / "index.cdx").read_text()
-    assert done.stdout == packaged
-    assert len(packaged.splitlines()) == report.indexed
-    assert "urn:fullpage:http://127.0.0.1:" in packaged  # the screenshots are indexed
+    packaged = unpacked / "indexes"
+    assert (unpacked / "index.cdx.gz").read_bytes() == (packaged / "index.cdx.gz").read_bytes()
+    assert (unpacked / "index.idx").read_bytes() == (packaged / "index.idx").read_bytes()
+    import gzip
+
+    lines = gzip.decompress((packaged / "index.cdx.gz").read_bytes()).decode().splitlines()
+    assert len(lines) == report.indexed
+    assert any(x.startswith("urn:fullpage:http://127.0.0.1:") for x in lines)  # screenshots
 
 
 def test_the_signature_verifies_with_openssl(package, tmp_path: Path) -> None:

@@ -10,9 +10,12 @@ sorted as byte strings. ``url`` is the WARC-Target-URI, ``mime`` the media type 
 ``Content-Type`` (of the record's own Content-Type for a resource), ``status`` the HTTP
 status code (responses only), ``digest`` the WARC-Payload-Digest, ``length`` and
 ``offset`` the record's bytes in the (compressed) WARC file, ``filename`` its name in the
-WACZ's ``archive/``. Fields without a value are left out. JSON is written as Python's
+WACZ's ``archive/``, ``recordDigest`` the SHA-256 of those bytes (``sha256:<hex>``, so a
+reader can check the one record it fetched by range, as py-wacz writes it). Fields without
+a value are left out. JSON is written as Python's
 ``json.dumps`` writes it (``", "`` and ``": "`` separators, non-ASCII escaped), which is
-what ``cdxj-indexer`` writes: tests/test_wacz.py runs it over our WARC and compares.
+what ``cdxj-indexer`` writes: tests/test_wacz.py runs it (``--post-append
+--digest-records``, as py-wacz runs it) over our WARC and compares.
 
 The SURT key (Sort-friendly URI Reordering Transform, as the Internet Archive's Wayback
 machine canonicalizes URLs): for http and https, the host lowercased without a leading
@@ -28,14 +31,21 @@ generated URLs.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import ipaddress
 import json
 import re
 import socket
-from urllib.parse import quote_from_bytes, unquote_to_bytes
+import zlib
+from typing import NamedTuple
+from urllib.parse import quote_from_bytes, unquote_plus, unquote_to_bytes, urlencode
 
-__all__ = ["index_line", "surt_key", "timestamp14"]
+from .._model.http1 import header, parse_head
+
+__all__ = ["INDEX_LINES", "MethodQuery", "compressed_index", "index_line", "method_query",
+           "surt_key", "timestamp14"]
 
 _SAFE = b"!\"$&'()*+,-./:;<=>?@[\\]^_`{|}~"
 _SCHEME = re.compile(rb"^([a-zA-Z][a-zA-Z0-9+\-.]*):")
@@ -184,9 +194,12 @@ def timestamp14(warc_date: str) -> str:
 
 
 def index_line(*, url: str, date: str, mime: str | None, status: int | None,
-               digest: str | None, length: int, offset: int, filename: str) -> str:
-    """One CDXJ line (without its newline) for a record at ``offset`` in ``filename``."""
-    fields: dict[str, str] = {"url": url}
+               digest: str | None, length: int, offset: int, filename: str,
+               record_digest: str | None = None, method: MethodQuery | None = None) -> str:
+    """One CDXJ line (without its newline) for a record at ``offset`` in ``filename``;
+    ``record_digest``: the SHA-256 of the record's bytes there; ``method``: the request
+    was not a GET or HEAD, so the key is the post-append form."""
+    fields: dict[str, str | None] = {"url": url}
     if mime:
         fields["mime"] = mime
     if status is not None:
@@ -194,4 +207,218 @@ def index_line(*, url: str, date: str, mime: str | None, status: int | None,
     if digest:
         fields["digest"] = digest
     fields |= {"length": str(length), "offset": str(offset), "filename": filename}
-    return f"{surt_key(url)} {timestamp14(date)} {json.dumps(fields)}"
+    if record_digest:
+        fields["recordDigest"] = record_digest
+    key = surt_key(url)
+    if method is not None:
+        key = surt_key(url + ("&" if "?" in url else "?") + method.suffix)
+        fields |= {"requestBody": method.body, "method": method.method}
+    return f"{key} {timestamp14(date)} {json.dumps(fields)}"
+
+
+# -- Requests with a body: the post-append key ----------------------------------------------
+#
+# A POST to /api is not the same capture as a GET of /api, nor as a POST of another body.
+# Replay tools (pywb, ReplayWeb.page) look such a request up by its URL with the method and
+# a canonical form of the body appended as query arguments, and the indexers that serve
+# them (``cdxj-indexer --post-append``, py-wacz) key the captures the same way:
+#
+#     <url>?__wb_method=POST&<body as query>       (``&`` if the URL has a query already)
+#
+# For POST and PUT the body is read as its Content-Type says: a form as its (decoded)
+# arguments, multipart form data as its fields urlencoded, JSON (and text/plain that
+# parses as JSON) as its leaf values by key (a repeated key numbered ``key.2_``, ...),
+# anything else as ``__wb_post_data=<base64>``; at most 4,096 characters, with the body
+# read up to its Content-Length (8,192 bytes when it has none). Other methods (DELETE,
+# PATCH, OPTIONS, ...) append only ``__wb_method=<METHOD>``: that is what the replay
+# tools look them up by (they read no body for them), so the key is one they find.
+# The URL with that suffix goes through the SURT key as any URL does (lowercased, its
+# arguments sorted). The line also names the ``method`` and its ``requestBody`` (the
+# appended form of the body), as the indexers write them.
+#
+# Two differences from cdxj-indexer. It keys only POST and PUT this way (a captured DELETE
+# is then keyed as a GET of its URL, and a replayed DELETE, looked up with
+# ``__wb_method=delete``, is not found). And it decodes Flash's AMF bodies, which are kept
+# here as binary (``__wb_post_data``): an AMF POST is keyed otherwise than pywb would
+# look it up, a gap left open (Flash has not run in a browser since 2021).
+
+_MAX_QUERY = 4096
+_NO_LENGTH_READ = 8192
+
+
+class MethodQuery(NamedTuple):
+    method: str  # as in the request line, uppercased
+    suffix: str  # appended to the URL for its key: __wb_method=POST&...
+    body: str | None  # the body's query form ("" when it has none); None: unreadable length
+
+
+def method_query(request: bytes) -> MethodQuery | None:
+    """The post-append form of a request as written (request line, head, body), or None
+    for a GET or HEAD (keyed by their URL alone)."""
+    first = request.split(b"\n", 1)[0].split(b" ", 1)[0].decode("latin-1").upper()
+    if not first or first in ("GET", "HEAD"):
+        return None
+    if first not in ("POST", "PUT"):
+        return MethodQuery(first, f"__wb_method={first}", "")
+    _status, fields = parse_head(request)
+    kind = (_first(fields, b"content-type") or b"").decode("latin-1")
+    length_text = _first(fields, b"content-length")
+    body = _body(request)
+    if length_text is None:
+        length = _NO_LENGTH_READ
+    else:
+        try:
+            length = int(length_text)
+        except ValueError:
+            return MethodQuery(first, f"__wb_method={first}", None)
+    query = _body_query(kind, body[:max(length, 0)])
+    suffix = f"__wb_method={first}" + (f"&{query}" if query else "")
+    return MethodQuery(first, suffix, query)
+
+
+def _first(fields: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of a field (what a WARC reader's get_header answers)."""
+    return next((v for n, v in fields if n.lower() == name), None)
+
+
+def _body(request: bytes) -> bytes:
+    for end in (b"\r\n\r\n", b"\n\n"):
+        at = request.find(end)
+        if at >= 0:
+            return request[at + len(end):]
+    return b""
+
+
+def _binary(data: bytes) -> str:
+    return "__wb_post_data=" + base64.b64encode(data).decode("ascii")
+
+
+def _body_query(kind: str, data: bytes) -> str:
+    if kind.startswith("application/x-www-form-urlencoded"):
+        try:
+            query = unquote_plus(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            query = _binary(data)
+    elif kind.startswith("multipart/"):
+        query = _multipart_query(kind, data)
+    elif kind.startswith("application/json"):
+        try:
+            query = _json_query(data)
+        except ValueError:
+            query = ""
+    elif kind.startswith("text/plain"):
+        try:
+            query = _json_query(data)
+        except ValueError:
+            query = _binary(data)
+    else:
+        query = _binary(data)
+    return query[:_MAX_QUERY]
+
+
+def _json_query(data: bytes) -> str:
+    """Every leaf value under its nearest key, in document order, as a query string."""
+    values: dict[str, str] = {}
+    repeats: dict[str, int] = {}
+
+    def name_for(key: str) -> str:
+        if key not in values:
+            return key
+        repeats[key] = repeats.get(key, 1) + 1
+        return f"{key}.{repeats[key]}_"
+
+    def walk(node: object, key: str = "") -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                walk(value, name)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, key)
+        elif key:
+            values[name_for(key)] = str(node)  # Python's spelling: True, None, 1.5
+
+    try:
+        walk(json.loads(data))
+    except json.JSONDecodeError:
+        if b"\n" not in data:
+            raise
+        for line in data.split(b"\n"):  # JSON lines
+            walk(json.loads(line))
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+    return urlencode(values)
+
+
+def _multipart_query(kind: str, data: bytes) -> str:
+    """The fields of multipart form data, urlencoded (a file's bytes percent-encoded)."""
+    if "boundary=" not in kind:
+        return _binary(data)
+    boundary = kind.split("boundary=")[1].encode("latin-1")
+    delimiter = b"--" + boundary
+    values: list[tuple[str, str | bytes]] = []
+    parts = data.split(delimiter)
+    if len(parts) < 3 or not parts[-1].startswith(b"--"):
+        return _binary(data)
+    for part in parts[1:-1]:
+        if not part.startswith(b"\r\n") or not part.endswith(b"\r\n"):
+            return _binary(data)
+        head, sep, content = part[2:-2].partition(b"\r\n\r\n")
+        if not sep:
+            return _binary(data)
+        _status, fields = parse_head(b"\r\n" + head + b"\r\n\r\n")
+        disposition = (header(fields, b"content-disposition") or b"").decode("utf-8", "replace")
+        name = _disposition_param(disposition, "name")
+        filename = _disposition_param(disposition, "filename")
+        if name is None:
+            return _binary(data)
+        values.append((name, content if filename is not None
+                       else content.decode("utf-8", "replace")))
+    return urlencode(values, True)
+
+
+def _disposition_param(disposition: str, param: str) -> str | None:
+    match = re.search(rf'(?:^|;)\s*{param}="((?:[^"\\]|\\.)*)"|(?:^|;)\s*{param}=([^;\s]*)',
+                      disposition)
+    if match is None:
+        return None
+    quoted, bare = match.groups()
+    return re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
+
+
+# -- The compressed index: index.cdx.gz and index.idx ---------------------------------------
+#
+# ReplayWeb.page reads a plain index.cdx whole before it replays anything; a compressed
+# index it reads in parts. ``index.cdx.gz`` is the sorted CDXJ lines in gzip members of
+# ``INDEX_LINES`` lines each (each member a whole gzip stream, so one can be read alone by
+# its offset and length), and ``index.idx`` says where each member starts:
+#
+#     !meta 0 {"format": "cdxj-gzip-1.0", "filename": "index.cdx.gz"}
+#     <key> <timestamp> {"offset": ..., "length": ..., "digest": "sha256:<hex>"}
+#
+# one line per member, naming its first line's key and time, the member's bytes in the
+# .cdx.gz and their SHA-256: the ``cdxj-gzip-1.0`` format of the WACZ specification, as
+# ``cdxj-indexer --compress --digest-records`` and py-wacz write it. A reader binary-
+# searches the .idx for a URL and inflates one member. The members are zlib's gzip at its
+# default level with no name and no time, so the same lines give the same bytes.
+
+INDEX_LINES = 1024
+
+
+def compressed_index(lines: list[str], filename: str = "index.cdx.gz",
+                     per_member: int = INDEX_LINES) -> tuple[bytes, bytes]:
+    """The (.cdx.gz, .idx) pair for sorted CDXJ ``lines`` (each without its newline)."""
+    members: list[bytes] = []
+    idx = [f"!meta 0 {json.dumps({'format': 'cdxj-gzip-1.0', 'filename': filename})}\n"]
+    offset = 0
+    for start in range(0, len(lines), per_member):
+        block = lines[start:start + per_member]
+        packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+        member = packer.compress("".join(f"{line}\n" for line in block).encode("utf-8"))
+        member += packer.flush()
+        key, stamp = block[0].split(" ", 2)[:2]
+        entry = {"offset": offset, "length": len(member),
+                 "digest": "sha256:" + hashlib.sha256(member).hexdigest()}
+        idx.append(f"{key} {stamp} {json.dumps(entry)}\n")
+        members.append(member)
+        offset += len(member)
+    return b"".join(members), "".join(idx).encode("utf-8")

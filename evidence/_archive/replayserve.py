@@ -12,8 +12,9 @@ worker), so it needs its JavaScript bundle from the npm registry and a browser s
 run; it opens the same WACZ file (``evidence export --format wacz``) for anyone who has it.
 
 What happens: a store is exported to a WACZ in a temporary directory (a WACZ is used as
-given), its ``archive/data.warc.gz`` and ``indexes/index.cdx`` become the pywb collection
-``evidence`` (index renamed ``index.cdxj``, which is how pywb finds it), and pywb's
+given), its ``archive/data.warc.gz`` and its index become the pywb collection ``evidence``
+(``indexes/index.cdx.gz`` inflated, or an older WACZ's ``indexes/index.cdx``, as
+``index.cdxj``, which is how pywb finds it), and pywb's
 ``wayback`` server runs in a child process bound to 127.0.0.1 only. Pages come from the
 WACZ's ``pages/pages.jsonl``; each replays at ``/evidence/<14-digit time>/<url>`` (framed
 replay: pywb's banner above the page). pywb is GPL-3.0; it runs as a separate program and
@@ -23,6 +24,7 @@ is not part of this package.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -33,8 +35,10 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from .._errors import EvidenceError
 from .cdxj import timestamp14
@@ -47,13 +51,53 @@ framed_replay: true
 """
 # The child ends with its parent, even a killed one: Linux's PR_SET_PDEATHSIG (prctl
 # option 1) sends it SIGTERM; a parent already gone before that is seen by getppid().
+#
+# One lookup rule is added to pywb's: a capture answers only a request of its own method.
+# pywb looks a POST up by its post-append key (``__wb_method=post&...``, as the index
+# keys it) and, finding none, falls back to its fuzzy match, which takes any capture of
+# the URL without its query: a GET of /api would get a POST's answer, and a POST the GET's.
+# The wrapper below refuses a fuzzy candidate whose method (the index line's ``method``,
+# GET when it has none) is not the one asked (``__wb_method=`` in the key, else GET); every
+# other fuzzy rule (cache-busting query arguments, a POST of another body) stands.
 _START = "\n".join([
-    "import ctypes, os, signal, sys",
+    "import ctypes, os, re, signal, sys",
     "ctypes.CDLL(None).prctl(1, signal.SIGTERM)",
     "if os.getppid() != int(sys.argv.pop(1)): sys.exit(0)",
+    "from pywb.warcserver.index.fuzzymatcher import FuzzyMatcher",
+    "_general = FuzzyMatcher.match_general_fuzzy_query",
+    "_asked = re.compile(r'[?&]__wb_method=([a-z]+)')",
+    "def _same_method(self, url, urlkey, cdx, rx_cache):",
+    "    found = _asked.search(urlkey)",
+    "    if (cdx.get('method') or 'GET').lower() != (found.group(1) if found else 'get'):",
+    "        return False",
+    "    return _general(self, url, urlkey, cdx, rx_cache)",
+    "FuzzyMatcher.match_general_fuzzy_query = _same_method",
     "from pywb.apps.cli import wayback",
     "sys.argv[0] = 'wayback'",
     "sys.exit(wayback())"])
+
+
+_INDEXES = ("indexes/index.cdx.gz", "indexes/index.cdx")  # the first one a WACZ has
+
+
+def _copy_index(src: IO[bytes], dst: IO[bytes], *, compressed: bool) -> None:
+    """The WACZ's index as the plain CDXJ pywb reads, without the 304 revisits.
+
+    A compressed index (``index.cdx.gz``) is gzip members of sorted lines: read in turn
+    they are the whole sorted index. A revisit record of a 304 (server-not-modified: the
+    page was unchanged at that time) is left out of what pywb looks up: pywb answers a
+    revisit whose status is a redirection with its head alone, and a browser that asked
+    without a validator gets an empty 304; without it, the page at that time replays from
+    the capture the 304 confirmed, which is what the server said it still was.
+    """
+    reader: Iterable[bytes] = gzip.GzipFile(fileobj=src, mode="rb") if compressed else src
+    for line in reader:
+        fields = line.split(b" ", 2)
+        if len(fields) == 3 and b'"warc/revisit"' in fields[2]:
+            entry = json.loads(fields[2])
+            if entry.get("mime") == "warc/revisit" and entry.get("status") == "304":
+                continue
+        dst.write(line)
 
 
 @dataclass(frozen=True)
@@ -138,8 +182,10 @@ class ReplayServer:
         (self._dir / "config.yaml").write_text(_CONFIG)
         with zipfile.ZipFile(wacz) as zf:
             names = set(zf.namelist())
-            if "indexes/index.cdx" not in names or "pages/pages.jsonl" not in names:
-                raise EvidenceError(f"{wacz} has no indexes/index.cdx or pages/pages.jsonl",
+            index_name = next((n for n in _INDEXES if n in names), None)
+            if index_name is None or "pages/pages.jsonl" not in names:
+                raise EvidenceError(f"{wacz} has no indexes/index.cdx.gz (or index.cdx) or "
+                                    "pages/pages.jsonl",
                                     hint="replay a WACZ made by evidence export --format wacz",
                                     path=str(wacz))
             for name in sorted(names):
@@ -147,9 +193,9 @@ class ReplayServer:
                     with zf.open(name) as src, open(home / "archive" / Path(name).name,
                                                     "wb") as dst:
                         shutil.copyfileobj(src, dst)
-            with zf.open("indexes/index.cdx") as src, open(home / "indexes" / "index.cdxj",
-                                                           "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            with zf.open(index_name) as src, open(home / "indexes" / "index.cdxj",
+                                                  "wb") as dst:
+                _copy_index(src, dst, compressed=index_name.endswith(".gz"))
             lines = zf.read("pages/pages.jsonl").decode("utf-8").splitlines()
         for line in lines[1:]:
             page = json.loads(line)

@@ -5,12 +5,17 @@
 A WACZ is a ZIP (every entry stored, not deflated) holding, in this order:
 
     archive/data.warc.gz      every attempt that got a response (``_archive.warc``: response and
-                              request records, the bytes that crossed the connection), then
+                              request records, the bytes that crossed the connection; a
+                              payload already written is a revisit record), then
                               each rendered page's screenshot, DOM and MHTML as ``resource``
                               records: ``urn:fullPage:<url>`` (image/png, the Browsertrix
                               convention for a full-page screenshot), ``urn:dom:<url>``
                               (text/html) and ``urn:mhtml:<url>`` (multipart/related)
-    indexes/index.cdx         the CDXJ index of that WARC (``_archive.cdxj``), sorted
+    indexes/index.cdx.gz      the CDXJ index of that WARC (``_archive.cdxj``), sorted, in
+                              gzip members of 1,024 lines (a request that was not a GET
+                              keyed in the post-append form, ``__wb_method=post&...``)
+    indexes/index.idx         where each member starts and its first key: a replay tool
+                              reads it, then only the member a URL falls in
     pages/pages.jsonl         every captured page: each run's current attempt of a URL
                               that got a 2xx HTML response, with its title (the rendered
                               title when the page was rendered, else the document's
@@ -53,12 +58,14 @@ from .._model.text import decode_document, is_html
 from .._store.db import Store
 from .._store.fsync import fsync_dir, fsync_file
 from . import warc as _warc
-from .cdxj import index_line
+from .cdxj import compressed_index, index_line, method_query
 
 __all__ = ["WaczExport", "export_wacz", "load_signing_key", "new_signing_key"]
 
 WACZ_VERSION = "1.1.1"
 WARC_NAME = "data.warc.gz"
+INDEX_NAME = "indexes/index.cdx.gz"
+INDEX_IDX_NAME = "indexes/index.idx"
 _MAX_TITLE = 1000
 
 _RENDERS = """
@@ -86,6 +93,7 @@ class WaczExport(msgspec.Struct, kw_only=True):
     path: str
     records: int  # WARC records
     indexed: int  # CDXJ lines
+    revisits: int  # responses written as revisit records (their payload written before)
     pages: int
     renders: int
     signed: bool
@@ -150,16 +158,18 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
         with store.reader() as conn, store.errors():
             conn.execute("BEGIN")  # one snapshot: the WARC, the index and the pages agree
             try:
-                created, store_id, records, lines, renders = _write_warc(store, conn, warc_tmp)
+                created, store_id, records, lines, renders, revisits = _write_warc(
+                    store, conn, warc_tmp)
                 pages = _pages(store, conn)
             finally:
                 conn.execute("COMMIT")
         lines.sort()
-        index = "".join(line + "\n" for line in lines).encode("utf-8")
+        index, index_idx = compressed_index(lines, Path(INDEX_NAME).name)
         page_list = _page_list(pages)
         stamp = _zip_time(created)
         resources = [("archive/" + WARC_NAME, _file_digest(warc_tmp)),
-                     ("indexes/index.cdx", _digest(index)),
+                     (INDEX_NAME, _digest(index)),
+                     (INDEX_IDX_NAME, _digest(index_idx)),
                      ("pages/pages.jsonl", _digest(page_list))]
         package = {
             "profile": "data-package",
@@ -174,7 +184,8 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
         digest_doc, public_key = _digest_document(package_bytes, created, key)
         with open(zip_tmp, "xb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as zf:
             _add_file(zf, "archive/" + WARC_NAME, warc_tmp, stamp)
-            _add(zf, "indexes/index.cdx", index, stamp)
+            _add(zf, INDEX_NAME, index, stamp)
+            _add(zf, INDEX_IDX_NAME, index_idx, stamp)
             _add(zf, "pages/pages.jsonl", page_list, stamp)
             _add(zf, "datapackage.json", package_bytes, stamp)
             _add(zf, "datapackage-digest.json", digest_doc, stamp)
@@ -191,12 +202,15 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
     fsync_dir(out.parent)
     sha, size = _file_digest(out)
     return WaczExport(path=str(out), records=records, indexed=len(lines), pages=len(pages),
-                      renders=renders, signed=key is not None, public_key=public_key,
-                      bytes=size, sha256=sha)
+                      renders=renders, revisits=revisits, signed=key is not None,
+                      public_key=public_key, bytes=size, sha256=sha)
 
 
-def _write_warc(store: Store, conn, path: Path) -> tuple[str, str, int, list[str], int]:
-    """The WARC (one gzip member per record), and a CDXJ line per indexed record."""
+def _write_warc(store: Store, conn,
+                path: Path) -> tuple[str, str, int, list[str], int, int]:
+    """The WARC (one gzip member per record), and a CDXJ line per indexed record: a
+    response or revisit keyed by its URL, with the method and body appended when its
+    request was not a GET or HEAD (``cdxj.method_query``), and each resource record."""
     store_id = _warc.first_value(conn, "SELECT value FROM store_meta WHERE key = 'store_id'", ())
     last_seq = _warc.first_value(
         conn, "SELECT coalesce(max(attempt_seq), 0) FROM fetch_attempt", ())
@@ -209,30 +223,38 @@ def _write_warc(store: Store, conn, path: Path) -> tuple[str, str, int, list[str
         sink = _warc.HashingWriter(raw, hashlib.sha256())
 
         def write(record: _warc.WarcRecord, index: bool, url: str, date: str,
-                  mime: str | None, status: int | None) -> None:
+                  mime: str | None, status: int | None, request: bytes = b"") -> None:
             nonlocal records
             offset = raw.tell()
-            _warc.write_record(sink, True, record)
+            record_hash = hashlib.sha256()
+            _warc.write_record(_warc.HashingWriter(sink, record_hash), True, record)
             records += 1
             if index:
                 lines.append(index_line(url=url, date=date, mime=mime, status=status,
                                         digest=record.payload, length=raw.tell() - offset,
-                                        offset=offset, filename=WARC_NAME))
+                                        offset=offset, filename=WARC_NAME,
+                                        record_digest=f"sha256:{record_hash.hexdigest()}",
+                                        method=method_query(request)))
 
         info_id = _warc.record_uri(store_id, "*", str(tree_size), "warcinfo")
         write(_warc.warcinfo_record(store_id, None, info_id, created), False, "", "", None, None)
+        revisits = _warc.Revisits()
         for row in _warc.attempt_pages(store, conn, last_seq, None):
-            response, request = _warc.attempt_records(store, store_id, row)
+            response, request = _warc.attempt_records(store, store_id, row, revisits)
             status, mime = _status_and_mime(response.head)
-            write(response, True, _warc.header_value(row[3]), row[5], mime, status)
+            if response.refers_to is not None:
+                mime = "warc/revisit"  # what the indexers write, and replay tools look for
+            write(response, True, _warc.header_value(row[3]), row[5], mime, status,
+                  request.head)
             write(request, False, "", "", None, None)
+            revisits.written(row, response)
         for row in conn.execute(_RENDERS).fetchall():
             renders += 1
             for record, url, mime in _render_records(store, store_id, row):
                 write(record, True, url, row[2], mime, None)
         raw.flush()
         os.fsync(raw.fileno())
-    return created, store_id, records, lines, renders
+    return created, store_id, records, lines, renders, revisits.count
 
 
 def _render_records(store: Store, store_id: str,

@@ -6,7 +6,8 @@ The record blocks are ``application/http`` messages built from the stored artifa
 byte for byte:
 
     response block = response head artifact + body artifact
-    request block  = request head artifact
+    request block  = request artifact (the request as written: head, and body if any)
+    revisit block  = response head artifact (its payload is in the record it refers to)
 
 For an attempt captured from the wire (``capture="wire"``) these are the bytes that crossed
 the connection: the request as written, the response head as read, and the message body
@@ -16,7 +17,13 @@ crawler's own copy of it). Attempts recorded before wire capture have heads rebu
 parsed headers and a de-chunked body; for a head stored without its first line (an older
 producer) the line is rebuilt from the attempt (method and URL; status code and its
 standard reason phrase, as HTTP/1.1) and the record says so in ``Evidence-Reconstructed``.
-No other byte is added or changed.
+No other byte is added or changed (a request with a body ends with its body, never with
+a blank line after it).
+
+A payload is written once per file (``Revisits``): a response whose body artifact was
+already written is a ``revisit`` record (identical-payload-digest profile), and a 304 of
+an incremental session one that names the last 2xx capture of its URL (server-not-modified
+profile); both hold the response head and the original's ``WARC-Payload-Digest``.
 
 Digests: ``WARC-Block-Digest`` and ``WARC-Payload-Digest`` are SHA-256 in base32
 (``sha256:<52 chars + padding>``); SHA-1, the older convention, is not collision-resistant.
@@ -48,7 +55,7 @@ import uuid
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import urlsplit
 
 import apsw
@@ -62,9 +69,9 @@ from .._store.db import Store
 from .._store.fsync import fsync_dir
 
 # What the WACZ package (wacz.py) builds its own records with, besides the WARC export.
-__all__ = ["BodyStream", "HashingWriter", "WarcExport", "WarcRecord", "attempt_pages",
-           "attempt_records", "export_warc", "first_value", "header_value", "record_uri",
-           "software_version", "warcinfo_record", "write_record"]
+__all__ = ["BodyStream", "HashingWriter", "Revisits", "WarcExport", "WarcRecord",
+           "attempt_pages", "attempt_records", "export_warc", "first_value", "header_value",
+           "record_uri", "software_version", "warcinfo_record", "write_record"]
 
 _NAMESPACE = uuid.UUID("6f1c8d52-3c39-4f0e-9d7a-0f4d8b1e2a61")  # this package's UUIDv5 space
 _CRLF = b"\r\n"
@@ -93,6 +100,7 @@ class WarcExport(msgspec.Struct, kw_only=True):
     records: int
     responses: int
     skipped: int  # attempts without a response (timeouts, errors, robots): no record
+    revisits: int = 0  # of the responses, those written as revisit records
     bytes: int
     sha256: str  # of the whole file, to note beside it
 
@@ -124,6 +132,7 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         digest = hashlib.sha256()
         records = responses = 0
+        revisits = Revisits()
         try:
             with open(tmp, "xb") as raw:
                 sink = HashingWriter(raw, digest)
@@ -131,9 +140,11 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
                 write_record(sink, compress, warcinfo_record(store_id, run_id, info_id, date))
                 records += 1
                 for row in attempt_pages(store, conn, last_seq, run_id):
-                    for record in attempt_records(store, store_id, row):
+                    response, request = attempt_records(store, store_id, row, revisits)
+                    for record in (response, request):
                         write_record(sink, compress, record)
                         records += 1
+                    revisits.written(row, response)
                     responses += 1
                 raw.flush()
                 os.fsync(raw.fileno())
@@ -144,8 +155,8 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
             raise
     fsync_dir(out.parent)
     return WarcExport(path=str(out), records=records, responses=responses,
-                      skipped=total - responses, bytes=out.stat().st_size,
-                      sha256=digest.hexdigest())
+                      skipped=total - responses, revisits=revisits.count,
+                      bytes=out.stat().st_size, sha256=digest.hexdigest())
 
 
 def first_value(conn: apsw.Connection, sql: str, args: tuple[object, ...]) -> Any:
@@ -201,11 +212,13 @@ class WarcRecord:
     """Header fields (digests and Content-Length are added), a head, and an optional body."""
 
     def __init__(self, fields: list[tuple[str, str]], head: bytes,
-                 body: BodyStream | None = None, *, payload_digest: bool = False) -> None:
+                 body: BodyStream | None = None, *, payload_digest: bool = False,
+                 refers_to: Original | None = None) -> None:
         self.fields = fields
         self.head = head
         self.body = body
         self.payload_digest = payload_digest
+        self.refers_to = refers_to  # a revisit's original
         self.payload: str | None = None
 
     def _header(self) -> bytes:
@@ -217,7 +230,10 @@ class WarcRecord:
                 payload.update(chunk)
         fields = [*self.fields, ("WARC-Block-Digest", _b32(block.digest()))]
         self.payload = None  # the WARC-Payload-Digest value, once written (CDXJ reads it)
-        if self.payload_digest:
+        if self.refers_to is not None:
+            self.payload = self.refers_to.payload
+            fields.append(("WARC-Payload-Digest", self.payload))
+        elif self.payload_digest:
             self.payload = _b32(payload.digest())
             fields.append(("WARC-Payload-Digest", self.payload))
         length = len(self.head) + (self.body.ref.size if self.body is not None else 0)
@@ -253,11 +269,15 @@ class BodyStream:
                 hint="run 'evidence verify --full' and restore the payload from a backup")
 
 
-def attempt_records(store: Store, store_id: str, row: tuple) -> list[WarcRecord]:
-    """A response and a request record; the same attempt always gives the same bytes."""
+def attempt_records(store: Store, store_id: str, row: tuple,
+                    revisits: Revisits | None = None) -> list[WarcRecord]:
+    """A response (or revisit) and a request record; the same attempt in the same export
+    always gives the same bytes."""
     (_seq, attempt_id, run_id, url, method, started_at, status, truncated, log_index,
      q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size, c_digest) = row
-    response_id = record_uri(store_id, attempt_id, "response")
+    original = revisits.original(row) if revisits is not None else None
+    response_id = record_uri(store_id, attempt_id,
+                             "response" if original is None else "revisit")
     common = [("WARC-Date", started_at), ("WARC-Target-URI", header_value(url))]
     evidence = [("Evidence-Attempt-ID", header_value(attempt_id)),
                 ("Evidence-Run-ID", header_value(run_id)),
@@ -265,8 +285,13 @@ def attempt_records(store: Store, store_id: str, row: tuple) -> list[WarcRecord]
 
     head = b"" if h_ns is None else store.artifacts.read(ArtifactRef(h_ns, h_digest, h_size),
                                                          verify=True)
-    fields = [("WARC-Type", "response"), ("WARC-Record-ID", response_id), *common,
-              ("Content-Type", "application/http;msgtype=response")]
+    fields = [("WARC-Type", "response" if original is None else "revisit"),
+              ("WARC-Record-ID", response_id), *common]
+    if original is not None:
+        fields += [("WARC-Profile", original.profile), ("WARC-Refers-To", original.record_id),
+                   ("WARC-Refers-To-Target-URI", original.target_uri),
+                   ("WARC-Refers-To-Date", original.date)]
+    fields.append(("Content-Type", "application/http;msgtype=response"))
     if not _STATUS_LINE.match(head):
         head = f"HTTP/1.1 {status} {_reason(status)}".encode() + _CRLF + head
         fields.append(("Evidence-Reconstructed", "status-line"))
@@ -274,11 +299,17 @@ def attempt_records(store: Store, store_id: str, row: tuple) -> list[WarcRecord]
         fields.append(("WARC-Truncated", "length"))
     body = None
     if b_ns is not None:
-        body = BodyStream(store, ArtifactRef(b_ns, b_digest, b_size))
+        if original is None:
+            body = BodyStream(store, ArtifactRef(b_ns, b_digest, b_size))
         fields.append(("Evidence-Body-BLAKE3", b_digest))
     if c_digest is not None:
         fields.append(("Evidence-Content-BLAKE3", c_digest))
-    response = WarcRecord([*fields, *evidence], _terminated(head), body, payload_digest=True)
+    if original is None:
+        response = WarcRecord([*fields, *evidence], _terminated(head), body,
+                              payload_digest=True)
+    else:
+        response = WarcRecord([*fields, *evidence], _terminated(head),
+                              refers_to=original)
 
     request = b"" if q_ns is None else store.artifacts.read(ArtifactRef(q_ns, q_digest, q_size),
                                                             verify=True)
@@ -289,7 +320,70 @@ def attempt_records(store: Store, store_id: str, row: tuple) -> list[WarcRecord]
     if not _REQUEST_LINE.match(request):
         request = f"{method} {_target(url)} HTTP/1.1".encode() + _CRLF + request
         fields.append(("Evidence-Reconstructed", "request-line"))
-    return [response, WarcRecord([*fields, *evidence], _terminated(request))]
+    return [response, WarcRecord([*fields, *evidence], _request_block(request))]
+
+
+IDENTICAL_PAYLOAD = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
+SERVER_NOT_MODIFIED = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
+
+
+class Original(NamedTuple):
+    """A response record already written whole, that a revisit record refers to."""
+
+    profile: str
+    record_id: str
+    target_uri: str
+    date: str
+    payload: str  # its WARC-Payload-Digest
+
+
+class Revisits:
+    """What an export has written whole, so that a payload is written once.
+
+    A response whose body is the same artifact as one already written (the same BLAKE3
+    digest, so the same bytes and the same WARC-Payload-Digest: the same page under
+    another URL, or unchanged in a later run) becomes a ``revisit`` record with the
+    identical-payload-digest profile; a 304 to a conditional request (an unchanged page
+    of an incremental session) becomes one with the server-not-modified profile, naming
+    the record that holds the payload of the last 2xx response of its URL. Either way the
+    record holds the response head as received and names its original
+    (``WARC-Refers-To``, ``-Target-URI``, ``-Date``) and the original's payload digest.
+    Only whole bodies (not cut at the cap) and non-empty ones are shared; a 304 with no
+    earlier response of its URL in the export stays a response record. The choice
+    depends only on the attempts before it in store order, so an export is still
+    deterministic.
+    """
+
+    def __init__(self) -> None:
+        self._payloads: dict[str, Original] = {}
+        self._urls: dict[str, Original] = {}
+        self.count = 0
+
+    def original(self, row: tuple) -> Original | None:
+        """The record an attempt's response repeats (and in which profile), or None."""
+        url, status, truncated, b_digest, b_size = row[3], row[6], row[7], row[16], row[17]
+        if status == 304 and not b_size:
+            found = self._urls.get(url)
+            return found._replace(profile=SERVER_NOT_MODIFIED) if found else None
+        if truncated or not b_size:
+            return None
+        return self._payloads.get(b_digest)
+
+    def written(self, row: tuple, record: WarcRecord) -> None:
+        """Note a response (or revisit) record of ``row`` just written."""
+        url, date, status, truncated, b_digest, b_size = (row[3], row[5], row[6], row[7],
+                                                          row[16], row[17])
+        original = record.refers_to
+        if original is not None:
+            self.count += 1
+        elif truncated or not b_size or record.payload is None:
+            return
+        else:
+            original = Original(IDENTICAL_PAYLOAD, dict(record.fields)["WARC-Record-ID"],
+                                header_value(url), date, record.payload)
+            self._payloads.setdefault(b_digest, original)
+        if 200 <= status <= 299:
+            self._urls[url] = original._replace(profile=IDENTICAL_PAYLOAD)
 
 
 def _reason(status: int) -> str:
@@ -305,6 +399,15 @@ def _target(url: str) -> str:
     return header_value(target + (f"?{parts.query}" if parts.query else ""))
 
 
+def _request_block(request: bytes) -> bytes:
+    """A request as written is complete once its head has ended: what follows the blank
+    line is its body, kept as sent (nothing appended). Only a head stored without its
+    blank line (an older producer) gets one."""
+    if b"\r\n\r\n" in request or b"\n\n" in request:
+        return request
+    return _terminated(request)
+
+
 def _terminated(head: bytes) -> bytes:
     """A head ends in its blank line; add it only if the stored head lacks it."""
     if head.endswith((b"\r\n\r\n", b"\n\n")):
@@ -315,7 +418,7 @@ def _terminated(head: bytes) -> bytes:
 class HashingWriter:
     """The output file, hashed as it is written (a file-like sink for GzipFile too)."""
 
-    def __init__(self, raw: BinaryIO, digest: hashlib._Hash) -> None:
+    def __init__(self, raw: BinaryIO | HashingWriter, digest: hashlib._Hash) -> None:
         self.raw = raw
         self.digest = digest
 

@@ -93,7 +93,8 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
         print_json(report)
     else:
         print(f"wacz      {report.path}  ({report.bytes} bytes, sha256 {report.sha256})\n"
-              f"warc      {report.records} records, {report.indexed} indexed; "
+              f"warc      {report.records} records ({report.revisits} revisits), "
+              f"{report.indexed} indexed; "
               f"{report.renders} rendered pages\n"
               f"pages     {report.pages}\n"
               f"signed    " + (f"yes, ECDSA public key {report.public_key}" if report.signed
@@ -113,8 +114,8 @@ def _cmd_export_warc(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print(f"wrote {result.path}: {result.records} records, {result.responses} responses "
-              f"({result.skipped} attempts without a response skipped), {result.bytes} bytes, "
-              f"sha256 {result.sha256}")
+              f"({result.revisits} as revisit records; {result.skipped} attempts without a "
+              f"response skipped), {result.bytes} bytes, sha256 {result.sha256}")
     return 0
 
 def _check_parent(out: Path | str, what: str) -> None:
