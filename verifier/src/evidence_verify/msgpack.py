@@ -1,9 +1,11 @@
 """Enough MessagePack to read a ledger entry: evidence's messages are canonical msgpack
-maps. Written to the format's specification (msgpack.org, spec.md); no extension types,
-which the messages never use."""
+maps. Written to the format's specification (msgpack.org, spec.md). Times are the
+specification's timestamp extension (type -1), returned as ISO 8601 UTC text; any other
+extension is returned as ``{"ext": type, "data": bytes}``."""
 
 from __future__ import annotations
 
+import datetime as dt
 import struct
 from typing import Any
 
@@ -71,7 +73,34 @@ def _value(r: _Reader, depth: int) -> Any:
     maps = {0xDE: 2, 0xDF: 4}
     if b in maps:
         return _map(r, r.uint(maps[b]), depth)
-    raise ValueError(f"msgpack type byte 0x{b:02x} is not used by evidence's messages")
+    fixext = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+    if b in fixext:
+        kind = int.from_bytes(r.take(1), "big", signed=True)
+        return _ext(kind, r.take(fixext[b]))
+    ext = {0xC7: 1, 0xC8: 2, 0xC9: 4}
+    if b in ext:
+        size = r.uint(ext[b])
+        kind = int.from_bytes(r.take(1), "big", signed=True)
+        return _ext(kind, r.take(size))
+    raise ValueError(f"0x{b:02x} is not a msgpack type byte")
+
+
+def _ext(kind: int, data: bytes) -> Any:
+    if kind != -1:
+        return {"ext": kind, "data": data}
+    if len(data) == 4:
+        seconds, nanos = int.from_bytes(data, "big"), 0
+    elif len(data) == 8:
+        value = int.from_bytes(data, "big")
+        seconds, nanos = value & 0x3FFFFFFFF, value >> 34
+    elif len(data) == 12:
+        nanos = int.from_bytes(data[:4], "big")
+        seconds = int.from_bytes(data[4:], "big", signed=True)
+    else:
+        raise ValueError("a msgpack timestamp of a length the specification does not have")
+    moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds,
+                                                                    microseconds=nanos // 1000)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _map(r: _Reader, n: int, depth: int) -> dict[Any, Any]:
