@@ -600,27 +600,40 @@ def _check_line(where: str, text: str, records: dict[str, dict[int, _Record]],
 
 
 def _check_zipnum(zf: zipfile.ZipFile, name: str, data: bytes, problems: _Problems) -> None:
-    """Each ``.idx`` line names a gzip member of a ``.cdx.gz`` by offset and length."""
-    members: dict[str, set[tuple[int, int]]] = {}
+    """Each ``.idx`` line names a gzip member of a ``.cdx.gz`` (the file of the ``!meta``
+    line, or its own ``filename``) by offset and length, and its SHA-256 (``digest``)."""
+    members: dict[str, dict[tuple[int, int], bytes]] = {}
+    default = None
     for number, text in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-        match = _LINE.fullmatch(text) or re.fullmatch(r"(\S+) (\S+) (\{.*\})", text)
+        match = re.fullmatch(r"(\S+) (\S+) (\{.*\})", text)
         try:
             line = json.loads(match.group(3)) if match else None
-            target = "indexes/" + str(line["filename"])  # type: ignore[index]
-            span = (int(line["offset"]), int(line["length"]))  # type: ignore[index]
+            if not isinstance(line, dict):
+                raise ValueError("no JSON object")
+            if match and match.group(1) == "!meta":
+                default = line.get("filename")
+                continue
+            target = "indexes/" + str(line.get("filename", default))
+            span = (int(line["offset"]), int(line["length"]))
         except (ValueError, TypeError, KeyError):
             problems.add("index", f"{name} line {number}: not a ZipNum index line")
             continue
         if target not in members:
             try:
-                members[target] = {(o, n) for o, n, _ in _gzip_members(
-                    _BytesReader(zf.read(target)))}
+                blob = zf.read(target)
+                members[target] = {(o, n): blob[o:o + n] for o, n, _ in _gzip_members(
+                    _BytesReader(blob))}
             except (KeyError, _Bad, zipfile.BadZipFile) as exc:
                 problems.add("index", f"{name} line {number}: {target} unreadable ({exc})")
-                members[target] = set()
-        if span not in members[target]:
+                members[target] = {}
+        block = members[target].get(span)
+        if block is None:
             problems.add("index", f"{name} line {number}: no gzip member of {target} at "
                          f"offset {span[0]} with length {span[1]}")
+        elif "digest" in line and not _digest_matches(str(line["digest"]), block) and (
+                line["digest"] != "sha256:" + hashlib.sha256(block).hexdigest()):
+            problems.add("index", f"{name} line {number}: the block of {target} at offset "
+                         f"{span[0]} does not have the digest the line gives")
 
 
 class _BytesReader:
