@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -30,15 +31,26 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, Store
-from evidence._archive.wacz import export_wacz, new_signing_key
+from evidence._archive.wacz import (
+    TimeSignature,
+    Timestamper,
+    WaczSigner,
+    export_wacz,
+    load_certificate_chain,
+    load_signing_key,
+    new_signing_key,
+)
 from evidence._archive.waczcheck import check_wacz, load_public_key
 from evidence._cli.main import main
 from evidence._demo.site import SiteConfig, TestSite
+from evidence._errors import ProofError
+
+from .conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -442,6 +454,102 @@ def test_a_certificate_for_another_key_or_a_broken_chain_is_refused(genuine,
     done = evidence("export", store, "--format", "wacz", "--out", tmp_path / "x.wacz",
                     "--cert", chain)
     assert done.returncode == 2 and "--cert needs --key" in done.stderr
+
+
+_TSA_CONFIG = """[ tsa ]
+default_tsa = test
+[ test ]
+serial = ./serial
+crypto_device = builtin
+signer_cert = ./tsa.pem
+certs = ./root.pem
+signer_key = ./tsa.key
+signer_digest = sha256
+default_policy = 1.2.3.4.1
+other_policies = 1.2.3.4.2
+digests = sha256
+accuracy = secs:1
+ordering = no
+tsa_name = no
+ess_cert_id_chain = no
+ess_cert_id_alg = sha256
+"""
+
+
+def _openssl_tsa(directory: Path) -> Timestamper:
+    """A time-stamping authority of our own: ``openssl ts -reply`` with a TSA certificate
+    (timeStamping, critical) issued by a root made here; the timestamper the domain form
+    takes, over the signature text as authsign stamps it."""
+    if shutil.which("openssl") is None:
+        unavailable("the openssl command line is needed for the test TSA")
+    now = dt.datetime.now(dt.UTC)
+    root_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(
+        ec.SECP384R1())
+    root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test TSA root")])
+    root = (x509.CertificateBuilder().subject_name(root_name).issuer_name(root_name)
+            .public_key(root_key.public_key()).serial_number(1)
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(root_key, hashes.SHA256()))
+    tsa = (x509.CertificateBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test TSA")]))
+           .issuer_name(root_name).public_key(key.public_key()).serial_number(2)
+           .not_valid_before(now - dt.timedelta(hours=1))
+           .not_valid_after(now + dt.timedelta(days=1))
+           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.TIME_STAMPING]),
+                          critical=True)
+           .sign(root_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (directory / "root.pem").write_bytes(root.public_bytes(pem))
+    (directory / "tsa.pem").write_bytes(tsa.public_bytes(pem))
+    (directory / "tsa.key").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (directory / "serial").write_text("01\n")
+    (directory / "ts.cnf").write_text(_TSA_CONFIG)
+
+    def stamp(text: str) -> TimeSignature:
+        (directory / "data").write_text(text)
+        for command in (["query", "-data", "data", "-sha256", "-cert", "-no_nonce", "-out",
+                         "q.tsq"],
+                        ["reply", "-config", "ts.cnf", "-queryfile", "q.tsq", "-out", "r.tsr"]):
+            done = subprocess.run(["openssl", "ts", f"-{command[0]}", *command[1:]],
+                                  cwd=directory, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+        return TimeSignature(
+            time_signature=base64.b64encode((directory / "r.tsr").read_bytes()).decode(),
+            timestamp_cert=(directory / "tsa.pem").read_text()
+            + (directory / "root.pem").read_text())
+
+    return stamp
+
+
+def test_the_domain_form_carries_the_timestamp_its_timestamper_gives(genuine,
+                                                                     tmp_path: Path) -> None:
+    """The seam for trusted time: a timestamper's RFC 3161 response over the signature
+    text lands in timeSignature, and openssl accepts it against the TSA's root."""
+    store, _wacz, _pub = genuine
+    (tmp_path / "tsa").mkdir()
+    stamp = _openssl_tsa(tmp_path / "tsa")
+    key, chain, root = _certificates(tmp_path, ec.SECP384R1())
+    signer = WaczSigner(load_signing_key(key, domain=True), load_certificate_chain(chain),
+                        timestamper=stamp)
+    with Store.open(store, read_only=True) as opened:
+        export_wacz(opened, tmp_path / "t.wacz", key=signer)
+    with zipfile.ZipFile(tmp_path / "t.wacz") as zf:
+        signed = json.loads(zf.read("datapackage-digest.json"))["signedData"]
+    (tmp_path / "sig.txt").write_text(signed["signature"])
+    (tmp_path / "t.tsr").write_bytes(base64.b64decode(signed["timeSignature"]))
+    done = subprocess.run(["openssl", "ts", "-verify", "-data", "sig.txt", "-in", "t.tsr",
+                           "-CAfile", "tsa/root.pem", "-untrusted", "tsa/tsa.pem"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Verification: OK" in done.stdout, done.stdout + done.stderr
+    assert signed["timestampCert"].count("BEGIN CERTIFICATE") == 2
+    check = check_wacz(tmp_path / "t.wacz", public_key=load_public_key(root))
+    assert check.ok and check.pinned and check.timestamp == "present, not checked"
+    assert any("does not check it" in n for n in check.notes)
+    with pytest.raises(ProofError, match="goes with a domain signature"):
+        WaczSigner(load_signing_key(key, domain=True), timestamper=stamp)
 
 
 def test_verify_refuses_flags_that_do_not_apply_to_a_wacz(genuine, tmp_path: Path) -> None:
