@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
@@ -545,6 +546,26 @@ def test_the_domain_form_carries_the_timestamp_its_timestamper_gives(genuine,
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Verification: OK" in done.stdout, done.stdout + done.stderr
     assert signed["timestampCert"].count("BEGIN CERTIFICATE") == 2
+    # authsign (wacz validate --verify-auth's verifier), trusting our two roots, accepts it:
+    # chain, domain, signature, created within the certificate's first days, the timestamp
+    # over the signature and its chain. (wacz validate itself trusts only its built-in
+    # roots, Let's Encrypt and freetsa.org, so it cannot be pointed at a test root.)
+    def fingerprint(path: Path) -> str:
+        return x509.load_pem_x509_certificate(path.read_bytes()).fingerprint(
+            hashes.SHA256()).hex()
+
+    (tmp_path / "roots.yaml").write_text(
+        f"domain_cert_roots:\n  - {fingerprint(root)}\n"
+        f"timestamp_cert_roots:\n  - {fingerprint(tmp_path / 'tsa' / 'root.pem')}\n")
+    with warnings.catch_warnings():  # authsign's own deprecations (pydantic 1 validators)
+        warnings.simplefilter("ignore")
+        from authsign.verifier import Verifier
+
+        verifier = Verifier(str(tmp_path / "roots.yaml"))
+        verdict = verifier(signed)
+        with pytest.raises(AssertionError):  # authsign 0.6 raises on a failed check
+            verifier(signed | {"hash": signed["hash"].replace("a", "b", 1)})
+    assert verdict and dict(verdict)["observer"] == "archive.example.org", verdict
     check = check_wacz(tmp_path / "t.wacz", public_key=load_public_key(root))
     assert check.ok and check.pinned and check.timestamp == "present, not checked"
     assert any("does not check it" in n for n in check.notes)
