@@ -246,3 +246,25 @@ def test_the_verifier_refuses_what_it_cannot_read(verifier: Path, handed,
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stderr.startswith("Error: ") and "Try: " in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_the_two_copies_of_the_wacz_checks_do_not_drift() -> None:
+    """evidence-verify carries its own copy of the WACZ checks (it cannot import evidence):
+    every function the two copies share is the same code, but for the few that differ by
+    design (the entry point's result type, the index line without SURT keys, the key
+    loader's error class)."""
+    import ast
+
+    def functions(path: Path) -> dict[str, str]:
+        tree = ast.parse(path.read_text())
+        return {node.name: ast.dump(node) for node in tree.body
+                if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+
+    ours = functions(ROOT / "evidence" / "_archive" / "waczcheck.py")
+    theirs = functions(ROOT / "verifier" / "src" / "evidence_verify" / "wacz.py")
+    differ_by_design = {"check_wacz", "_check_line", "WaczCheck", "_Record",
+                        "load_public_key"}  # (the last: its error class)
+    shared = set(ours) & set(theirs) - differ_by_design
+    assert len(shared) >= 20, sorted(shared)
+    assert [name for name in sorted(shared) if ours[name] != theirs[name]] == []
+    assert set(ours) - set(theirs) == set()  # every check of evidence's is in the copy

@@ -226,8 +226,12 @@ def _check_resources(package: dict, digests: dict[str, tuple[str, int] | None],
 
 def _check_signature(doc: Any, package_hash: str, package: dict, result: WaczCheck,
                      problems: _Problems, pinned: bytes | None) -> None:
-    if doc is None:
-        problems.add("signature", f"no {_DIGEST}: nothing states the package's hash")
+    if doc is None:  # optional in WACZ 1.1.1; without it nothing covers datapackage.json
+        result.notes.append(f"no {_DIGEST}: not signed, and nothing states the hash of "
+                            f"{_PACKAGE} itself")
+        if pinned is not None:
+            problems.add("signature", f"not signed (no {_DIGEST}), but a public key was "
+                         "given to check it with")
         return
     if not isinstance(doc, dict) or doc.get("hash") != package_hash:
         problems.add("signature", f"{_DIGEST} states another hash of {_PACKAGE} "
