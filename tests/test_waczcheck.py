@@ -579,6 +579,11 @@ def test_verify_refuses_flags_that_do_not_apply_to_a_wacz(genuine, tmp_path: Pat
     assert done.returncode == 2 and "a WACZ file is always checked whole" in done.stderr
     done = evidence("verify", store, "--public-key", pub)
     assert done.returncode == 2 and "pins the signer of a WACZ file" in done.stderr
+    for extra in (["--public-key", pub], ["--unverified"]):
+        done = evidence("replay", store, "--serve", "--port", "0", *extra)
+        assert done.returncode == 2 and "are for a WACZ file" in done.stderr
+        done = evidence("replay", wacz, "http://127.0.0.1:9/", *extra)
+        assert done.returncode == 2 and "go with --serve" in done.stderr
     (tmp_path / "junk.pub").write_text("not a key\n")
     done = evidence("verify", wacz, "--public-key", tmp_path / "junk.pub")
     assert done.returncode == 2 and "holds no public key" in done.stderr

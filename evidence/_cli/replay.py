@@ -69,6 +69,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_replay_serve(args: argparse.Namespace) -> int:
     from .._archive.replayserve import ReplayServer
 
+    if (args.public_key or args.unverified) and not Path(args.store).is_file():
+        raise EvidenceError("--public-key and --unverified are for a WACZ file; a store is "
+                            "exported afresh for replay, so it has no signature to check",
+                            hint=f"evidence verify {args.store} checks a store")
     pinned = None
     if args.public_key:
         from .._archive.waczcheck import load_public_key
