@@ -11,10 +11,15 @@ ReplayWeb.page, the other candidate, replays the WACZ itself inside the browser 
 worker), so it needs its JavaScript bundle from the npm registry and a browser session to
 run; it opens the same WACZ file (``evidence export --format wacz``) for anyone who has it.
 
-What happens: a store is exported to a WACZ in a temporary directory (a WACZ is used as
-given), its ``archive/data.warc.gz`` and its index become the pywb collection ``evidence``
-(``indexes/index.cdx.gz`` inflated, or an older WACZ's ``indexes/index.cdx``, as
-``index.cdxj``, which is how pywb finds it), and pywb's
+What happens: a store is exported to a WACZ in a temporary directory; a WACZ given as a
+file is first checked whole (``_archive.waczcheck``: zip, package hashes, signature, record
+digests, index offsets, and the signer when ``public_key`` pins it) and refused if anything
+fails, since a browser shows replayed bytes with the authority of an archive. With
+``unverified`` it is served anyway, and every replayed page says so in a red banner above
+it (pywb's own banner template, with ours prepended, from the collection's ``templates/``);
+``check`` holds the verdict either way. Then its ``archive/data.warc.gz`` and its index
+become the pywb collection ``evidence`` (``indexes/index.cdx.gz`` inflated, or an older
+WACZ's ``indexes/index.cdx``, as ``index.cdxj``, which is how pywb finds it), and pywb's
 ``wayback`` server runs in a child process bound to 127.0.0.1 only. Pages come from the
 WACZ's ``pages/pages.jsonl``; each replays at ``/evidence/<14-digit time>/<url>`` (framed
 replay: pywb's banner above the page). pywb is GPL-3.0; it runs as a separate program and
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import html
 import json
 import os
 import shutil
@@ -38,16 +44,26 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from .._errors import EvidenceError
 from .cdxj import timestamp14
+
+if TYPE_CHECKING:
+    from .waczcheck import WaczCheck
 
 __all__ = ["ReplayPage", "ReplayServer"]
 
 COLLECTION = "evidence"
 _CONFIG = """# Written by evidence replay --serve: collections/evidence, replay only, no live web.
 framed_replay: true
+"""
+# Above every replayed page of a WACZ served with --unverified (raw text: pywb's banner
+# template is not autoescaped; the values are escaped before they go in).
+_BANNER = """{{% raw %}}<div id="evidence-unverified" style="background:#b00020;color:#fff;
+font:bold 15px sans-serif;padding:8px 12px">UNVERIFIED: {source} failed verification; what
+follows may not be what was captured.<ul style="margin:4px 0;font-weight:normal">{problems}</ul>
+</div>{{% endraw %}}
 """
 # The child ends with its parent, even a killed one: Linux's PR_SET_PDEATHSIG (prctl
 # option 1) sends it SIGTERM; a parent already gone before that is seen by getppid().
@@ -115,7 +131,10 @@ class ReplayServer:
     source: str | os.PathLike[str]
     port: int = 0
     start_timeout: float = 60.0
+    public_key: bytes | None = None  # DER SPKI the WACZ's signer must have
+    unverified: bool = False  # serve a WACZ that fails its check, under a warning banner
     pages: list[ReplayPage] = field(default_factory=list)
+    check: WaczCheck | None = None
     _dir: Path | None = None
     _process: subprocess.Popen | None = None
 
@@ -165,6 +184,7 @@ class ReplayServer:
                 raise EvidenceError(f"{source} is neither a store directory nor a WACZ file",
                                     hint="give a store, or a file made by evidence export "
                                     "--format wacz", path=str(source))
+            self._verify(source)
             return source
         from .._store.db import Store
         from .wacz import export_wacz
@@ -173,6 +193,30 @@ class ReplayServer:
         with Store.open(source, read_only=True) as store:
             export_wacz(store, self._dir / "replay.wacz")
         return self._dir / "replay.wacz"
+
+    def _verify(self, source: Path) -> None:
+        from .waczcheck import check_wacz
+
+        self.check = check = check_wacz(source, public_key=self.public_key)
+        if check.ok:
+            return
+        if not self.unverified:
+            shown = "; ".join(check.problems[:3])
+            more = len(check.problems) - 3
+            raise EvidenceError(
+                f"{source} fails verification, so it is not served: {shown}"
+                + (f" (and {more} more)" if more > 0 else ""),
+                hint=f"see every problem with: evidence verify {source}; to look at it "
+                "anyway, add --unverified (each page then carries a warning)",
+                path=str(source))
+        assert self._dir is not None
+        import importlib.resources
+
+        original = (importlib.resources.files("pywb") / "templates" / "banner.html").read_text()
+        problems = "".join(f"<li>{html.escape(p)}</li>" for p in check.problems[:5])
+        (self._dir / "templates").mkdir(exist_ok=True)
+        (self._dir / "templates" / "banner.html").write_text(
+            _BANNER.format(source=html.escape(str(source)), problems=problems) + original)
 
     def _collection(self, wacz: Path) -> None:
         assert self._dir is not None

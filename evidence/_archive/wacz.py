@@ -22,16 +22,35 @@ A WACZ is a ZIP (every entry stored, not deflated) holding, in this order:
                               <title>) and capture time
     datapackage.json          every file above with its SHA-256 and size (a Frictionless
                               data package, ``wacz_version`` 1.1.1)
-    datapackage-digest.json   the SHA-256 of datapackage.json, signed (WACZ signing and
-                              verification 0.1.0, "anonymous" signature): ECDSA P-384 over
-                              SHA-256 of the hash text, the signature as r||s (what Web
-                              Crypto produces and verifies), the public key as DER
-                              SubjectPublicKeyInfo, both base64
+    datapackage-digest.json   the SHA-256 of datapackage.json, and when a key is given, its
+                              signature (WACZ signing and verification 0.1.0), in one of
+                              the two forms below
 
-Two exports of the same store are the same bytes: records and pages in store order, every
-time taken from the store (``created`` is the time of the store's last commit), ZIP entry
-times from it too, gzip members without names or times, and the signature deterministic
-(RFC 6979). A payload that does not match its digest stops the export (nothing is left).
+The two signature forms, each in the encoding of the reader that checks it:
+
+- **anonymous** (a key and nothing else): ECDSA P-384 over SHA-256 of the hash text, the
+  signature as r||s (IEEE P1363, what Web Crypto verifies), the public key as base64 DER
+  SubjectPublicKeyInfo (``publicKey``). ReplayWeb.page checks this form, and only with a
+  P-384 key (it imports the key as P-384: a P-256 key shows as "not available"), so any
+  other key is refused here rather than written into a signature nobody can check.
+  authsign does not check this form at all. Anyone can make a key: what this form proves
+  is "whoever holds this key signed it", so a verifier pins the key (``evidence verify
+  X.wacz --public-key KEY.pub``).
+- **domain** (a key and the certificate chain for it, ``cert_chain``): ``domain`` (the
+  leaf certificate's subject), ``domainCert`` (the chain as PEM, leaf first) and the
+  signature as DER, base64 (what authsign writes and checks). The key is ECDSA P-256 or
+  P-384 and must be the leaf certificate's. ``created`` is then the signing time, not the
+  store's (authsign accepts a signature only within the certificate's first days and
+  minutes before its timestamp), so two domain-signed exports differ. The RFC 3161
+  timestamp of the signature (``timeSignature``, ``timestampCert``), which authsign
+  requires, comes from a ``Timestamper`` (``WaczSigner.timestamper``): the seam where a
+  TSA client plugs in; without one the form has no timestamp and authsign refuses it.
+
+Two anonymous or unsigned exports of the same store are the same bytes: records and pages
+in store order, every time taken from the store (``created`` is the time of the store's
+last commit), ZIP entry times from it too, gzip members without names or times, and the
+signature deterministic (RFC 6979). A payload that does not match its digest stops the
+export (nothing is left). ``_archive.waczcheck`` verifies a WACZ, ours or anyone's.
 """
 
 from __future__ import annotations
@@ -40,15 +59,21 @@ import base64
 import contextlib
 import datetime as dt
 import hashlib
+import itertools
 import json
 import os
 import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from cryptography.x509.oid import NameOID
 from selectolax.lexbor import LexborHTMLParser
 
 from .._errors import EvidenceError, ProofError
@@ -60,7 +85,9 @@ from .._store.fsync import fsync_dir, fsync_file
 from . import warc as _warc
 from .cdxj import compressed_index, index_line, method_query
 
-__all__ = ["WaczExport", "export_wacz", "load_signing_key", "new_signing_key"]
+__all__ = ["TimeSignature", "Timestamper", "WaczExport", "WaczSigner", "chain_problem",
+           "export_wacz", "load_certificate_chain", "load_signing_key", "new_signing_key",
+           "subject_name"]
 
 WACZ_VERSION = "1.1.1"
 WARC_NAME = "data.warc.gz"
@@ -98,6 +125,8 @@ class WaczExport(msgspec.Struct, kw_only=True):
     renders: int
     signed: bool
     public_key: str | None  # base64 DER SubjectPublicKeyInfo of the signing key
+    form: str | None = None  # "anonymous", "domain", or None (unsigned)
+    domain: str | None = None  # the domain form's signer
     bytes: int
     sha256: str
 
@@ -122,8 +151,10 @@ def new_signing_key(path: str | os.PathLike[str]) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def load_signing_key(path: str | os.PathLike[str]) -> ec.EllipticCurvePrivateKey:
-    """An ECDSA P-256 or P-384 private key from a PEM file (the curves WACZ signers use)."""
+def load_signing_key(path: str | os.PathLike[str], *,
+                     domain: bool = False) -> ec.EllipticCurvePrivateKey:
+    """An ECDSA private key from a PEM file: P-384 for the anonymous form (the one curve
+    ReplayWeb.page checks it with), P-256 or P-384 with a certificate (``domain``)."""
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except OSError as exc:
@@ -132,22 +163,143 @@ def load_signing_key(path: str | os.PathLike[str]) -> ec.EllipticCurvePrivateKey
     except (ValueError, TypeError) as exc:
         raise ProofError(f"{path} is not an unencrypted PEM private key ({exc})",
                          path=str(path), hint="give the PEM file written by --new-key") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in (
-            "secp256r1", "secp384r1"):
-        raise ProofError(f"{path} is not an ECDSA P-256 or P-384 key: WACZ signatures are "
-                         "ECDSA", path=str(path),
-                         hint="make one with: evidence export STORE --format wacz --new-key "
-                         "FILE")
-    return key
+    curves = ("secp256r1", "secp384r1") if domain else ("secp384r1",)
+    if isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name in curves:
+        return key
+    what = (f"an ECDSA {_CURVE_NAMES.get(key.curve.name, key.curve.name)} key"
+            if isinstance(key, ec.EllipticCurvePrivateKey) else f"a {_key_kind(key)} key")
+    if domain:
+        raise ProofError(f"{path} is {what}: a domain signature is ECDSA P-256 or P-384 "
+                         "(authsign and ReplayWeb.page check no other)", path=str(path),
+                         hint="get the certificate for an ECDSA P-256 or P-384 key")
+    raise ProofError(f"{path} is {what}: an anonymous WACZ signature is checked by "
+                     "ReplayWeb.page with ECDSA P-384 only (a P-256 signature shows there as "
+                     "'not available'), so no other key signs one", path=str(path),
+                     hint="make a P-384 key: evidence export STORE --format wacz --new-key "
+                     "FILE (or sign with a certificate: --cert CHAIN.pem)")
+
+
+_CURVE_NAMES = {"secp256r1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521"}
+
+
+def _key_kind(key: object) -> str:
+    name = type(key).__name__.removeprefix("_")
+    for kind in ("RSA", "Ed25519", "Ed448", "DSA", "DH", "X25519", "X448"):
+        if name.startswith(kind):
+            return kind
+    return name
+
+
+class TimeSignature(msgspec.Struct, frozen=True, kw_only=True):
+    """An RFC 3161 timestamp of the signature text: the TimeStampResp, DER in base64
+    (authsign's ``timeSignature``), and the TSA's certificate chain as PEM, leaf first."""
+
+    time_signature: str
+    timestamp_cert: str
+
+
+# What a TSA client provides (``--tsa``): a timestamp over the signature's base64 text.
+Timestamper = Callable[[str], TimeSignature]
+
+
+@dataclass(frozen=True)
+class WaczSigner:
+    """How a WACZ is signed: a key alone (anonymous form), or with the certificate chain
+    for it (domain form, leaf first) and optionally a timestamper. ``signing_time`` (UTC)
+    is the domain form's ``created``; None: now."""
+
+    key: ec.EllipticCurvePrivateKey
+    cert_chain: tuple[x509.Certificate, ...] = ()
+    timestamper: Timestamper | None = None
+    signing_time: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not self.cert_chain:
+            if self.key.curve.name != "secp384r1":
+                raise ProofError("an anonymous WACZ signature needs an ECDSA P-384 key "
+                                 "(ReplayWeb.page checks no other)",
+                                 hint="make one with --new-key, or give --cert")
+            if self.timestamper is not None:
+                raise ProofError("a timestamp goes with a domain signature (a certificate)",
+                                 hint="give --cert with the timestamp, or leave it out")
+            return
+        leaf = self.cert_chain[0]
+        ours = self.key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        theirs = leaf.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        if ours != theirs:
+            raise ProofError("the key is not the certificate's: the first certificate of "
+                             "the chain must be for the signing key",
+                             hint="give the key the certificate was issued for, and the "
+                             "chain leaf first")
+        if not subject_name(leaf):
+            raise ProofError("the certificate names no domain (no common name or DNS name)",
+                             hint="use the certificate issued for the domain that signs")
+
+    @property
+    def form(self) -> str:
+        return "domain" if self.cert_chain else "anonymous"
+
+
+def load_certificate_chain(path: str | os.PathLike[str]) -> tuple[x509.Certificate, ...]:
+    """Certificates from a PEM file, leaf first; each must be signed by the next one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ProofError(f"cannot read certificates {path}: {exc.strerror}", path=str(path),
+                         hint="give the PEM file of the certificate chain, leaf first") from None
+    try:
+        chain = tuple(x509.load_pem_x509_certificates(data))
+    except ValueError as exc:
+        raise ProofError(f"{path} is not a PEM certificate chain ({exc})", path=str(path),
+                         hint="give the PEM file of the certificate chain, leaf first"
+                         ) from None
+    problem = chain_problem(chain)
+    if problem:
+        raise ProofError(f"{path}: {problem}", path=str(path),
+                         hint="give the chain leaf first, each certificate followed by its "
+                         "issuer's")
+    return chain
+
+
+def subject_name(cert: x509.Certificate) -> str:
+    """The domain a certificate is for: its common name, else its first DNS name (as
+    authsign reads it)."""
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if names:
+        return str(names[0].value)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return ""
+    dns = san.value.get_values_for_type(x509.DNSName)
+    return dns[0] if dns else ""
+
+
+def chain_problem(chain: Sequence[x509.Certificate]) -> str | None:
+    """Why ``chain`` (leaf first) is not a chain: empty, or a certificate its successor
+    did not sign. None if it is one (whether its root is trusted is the reader's call)."""
+    if not chain:
+        return "no certificate"
+    for cert, issuer in itertools.pairwise(chain):
+        try:
+            cert.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature) as exc:
+            return (f"certificate {cert.subject.rfc4514_string()!r} is not signed by the "
+                    f"next one, {issuer.subject.rfc4514_string()!r} ({exc or 'bad signature'})")
+    return None
 
 
 def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
-                key: ec.EllipticCurvePrivateKey | None = None) -> WaczExport:
+                key: ec.EllipticCurvePrivateKey | WaczSigner | None = None) -> WaczExport:
     """Write the store as a new WACZ file at ``out_path`` (see the module docstring).
 
-    Unsigned when ``key`` is None (datapackage-digest.json then holds the hash only). An
-    existing file is never overwritten; the file appears complete or not at all.
+    Unsigned when ``key`` is None (datapackage-digest.json then holds the hash only); a bare
+    key signs in the anonymous form, a ``WaczSigner`` with a certificate chain in the domain
+    form. An existing file is never overwritten; the file appears complete or not at all.
     """
+    signer = WaczSigner(key) if isinstance(key, ec.EllipticCurvePrivateKey) else key
     out = Path(out_path)
     if out.exists():
         raise EvidenceError(f"{out} already exists; an export never overwrites a file",
@@ -164,6 +316,8 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
             finally:
                 conn.execute("COMMIT")
         lines.sort()
+        if signer is not None and signer.cert_chain:  # authsign: created = signing time
+            created = _signing_time(signer)
         index, index_idx = compressed_index(lines, Path(INDEX_NAME).name)
         page_list = _page_list(pages)
         stamp = _zip_time(created)
@@ -181,7 +335,7 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
             "created": created,
         }
         package_bytes = json.dumps(package, indent=2).encode("utf-8")
-        digest_doc, public_key = _digest_document(package_bytes, created, key)
+        digest_doc, public_key = _digest_document(package_bytes, created, signer)
         with open(zip_tmp, "xb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as zf:
             _add_file(zf, "archive/" + WARC_NAME, warc_tmp, stamp)
             _add(zf, INDEX_NAME, index, stamp)
@@ -202,8 +356,10 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
     fsync_dir(out.parent)
     sha, size = _file_digest(out)
     return WaczExport(path=str(out), records=records, indexed=len(lines), pages=len(pages),
-                      renders=renders, revisits=revisits, signed=key is not None,
-                      public_key=public_key, bytes=size, sha256=sha)
+                      renders=renders, revisits=revisits, signed=signer is not None,
+                      public_key=public_key, form=None if signer is None else signer.form,
+                      domain=subject_name(signer.cert_chain[0]) if signer and signer.cert_chain
+                      else None, bytes=size, sha256=sha)
 
 
 def _write_warc(store: Store, conn,
@@ -324,24 +480,41 @@ def _page_list(pages: list[dict[str, str]]) -> bytes:
 
 
 def _digest_document(package: bytes, created: str,
-                     key: ec.EllipticCurvePrivateKey | None) -> tuple[bytes, str | None]:
+                     signer: WaczSigner | None) -> tuple[bytes, str | None]:
     digest = f"sha256:{hashlib.sha256(package).hexdigest()}"
     document: dict[str, object] = {"path": "datapackage.json", "hash": digest}
-    public = None
-    if key is not None:
-        der = key.sign(digest.encode("utf-8"),
-                       ec.ECDSA(hashes.SHA256(), deterministic_signing=True))
+    if signer is None:
+        return json.dumps(document, indent=2).encode("utf-8"), None
+    key = signer.key
+    der = key.sign(digest.encode("utf-8"), ec.ECDSA(hashes.SHA256(), deterministic_signing=True))
+    public = base64.b64encode(key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    signed: dict[str, object] = {"hash": digest, "created": created,
+                                 "software": f"evidence {_warc.software_version()}"}
+    if signer.cert_chain:  # domain form: DER, as authsign signs and checks it
+        signature = base64.b64encode(der).decode()
+        signed |= {"signature": signature, "domain": subject_name(signer.cert_chain[0]),
+                   "domainCert": "".join(c.public_bytes(serialization.Encoding.PEM).decode()
+                                         for c in signer.cert_chain)}
+        if signer.timestamper is not None:
+            stamp = signer.timestamper(signature)
+            signed |= {"timeSignature": stamp.time_signature,
+                       "timestampCert": stamp.timestamp_cert}
+    else:  # anonymous form: r||s, as Web Crypto (ReplayWeb.page) verifies it
         r, s = decode_dss_signature(der)
         width = (key.curve.key_size + 7) // 8
-        raw = r.to_bytes(width, "big") + s.to_bytes(width, "big")
-        public = base64.b64encode(key.public_key().public_bytes(
-            serialization.Encoding.DER,
-            serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
-        document["signedData"] = {"hash": digest, "created": created,
-                                  "software": f"evidence {_warc.software_version()}",
-                                  "signature": base64.b64encode(raw).decode(),
-                                  "publicKey": public}
+        signed |= {"signature": base64.b64encode(r.to_bytes(width, "big")
+                                                 + s.to_bytes(width, "big")).decode(),
+                   "publicKey": public}
+    document["signedData"] = signed
     return json.dumps(document, indent=2).encode("utf-8"), public
+
+
+def _signing_time(signer: WaczSigner) -> str:
+    """The domain form's ``created``: whole seconds, UTC, as authsign writes it (an RFC 3161
+    time is rounded down to the second, and created must not be after it)."""
+    moment = signer.signing_time or dt.datetime.now(dt.UTC)
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _digest(data: bytes) -> tuple[str, int]:

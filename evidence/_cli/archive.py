@@ -42,8 +42,8 @@ __all__ = ["add_commands"]
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "wacz":  # one file for replay tools: WARC, CDXJ, pages, signed
         return _cmd_export_wacz(args)
-    if args.key or args.new_key:
-        raise EvidenceError("--key and --new-key sign a WACZ export only",
+    if args.key or args.new_key or args.cert:
+        raise EvidenceError("--key, --new-key and --cert sign a WACZ export only",
                             hint="add --format wacz, or leave the key out")
     if args.format == "warc":  # request and response records, not a restorable archive
         return _cmd_export_warc(args)
@@ -60,7 +60,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_wacz(args: argparse.Namespace) -> int:
-    from .._archive.wacz import export_wacz, load_signing_key, new_signing_key
+    from .._archive.wacz import (
+        WaczSigner,
+        export_wacz,
+        load_certificate_chain,
+        load_signing_key,
+        new_signing_key,
+    )
 
     if args.run:
         raise EvidenceError("a WACZ export holds the whole store; --run is not supported",
@@ -73,16 +79,22 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
         raise EvidenceError(f"{args.out} already exists; an export never overwrites a file",
                             hint="remove it or choose another name", path=str(args.out))
     _check_parent(args.out, "the WACZ file")
+    if args.cert and not args.key:
+        raise EvidenceError("--cert needs --key: the private key the certificate is for",
+                            hint="evidence export STORE --format wacz --key KEY.pem --cert "
+                            "CHAIN.pem")
     if args.new_key:
         _check_parent(Path(args.new_key), "the new key")
-    key = load_signing_key(args.key) if args.key else None
+    chain = load_certificate_chain(args.cert) if args.cert else ()
+    signer = (WaczSigner(load_signing_key(args.key, domain=bool(chain)), chain) if args.key
+              else None)
     made: list[Path] = []
     try:
         with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
             if args.new_key:
-                key = new_signing_key(args.new_key)
+                signer = WaczSigner(new_signing_key(args.new_key))
                 made += [Path(args.new_key), Path(f"{args.new_key}.pub")]
-            report = export_wacz(store, out, key=key)
+            report = export_wacz(store, out, key=signer)
     except BaseException:
         for file in made:  # a command that failed leaves nothing behind, a new key neither
             file.unlink(missing_ok=True)
@@ -97,7 +109,9 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
               f"{report.indexed} indexed; "
               f"{report.renders} rendered pages\n"
               f"pages     {report.pages}\n"
-              f"signed    " + (f"yes, ECDSA public key {report.public_key}" if report.signed
+              f"signed    " + (f"yes, by {report.domain} (certificate), ECDSA public key "
+                               f"{report.public_key}" if report.domain else
+                               f"yes, ECDSA public key {report.public_key}" if report.signed
                                else "no (give --key or --new-key to sign)"))
     return 0
 
@@ -284,9 +298,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "records (--out names the file; .gz compresses each record); wacz: a "
                    "WACZ 1.1.1 file for replay tools (WARC, CDXJ index, page list, "
                    "rendered screenshots and DOMs; see docs/replay.md)")
-    p.add_argument("--key", metavar="FILE",
-                   help="wacz: sign datapackage-digest.json with this ECDSA P-256/P-384 "
-                   "PEM key")
+    p.add_argument("--key", metavar="FILE", type=local_path,
+                   help="wacz: sign datapackage-digest.json with this ECDSA P-384 PEM key "
+                   "(with --cert: P-256 or P-384, the certificate's key)")
+    p.add_argument("--cert", metavar="PEM", type=local_path,
+                   help="wacz: sign in the domain form with --key and this certificate chain "
+                   "(PEM, leaf first): the WACZ names the certificate's domain")
     p.add_argument("--new-key", metavar="FILE", type=local_path,
                    help="wacz: make an ECDSA P-384 key (FILE, mode 0600, and FILE.pub) and "
                    "sign with it")

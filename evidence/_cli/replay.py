@@ -31,6 +31,9 @@ __all__ = ["add_commands"]
 def _cmd_replay(args: argparse.Namespace) -> int:
     if args.serve:
         return _cmd_replay_serve(args)
+    if args.public_key or args.unverified:
+        raise EvidenceError("--public-key and --unverified go with --serve",
+                            hint=f"evidence replay {args.store} --serve --public-key KEY.pub")
     if args.url is None:
         raise EvidenceError("replay needs a URL (or --serve to browse the capture)",
                             hint="evidence replay STORE URL, or evidence replay STORE --serve")
@@ -66,9 +69,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_replay_serve(args: argparse.Namespace) -> int:
     from .._archive.replayserve import ReplayServer
 
-    with ReplayServer(args.store, port=args.port) as server:
+    if (args.public_key or args.unverified) and not Path(args.store).is_file():
+        raise EvidenceError("--public-key and --unverified are for a WACZ file; a store is "
+                            "exported afresh for replay, so it has no signature to check",
+                            hint=f"evidence verify {args.store} checks a store")
+    pinned = None
+    if args.public_key:
+        from .._archive.waczcheck import load_public_key
+
+        pinned = load_public_key(args.public_key)
+    with ReplayServer(args.store, port=args.port, public_key=pinned,
+                      unverified=args.unverified) as server:
+        check = server.check
+        if check is not None and not check.ok:  # served only because --unverified
+            print(f"UNVERIFIED: {args.store} failed verification; every page says so. "
+                  f"{len(check.problems)} problem(s), the first: {check.problems[0]}",
+                  file=sys.stderr)
+            sys.stderr.flush()
         if args.json:  # one line, printed once the server listens: a script reads it
-            print_json({"url": server.url, "port": server.port, "pages": [
+            print_json({"url": server.url, "port": server.port,
+                        "verified": None if check is None else check.ok,
+                        "problems": [] if check is None else check.problems,
+                        "pages": [
                 {"url": p.url, "ts": p.ts, "title": p.title, "replay_url": p.replay_url}
                 for p in server.pages]}, one_line=True)
         else:
@@ -155,6 +177,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="serve the capture to a browser with pywb until Ctrl-C")
     p.add_argument("--port", type=int, default=8080,
                    help="--serve: the port on 127.0.0.1 (default 8080; 0: a free one)")
+    p.add_argument("--public-key", metavar="KEY", type=local_path,
+                   help="--serve with a WACZ: serve it only if this key signed it (as "
+                   "evidence verify X.wacz --public-key KEY checks)")
+    p.add_argument("--unverified", action="store_true",
+                   help="--serve: serve a WACZ that fails verification anyway, a warning "
+                   "banner above every page")
     p.add_argument("--run", metavar="ID", help="that run's current attempt")
     p.add_argument("--at", metavar="TIME",
                    help="the latest attempt started at or before TIME (ISO 8601, with Z or "

@@ -1,9 +1,9 @@
-"""The ``verify`` command: check a store and locate anything changed.
+"""The ``verify`` command: check a store and locate anything changed, or check a WACZ.
 
 A few lines over ``_audit.verify`` (``verify``, ``reclaim_orphans``, ``unreadable`` for a
-database SQLite cannot open). Exit status 0 when the store verifies, 1 on an error finding
-(or, with ``--strict``, a notice), 2 for an error (printed by ``_cli.main`` as ``Error:`` /
-``Try:``).
+database SQLite cannot open), and over ``_archive.waczcheck`` when the argument is a file.
+Exit status 0 when the store (or WACZ) verifies, 1 on an error finding (or, with
+``--strict``, a notice), 2 for an error (printed by ``_cli.main`` as ``Error:`` / ``Try:``).
 """
 
 from __future__ import annotations
@@ -16,17 +16,25 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._store.db import Store
-from .common import format_bytes, parse_duration, print_json, store_location
+from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._archive.waczcheck import WaczCheck
     from .._audit.verify import VerifyReport
 
-__all__ = ["add_commands", "format_report"]
+__all__ = ["add_commands", "format_report", "format_wacz_check"]
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .._audit.verify import reclaim_orphans, unreadable, verify
-    from .._errors import CorruptStoreError
+    from .._errors import CorruptStoreError, EvidenceError
+
+    if Path(args.store).is_file():
+        return _cmd_verify_wacz(args)
+    if args.public_key:
+        raise EvidenceError("--public-key pins the signer of a WACZ file; "
+                            f"{args.store} is not a file",
+                            hint="evidence verify SITE.wacz --public-key KEY.pub")
 
     reclaimed = None
     try:
@@ -68,6 +76,43 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_verify_wacz(args: argparse.Namespace) -> int:
+    from .._archive.waczcheck import check_wacz, load_public_key
+    from .._errors import EvidenceError
+
+    for flag, given in (("--full", args.full), ("--reclaim-orphans", args.reclaim_orphans)):
+        if given:
+            raise EvidenceError(f"{flag} is for a store; a WACZ file is always checked whole",
+                                hint=f"evidence verify {args.store} (without {flag})")
+    pinned = load_public_key(args.public_key) if args.public_key else None
+    check = check_wacz(args.store, public_key=pinned)
+    if args.json:
+        print_json(check)
+    else:
+        print(format_wacz_check(check))
+    return 1 if not check.ok or (args.strict and check.notes) else 0
+
+
+def format_wacz_check(c: WaczCheck) -> str:
+    """A WACZ check as a person reads it: what was checked, who signed, what is wrong."""
+    signer = ("not signed" if c.form is None else
+              f"{c.form} signature by key SHA-256 {c.key_sha256}"
+              + (f" ({c.domain})" if c.domain else "")
+              + (": the key you gave" if c.pinned else
+                 "" if c.signature else ": DOES NOT VERIFY"))
+    lines = [f"wacz     {c.path}",
+             f"signed   {signer}",
+             f"checked  {c.files} file(s) against datapackage.json, {c.records} WARC "
+             f"record(s) against their digests, {c.indexed} index line(s) against their "
+             "records"]
+    lines += [f"error    {p}" for p in c.problems]
+    lines += [f"note     {n}" for n in c.notes]
+    lines.append(f"FAILED: {len(c.problems)} problem(s)" if not c.ok else
+                 "OK: intact, and signed by the key you gave" if c.pinned else
+                 "OK: intact (see the notes for what that does not prove)")
+    return "\n".join(lines)
+
+
 def format_report(r: VerifyReport) -> str:
     """The report a person reads: what was checked, then each finding and where it is."""
     from .._audit.verify import NOTICE_KINDS
@@ -101,12 +146,18 @@ def format_report(r: VerifyReport) -> str:
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``verify`` to the ``evidence`` parser."""
     p = sub.add_parser(
-        "verify", help="check a store and locate anything changed",
+        "verify", help="check a store (or a WACZ file) and locate anything changed",
         description="Check the schema, SQLite integrity, foreign keys, the Merkle log and hash "
         "chain, every evidence row against its ledger entry, the url_current projection and "
-        "the artifact files; list orphaned files. Exit 1 on any error.")
+        "the artifact files; list orphaned files. Given a WACZ file instead: check the zip, "
+        "every datapackage.json hash, the signature (pinned to --public-key), each WARC "
+        "record's digests and every index line's offset. Exit 1 on any error.")
     p.add_argument("store", metavar="STORE", type=store_location,
-                   help="the store directory")
+                   help="the store directory, or a WACZ file")
+    p.add_argument("--public-key", metavar="KEY", type=local_path,
+                   help="WACZ: the signer's public key (KEY.pub from export --new-key, or a "
+                   "certificate of the domain signature's chain); without it a signature "
+                   "by anyone's key passes, with a note saying so")
     p.add_argument("--full", action="store_true",
                    help="integrity_check instead of quick_check, and re-hash every artifact")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")

@@ -1,0 +1,236 @@
+"""An archive (the directory ``evidence export --format sql`` writes), checked file by file
+and then as a log.
+
+    manifest.json   counts, a BLAKE3 hash and size per file and per section, the log head
+    dump.sql        the canonical dump: the schema, then every table, rows in key order
+    artifacts/      one file per payload, named by its BLAKE3: <namespace>/<aa>/<digest>
+
+What is checked, in order:
+
+1. every file the manifest lists has its size and BLAKE3; every section of the dump (a
+   byte range of a file) has its BLAKE3; nothing but the manifest, its files and the
+   payloads is in the directory;
+2. every payload file hashes to its name, and their count and bytes are the manifest's
+   (less the gaps it declares: payloads the store had lost before the export);
+3. the dump is loaded into an in-memory SQLite database (Python's own ``sqlite3``) and the
+   ledger is rebuilt as a log: entries contiguous from 0, each entry's leaf hash
+   SHA-256(0x00 || entry) and BLAKE3 payload hash as stored, and the RFC 9162 root at
+   every size a commit-log row records equal to that row's root, and at the manifest's
+   size equal to the manifest's root;
+4. with a checkpoint and the operator's key: the signature, the origin (the store's id),
+   and the root at the checkpoint's size, recomputed from the archive's own ledger, equal
+   to the signed root: the archive holds the very log the operator signed (up to that
+   size; entries after it are in the archive but not covered by that signature).
+
+Not checked here: that each evidence row (an attempt, a link) says what its ledger entry
+says, and the commit log's hash chain over times and quarantine records. ``evidence
+verify`` on a restored copy checks both; docs/verify.md says what that leaves to trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from .checkpoint import VerifierKey, check_checkpoint
+from .merkle import RootsAt
+from .verdict import Verdict
+
+_MANIFEST = "manifest.json"
+_ARTIFACTS = "artifacts"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1 << 20
+
+
+def _blake3_file(path: Path, start: int = 0, length: int | None = None) -> tuple[str, int]:
+    hasher, size = blake3.blake3(max_threads=1), 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        while length is None or size < length:
+            chunk = f.read(_CHUNK if length is None else min(_CHUNK, length - size))
+            if not chunk:
+                break
+            hasher.update(chunk)
+            size += len(chunk)
+    return hasher.hexdigest(), size
+
+
+def check_archive(directory: str | os.PathLike[str], *, checkpoint: bytes | str | None = None,
+                  key: VerifierKey | None = None) -> Verdict:
+    root = Path(directory)
+    verdict = Verdict("archive", str(directory))
+    try:
+        manifest = json.loads((root / _MANIFEST).read_bytes())
+    except FileNotFoundError:
+        verdict.problem(f"no {_MANIFEST}: not an archive made by evidence export")
+        return verdict.finish()
+    except (OSError, ValueError) as exc:
+        verdict.problem(f"{_MANIFEST} cannot be read: {exc}")
+        return verdict.finish()
+    if not isinstance(manifest, dict) or manifest.get("format") != "sql":
+        verdict.problem(f"this verifier reads archives in the sql format, not "
+                        f"{manifest.get('format') if isinstance(manifest, dict) else '?'!r}")
+        return verdict.finish()
+    verdict.facts |= {"store_id": manifest.get("store_id"),
+                      "tree_size": manifest.get("log", {}).get("tree_size"),
+                      "root": manifest.get("log", {}).get("root")}
+    files_ok = _check_files(root, manifest, verdict)
+    _check_payloads(root, manifest, verdict)
+    if files_ok:
+        _check_log(root, manifest, verdict, checkpoint, key)
+    else:
+        verdict.notes.append("the log was not rebuilt: the dump is not the one the manifest "
+                             "describes")
+    return verdict.finish()
+
+
+def _check_files(root: Path, manifest: dict, verdict: Verdict) -> bool:
+    ok = True
+    files = manifest.get("files", {})
+    for name, entry in sorted(files.items()):
+        path = root / name
+        if not path.is_file() or ".." in Path(name).parts:
+            verdict.problem(f"{name} is in the manifest but not in the archive")
+            ok = False
+            continue
+        digest, size = _blake3_file(path)
+        if (digest, size) != (entry.get("blake3"), entry.get("bytes")):
+            verdict.problem(f"{name}: {size} bytes, BLAKE3 {digest}; the manifest says "
+                            f"{entry.get('bytes')} bytes, {entry.get('blake3')}")
+            ok = False
+    sections = [("schema", manifest.get("schema")), *sorted(manifest.get("tables", {}).items())]
+    for name, section in sections:
+        if not isinstance(section, dict) or section.get("file") not in files:
+            verdict.problem(f"section {name} names no file of the archive")
+            ok = False
+            continue
+        digest, size = _blake3_file(root / section["file"], section["offset"], section["bytes"])
+        if (digest, size) != (section.get("blake3"), section.get("bytes")):
+            verdict.problem(f"section {name} of {section['file']} does not have the BLAKE3 "
+                            "the manifest gives")
+            ok = False
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if path.is_file() and name != _MANIFEST and name not in files and not name.startswith(
+                _ARTIFACTS + "/"):
+            verdict.problem(f"{name} is in the archive but not in the manifest: nothing "
+                            "vouches for it")
+    verdict.facts["files"] = len(files)
+    return ok
+
+
+def _check_payloads(root: Path, manifest: dict, verdict: Verdict) -> None:
+    count = total = 0
+    base = root / _ARTIFACTS
+    for path in sorted(base.rglob("*")) if base.is_dir() else []:
+        if not path.is_file():
+            continue
+        parts = path.relative_to(base).parts
+        if parts[-1] == "LAYOUT" and len(parts) == 1:
+            continue
+        if (len(parts) != 3 or not _DIGEST.fullmatch(parts[2])
+                or parts[1] != parts[2][:2]):
+            verdict.problem(f"{_ARTIFACTS}/{'/'.join(parts)} is not a payload file "
+                            "(<namespace>/<aa>/<BLAKE3>)")
+            continue
+        digest, size = _blake3_file(path)
+        count, total = count + 1, total + size
+        if digest != parts[2]:
+            verdict.problem(f"payload {parts[0]}/{parts[2]} does not hash to its name "
+                            f"(BLAKE3 {digest}): its bytes were changed")
+    gaps = manifest.get("gaps", [])
+    missing = sum(1 for g in gaps if isinstance(g, dict) and "artifact" in str(g.get("kind")))
+    if count + missing != manifest.get("artifacts") and not gaps:
+        verdict.problem(f"{count} payload files, the manifest says {manifest.get('artifacts')}")
+    if not gaps and total != manifest.get("artifact_bytes"):
+        verdict.problem(f"{total} payload bytes, the manifest says "
+                        f"{manifest.get('artifact_bytes')}")
+    if gaps:
+        verdict.notes.append(f"the manifest declares {len(gaps)} gap(s) (what the store "
+                             "lacked when exported): payload counts not compared")
+    verdict.facts["payloads"] = count
+
+
+def _check_log(root: Path, manifest: dict, verdict: Verdict, checkpoint: bytes | str | None,
+               key: VerifierKey | None) -> None:
+    db = sqlite3.connect(":memory:")
+    try:
+        try:
+            db.executescript((root / "dump.sql").read_text(encoding="utf-8"))
+        except (sqlite3.Error, UnicodeDecodeError, OSError) as exc:
+            verdict.problem(f"dump.sql does not load into SQLite: {exc}")
+            return
+        roots = _rebuild(db, verdict)
+        store_id = _one(db, "SELECT value FROM store_meta WHERE key = 'store_id'")
+    finally:
+        db.close()
+    head = manifest.get("log", {})
+    size = len(roots) - 1
+    verdict.facts["entries"] = size
+    if head.get("tree_size") != size or head.get("root") != roots[-1].hex():
+        verdict.problem(f"the ledger gives a tree of {size} entries with root "
+                        f"{roots[-1].hex()}; the manifest says {head.get('tree_size')}, "
+                        f"{head.get('root')}")
+    if store_id != manifest.get("store_id"):
+        verdict.problem(f"the dump is of store {store_id!r}, the manifest says "
+                        f"{manifest.get('store_id')!r}")
+    if checkpoint is None or key is None:
+        verdict.notes.append("no checkpoint given: the archive is consistent with itself, "
+                             "but nothing signed says it is the operator's log")
+        return
+    signed, cp = check_checkpoint(checkpoint, key)
+    verdict.notes += signed.notes
+    if cp is None:
+        verdict.problems += [f"checkpoint: {p}" for p in signed.problems]
+        return
+    verdict.facts |= {"checkpoint_size": cp.tree_size, "checkpoint_key": cp.verified_by}
+    if cp.origin != f"evidence/{store_id}":
+        verdict.problem(f"the checkpoint is for log {cp.origin!r}, the archive is of store "
+                        f"{store_id!r}")
+    elif cp.tree_size > size:
+        verdict.problem(f"the checkpoint signs {cp.tree_size} entries, the archive holds "
+                        f"{size}: entries the operator signed are missing")
+    elif roots[cp.tree_size] != cp.root:
+        verdict.problem(f"the archive's first {cp.tree_size} entries do not give the root "
+                        "the checkpoint signs: the log was rewritten")
+    elif cp.tree_size < size:
+        verdict.notes.append(f"the checkpoint covers the first {cp.tree_size} of the "
+                             f"{size} entries; the rest are not covered by its signature")
+
+
+def _rebuild(db: sqlite3.Connection, verdict: Verdict) -> list[bytes]:
+    """The root after each size 0..n (roots[k]: the first k entries), checking each entry
+    and each commit-log row on the way."""
+    tree = RootsAt()
+    roots = [tree.root()]
+    for index, payload, leaf, payload_hash in db.execute(
+            "SELECT log_index, payload, leaf_hash, payload_hash FROM ingest_ledger "
+            "ORDER BY log_index"):
+        if index != tree.size:
+            verdict.problem(f"ledger entry {tree.size} is missing (next is {index})")
+            break
+        computed = hashlib.sha256(b"\x00" + payload).digest()
+        if computed != leaf:
+            verdict.problem(f"ledger entry {index}: its bytes do not hash to its leaf hash")
+        if blake3.blake3(payload).hexdigest() != payload_hash:
+            verdict.problem(f"ledger entry {index}: its bytes do not have its BLAKE3 hash")
+        tree.append(computed)
+        roots.append(tree.root())
+    for batch, size, recorded in db.execute(
+            "SELECT batch_seq, tree_size, root FROM commit_log ORDER BY batch_seq"):
+        if not 0 <= size < len(roots) or roots[size] != recorded:
+            verdict.problem(f"commit {batch} records root {bytes(recorded).hex()[:16]}... at "
+                            f"size {size}; the ledger gives another")
+    return roots
+
+
+def _one(db: sqlite3.Connection, sql: str) -> Any:
+    row = db.execute(sql).fetchone()
+    return row[0] if row else None

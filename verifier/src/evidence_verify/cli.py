@@ -1,0 +1,123 @@
+"""``evidence-verify``: one command per kind of evidence. Exit 0: verified; 1: it does not
+verify (every problem is printed); 2: it could not be checked (``Error:`` and ``Try:``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .archive import check_archive
+from .checkpoint import VerifierKey, check_checkpoint
+from .errors import VerifyError
+from .proof import check_proof
+from .verdict import Verdict
+from .wacz import check_wacz, load_public_key
+
+
+def _read(path: str) -> bytes:
+    try:
+        return sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise VerifyError(f"cannot read {path}: {exc.strerror}",
+                          hint="check the file name") from None
+
+
+def _archive(args: argparse.Namespace) -> Verdict:
+    if (args.checkpoint is None) != (args.public_key is None):
+        raise VerifyError("--checkpoint and --public-key go together",
+                          hint="give both: the checkpoint and the key that signed it")
+    key = VerifierKey.read(args.public_key) if args.public_key else None
+    checkpoint = _read(args.checkpoint) if args.checkpoint else None
+    if not Path(args.archive).is_dir():
+        raise VerifyError(f"{args.archive} is not a directory",
+                          hint="give the directory evidence export wrote")
+    return check_archive(args.archive, checkpoint=checkpoint, key=key)
+
+
+def _wacz(args: argparse.Namespace) -> Verdict:
+    pinned = load_public_key(args.public_key) if args.public_key else None
+    if not Path(args.wacz).is_file():
+        raise VerifyError(f"{args.wacz} is not a file", hint="give the .wacz file")
+    return check_wacz(args.wacz, public_key=pinned)
+
+
+def _proof(args: argparse.Namespace) -> Verdict:
+    key = VerifierKey.read(args.public_key)
+    old = _read(args.old_checkpoint) if args.old_checkpoint else None
+    return check_proof(_read(args.proof), _read(args.checkpoint), key, old_checkpoint=old,
+                       subject=args.proof)
+
+
+def _checkpoint(args: argparse.Namespace) -> Verdict:
+    verdict, _cp = check_checkpoint(_read(args.checkpoint), VerifierKey.read(args.public_key),
+                                    args.checkpoint)
+    return verdict
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evidence-verify", description="Check evidence made by evidence, offline and "
+        "without it: an archive, a WACZ file, a proof, a checkpoint.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    p = sub.add_parser("archive", help="an archive directory (evidence export)",
+                       description="Check every file and payload of an archive against its "
+                       "manifest, rebuild its log from the ledger, and (with a checkpoint) "
+                       "compare it with the root the operator signed.")
+    p.add_argument("archive", metavar="DIR")
+    p.add_argument("--checkpoint", metavar="FILE", help="a checkpoint of the store")
+    p.add_argument("--public-key", metavar="KEY", help="the operator's key (KEY.pub)")
+    p.set_defaults(run=_archive)
+    p = sub.add_parser("wacz", help="a WACZ file (evidence export --format wacz)",
+                       description="Check the zip, every package hash, the signature, each "
+                       "WARC record's digests and every index line.")
+    p.add_argument("wacz", metavar="FILE")
+    p.add_argument("--public-key", metavar="KEY",
+                   help="the signer's key (KEY.pub, PEM) or a certificate of its chain")
+    p.set_defaults(run=_wacz)
+    p = sub.add_parser("proof", help="an inclusion or consistency proof (evidence prove)",
+                       description="Check a proof against a checkpoint signed by the key.")
+    p.add_argument("proof", metavar="PROOF", help="the proof file ('-': stdin)")
+    p.add_argument("--checkpoint", required=True, metavar="FILE")
+    p.add_argument("--public-key", required=True, metavar="KEY")
+    p.add_argument("--old-checkpoint", metavar="FILE",
+                   help="consistency: the older checkpoint, so both ends are signed")
+    p.set_defaults(run=_proof)
+    p = sub.add_parser("checkpoint", help="a checkpoint's signature (evidence checkpoint)",
+                       description="Check the operator's signature over the whole checkpoint.")
+    p.add_argument("checkpoint", metavar="FILE")
+    p.add_argument("--public-key", required=True, metavar="KEY")
+    p.set_defaults(run=_checkpoint)
+    for command in sub.choices.values():
+        command.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parser
+
+
+def render(verdict: Verdict) -> str:
+    lines = [f"{verdict.kind:<9} {verdict.subject}"]
+    lines += [f"{k:<9} {v}" for k, v in verdict.facts.items()
+              if v is not None and not isinstance(v, dict | list)]
+    lines += [f"error     {p}" for p in verdict.problems]
+    lines += [f"note      {n}" for n in verdict.notes]
+    lines.append("OK" if verdict.ok else f"FAILED: {len(verdict.problems)} problem(s)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        verdict = args.run(args)
+    except VerifyError as exc:
+        sys.stderr.write(f"Error: {exc}\n" + (f"Try: {exc.hint}\n" if exc.hint else ""))
+        return 2
+    if args.json:
+        print(json.dumps(verdict.to_dict(), indent=2))
+    else:
+        print(render(verdict))
+    return 0 if verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
