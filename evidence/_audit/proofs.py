@@ -56,7 +56,7 @@ from .._model.merkle import (
 from .._model.merkle import root as merkle_root
 from .._model.messages import decode_message, format_time, ledger_entry, utc_now
 from .._store.db import Store
-from .._store.log import has_column, check_log
+from .._store.log import check_log, has_column
 
 __all__ = [
     "ConsistencyProof",

@@ -125,6 +125,11 @@ class CrawlOptions:
     token: str | None = None
     heartbeat: float = 2.0  # seconds between beats on a worker host's channel (at most)
     lease_timeout: float = 15.0  # a worker host silent this long loses its leases
+    # Accountable worker hosts (``_crawl/hostauth.py``): name -> SHA-256 of each host's own
+    # token (``--hosts-file``); and how long the run goes on with no host left once one has
+    # served it (None: it waits for hosts to come back; ``--fail-when-no-hosts``).
+    hosts: dict[str, bytes] | None = None
+    no_hosts_timeout: float | None = None
     # How host names become addresses for the network policy (``_crawl.netpolicy``): the
     # system's resolver by default; a test gives its own answers. In this process only.
     resolver: Resolver | None = None
@@ -432,7 +437,7 @@ class Crawler:
             self._service = await stack.enter_async_context(Service(
                 self.store, socket_path=Path(directory) / "writer.sock",
                 listen=self.options.listen, tls=self.options.tls, token=self.options.token,
-                writer_limits=limits))
+                writer_limits=limits, hosts=self.options.hosts))
             self._writer = self._service.writer
             if self._service.tcp_address is not None:
                 log.info("worker hosts may connect to %s:%d (%s)",
@@ -484,13 +489,19 @@ class Crawler:
         # At least three beats per lease, so one late beat never expires a live host.
         heartbeat = min(self.options.heartbeat, self.options.lease_timeout / 3)
         async with WorkerPool(self.options.processes, setup, heartbeat=heartbeat,
-                              lease_timeout=self.options.lease_timeout) as pool:
+                              lease_timeout=self.options.lease_timeout,
+                              no_hosts_timeout=self.options.no_hosts_timeout) as pool:
             self._pool = pool
             self._service.worker_handler = pool.serve_remote
+            # What a worker host submits is checked against its leases (_crawl/hostauth.py).
+            pool.fence_client, pool.fence_host = self._service.fence, self._service.fence_host
+            pool.out_of_scope = self._pages.scope.reason_to_skip
+            self._service.submission_guard = pool.check_submission
             try:
                 yield
             finally:
                 self._service.worker_handler = None
+                self._service.submission_guard = None
                 self._pool = None
 
     async def _begin(self) -> bool:

@@ -382,7 +382,7 @@ def split_entry(entry: bytes) -> tuple[bytes, str | None]:
     """The payload and submitter of a ledger entry (``ledger_entry``'s inverse); an entry
     that is not the wrapper is a bare payload. Raises ``MessageError`` for a malformed
     wrapper."""
-    if not entry or entry[0] & 0xF0 != 0x90 and entry[0] not in (0xDC, 0xDD):
+    if not entry or (entry[0] & 0xF0 != 0x90 and entry[0] not in (0xDC, 0xDD)):
         return entry, None
     try:
         tag, submitter, payload = msgspec.msgpack.decode(entry, type=tuple[str, str, bytes])
