@@ -485,21 +485,24 @@ class WorkerPool:
                  f", host {identity!r} of the hosts file" if identity else "", ready.pid,
                  extra={"event": "worker_host.joined"})
         how = "was dropped at the end of the run"
-        with host.scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._beat, host)
-                how = await self._receive_remote(host, reader)
-                tg.cancel_scope.cancel()
-        how = host.fenced_for or how
-        host.alive = False
-        self._hosts.pop(name, None)
-        self._last_host_end = f"({name}) {how}"
-        host.leased.clear()
-        for waiter in list(host.pending.values()):
-            waiter.resolve(WorkerLost(name, how, remote=True))
-        if not self._closing:
-            log.warning("%s %s; the pages it held are settled from the store", name, how,
-                        extra={"event": "worker_host.lost"})
+        try:
+            with host.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._beat, host)
+                    how = await self._receive_remote(host, reader)
+                    tg.cancel_scope.cancel()
+        finally:  # also when the service ends the channel (a fenced host's, say)
+            how = host.fenced_for or how
+            host.alive = False
+            self._hosts.pop(name, None)
+            self._last_host_end = f"({name}) {how}"
+            host.leased.clear()
+            for waiter in list(host.pending.values()):
+                waiter.resolve(WorkerLost(name, how, remote=True))
+            self._changed.set()
+            if not self._closing:
+                log.warning("%s %s; the pages it held are settled from the store", name,
+                            how, extra={"event": "worker_host.lost"})
 
     async def _beat(self, host: _Child) -> None:
         with contextlib.suppress(*PEER_GONE):
