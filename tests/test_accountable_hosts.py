@@ -144,6 +144,8 @@ def test_a_host_that_submits_an_attempt_it_was_never_leased_is_refused_and_fence
         assert verify(store, full=True).ok
     by = _submitters(d["store"])
     assert set(by) == {None, "honest"} and by["honest"] >= 12, by
+    live = json.loads((d["store"] / "live-stats.json").read_text())
+    assert live["hosts_fenced"] == {"mallory": 1}, live
 
 
 def test_a_forged_failed_frame_fences_only_that_host_and_the_crawl_goes_on(
@@ -166,6 +168,52 @@ def test_a_forged_failed_frame_fences_only_that_host_and_the_crawl_goes_on(
     assert set(done) == reachable and all(n == 1 for n in done.values())
     by = _submitters(d["store"])  # the channel's name: its source address
     assert {k for k in by if k} == {"worker host 127.0.0.3 #2"}, by
+
+
+def test_cross_check_records_that_a_host_altered_the_bytes_it_fetched(
+        site_hosts: dict) -> None:
+    """The only host stores every body with 'Page' replaced by 'Fake'; with --cross-check
+    1.0 the coordinator fetches each of its pages again and records the mismatch."""
+    from evidence._demo.site import SiteConfig, TestSite
+
+    d = site_hosts
+    with TestSite(SiteConfig(pages=6)) as site:
+        coordinator = _coordinator(d, site.url, "--token-file", str(d["shared"]),
+                                   "--cross-check", "1.0")
+        forger = _forger(d, d["shared"], "alter")
+        try:
+            assert coordinator.wait(180) == 0, _log(d, "coordinator")
+            assert forger.wait(60) == 0, _log(d, "forger")
+        finally:
+            for proc in (coordinator, forger):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        reachable = site.reachable_pages()
+    assert "altered" in _log(d, "forger")
+    with Store.open(d["store"], read_only=True) as store:
+        rows = store.connection.execute(
+            "SELECT a.url, r.verdict, r.details, a.attempt_id, l.submitter "
+            "FROM rule_evaluation r "
+            "JOIN fetch_attempt a ON a.attempt_seq = r.attempt_seq "
+            "JOIN ingest_ledger l ON l.log_index = a.log_index "
+            "WHERE r.rule_id = 'evidence.cross-check'").fetchall()
+        fetched = {url for (url,) in store.connection.execute(
+            "SELECT a.url FROM fetch_attempt a JOIN ingest_ledger l "
+            "ON l.log_index = a.log_index WHERE l.submitter IS NOT NULL "
+            "AND a.outcome = 'response'")}
+        assert verify(store, full=True).ok
+    verdicts = {url: verdict for url, verdict, *_ in rows}
+    assert len(rows) == len(verdicts) and set(verdicts) == fetched  # each checked once
+    pages = {site.url.rstrip("/") + p for p in reachable if p.startswith("/p/")}
+    assert pages and all(verdicts[url] == "fail" for url in pages), verdicts
+    for url, verdict, details, _attempt, submitter in rows:
+        said = json.loads(details)
+        assert submitter is None  # the coordinator's own fetch
+        assert said["host"] == "worker host 127.0.0.4 #1"
+        assert said["status"] == said["host_status"]
+        assert (said["host_content"] == said["content"]) == (verdict == "pass"), url
+    assert "the content differs" in _log(d, "coordinator")
 
 
 # --- the identity in the ledger, its proofs and its archives ------------------------------

@@ -70,6 +70,7 @@ from .._write.writer import Writer, WriterLimits
 from . import frontier
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
+from .hostauth import CrossCheck
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
 from .netpolicy import NetworkPolicy, Resolver
@@ -130,6 +131,7 @@ class CrawlOptions:
     # served it (None: it waits for hosts to come back; ``--fail-when-no-hosts``).
     hosts: dict[str, bytes] | None = None
     no_hosts_timeout: float | None = None
+    cross_check: float = 0.0  # the share of hosts' pages fetched again here (CrossCheck)
     # How host names become addresses for the network policy (``_crawl.netpolicy``): the
     # system's resolver by default; a test gives its own answers. In this process only.
     resolver: Resolver | None = None
@@ -155,6 +157,7 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     last_error: str | None = None  # the latest, as logged
     limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so
     worker_hosts: list[str] = []  # the worker hosts serving the run, with --listen
+    hosts_fenced: dict[str, int] = {}  # worker hosts fenced at fault (_crawl/hostauth.py)
     # While the database server is out of reach (a PostgreSQL restart): since when (UTC,
     # as now_text spells it). The run waits meanwhile, up to the store's outage deadline.
     database_unreachable_since: str | None = None
@@ -497,6 +500,11 @@ class Crawler:
             pool.fence_client, pool.fence_host = self._service.fence, self._service.fence_host
             pool.out_of_scope = self._pages.scope.reason_to_skip
             self._service.submission_guard = pool.check_submission
+            if self.options.cross_check > 0:
+                pool.spot_check = CrossCheck(
+                    self.options.cross_check, run_id=self.run_id, read=lambda: self._reader,
+                    fetch=lambda url, seq: self._pages.fetch(url, seq, keep_content=0),
+                    submit=self._writer.submit_group)
             try:
                 yield
             finally:
@@ -1116,6 +1124,7 @@ class Crawler:
             elapsed=elapsed, writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
             worker_hosts=self._pool.hosts if self._pool is not None else [],
+            hosts_fenced=dict(self._pool.fenced) if self._pool is not None else {},
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error, limited_by=self._limited_by(),
             database_unreachable_since=self._unreachable_since())
@@ -1147,6 +1156,7 @@ class Crawler:
             writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
             worker_hosts=self._pool.hosts if self._pool is not None else [],
+            hosts_fenced=dict(self._pool.fenced) if self._pool is not None else {},
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error)
 

@@ -17,6 +17,10 @@ say anything else. Two things make what it says accountable:
   attempt for a URL it was never leased or a message kind a host never sends, is refused
   whole, nothing of it written, and the host is fenced as at fault (``WorkerPool``).
 
+What a host may still do is lie about the pages it was leased. ``CrossCheck``
+(``--cross-check FRACTION``) has the coordinator fetch a sample of them again itself and
+record whether the content matched, as evidence of its own.
+
 The file's form::
 
     # hosts.toml: one table per worker host
@@ -34,10 +38,12 @@ The file's form::
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .._errors import EvidenceError, URLError
 from .._model.messages import (
@@ -47,12 +53,16 @@ from .._model.messages import (
     HostUpdate,
     Message,
     RuleEvaluated,
+    new_id,
+    utc_now,
 )
 from .._model.urls import url_host
 from .._write.wire import read_token
 from .pages import PageOrder
 
-__all__ = ["HOST_NAME", "check_submission", "load_hosts"]
+__all__ = ["CROSS_CHECK_RULE", "HOST_NAME", "CrossCheck", "check_submission", "load_hosts"]
+
+log = logging.getLogger("evidence.crawl")
 
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -200,3 +210,89 @@ def _frontier_refused(message: FrontierUpdate, leased: Mapping[str, PageOrder],
             if why is not None:
                 return f"{queued.url} queued to be fetched, and the crawl's rule says {why}"
     return None
+
+
+# --- spot checks: the coordinator fetches a sample of the hosts' pages again ------------
+
+CROSS_CHECK_RULE = "evidence.cross-check"
+CROSS_CHECK_VERSION = "1"
+
+_HOST_ATTEMPT = (
+    "SELECT a.attempt_id, a.sequence, a.outcome, a.http_status, b.digest, c.digest, "
+    "l.submitter FROM fetch_attempt a JOIN ingest_ledger l ON l.log_index = a.log_index "
+    "LEFT JOIN artifact b ON b.artifact_id = a.body_id "
+    "LEFT JOIN artifact c ON c.artifact_id = a.content_id "
+    "WHERE a.run_id = ? AND a.url = ? AND a.render_seq IS NULL "
+    "ORDER BY a.sequence DESC LIMIT 1")
+
+
+class CrossCheck:
+    """``--cross-check FRACTION``: once a worker host's page has committed, the coordinator
+    fetches a sample of them again itself and records whether the content matched.
+
+    The sample is a fixed share of URLs, chosen by hashing the run id and the URL (another
+    run samples others; nothing a host does moves it). The coordinator's fetch is an
+    attempt of its own (no submitter, the next sequence of that URL in the run), and the
+    comparison a ``rule_evaluated`` record of the built-in rule ``evidence.cross-check``
+    v1 on that attempt: ``pass`` when the status and the content's BLAKE3 digest are the
+    host's, ``fail`` when either differs (as a page that changes between two fetches does
+    too), ``error`` when the coordinator's own fetch got no response. Its details name the
+    host, both attempts and both digests. Both are in the Merkle log and every export.
+    """
+
+    def __init__(self, fraction: float, *, run_id: str, read: Callable[[], Any],
+                 fetch: Callable[[str, int], Awaitable[Any]],
+                 submit: Callable[[Sequence[Message]], Awaitable[Any]]) -> None:
+        self.fraction = fraction
+        self.run_id = run_id
+        self._read = read  # -> a connection reading the store (the crawl's reader)
+        self._fetch = fetch  # (url, sequence) -> FetchResult, the coordinator's own fetch
+        self._submit = submit  # the crawl's writer: no submitter
+        self.checked = 0
+        self.mismatched = 0
+
+    def sampled(self, url: str) -> bool:
+        digest = hashlib.sha256(f"{self.run_id}\n{url}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") < self.fraction * 2 ** 64
+
+    async def __call__(self, order: PageOrder) -> None:
+        """Check ``order``'s page (just committed by a worker host), if it is sampled."""
+        if not self.sampled(order.url):
+            return
+        rows = self._read().execute(_HOST_ATTEMPT, (self.run_id, order.url)).fetchall()
+        if not rows or rows[0][6] is None or rows[0][2] != "response":
+            return  # the host recorded no response (or the coordinator settled the page)
+        host_attempt, sequence, _outcome, host_status, body, content, host = rows[0]
+        result = await self._fetch(order.url, sequence + 1)
+        mine = result.attempt
+        own = (mine.content or mine.body).digest if (mine.content or mine.body) else None
+        theirs = content or body
+        if mine.outcome != "response":
+            verdict = "error"
+        elif mine.http_status == host_status and own == theirs:
+            verdict = "pass"
+        else:
+            verdict = "fail"
+        details = {"host": host, "host_attempt_id": host_attempt, "host_status": host_status,
+                   "host_content": theirs, "status": mine.http_status, "content": own,
+                   "outcome": mine.outcome}
+        evaluated = RuleEvaluated(
+            message_id=new_id("m-"), run_id=self.run_id, url=order.url,
+            rule_id=CROSS_CHECK_RULE, rule_version=CROSS_CHECK_VERSION,
+            input_hash=hashlib.sha256("\n".join(
+                [host_attempt, str(theirs), mine.attempt_id, str(own)]).encode()).hexdigest(),
+            verdict=verdict, evaluated_at=utc_now(), attempt_id=mine.attempt_id,
+            details=details)
+        await self._submit([mine, evaluated])
+        self.checked += 1
+        if verdict == "pass":
+            log.info("cross-check of %s: the content matched what %s recorded", order.url,
+                     host, extra={"event": "crawl.cross_check"})
+            return
+        self.mismatched += 1
+        log.warning("cross-check of %s: %s (host %s recorded HTTP %s, content %s; this "
+                    "fetch: %s, HTTP %s, content %s)", order.url,
+                    "no response here" if verdict == "error" else "the content differs",
+                    host, host_status, (theirs or "none")[:16], mine.outcome,
+                    mine.http_status, (own or "none")[:16],
+                    extra={"event": "crawl.cross_check"})
