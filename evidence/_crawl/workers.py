@@ -230,6 +230,10 @@ class WorkerPool:
         self.lease_timeout = lease_timeout
         self._children: dict[int, _Child] = {}
         self._hosts: dict[str, _Child] = {}  # worker hosts, by name
+        # Channels that ended, by name: their address or hosts-file identity. A host whose
+        # channel ended (its lease expired, say) may still be submitting: refused, not
+        # at fault.
+        self._ended: dict[str, str] = {}
         self._host_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._closing = False
@@ -499,6 +503,7 @@ class WorkerPool:
             how = host.fenced_for or how
             host.alive = False
             self._hosts.pop(name, None)
+            self._ended[name] = host.host or host.address
             self._last_host_end = f"({name}) {how}"
             host.leased.clear()
             for waiter in list(host.pending.values()):
@@ -552,6 +557,8 @@ class WorkerPool:
         None. A refusal is that host's fault: it is fenced (``_crawl/hostauth.py``)."""
         host = self._hosts.get(client)
         if host is None or not host.alive:
+            if client in self._ended and self._ended[client] == (identity or address):
+                return f"{client} holds no lease any more (its channel ended)"
             why = f"{client or 'an unnamed client'} holds no lease of this run"
             if identity:  # a host of the hosts file, under a name it was never given
                 self._at_fault(None, identity, why)
