@@ -19,6 +19,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evidence import Store, compare, export, restore, verify
 from evidence._audit.proofs import check_proof, prove_inclusion
@@ -373,3 +375,25 @@ def test_what_a_host_may_submit_is_the_evidence_of_its_leases(tmp_path: Path) ->
     assert "not one it submits" in refused(found)  # links of an attempt not in the group
     assert "the crawl's rule says scope: host" in refused(attempt, found, queued,
                                                           scope="scope: host")
+
+
+@given(payload=st.binary(max_size=256), submitter=st.text(min_size=1, max_size=256),
+       other=st.text(min_size=1, max_size=256))
+@settings(max_examples=200, deadline=None)
+def test_any_submitter_is_bound_by_its_entry_and_never_taken_for_a_bare_message(
+        payload: bytes, submitter: str, other: str) -> None:
+    entry = ledger_entry(payload, submitter)
+    assert ledger_entry(payload) == payload  # no submitter: the leaf is as it always was
+    assert split_entry(entry) == (payload, submitter)
+    assert entry != payload and (other == submitter) == (
+        ledger_entry(payload, other) == entry)
+
+
+def test_a_message_is_never_read_as_a_submitted_entry(tmp_path: Path) -> None:
+    from evidence._model.messages import canonical_encode
+
+    with Store.create(tmp_path / "s") as store:
+        make = Factory(store)
+        for message in (make.session(), make.run(), make.attempt()):
+            encoded = canonical_encode(message)
+            assert split_entry(encoded) == (encoded, None)
