@@ -172,6 +172,31 @@ def test_a_forged_failed_frame_fences_only_that_host_and_the_crawl_goes_on(
     assert {k for k in by if k} == {"worker host 127.0.0.3 #2"}, by
 
 
+def test_the_run_fails_for_want_of_hosts_only_when_the_operator_said_so(
+        site_hosts: dict) -> None:
+    """--fail-when-no-hosts 2: the only host is fenced (a forged Failed) and none comes;
+    the run fails two seconds later, naming why. (Without it the run waits: the test
+    above, whose honest host comes only after the forger is gone.)"""
+    from evidence._demo.site import SiteConfig, TestSite
+
+    d = site_hosts
+    with TestSite(SiteConfig(pages=4)) as site:
+        coordinator = _coordinator(d, site.url, "--token-file", str(d["shared"]),
+                                   "--fail-when-no-hosts", "2")
+        forger = _forger(d, d["shared"], "failed")
+        try:
+            assert forger.wait(120) == 0, _log(d, "forger")
+            assert coordinator.wait(120) != 0
+        finally:
+            for proc in (coordinator, forger):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+    log = _log(d, "coordinator")
+    assert "no worker host has served the run for 2 s (the last one (worker host " \
+        "127.0.0.4 #1) failed a page (forged failure): fenced)" in log, log
+
+
 def test_cross_check_records_that_a_host_altered_the_bytes_it_fetched(
         site_hosts: dict) -> None:
     """The only host stores every body with 'Page' replaced by 'Fake'; with --cross-check
