@@ -43,7 +43,7 @@ import re
 import tomllib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .._errors import EvidenceError, URLError
 from .._model.messages import (
@@ -267,6 +267,7 @@ class CrossCheck:
         mine = result.attempt
         own = (mine.content or mine.body).digest if (mine.content or mine.body) else None
         theirs = content or body
+        verdict: Literal["pass", "fail", "error"]
         if mine.outcome != "response":
             verdict = "error"
         elif mine.http_status == host_status and own == theirs:
