@@ -58,7 +58,7 @@ from .._model.messages import (
 )
 from .._model.urls import url_host
 from .._write.wire import read_token
-from .pages import PageOrder
+from .pages import PageEffects, PageOrder
 
 __all__ = ["CROSS_CHECK_RULE", "HOST_NAME", "CrossCheck", "check_submission", "load_hosts"]
 
@@ -255,9 +255,12 @@ class CrossCheck:
         digest = hashlib.sha256(f"{self.run_id}\n{url}".encode()).digest()
         return int.from_bytes(digest[:8], "big") < self.fraction * 2 ** 64
 
-    async def __call__(self, order: PageOrder) -> None:
-        """Check ``order``'s page (just committed by a worker host), if it is sampled."""
-        if not self.sampled(order.url):
+    async def __call__(self, order: PageOrder, effects: PageEffects) -> None:
+        """Check ``order``'s page (just committed by a worker host), if it is sampled and
+        settled: a page requeued for a retry is claimed again (the next claim's attempt
+        takes the next sequence), one left to render or unchanged is the coordinator's."""
+        if not self.sampled(order.url) or effects.retry_in is not None \
+                or effects.render is not None or effects.unchanged is not None:
             return
         rows = self._read().execute(_HOST_ATTEMPT, (self.run_id, order.url)).fetchall()
         if not rows or rows[0][6] is None or rows[0][2] != "response":

@@ -249,8 +249,9 @@ class WorkerPool:
         self.fence_client: Callable[[str], Coroutine[Any, Any, None]] | None = None
         self.fence_host: Callable[[str], Coroutine[Any, Any, None]] | None = None
         self.out_of_scope: Callable[[str, int], str | None] = lambda _url, _depth: None
-        # Called with the order of each page a worker host committed (``CrossCheck``).
-        self.spot_check: Callable[[PageOrder], Coroutine[Any, Any, None]] | None = None
+        # Called with each page a worker host committed, and its effects (``CrossCheck``).
+        self.spot_check: Callable[[PageOrder, PageEffects], Coroutine[Any, Any, None]] | None \
+            = None
         self._tg: anyio.abc.TaskGroup
         self._changed: anyio.Event
 
@@ -336,7 +337,7 @@ class WorkerPool:
             raise waiter.result
         assert waiter.result is not None
         if child.process is None and self.spot_check is not None:
-            await self.spot_check(order)
+            await self.spot_check(order, waiter.result)
         return waiter.result
 
     async def _pick(self) -> _Child:
