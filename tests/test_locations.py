@@ -60,6 +60,7 @@ LOCATIONS = [
       for part in ("screenshot", "dom", "headers", "request", "body", "content")),
     ("crawl --config {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --seeds {L}", False),
+    ("crawl http://127.0.0.1:9/ --store st --listen 127.0.0.1:0 --hosts-file {L}", False),
     ("rules evaluate {L} --rules r.toml", False),
     ("report {L} --run r", False),
     ("report st --run r --out {L}", False),

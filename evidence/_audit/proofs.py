@@ -54,9 +54,9 @@ from .._model.merkle import (
     verify_inclusion,
 )
 from .._model.merkle import root as merkle_root
-from .._model.messages import decode_message, format_time, utc_now
+from .._model.messages import decode_message, format_time, ledger_entry, utc_now
 from .._store.db import Store
-from .._store.log import check_log
+from .._store.log import check_log, has_column
 
 __all__ = [
     "ConsistencyProof",
@@ -363,7 +363,7 @@ def _store_id(conn: apsw.Connection) -> str:
 _STRUCT = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "tag_field": "type"}
 
 
-class InclusionProof(msgspec.Struct, tag="inclusion", **_STRUCT):
+class InclusionProof(msgspec.Struct, tag="inclusion", omit_defaults=True, **_STRUCT):
     """Ledger entry ``log_index`` is leaf ``log_index`` of the ``tree_size``-leaf tree."""
 
     version: int
@@ -371,9 +371,12 @@ class InclusionProof(msgspec.Struct, tag="inclusion", **_STRUCT):
     log_index: int
     tree_size: int
     entry: bytes  # the ledger payload: canonical msgpack of the message
-    leaf_hash: bytes  # SHA-256(0x00 || entry)
+    leaf_hash: bytes  # SHA-256(0x00 || ledger_entry(entry, submitter))
     path: list[bytes]  # RFC 9162 2.1.3 audit path, leaf sibling first
     root: bytes  # the root the store computed; the checker trusts only the checkpoint's
+    # The worker host that submitted the entry (ingest_ledger.submitter), covered by the
+    # leaf hash; absent for the crawl's own messages (their proofs are as they always were).
+    submitter: str | None = None
 
 
 class ConsistencyProof(msgspec.Struct, tag="consistency", **_STRUCT):
@@ -458,14 +461,16 @@ def prove_inclusion(store: Store, attempt_id: str | None = None, *, log_index: i
         origin, size, leaves = _head_and_leaves(conn, tree_size)
         if not 0 <= log_index < size:
             raise ProofError(f"log index {log_index} is not in a tree of size {size}")
-        entry = conn.execute("SELECT payload FROM ingest_ledger WHERE log_index = ?",
-                             (log_index,)).fetchall()[0][0]
-    if leaf_hash(entry) != leaves[log_index]:
+        by = "submitter" if has_column(conn, "ingest_ledger", "submitter") else "NULL"
+        entry, submitter = conn.execute(f"SELECT payload, {by} FROM ingest_ledger "
+                                        "WHERE log_index = ?", (log_index,)).fetchall()[0]
+    if leaf_hash(ledger_entry(entry, submitter)) != leaves[log_index]:
         raise CorruptStoreError(f"ledger entry {log_index} does not hash to its leaf hash",
                                 hint="run 'evidence verify'", log_index=log_index)
     return InclusionProof(version=PROOF_VERSION, origin=origin, log_index=log_index,
                           tree_size=size, entry=entry, leaf_hash=leaves[log_index],
-                          path=inclusion_proof(log_index, leaves), root=merkle_root(leaves))
+                          path=inclusion_proof(log_index, leaves), root=merkle_root(leaves),
+                          submitter=submitter)
 
 
 def prove_consistency(store: Store, from_size: int, to_size: int | None = None
@@ -496,6 +501,7 @@ class ProofCheck(msgspec.Struct, kw_only=True):
     log_index: int | None = None
     old_size: int | None = None
     entry: dict[str, Any] | None = None  # the decoded ledger entry (inclusion)
+    submitter: str | None = None  # the worker host that submitted it (inclusion), if one did
     statement: str = ""
     problems: list[str] = []
 
@@ -548,7 +554,9 @@ def _check_inclusion(p: InclusionProof, cp: SignedCheckpoint, result: ProofCheck
                         f"{cp.tree_size}: make the proof with --checkpoint")
     if p.root != cp.root:
         problems.append("the proof claims another root than the checkpoint signs")
-    leaf = leaf_hash(p.entry)
+    if p.submitter is not None and not 1 <= len(p.submitter) <= 256:
+        problems.append("the proof names a submitter of an impossible length")
+    leaf = leaf_hash(ledger_entry(p.entry, p.submitter))
     if leaf != p.leaf_hash:
         problems.append("the entry does not hash to the proof's leaf hash")
     if not verify_inclusion(p.log_index, cp.tree_size, leaf, p.path, cp.root):
@@ -560,10 +568,12 @@ def _check_inclusion(p: InclusionProof, cp: SignedCheckpoint, result: ProofCheck
         problems.append(f"the entry is not a message: {exc}")
         return
     result.entry = msgspec.to_builtins(message)
+    result.submitter = p.submitter
     what = type(message).__struct_config__.tag
     subject = getattr(message, "attempt_id", None) or message.message_id
     url = getattr(message, "url", None)
-    result.statement = (f"{what} {subject}{f' ({url})' if url else ''} is entry "
+    by = f", submitted by worker host {p.submitter!r}," if p.submitter else ""
+    result.statement = (f"{what} {subject}{f' ({url})' if url else ''}{by} is entry "
                         f"{p.log_index} of log {cp.origin}, in the tree of size {cp.tree_size} "
                         f"signed at {cp.time or 'an unstated time'}")
 

@@ -407,10 +407,11 @@ def add_metrics_options(p: argparse.ArgumentParser) -> None:
                    "reaches it reads the metrics (no token, no TLS)")
 
 
-def listen_options(args: argparse.Namespace) -> tuple[str | None, TLSFiles | None,
-                                                      str | None]:
+def listen_options(args: argparse.Namespace, *, hosts: bool = False
+                   ) -> tuple[str | None, TLSFiles | None, str | None]:
     """The listening options, each checked now: the address (a non-loopback one needs
-    TLS), the certificate and key (loaded once to see they work), the token file."""
+    TLS), the certificate and key (loaded once to see they work), the token file (which
+    ``hosts``, a crawl's hosts file naming each host's own token, makes optional)."""
     from .._errors import ServiceError
     from .._write.tls import TLSFiles, parse_listen, server_context
     from .._write.wire import read_token
@@ -426,7 +427,7 @@ def listen_options(args: argparse.Namespace) -> tuple[str | None, TLSFiles | Non
     token = read_token(args.token_file) if args.token_file else None
     if args.listen is not None:
         parse_listen(args.listen, tls=tls is not None)
-        if token is None:
+        if token is None and not hosts:
             raise ServiceError("listening on a TCP port needs a token",
                                hint="add --token-file FILE (mode 600)")
     return args.listen, tls, token

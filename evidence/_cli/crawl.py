@@ -168,7 +168,21 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     elif not postgres and not (path / DB_NAME).exists():
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
-    listen, tls, token = listen_options(args)  # checked before the store is touched
+    hosts = None
+    if args.hosts_file is not None:  # each worker host's own token (_crawl/hostauth.py)
+        from .._crawl.hostauth import load_hosts
+
+        if args.listen is None:
+            raise EvidenceError("--hosts-file names the worker hosts of a crawl that takes "
+                                "them", hint="add --listen HOST:PORT")
+        hosts = load_hosts(args.hosts_file)
+    if args.cross_check is not None and args.listen is None:
+        raise EvidenceError("--cross-check fetches again pages that worker hosts fetched",
+                            hint="add --listen HOST:PORT (and worker hosts)")
+    if args.fail_when_no_hosts is not None and args.listen is None:
+        raise EvidenceError("--fail-when-no-hosts is for a crawl that takes worker hosts",
+                            hint="add --listen HOST:PORT")
+    listen, tls, token = listen_options(args, hosts=hosts is not None)  # before the store
     if args.metrics is not None:
         from .._write.metrics import metrics_address
 
@@ -203,6 +217,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             max_documents=args.max_documents, clean=args.clean, full=args.full,
             processes=args.processes, render=render, progress=progress,
             listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
+            hosts=hosts, no_hosts_timeout=args.fail_when_no_hosts,
+            cross_check=args.cross_check or 0.0,
             progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public)
         crawler = Crawler(store, config, options)
 
@@ -290,6 +306,16 @@ def _s3_outage_deadline(value: float | None) -> Iterator[None]:
             os.environ.pop(OUTAGE_DEADLINE_ENV, None)
         else:
             os.environ[OUTAGE_DEADLINE_ENV] = before
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, not {text}")
+    return value
 
 
 def _lease(text: str) -> float:
@@ -673,6 +699,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--lease-timeout", type=_lease, default=15.0, metavar="SECONDS",
                    help="a worker host silent this long loses the pages it holds, which "
                    "return to the frontier (default %(default)s)")
+    p.add_argument("--hosts-file", type=local_path, metavar="FILE",
+                   help="a TOML file naming each worker host and its own token "
+                   "([hosts.NAME] token_sha256 = \"HEX\", or token_file = \"FILE\"): a "
+                   "host connects only with its token, every message it submits records "
+                   "its name in the ledger, and one that submits what was not leased to it "
+                   "is refused for the rest of the run (docs/scale.md); --token-file then "
+                   "serves no worker host")
+    p.add_argument("--cross-check", type=_fraction, metavar="FRACTION",
+                   help="fetch this share (0 to 1) of the pages worker hosts fetched again "
+                   "here and record whether the content matched (rule evidence.cross-check:"
+                   " pass, fail or error, on this crawl's own attempt; docs/scale.md); a "
+                   "page that changes between fetches fails it too")
+    p.add_argument("--fail-when-no-hosts", type=positive_seconds, metavar="SECONDS",
+                   help="fail the run when no worker host has served it for SECONDS, once "
+                   "one has (all fenced or gone); by default the run waits for hosts to "
+                   "come back, however long")
     p.add_argument("--max-documents", type=positive, metavar="N",
                    help="pages this run requests; the next run continues the session "
                    "(default: no cap)")

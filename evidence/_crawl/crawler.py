@@ -70,6 +70,7 @@ from .._write.writer import Writer, WriterLimits
 from . import frontier
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
+from .hostauth import CrossCheck
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
 from .netpolicy import NetworkPolicy, Resolver
@@ -125,6 +126,12 @@ class CrawlOptions:
     token: str | None = None
     heartbeat: float = 2.0  # seconds between beats on a worker host's channel (at most)
     lease_timeout: float = 15.0  # a worker host silent this long loses its leases
+    # Accountable worker hosts (``_crawl/hostauth.py``): name -> SHA-256 of each host's own
+    # token (``--hosts-file``); and how long the run goes on with no host left once one has
+    # served it (None: it waits for hosts to come back; ``--fail-when-no-hosts``).
+    hosts: dict[str, bytes] | None = None
+    no_hosts_timeout: float | None = None
+    cross_check: float = 0.0  # the share of hosts' pages fetched again here (CrossCheck)
     # How host names become addresses for the network policy (``_crawl.netpolicy``): the
     # system's resolver by default; a test gives its own answers. In this process only.
     resolver: Resolver | None = None
@@ -150,6 +157,7 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     last_error: str | None = None  # the latest, as logged
     limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so
     worker_hosts: list[str] = []  # the worker hosts serving the run, with --listen
+    hosts_fenced: dict[str, int] = {}  # worker hosts fenced at fault (_crawl/hostauth.py)
     # While the database server is out of reach (a PostgreSQL restart): since when (UTC,
     # as now_text spells it). The run waits meanwhile, up to the store's outage deadline.
     database_unreachable_since: str | None = None
@@ -432,7 +440,7 @@ class Crawler:
             self._service = await stack.enter_async_context(Service(
                 self.store, socket_path=Path(directory) / "writer.sock",
                 listen=self.options.listen, tls=self.options.tls, token=self.options.token,
-                writer_limits=limits))
+                writer_limits=limits, hosts=self.options.hosts))
             self._writer = self._service.writer
             if self._service.tcp_address is not None:
                 log.info("worker hosts may connect to %s:%d (%s)",
@@ -484,13 +492,24 @@ class Crawler:
         # At least three beats per lease, so one late beat never expires a live host.
         heartbeat = min(self.options.heartbeat, self.options.lease_timeout / 3)
         async with WorkerPool(self.options.processes, setup, heartbeat=heartbeat,
-                              lease_timeout=self.options.lease_timeout) as pool:
+                              lease_timeout=self.options.lease_timeout,
+                              no_hosts_timeout=self.options.no_hosts_timeout) as pool:
             self._pool = pool
             self._service.worker_handler = pool.serve_remote
+            # What a worker host submits is checked against its leases (_crawl/hostauth.py).
+            pool.fence_client, pool.fence_host = self._service.fence, self._service.fence_host
+            pool.out_of_scope = self._pages.scope.reason_to_skip
+            self._service.submission_guard = pool.check_submission
+            if self.options.cross_check > 0:
+                pool.spot_check = CrossCheck(
+                    self.options.cross_check, run_id=self.run_id, read=lambda: self._reader,
+                    fetch=lambda url, seq: self._pages.fetch(url, seq, keep_content=0),
+                    submit=self._writer.submit_group)
             try:
                 yield
             finally:
                 self._service.worker_handler = None
+                self._service.submission_guard = None
                 self._pool = None
 
     async def _begin(self) -> bool:
@@ -1105,6 +1124,7 @@ class Crawler:
             elapsed=elapsed, writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
             worker_hosts=self._pool.hosts if self._pool is not None else [],
+            hosts_fenced=dict(self._pool.fenced) if self._pool is not None else {},
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error, limited_by=self._limited_by(),
             database_unreachable_since=self._unreachable_since())
@@ -1136,6 +1156,7 @@ class Crawler:
             writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
             worker_hosts=self._pool.hosts if self._pool is not None else [],
+            hosts_fenced=dict(self._pool.fenced) if self._pool is not None else {},
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
             last_error=self._last_error)
 

@@ -102,6 +102,12 @@ def crawl_families(crawler: Crawler) -> Iterator[Metric]:
                             "(--processes) alive.", value=len(p.worker_pids))
     yield GaugeMetricFamily("evidence_crawl_worker_hosts", "Worker hosts serving the run.",
                             value=len(p.worker_hosts))
+    fenced = CounterMetricFamily("evidence_crawl_worker_hosts_fenced", "Worker hosts fenced "
+                                 "at fault: a page failed, or what they submitted refused.",
+                                 labels=["host"])
+    for host, times in sorted(p.hosts_fenced.items()):
+        fenced.add_metric([host], times)
+    yield fenced
     yield from wal_family(crawler.store)
     yield from writer_families(p.writer)
 

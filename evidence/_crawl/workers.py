@@ -35,6 +35,7 @@ says ``Bye``, and the host exits.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import logging
@@ -43,7 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ from .._model.logs import (
     log_context,
     set_level,
 )
+from .._model.messages import Message
 from .._net import acquire, wrap_socket
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
@@ -68,6 +70,7 @@ from .._store.location import is_postgres_location, is_s3_url
 from .._store.resync import SYNC_MARKER
 from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
 from .frontier import CrawlConfig
+from .hostauth import check_submission
 from .http import crawl_client
 from .netpolicy import NetworkPolicy
 from .pages import PageEffects, PageOrder, PageWorker
@@ -189,6 +192,13 @@ class _Child:
         self.process = process  # None: a worker host
         self.stream = stream
         self.pending: dict[int, _Waiter] = {}
+        # A worker host's: the URLs leased to it now (what it may submit evidence of), its
+        # identity in the hosts file ("" without one), the address it connected from, and
+        # why it was fenced, once it was (``_crawl/hostauth.py``).
+        self.leased: dict[str, PageOrder] = {}
+        self.host = ""
+        self.address = ""
+        self.fenced_for = ""
         self.send_lock = anyio.Lock()
         self.alive = False  # set once it said ready; cleared when its channel ends
         self.scope = anyio.CancelScope()  # a worker host's channel, ended at the run's end
@@ -209,7 +219,7 @@ class WorkerPool:
     """
 
     def __init__(self, processes: int, setup: Setup, *, heartbeat: float = 2.0,
-                 lease_timeout: float = 15.0) -> None:
+                 lease_timeout: float = 15.0, no_hosts_timeout: float | None = None) -> None:
         if processes < 0:
             raise ValueError("a worker pool needs zero or more processes")
         if lease_timeout <= heartbeat:
@@ -220,10 +230,28 @@ class WorkerPool:
         self.lease_timeout = lease_timeout
         self._children: dict[int, _Child] = {}
         self._hosts: dict[str, _Child] = {}  # worker hosts, by name
+        # Channels that ended, by name: their address or hosts-file identity. A host whose
+        # channel ended (its lease expired, say) may still be submitting: refused, not
+        # at fault.
+        self._ended: dict[str, str] = {}
         self._host_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._closing = False
         self._failure: EvidenceError | None = None  # a replacement that did not start
+        # Worker hosts (``check_submission``): the run fails once none has served it for
+        # this long, after one did (None: it waits for one to come, as long as it takes).
+        self.no_hosts_timeout = no_hosts_timeout
+        self._host_joined = False
+        self._last_host_end = ""  # how the last worker host ended, in words
+        self.fenced: collections.Counter[str] = collections.Counter()  # by host, at fault
+        # Set by the crawl: the service's fences (by client name, and by hosts-file
+        # identity), and the crawl's scope rule (a URL and depth -> why it is not fetched).
+        self.fence_client: Callable[[str], Coroutine[Any, Any, None]] | None = None
+        self.fence_host: Callable[[str], Coroutine[Any, Any, None]] | None = None
+        self.out_of_scope: Callable[[str, int], str | None] = lambda _url, _depth: None
+        # Called with each page a worker host committed, and its effects (``CrossCheck``).
+        self.spot_check: Callable[[PageOrder, PageEffects], Coroutine[Any, Any, None]] | None \
+            = None
         self._tg: anyio.abc.TaskGroup
         self._changed: anyio.Event
 
@@ -290,6 +318,8 @@ class WorkerPool:
         request_id = next(self._ids)
         waiter = _Waiter(fetched)
         child.pending[request_id] = waiter  # no await since _pick: the child is alive
+        if child.process is None:  # a worker host may submit this page's evidence now
+            child.leased[order.url] = order
         try:
             try:
                 await acquire(child.send_lock)
@@ -302,9 +332,12 @@ class WorkerPool:
             await waiter.event.wait()
         finally:
             child.pending.pop(request_id, None)
+            child.leased.pop(order.url, None)
         if isinstance(waiter.result, BaseException):
             raise waiter.result
         assert waiter.result is not None
+        if child.process is None and self.spot_check is not None:
+            await self.spot_check(order, waiter.result)
         return waiter.result
 
     async def _pick(self) -> _Child:
@@ -315,7 +348,17 @@ class WorkerPool:
             if live:
                 return min(live, key=lambda c: len(c.pending))
             self._changed = anyio.Event() if self._changed.is_set() else self._changed
-            await self._changed.wait()  # a child is starting
+            wait = self.no_hosts_timeout
+            if wait is None or self.processes or not self._host_joined:
+                await self._changed.wait()  # a child is starting, or a host will come
+                continue
+            with anyio.move_on_after(wait):
+                await self._changed.wait()
+            if not any(c.alive for c in self._hosts.values()):
+                raise EvidenceError(
+                    f"no worker host has served the run for {wait:g} s (the last one "
+                    f"{self._last_host_end}); the run stops, as --fail-when-no-hosts says",
+                    hint="start worker hosts, then resume: the session stays open")
 
     async def _spawn(self, index: int) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -417,14 +460,16 @@ class WorkerPool:
     # --- worker hosts ---------------------------------------------------------------------
 
     async def serve_remote(self, stream: anyio.abc.ByteStream, initial: bytes, client: str,
-                           peer: str) -> None:
+                           peer: str, address: str = "", identity: str = "") -> None:
         """One worker host's channel, for as long as it lasts (the writer service calls
-        this for a connection whose hello says ``role: worker``)."""
+        this for a connection whose hello says ``role: worker``; ``address``: whom it
+        counts against, ``identity``: its name in the hosts file, if there is one)."""
         if self._closing:
             return
         peer_host = peer.split(" from ", 1)[-1].split(" ", 1)[0].rsplit(":", 1)[0]
         name = f"worker host {peer_host} #{next(self._host_ids)}"
         host = _Child(-1, name, None, stream)
+        host.host, host.address = identity, address
         reader = FrameReader(stream, initial)
         setup = msgspec.structs.replace(self.setup, name=name, socket="",
                                         heartbeat=self.heartbeat,
@@ -443,22 +488,31 @@ class WorkerPool:
             return
         self._hosts[name] = host
         host.alive = True
+        self._host_joined = True
         self._changed.set()
-        log.info("%s joined: %s, pid %d", name, client or "unnamed", ready.pid,
+        log.info("%s joined: %s%s, pid %d", name, client or "unnamed",
+                 f", host {identity!r} of the hosts file" if identity else "", ready.pid,
                  extra={"event": "worker_host.joined"})
         how = "was dropped at the end of the run"
-        with host.scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._beat, host)
-                how = await self._receive_remote(host, reader)
-                tg.cancel_scope.cancel()
-        host.alive = False
-        self._hosts.pop(name, None)
-        for waiter in list(host.pending.values()):
-            waiter.resolve(WorkerLost(name, how, remote=True))
-        if not self._closing:
-            log.warning("%s %s; the pages it held are settled from the store", name, how,
-                        extra={"event": "worker_host.lost"})
+        try:
+            with host.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._beat, host)
+                    how = await self._receive_remote(host, reader)
+                    tg.cancel_scope.cancel()
+        finally:  # also when the service ends the channel (a fenced host's, say)
+            how = host.fenced_for or how
+            host.alive = False
+            self._hosts.pop(name, None)
+            self._ended[name] = host.host or host.address
+            self._last_host_end = f"({name}) {how}"
+            host.leased.clear()
+            for waiter in list(host.pending.values()):
+                waiter.resolve(WorkerLost(name, how, remote=True))
+            self._changed.set()
+            if not self._closing:
+                log.warning("%s %s; the pages it held are settled from the store", name,
+                            how, extra={"event": "worker_host.lost"})
 
     async def _beat(self, host: _Child) -> None:
         with contextlib.suppress(*PEER_GONE):
@@ -488,11 +542,61 @@ class WorkerPool:
                     waiter.request_over()
                 elif isinstance(frame, Done):
                     waiter.resolve(frame.effects)
-                elif isinstance(frame, Failed):
-                    waiter.resolve(EvidenceError(f"{host.name}: {frame.error}",
-                                                 hint=frame.hint))
+                elif isinstance(frame, Failed):  # that host's fault, not the run's
+                    self.fenced[host.host or host.name] += 1
+                    log.warning("%s failed a page (%s); it is fenced, and the pages it "
+                                "held go to other hosts", host.name, frame.error,
+                                extra={"event": "worker_host.failed"})
+                    return f"failed a page ({frame.error}): fenced"
         except (*PEER_GONE, msgspec.DecodeError, EvidenceError) as exc:
             return f"broke its connection ({gone_in_words(exc)})"
+
+    def check_submission(self, client: str, identity: str, address: str,
+                         messages: Sequence[Message]) -> str | None:
+        """The writer service's ``submission_guard``: why the TCP client ``client``
+        (``identity`` in the hosts file, from ``address``) may not submit ``messages``, or
+        None. A refusal is that host's fault: it is fenced (``_crawl/hostauth.py``)."""
+        host = self._hosts.get(client)
+        if host is None or not host.alive:
+            if client in self._ended and self._ended[client] == (identity or address):
+                return f"{client} holds no lease any more (its channel ended)"
+            why = f"{client or 'an unnamed client'} holds no lease of this run"
+            if identity:  # a host of the hosts file, under a name it was never given
+                self._at_fault(None, identity, why)
+            return why
+        if host.host != identity or (not identity and host.address != address):
+            why = (f"{client} is the channel of {host.host or host.address}, and this "
+                   f"came from {identity or address}")
+            self._at_fault(None, identity, why)
+            return why
+        refused = check_submission(messages, leased=host.leased, run_id=self.setup.run_id,
+                                   session_id=self.setup.session_id,
+                                   out_of_scope=self.out_of_scope)
+        if refused is not None:
+            self._at_fault(host, identity, refused)
+        return refused
+
+    def _at_fault(self, host: _Child | None, identity: str, why: str) -> None:
+        """Fence a worker host that submitted what it may not: its channel (its leases go
+        back to the frontier, ``WorkerLost``) and, with a hosts file, its identity."""
+        who = identity or (host.name if host is not None else "")
+        if not who:
+            return
+        self.fenced[who] += 1
+        log.error("worker host %s submitted what it may not (%s); it is fenced%s", who, why,
+                  " for the rest of the run" if identity else "",
+                  extra={"event": "worker_host.fenced"})
+        channels = [host] if host is not None else []
+        channels += [c for c in self._hosts.values() if identity and c.host == identity
+                     and c is not host]
+        for channel in channels:
+            channel.fenced_for = channel.fenced_for or f"submitted what it may not ({why}): " \
+                "fenced"
+            channel.scope.cancel()
+            if self.fence_client is not None:
+                self._tg.start_soon(self.fence_client, channel.name)
+        if identity and self.fence_host is not None:
+            self._tg.start_soon(self.fence_host, identity)
 
 
 # --- the child's side ------------------------------------------------------------------

@@ -62,6 +62,10 @@ EVENTS: dict[str, str] = {
     "worker_host.not_ready": "a worker host did not say it was ready",
     "worker_host.joined": "a worker host joined the run",
     "worker_host.lost": "a worker host was lost; its pages are settled from the store",
+    "crawl.cross_check": "the crawl fetched a worker host's page again: matched, or not",
+    "worker_host.failed": "a worker host failed a page: that host is fenced, not the run",
+    "worker_host.fenced": "a worker host submitted what was not leased to it: refused, and "
+    "the host fenced",
     # evidence worker (a worker host), as it sees its coordinator
     "worker.serving": "this worker host serves a run",
     "worker.coordinator_lost": "this worker host lost its coordinator and connects again",
@@ -79,6 +83,8 @@ EVENTS: dict[str, str] = {
     "service.stopping": "evidence serve stops: no new connections, then drains",
     "service.accept_failed": "accepting a connection failed",
     "service.connection_failed": "a connection failed as it was accepted",
+    "service.submission_refused": "the coordinator refused what a worker host submitted "
+    "(not_leased); nothing of it was written",
     "service.protocol_error": "a client broke the protocol; its connection or request "
                               "was refused",
     "service.slow_client_dropped": "a client that did not read its answers was dropped",

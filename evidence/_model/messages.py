@@ -53,6 +53,7 @@ __all__ = [
     "canonical_encode",
     "decode_message",
     "format_time",
+    "ledger_entry",
     "new_id",
     "now_text",
     "payload_hash",
@@ -356,6 +357,41 @@ _json_decoder = msgspec.json.Decoder(Message)
 def canonical_encode(message: Message) -> bytes:
     """The bytes that are hashed, logged and stored: deterministic msgpack."""
     return _msgpack_encoder.encode(message)
+
+
+#: The first element of a ledger entry that names its submitter (``ledger_entry``).
+SUBMITTED_BY = "evidence/submitted-by"
+
+
+def ledger_entry(payload: bytes, submitter: str | None = None) -> bytes:
+    """The bytes a ledger row's Merkle leaf hashes: ``SHA-256(0x00 || entry)``.
+
+    A message with no recorded submitter (written by the crawl itself, its own worker
+    processes, or any store before schema 9) is its canonical bytes, as it always was. One
+    a worker host submitted (``ingest_ledger.submitter``) is the canonical msgpack array
+    ``["evidence/submitted-by", submitter, payload]``: the leaf, and so every root, checkpoint
+    and proof, covers who submitted it. The two forms never collide: a message encodes as a
+    msgpack map, the wrapper as an array.
+    """
+    if submitter is None:
+        return payload
+    return _msgpack_encoder.encode((SUBMITTED_BY, submitter, payload))
+
+
+def split_entry(entry: bytes) -> tuple[bytes, str | None]:
+    """The payload and submitter of a ledger entry (``ledger_entry``'s inverse); an entry
+    that is not the wrapper is a bare payload. Raises ``MessageError`` for a malformed
+    wrapper."""
+    if not entry or (entry[0] & 0xF0 != 0x90 and entry[0] not in (0xDC, 0xDD)):
+        return entry, None
+    try:
+        tag, submitter, payload = msgspec.msgpack.decode(entry, type=tuple[str, str, bytes])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MessageError(f"a ledger entry that is neither a message nor a submitted "
+                           f"one: {exc}") from None
+    if tag != SUBMITTED_BY or ledger_entry(payload, submitter) != entry:
+        raise MessageError("a ledger entry that is neither a message nor a submitted one")
+    return payload, submitter
 
 
 def payload_hash(encoded: bytes) -> str:

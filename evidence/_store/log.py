@@ -18,7 +18,9 @@ The first row's ``prev_hash`` is the store's identity: SHA-256("evidence store i
 store_id), so editing ``store_meta.store_id`` (the origin of every signed checkpoint)
 breaks the chain at its first link. Stores whose first batch was committed before issue
 12 start from 32 zero bytes; their identity is not bound (``identity_bound`` says so).
-Editing any ledger payload changes a leaf and so every later root; editing a commit-log
+A leaf hashes the row's entry (``_model.messages.ledger_entry``: its payload, wrapped with
+its submitter when a worker host submitted it), so editing any ledger payload or submitter
+changes a leaf and so every later root; editing a commit-log
 row breaks the chain. ``check_log`` recomputes both from the ledger alone, independently
 of the writer's in-memory state.
 """
@@ -31,9 +33,10 @@ from dataclasses import dataclass
 import apsw
 
 from .._model.merkle import CompactTree, leaf_hash
+from .._model.messages import ledger_entry
 
 __all__ = ["GENESIS_HASH", "LogFinding", "LogHead", "check_log", "entry_hash",
-           "identity_bound", "identity_genesis", "load_head"]
+           "has_column", "identity_bound", "identity_genesis", "load_head"]
 
 GENESIS_HASH = bytes(32)  # the first prev_hash of stores made before issue 12
 
@@ -63,7 +66,8 @@ def _store_id(conn: apsw.Connection) -> str:
     return rows[0][0] if rows else ""
 
 
-def _has_column(conn: apsw.Connection, table: str, column: str) -> bool:
+def has_column(conn: apsw.Connection, table: str, column: str) -> bool:
+    """Whether ``table`` has ``column`` (a store opened read-only may predate it)."""
     if not isinstance(conn, apsw.Connection):  # a server database: its catalog says
         return bool(conn.execute(
             "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
@@ -114,7 +118,7 @@ def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
     Streams the ledger in log order, so memory stays O(log n) whatever its size.
     """
     findings: list[LogFinding] = []
-    quarantined = ("quarantined" if _has_column(conn, "commit_log", "quarantined")
+    quarantined = ("quarantined" if has_column(conn, "commit_log", "quarantined")
                    else "NULL")  # a store opened read-only may predate the column
     commits = conn.execute(
         "SELECT batch_seq, committed_at, first_index, tree_size, root, frontier, prev_hash, "
@@ -129,8 +133,10 @@ def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
             "identity", "batch 1 does not start from this store's identity: store_meta's "
             "store_id was changed, or the log comes from another store", batch_seq=1))
         prev = commits[0][6]  # check the rest of the chain from where it starts
-    leaves = conn.execute("SELECT log_index, payload, leaf_hash, batch_seq, received_at "
-                          "FROM ingest_ledger ORDER BY log_index")
+    submitter = ("submitter" if has_column(conn, "ingest_ledger", "submitter")
+                 else "NULL")  # schema 9 (a store opened read-only may predate it)
+    leaves = conn.execute("SELECT log_index, payload, leaf_hash, batch_seq, received_at, "
+                          f"{submitter} FROM ingest_ledger ORDER BY log_index")
     pending = next(leaves, None)
     expected_seq = 1
     for seq, committed_at, first_index, size, root, frontier, prev_hash, chain, quarantine \
@@ -144,15 +150,16 @@ def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
                 "batch", f"batch {seq} starts at {first_index}, the log was at {tree.size}",
                 batch_seq=seq))
         while pending is not None and pending[0] < size:
-            index, payload, stored_leaf, leaf_batch, received_at = pending
+            index, payload, stored_leaf, leaf_batch, received_at, by = pending
             if index != tree.size:
                 findings.append(LogFinding(
                     "index_gap", f"leaf {tree.size} is missing (next is {index})",
                     log_index=tree.size))
-            computed = leaf_hash(payload)
+            computed = leaf_hash(ledger_entry(payload, by))
             if computed != stored_leaf:
                 findings.append(LogFinding(
-                    "leaf", f"leaf {index}: payload does not hash to its stored leaf hash",
+                    "leaf", f"leaf {index}: payload{' and submitter' if by else ''} do"
+                    f"{'' if by else 'es'} not hash to its stored leaf hash",
                     log_index=index))
             if leaf_batch != seq:
                 findings.append(LogFinding(

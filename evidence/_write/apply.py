@@ -161,7 +161,7 @@ class Statements:
         # redelivery.
         self.ledger = RowInsert(
             "INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
-            "payload, batch_seq, received_at)", 8, "ON CONFLICT (message_id) DO NOTHING",
+            "payload, batch_seq, received_at, submitter)", 9, "ON CONFLICT (message_id) DO NOTHING",
             dialect=d)
 
 

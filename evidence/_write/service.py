@@ -39,6 +39,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import hashlib
+import hmac
 import itertools
 import logging
 import os
@@ -47,7 +49,7 @@ import ssl
 import stat
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -220,6 +222,8 @@ class _Connection:
         self.hello_scope = anyio.CancelScope()  # cancelled to drop it before its hello
         self.tls = False  # the TLS handshake is due before the hello
         self.role = ""  # the hello's: "worker" hands the connection to the coordinator
+        self.tcp = False  # over TCP (a worker host, say), not the Unix socket
+        self.host = ""  # its worker host identity (Service ``hosts``), once it said hello
         self.counted = False  # it holds a place in max_connections and its peer's share
 
     def push(self, data: bytes, *, slot: bool) -> None:
@@ -316,7 +320,13 @@ def _error_frame(exc: Exception, request_id: int) -> ErrorFrame:
     return ErrorFrame(code="writer_closed", message=str(exc), id=request_id, retryable=True)
 
 
-WorkerHandler = Callable[[anyio.abc.ByteStream, bytes, str, str], Awaitable[None]]
+# (stream, bytes read past the hello, the hello's client name, the peer in words, whom it
+# counts against (its source address over TCP), its worker host identity or "")
+WorkerHandler = Callable[[anyio.abc.ByteStream, bytes, str, str, str, str], Awaitable[None]]
+# A crawl coordinator's check of what a TCP client submits (``_crawl/hostauth.py``): given
+# the client's name (its hello's), its host identity (``hosts``; "" without), its peer and
+# the request's messages, the reason to refuse them all, or None.
+SubmissionGuard = Callable[[str, str, str, Sequence[Message]], "str | None"]
 
 
 class Service:
@@ -331,9 +341,18 @@ class Service:
     ``metrics_public``.
 
     ``worker_handler``: a crawl coordinator's (``_crawl/workers.py``): a connection whose
-    hello says ``role: worker`` is handed to it after the welcome, as (stream, bytes read
-    past the hello, the client's name, its peer). ``fence(name)`` ends a client's
-    connections and refuses that name from then on (an expired lease).
+    hello says ``role: worker`` is handed to it after the welcome (``WorkerHandler``).
+    ``fence(name)`` ends a client's connections and refuses that name from then on (an
+    expired lease).
+
+    ``hosts``: worker host identities, name -> SHA-256 of that host's token (a crawl's
+    ``--hosts-file``, ``_crawl/hostauth.py``). With it, a TCP connection must present one
+    of those tokens (``token`` then serves the Unix socket only), it is that host's, and
+    what it submits records the host's name in the ledger (``ingest_ledger.submitter``,
+    under the Merkle leaf); ``fence_host(name)`` refuses the host's token from then on.
+    ``submission_guard``: what a TCP client submits is checked by it first; a refusal is
+    an ``not_leased`` error for that request, nothing of it written. With a guard and no
+    ``hosts``, a TCP client's messages record its hello's name as their submitter.
     """
 
     def __init__(self, store: Store, *, socket_path: os.PathLike[str] | str | None = None,
@@ -342,11 +361,12 @@ class Service:
                  writer_limits: WriterLimits | None = None,
                  tls: TLSFiles | ssl.SSLContext | None = None,
                  worker_handler: WorkerHandler | None = None,
-                 metrics_public: bool = False) -> None:
+                 metrics_public: bool = False,
+                 hosts: Mapping[str, bytes] | None = None) -> None:
         if socket_path is None and listen is None:
             raise ServiceError("the service needs a Unix socket path or a TCP address",
                                hint="give --socket PATH, or --listen 127.0.0.1:PORT")
-        if listen is not None and not token:
+        if listen is not None and not token and not hosts:
             raise ServiceError("listening on a TCP port needs a token: anyone who can reach "
                                "it could connect", hint="add --token-file FILE (mode 600)")
         self.store = store
@@ -357,7 +377,10 @@ class Service:
         self._listen = None if listen is None else parse_listen(listen,
                                                                 tls=self._tls is not None)
         self.worker_handler = worker_handler
+        self.submission_guard: SubmissionGuard | None = None
         self._fenced: set[str] = set()
+        self._hosts = dict(hosts) if hosts else None
+        self._fenced_hosts: set[str] = set()
         self._metrics = None
         if metrics is not None:
             from .metrics import metrics_address
@@ -465,6 +488,26 @@ class Service:
                 conn.read_scope.cancel()
         await self.wait_gone(client)
 
+    async def fence_host(self, host: str) -> None:
+        """Refuse worker host ``host`` (a ``hosts`` identity) for as long as this service
+        runs, whatever name it gives, end its connections and wait until they are gone."""
+        self._fenced_hosts.add(host)
+        for conn in list(self._connections):
+            if conn.host == host:
+                conn.read_scope.cancel()
+        while any(conn.host == host for conn in self._connections):
+            await self._connections_change()
+
+    def _host_of(self, token: str) -> str | None:
+        """The identity whose token this is (every entry compared, in constant time)."""
+        assert self._hosts is not None
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
+        for name, expected in self._hosts.items():
+            if hmac.compare_digest(expected, digest):
+                found = name
+        return found
+
     async def _start_tls(self, conn: _Connection) -> None:
         """The TLS handshake (inside the hello's deadline: a peer that stalls it is
         dropped like one that says nothing)."""
@@ -516,11 +559,12 @@ class Service:
                                     extra={"event": "service.accept_failed"})
                         await anyio.sleep(0.1)
                         continue
-                    self._tg.start_soon(self._handle, stream, tcp and self._tls is not None)
+                    self._tg.start_soon(self._handle, stream, tcp and self._tls is not None, tcp)
 
     # --- one connection ----------------------------------------------------------------
 
-    async def _handle(self, stream: anyio.abc.ByteStream, tls: bool = False) -> None:
+    async def _handle(self, stream: anyio.abc.ByteStream, tls: bool = False,
+                      tcp: bool = False) -> None:
         try:
             stream = await adopt(stream)  # a UNIX connection: read through _net (cheaper)
         except OSError as exc:  # the socket is unusable: as if the peer went at once
@@ -535,6 +579,7 @@ class Service:
                            f"connection {self._counts['connections']} {_peer(stream)}",
                            identity)
         conn.tls = tls
+        conn.tcp = tcp
         self._connections.add(conn)
         try:
             with conn.scope:
@@ -594,7 +639,7 @@ class Service:
             # reads (a worker channel carries a few small frames, not the budget's).
             with conn.read_scope:
                 await self.worker_handler(conn.stream, reader.take_buffered(),
-                                          conn.client, conn.peer)
+                                          conn.client, conn.peer, conn.identity, conn.host)
             return
         await self._serve_authenticated(conn, reader)
 
@@ -634,7 +679,16 @@ class Service:
         if PROTOCOL_VERSION not in hello.versions:
             raise ProtocolError("unsupported_version", f"this service speaks protocol "
                                 f"version {PROTOCOL_VERSION}, the client {hello.versions}")
-        if self._token is not None and not tokens_match(self._token, hello.token):
+        if conn.tcp and self._hosts is not None:
+            conn.host = self._host_of(hello.token) or ""
+            if not conn.host:
+                raise ProtocolError("unauthorized", "not the token of a host in the "
+                                    "coordinator's hosts file")
+            if conn.host in self._fenced_hosts:
+                raise ProtocolError("fenced", f"worker host {conn.host!r} was fenced for "
+                                    "what it submitted; it is refused for the rest of the "
+                                    "run (see the coordinator's log)")
+        elif self._token is not None and not tokens_match(self._token, hello.token):
             raise ProtocolError("unauthorized", "wrong or missing token")
         if hello.client and hello.client in self._fenced:
             raise ProtocolError("lease_expired", f"{hello.client}: its leases expired and "
@@ -737,7 +791,7 @@ class Service:
                     await acquire(conn.slots)  # released when the answer is written
                     if isinstance(frame, Submit):
                         messages = self._decode_messages(conn, frame)
-                        if messages is None:
+                        if messages is None or not self._allowed(conn, frame.id, messages):
                             continue
                         await acquire(self._requests)
                         conn.request_started()
@@ -804,13 +858,39 @@ class Service:
         self._counts["messages"] += len(messages)
         return messages
 
+    def _allowed(self, conn: _Connection, request_id: int, messages: list[Message]) -> bool:
+        """Whether the coordinator's guard lets a TCP client submit these (else answered
+        ``not_leased``, nothing of the request written; the guard fences the host)."""
+        guard = self.submission_guard
+        if guard is None or not conn.tcp:
+            return True
+        refused = guard(conn.client, conn.host, conn.identity, messages)
+        if refused is None:
+            return True
+        self._errors["not_leased"] += 1
+        log.warning("%s: refused what it submitted: %s", conn.peer, refused,
+                    extra={"event": "service.submission_refused"})
+        conn.push(encode_frame(ErrorFrame(code="not_leased", message=refused, id=request_id,
+                                          hint="a worker host submits only what the "
+                                          "coordinator leased to it")), slot=True)
+        return False
+
+    def _submitter(self, conn: _Connection) -> str | None:
+        """Who ``conn``'s messages say submitted them (``ingest_ledger.submitter``)."""
+        if conn.host:
+            return conn.host
+        if conn.tcp and self.submission_guard is not None and conn.client:
+            return conn.client
+        return None
+
     async def _submit(self, conn: _Connection, requests: list[tuple[int, list[Message]]],
                       reserved: int) -> None:
         """Commit requests (as one group) and answer each; a failure answers each alike."""
         try:
             try:
                 acks = await self.writer.submit_group(
-                    [m for _, messages in requests for m in messages], decoded=True)
+                    [m for _, messages in requests for m in messages], decoded=True,
+                    submitter=self._submitter(conn))
             except MessageError:
                 if len(requests) == 1:
                     raise
@@ -836,7 +916,8 @@ class Service:
     async def _submit_one(self, conn: _Connection, request: tuple[int, list[Message]]) -> None:
         request_id, messages = request
         try:
-            acks = await self.writer.submit_group(messages, decoded=True)
+            acks = await self.writer.submit_group(messages, decoded=True,
+                                                  submitter=self._submitter(conn))
         except (MessageError, CommitError, WriterClosedError) as exc:
             conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
         else:

@@ -73,6 +73,7 @@ from .._model.messages import (
     Message,
     canonical_encode,
     decode_message,
+    ledger_entry,
     now_text,
     payload_hash,
 )
@@ -117,19 +118,26 @@ _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per messa
 class _Pending:
     """One submitted message on its way to the ledger (a plain class: one per message)."""
 
-    __slots__ = ("ack", "done", "encoded", "error", "keys", "message", "payload_hash",
-                 "submitted_at")
+    __slots__ = ("ack", "done", "encoded", "error", "keys", "message",
+                 "payload_hash", "submitted_at", "submitter")
 
     def __init__(self, message: Message, encoded: bytes, payload_hash: str,
-                 submitted_at: float, keys: dict[str, str], done: _Waiter) -> None:
+                 submitted_at: float, keys: dict[str, str], done: _Waiter,
+                 submitter: str | None = None) -> None:
         self.message = message
         self.encoded = encoded
+        self.submitter = submitter  # a worker host's identity (ledger_entry), or None
         self.payload_hash = payload_hash
         self.submitted_at = submitted_at
         self.keys = keys  # fetch keys of its URLs, computed at submit, off the commit thread
         self.done = done  # shared by its group: a group commits in one batch
         self.ack: Ack | None = None
         self.error: BaseException | None = None
+
+
+def _leaf(pending: _Pending) -> bytes:
+    """The message's Merkle leaf hash: of its bytes, and its submitter if it has one."""
+    return leaf_hash(ledger_entry(pending.encoded, pending.submitter))
 
 
 # A submission on the queue: (encoded bytes, messages, flush: commit without lingering).
@@ -479,7 +487,8 @@ class Writer:
         return ack
 
     async def submit_group(self, messages: Sequence[Message], *,
-                           decoded: bool = False, flush: bool = False) -> list[Ack]:
+                           decoded: bool = False, flush: bool = False,
+                           submitter: str | None = None) -> list[Ack]:
         """Submit messages that must commit in one transaction (each still fails alone).
 
         A crawler's page result (its attempt, its links, its frontier mark) is a group, so
@@ -487,13 +496,16 @@ class Writer:
         message is what ``decode_message`` returned (the service's), so its constraints
         were checked then and it is not decoded again. ``flush``: the submitter knows
         nothing more is on its way, so the batch this lands in does not linger for more
-        (``WriterLimits.max_batch_delay``); what is queued still joins it.
+        (``WriterLimits.max_batch_delay``); what is queued still joins it. ``submitter``:
+        who sent them (a worker host's identity, recorded in ``ingest_ledger.submitter``
+        and covered by each leaf: ``ledger_entry``); None for the store's own.
         """
         if self._closed or self._failure is not None:
             raise WriterClosedError("the writer is closed", cause=self._failure)
         now = time.monotonic()
         done = self._new_waiter()
-        group = [self._prepare(message, now, done, decoded) for message in messages]
+        group = [self._prepare(message, now, done, decoded, submitter)
+                 for message in messages]
         if not group:
             return []
         self._unacked.extend(group)
@@ -516,7 +528,7 @@ class Writer:
         return [pending.ack for pending in group]  # type: ignore[misc]
 
     def _prepare(self, message: Message, now: float, done: _Waiter,
-                 decoded: bool = False) -> _Pending:
+                 decoded: bool = False, submitter: str | None = None) -> _Pending:
         # msgspec validates constraints only when decoding, so a message built in Python is
         # checked by a round trip through the strict decoder: whatever is committed must be
         # exactly what decode_message accepts (verify re-decodes every ledger entry). One
@@ -536,7 +548,7 @@ class Writer:
         if len(self._url_keys) > _URL_KEYS_LIMIT:
             self._url_keys.clear()
         return _Pending(message, encoded, payload_hash(encoded), now,
-                        _apply.fetch_keys(message, self._url_keys), done)
+                        _apply.fetch_keys(message, self._url_keys), done, submitter)
 
     async def submit_bytes(self, data: bytes, *,
                            format: Literal["msgpack", "json"] = "msgpack") -> Ack:
@@ -959,12 +971,13 @@ class Writer:
         conn = applier.conn
         tree = self._head.tree.copy()
         first_index = tree.size
-        leaves = [leaf_hash(pending.encoded) for pending in batch]
+        leaves = [_leaf(pending) for pending in batch]
         try:
             before = conn.total_changes()
             applier.sql.ledger.write(applier.cursor, [
                 (log_index, pending.message.message_id, _TAGS[type(pending.message)],
-                 pending.payload_hash, leaf, pending.encoded, batch_seq, received_at)
+                 pending.payload_hash, leaf, pending.encoded, batch_seq, received_at,
+                 pending.submitter)
                 for log_index, pending, leaf in zip(itertools.count(first_index), batch,
                                                     leaves)])
             if conn.total_changes() - before != len(batch):
@@ -1111,11 +1124,11 @@ class Writer:
         cursor = applier.cursor
         cursor.execute("SAVEPOINT message")
         try:
-            leaf = leaf_hash(pending.encoded)
+            leaf = _leaf(pending)
             # The ledger insert is also the dedup lookup: nothing inserted, a redelivery.
             cursor.execute(applier.sql.ledger.single, (log_index, mid, _TAGS[type(message)],
                                           pending.payload_hash, leaf, pending.encoded,
-                                          batch_seq, received_at))
+                                          batch_seq, received_at, pending.submitter))
             inserted = conn.changes()
             if inserted:
                 applier.apply(message, log_index, pending.keys)
