@@ -92,8 +92,11 @@ def ledger_root(store: Store, size: int | None = None) -> bytes:
 def test_a_checkpoint_signs_store_id_size_root_and_time(populated_store: Store) -> None:
     cp = checkpoint(populated_store, KEY, now=WHEN)
     origin = f"evidence/{populated_store.store_id}"
-    assert cp.text.split("\n") == [origin, "6", cp.text.split("\n")[2],
-                                   "time 2025-03-03T12:00:00.000000Z", ""]
+    lines = cp.text.split("\n")
+    assert lines == [origin, "6", lines[2], "time 2025-03-03T12:00:00.000000Z", lines[4],
+                     "legacy-quarantine 0 47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=", ""]
+    assert lines[4].startswith("chain 7 ")  # 6 accepted messages in 6 batches, then the
+    # conflict's batch (tests/test_checkpoint_binding.py checks what the line binds)
     assert (cp.origin, cp.store_id, cp.tree_size, cp.time) == (
         origin, populated_store.store_id, 6, "2025-03-03T12:00:00.000000Z")
     assert cp.root == ledger_root(populated_store)  # recomputed here from the raw payloads

@@ -19,6 +19,7 @@ from .._store.db import Store
 from .common import format_bytes, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._audit.proofs import SignedCheckpoint
     from .._audit.verify import VerifyReport
 
 __all__ = ["add_commands", "format_report"]
@@ -29,6 +30,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from .._errors import CorruptStoreError
 
     reclaimed = None
+    signed = _signed_checkpoint(args)
     try:
         # Read-only unless orphans are to be reclaimed: a store on read-only media or
         # someone else's can be verified, and so can a damaged one.
@@ -39,7 +41,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         report = unreadable(args.store, exc.__cause__ or exc, full=args.full)
     else:
         with store:
-            report = verify(store, full=args.full)
+            report = verify(store, full=args.full, checkpoint=signed)
             if args.reclaim_orphans and report.ok:
                 reclaimed = reclaim_orphans(store, args.grace)
     from .._archive.snapshot import stale_builds
@@ -68,6 +70,28 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _signed_checkpoint(args: argparse.Namespace) -> SignedCheckpoint | None:
+    """``--checkpoint`` opened with ``--public-key``: one not signed by that key is an
+    error (exit 2): nothing could be compared with it."""
+    from .._audit.proofs import open_checkpoint
+    from .._errors import ProofError
+
+    if (args.checkpoint is None) != (args.public_key is None):
+        raise ProofError("--checkpoint and --public-key go together",
+                         hint="give the checkpoint and the public key of the key that signed "
+                         "it (KEY.pub)")
+    if args.checkpoint is None:
+        return None
+    texts = []
+    for path in (args.checkpoint, args.public_key):
+        try:
+            texts.append(Path(path).read_bytes())
+        except OSError as exc:
+            raise ProofError(f"cannot read {path}: {exc.strerror}", hint="check the path",
+                             path=path) from None
+    return open_checkpoint(texts[0], texts[1])
+
+
 def format_report(r: VerifyReport) -> str:
     """The report a person reads: what was checked, then each finding and where it is."""
     from .._audit.verify import NOTICE_KINDS
@@ -76,6 +100,8 @@ def format_report(r: VerifyReport) -> str:
              f"mode     {'full: integrity_check, artifacts re-hashed' if r.full else 'quick'}",
              f"log      {r.tree_size} entries, root {r.root}",
              "checked  " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in r.checks.items())]
+    if r.checkpoint is not None:
+        lines.append(f"against  {r.checkpoint}")
     for f in r.findings:
         if f.kind == "orphan":  # summed up below: one line, however many
             continue
@@ -103,8 +129,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "verify", help="check a store and locate anything changed",
         description="Check the schema, SQLite integrity, foreign keys, the Merkle log and hash "
-        "chain, every evidence row against its ledger entry, the url_current projection and "
-        "the artifact files; list orphaned files. Exit 1 on any error.")
+        "chain, that commit times never go back, every evidence row against its ledger "
+        "entry, the url_current projection and the artifact files; list orphaned files. "
+        "With --checkpoint, also that the store still matches a checkpoint signed earlier. "
+        "Exit 1 on any error.")
     p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory")
     p.add_argument("--full", action="store_true",
@@ -112,6 +140,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 on notices (orphans, writable artifacts) too")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="also check the store still holds what this checkpoint signed "
+                   "(every accepted message, commit time, quarantine record, the store's "
+                   "identity); needs --public-key")
+    p.add_argument("--public-key", metavar="KEY",
+                   help="the public key (KEY.pub) that signed --checkpoint")
     p.add_argument("--reclaim-orphans", action="store_true",
                    help="then delete orphaned artifact files older than --grace "
                    "(only if no errors were found)")

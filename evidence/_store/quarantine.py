@@ -31,7 +31,7 @@ import msgspec
 from .._errors import MessageError
 from .._model.messages import decode_message, payload_hash
 
-__all__ = ["BatchRecords", "check_records", "record", "record_hash"]
+__all__ = ["BatchRecords", "check_records", "legacy_rows", "record", "record_hash"]
 
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder(list[tuple[int, bytes, int]])
@@ -160,3 +160,20 @@ def _check_columns(add: Add, qid: int, message_id: str | None, kind: str | None,
     if (message.message_id, tag) != (message_id, kind):
         add("quarantine_mismatch", f"quarantine row {qid}: message_id {message_id!r} and kind "
             f"{kind!r} are not its payload's ({message.message_id!r}, {tag!r})", **where)
+
+
+def legacy_rows(conn: apsw.Connection) -> tuple[int, bytes]:
+    """(how many, SHA-256 of what they hold) of the rows in the pre-006 layout (``deliveries``
+    NULL), in quarantine_id order: a closed set since migration 010, which a signed
+    checkpoint binds as it is."""
+    from .log import _has_column
+
+    where = "deliveries IS NULL" if _has_column(conn, "quarantine", "deliveries") else "1 = 1"
+    h, n = hashlib.sha256(), 0
+    for qid, received_at, message_id, kind, code, reason, stored_hash in conn.execute(
+            "SELECT quarantine_id, received_at, message_id, kind, reason_code, reason, "
+            f"payload_hash FROM quarantine WHERE {where} ORDER BY quarantine_id"):
+        h.update(_ENCODE.encode([qid, received_at, message_id, kind, code, reason,
+                                 stored_hash]))
+        n += 1
+    return n, h.digest()
