@@ -326,6 +326,9 @@ def test_cli_keygen_checkpoint_prove_and_check(populated_store: Store, tmp_path:
     out = capsys.readouterr().out
     assert out.startswith(f"OK: fetch_attempt {attempt_id} (http://example.com/) is entry 2")
     assert "signed by example.com/crawl+" in out
+    # It carries the checkpoint it was made for: it is checked without one given.
+    assert run_cli("check-proof", proof, "--public-key", pub) == 0
+    assert capsys.readouterr().out == out
 
     proof.write_bytes(proof.read_bytes().replace(b'"log_index": 2', b'"log_index": 3'))
     assert run_cli("check-proof", proof, "--checkpoint", cp, "--public-key", pub) == 1
@@ -335,6 +338,9 @@ def test_cli_keygen_checkpoint_prove_and_check(populated_store: Store, tmp_path:
     assert run_cli("check-proof", proof, "--checkpoint", cp, "--public-key", pub,
                    "--json") == 0
     assert '"ok": true' in capsys.readouterr().out
+    assert run_cli("check-proof", proof, "--public-key", pub) == 2  # it carries none
+    assert "the proof carries no checkpoint: give the one it was made for" in \
+        capsys.readouterr().out
 
 
 def test_cli_checkpoint_with_a_new_key_names_it_after_the_store(populated_store: Store,

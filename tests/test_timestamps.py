@@ -76,7 +76,8 @@ def check(tmp_path: Path, *extra: str, checkpoint: str = "cp") -> int:
 
 
 def test_a_timestamped_checkpoint_verifies_with_openssl_and_with_check_proof(
-        tmp_path: Path, signed_store: Path, tsa: TestTSA, capsys) -> None:
+        tmp_path: Path, signed_store: Path, tsa: TestTSA, other_tsa: TestTSA,
+        capsys) -> None:
     assert stamp(tmp_path, signed_store, tsa) == 0
     err = capsys.readouterr().err
     assert f"wrote {tmp_path / 'cp.tsr'}" in err and "CN=evidence test TSA" in err
@@ -96,6 +97,14 @@ def test_a_timestamped_checkpoint_verifies_with_openssl_and_with_check_proof(
     # Without a root named, the token is not checked, and the report says so.
     assert check(tmp_path) == 0
     assert "was not checked: name the TSA's root with --tsa-root" in capsys.readouterr().out
+    # The proof carries the checkpoint and its token: it travels alone.
+    (tmp_path / "cp").unlink()
+    (tmp_path / "cp.tsr").unlink()
+    argv = ["check-proof", str(tmp_path / "proof"), "--public-key", str(tmp_path / "key.pub")]
+    assert cli_main([*argv, "--tsa-root", str(tsa.root_pem)]) == 0
+    assert "timestamped at 20" in capsys.readouterr().out
+    assert cli_main([*argv, "--tsa-root", str(other_tsa.root_pem)]) == 1
+    assert "does not chain to the TSA root named" in capsys.readouterr().out
 
 
 def test_a_token_of_another_checkpoint_or_another_tsa_is_refused_by_both_verifiers(
@@ -103,8 +112,8 @@ def test_a_token_of_another_checkpoint_or_another_tsa_is_refused_by_both_verifie
         capsys) -> None:
     assert stamp(tmp_path, signed_store, tsa) == 0
     assert stamp(tmp_path, signed_store, tsa, "cp2") == 0  # signed later: other bytes
-    assert cli_main(["prove", str(signed_store), "--index", "0", "--checkpoint",
-                     str(tmp_path / "cp"), "--out", str(tmp_path / "proof")]) == 0
+    assert cli_main(["prove", str(signed_store), "--index", "0", "--to-size", "2",
+                     "--out", str(tmp_path / "proof")]) == 0  # carries no checkpoint
     capsys.readouterr()
     # The token of cp2 presented as cp's.
     swapped = tmp_path / "swapped.tsr"

@@ -483,7 +483,8 @@ def _store_id(conn: apsw.Connection) -> str:
 
 # --- proofs --------------------------------------------------------------------------
 
-_STRUCT = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "tag_field": "type"}
+_STRUCT = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "tag_field": "type",
+           "omit_defaults": True}
 
 
 class InclusionProof(msgspec.Struct, tag="inclusion", **_STRUCT):
@@ -497,6 +498,11 @@ class InclusionProof(msgspec.Struct, tag="inclusion", **_STRUCT):
     leaf_hash: bytes  # SHA-256(0x00 || entry)
     path: list[bytes]  # RFC 9162 2.1.3 audit path, leaf sibling first
     root: bytes  # the root the store computed; the checker trusts only the checkpoint's
+    # Carried along (prove --checkpoint), so the proof travels alone: the checkpoint's note
+    # as its file holds it, and its RFC 3161 timestamp (the DER of CHECKPOINT.tsr). The
+    # checker trusts them only once the signature and the timestamp verify.
+    checkpoint: str | None = None
+    timestamp: bytes | None = None
 
 
 class ConsistencyProof(msgspec.Struct, tag="consistency", **_STRUCT):
@@ -509,6 +515,8 @@ class ConsistencyProof(msgspec.Struct, tag="consistency", **_STRUCT):
     old_root: bytes
     new_root: bytes
     path: list[bytes]  # RFC 9162 2.1.4 consistency proof
+    checkpoint: str | None = None  # as in InclusionProof
+    timestamp: bytes | None = None
 
 
 Proof = InclusionProof | ConsistencyProof
@@ -626,7 +634,7 @@ class ProofCheck(msgspec.Struct, kw_only=True):
     problems: list[str] = []
 
 
-def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str | bytes,
+def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str | bytes | None,
                 public_key: VerifierKey | str | bytes, *,
                 old_checkpoint: SignedCheckpoint | str | bytes | None = None,
                 timestamp: bytes | None = None,
@@ -638,18 +646,25 @@ def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str |
     proof's claim, to compare with a root obtained earlier. With ``tsa_roots``, the
     checkpoint's RFC 3161 ``timestamp`` (its ``cp.tsr``) must verify over the checkpoint's
     bytes and chain to one of them (``_audit.timestamp``); without a timestamp, that fails.
+    ``checkpoint`` and ``timestamp`` None: the ones the proof carries, if it does.
     """
     result = ProofCheck(ok=False)
     try:
         key = public_key if isinstance(public_key, VerifierKey) else VerifierKey.from_text(
             public_key)
         result.key = f"{key.name}+{key.key_id:08x}"
+        parsed = proof if isinstance(proof, InclusionProof | ConsistencyProof) else decode_proof(
+            proof)
+        if checkpoint is None:
+            if parsed.checkpoint is None:
+                raise ProofError("the proof carries no checkpoint and none was given")
+            checkpoint = parsed.checkpoint
+        if timestamp is None:
+            timestamp = parsed.timestamp  # over another checkpoint's bytes, it fails
         cp = open_checkpoint(checkpoint, key)
         result.origin, result.tree_size, result.root = cp.origin, cp.tree_size, cp.root.hex()
         result.signed_at = cp.time
         result.chain_bound = cp.chain is not None
-        parsed = proof if isinstance(proof, InclusionProof | ConsistencyProof) else decode_proof(
-            proof)
         old = None if old_checkpoint is None else open_checkpoint(old_checkpoint, key)
     except ProofError as exc:
         result.problems.append(str(exc))

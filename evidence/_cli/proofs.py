@@ -95,12 +95,17 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def _cmd_prove(args: argparse.Namespace) -> int:
     from .._audit.proofs import encode_proof, parse_checkpoint, prove_consistency, prove_inclusion
+    from .._audit.timestamp import TSR_SUFFIX
 
     size = args.to_size
-    cp = None
+    cp, note, token = None, None, None
     if args.checkpoint:
-        cp = parse_checkpoint(_read(args.checkpoint))
-        size = cp.tree_size
+        raw = _read(args.checkpoint)
+        cp = parse_checkpoint(raw)
+        size, note = cp.tree_size, raw.decode()
+        beside = Path(args.checkpoint + TSR_SUFFIX)
+        if args.checkpoint != "-" and beside.is_file():
+            token = _read(str(beside))  # the proof carries the checkpoint's timestamp too
     proof: ConsistencyProof | InclusionProof
     with Store.open(args.store, read_only=True) as store:
         if args.from_size is not None:
@@ -113,6 +118,10 @@ def _cmd_prove(args: argparse.Namespace) -> int:
         raise ProofError(f"the checkpoint ({cp.origin}, size {cp.tree_size}) does not match "
                          "this store's log at that size",
                          hint="use a checkpoint of this store; if it is, run 'evidence verify'")
+    if note is not None:
+        import msgspec
+
+        proof = msgspec.structs.replace(proof, checkpoint=note, timestamp=token)
     data = encode_proof(proof)
     if args.out:
         Path(args.out).write_bytes(data)
@@ -123,7 +132,7 @@ def _cmd_prove(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_proof(args: argparse.Namespace) -> int:
-    from .._audit.proofs import check_proof
+    from .._audit.proofs import check_proof, decode_proof
     from .._audit.timestamp import TSR_SUFFIX, load_certificates
 
     roots = ([c for path in args.tsa_root for c in load_certificates(_read(path), path)]
@@ -131,9 +140,20 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
     token = None
     if args.timestamp:
         token = _read(args.timestamp)
-    elif args.checkpoint != "-" and Path(args.checkpoint + TSR_SUFFIX).is_file():
+    elif args.checkpoint and args.checkpoint != "-" and Path(
+            args.checkpoint + TSR_SUFFIX).is_file():
         token = _read(args.checkpoint + TSR_SUFFIX)  # kept beside its checkpoint
-    result = check_proof(_read(args.proof), _read(args.checkpoint), _read(args.public_key),
+    proof = _read(args.proof)
+    try:
+        carried = decode_proof(proof)
+    except ProofError:
+        carried = None  # check_proof says what is wrong with it
+    if args.checkpoint is None and carried is not None and carried.checkpoint is None:
+        raise ProofError("the proof carries no checkpoint: give the one it was made for",
+                         hint="add --checkpoint FILE (or make the proof with 'evidence prove "
+                         "--checkpoint FILE', which puts it in)")
+    result = check_proof(proof, _read(args.checkpoint) if args.checkpoint else None,
+                         _read(args.public_key),
                          old_checkpoint=_read(args.old_checkpoint) if args.old_checkpoint
                          else None, timestamp=token, tsa_roots=roots)
     if args.json:
@@ -144,7 +164,7 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
         if result.timestamped_at is not None:
             print(f"    timestamped at {result.timestamped_at} by {result.tsa} (RFC 3161, "
                   "chained to the TSA root given)")
-        elif token is not None:
+        elif token is not None or (carried is not None and carried.timestamp is not None):
             print("    a timestamp is kept with the checkpoint but was not checked: name the "
                   "TSA's root with --tsa-root PEM")
     else:
@@ -204,7 +224,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     size.add_argument("--to-size", type=int, metavar="M",
                       help="prove against the tree of size M (default: the current size)")
     size.add_argument("--checkpoint", metavar="FILE",
-                      help="prove against this checkpoint's size (and check its root)")
+                      help="prove against this checkpoint's size (and check its root); the "
+                      "proof carries the checkpoint, and its timestamp (FILE.tsr) if there is "
+                      "one")
     p.add_argument("--out", metavar="FILE", type=local_path,
                    help="write the proof here, not to stdout")
     p.set_defaults(func=_cmd_prove)
@@ -214,7 +236,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Verify a proof against a checkpoint and the signer's public key, without "
         "the store. Exit 0 if it holds, 1 if not.")
     p.add_argument("proof", metavar="PROOF", help="the proof file ('-' for stdin)")
-    p.add_argument("--checkpoint", required=True, metavar="FILE", help="the signed checkpoint")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="the signed checkpoint (default: the one the proof carries)")
     p.add_argument("--public-key", required=True, metavar="FILE",
                    help="the signer's public key (KEY.pub)")
     p.add_argument("--old-checkpoint", metavar="FILE",

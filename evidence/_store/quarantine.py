@@ -13,10 +13,12 @@ proves a record is the commit log. A batch that quarantined anything records, in
 holds, and how many deliveries the batch added; the row's chain hash covers that. So
 ``check_records`` can rebuild every counted record's deliveries, first and last receipt
 (the commit times of the batches that counted it) and content from the chain, and find a
-record edited, deleted or inserted by hand. What this does not give: a signed checkpoint
-covers the Merkle root only, so someone who rewrites the commit log's chain after an
-edit (anyone can recompute it) is caught by no checkpoint; an inclusion proof exists for
-accepted messages only (docs/verify.md, "What proves a quarantine record").
+record edited, deleted or inserted by hand. Someone who also rewrites the chain after
+the edit (anyone who can write the database can recompute it) is caught by a signed
+checkpoint from before the edit, which binds the chain's head (``_audit.proofs``); an
+inclusion proof exists for accepted messages only (docs/verify.md, "What proves a
+quarantine record"). Rows from before migration 006 are a closed set (migration 010):
+``legacy_rows`` is what a checkpoint binds of them.
 """
 
 from __future__ import annotations
