@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import apsw
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from evidence import Store
 from evidence._audit.proofs import (
@@ -282,3 +285,36 @@ def test_an_empty_store_binds_its_identity(tmp_path: Path) -> None:
         with store.snapshot() as conn:
             found = match_checkpoint(conn, cp)
         assert not found.ok and len(found.problems) == 2  # the origin, and the chain's start
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(readings=st.lists(st.integers(0, 10**6), min_size=1, max_size=6))
+def test_any_sequence_of_clock_readings_commits_times_that_never_go_back(
+        tmp_path: Path, readings: list[int]) -> None:
+    """The writer records the latest time already committed when the clock reads earlier
+    (a step back): commit times are the running maximum of the readings."""
+    import anyio
+
+    from evidence import Writer
+    from evidence._model.messages import format_time
+    from evidence._store.log import check_times
+    from evidence._write.writer import WriterHooks
+
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    times = [format_time(start + dt.timedelta(seconds=r)) for r in readings]
+    clock = iter(times)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as where, \
+            Store.create(Path(where) / "st") as store:
+        make = Factory(store)
+
+        async def feed() -> None:
+            async with Writer(store, hooks=WriterHooks(batch_time=lambda: next(clock))) as w:
+                for i in range(len(times)):
+                    await w.submit(make.session(f"s{i}"))
+
+        anyio.run(feed)
+        committed = [t for (t,) in store.connection.execute(
+            "SELECT committed_at FROM commit_log ORDER BY batch_seq")]
+        assert committed == [max(times[:i + 1]) for i in range(len(times))]
+        assert check_times(store.connection) == []

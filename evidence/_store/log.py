@@ -86,17 +86,18 @@ class LogHead:
     tree: CompactTree
     batch_seq: int
     entry_hash: bytes
+    committed_at: str = ""  # the last batch's commit time, as read (the writer's floor)
 
 
 def load_head(conn: apsw.Connection) -> LogHead:
     """Read the last commit-log row: O(log n), no scan of the ledger."""
     rows = conn.execute(
-        "SELECT batch_seq, tree_size, frontier, entry_hash FROM commit_log "
+        "SELECT batch_seq, tree_size, frontier, entry_hash, committed_at FROM commit_log "
         "ORDER BY batch_seq DESC LIMIT 1").fetchall()
     if not rows:
         return LogHead(CompactTree(), 0, identity_genesis(_store_id(conn)))
-    batch_seq, tree_size, frontier, chain = rows[0]
-    return LogHead(CompactTree.from_bytes(tree_size, frontier), batch_seq, chain)
+    batch_seq, tree_size, frontier, chain, committed_at = rows[0]
+    return LogHead(CompactTree.from_bytes(tree_size, frontier), batch_seq, chain, committed_at)
 
 
 @dataclass(frozen=True)
