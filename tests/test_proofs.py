@@ -92,8 +92,11 @@ def ledger_root(store: Store, size: int | None = None) -> bytes:
 def test_a_checkpoint_signs_store_id_size_root_and_time(populated_store: Store) -> None:
     cp = checkpoint(populated_store, KEY, now=WHEN)
     origin = f"evidence/{populated_store.store_id}"
-    assert cp.text.split("\n") == [origin, "6", cp.text.split("\n")[2],
-                                   "time 2025-03-03T12:00:00.000000Z", ""]
+    lines = cp.text.split("\n")
+    assert lines == [origin, "6", lines[2], "time 2025-03-03T12:00:00.000000Z", lines[4],
+                     "legacy-quarantine 0 47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=", ""]
+    assert lines[4].startswith("chain 7 ")  # 6 accepted messages in 6 batches, then the
+    # conflict's batch (tests/test_checkpoint_binding.py checks what the line binds)
     assert (cp.origin, cp.store_id, cp.tree_size, cp.time) == (
         origin, populated_store.store_id, 6, "2025-03-03T12:00:00.000000Z")
     assert cp.root == ledger_root(populated_store)  # recomputed here from the raw payloads
@@ -323,6 +326,9 @@ def test_cli_keygen_checkpoint_prove_and_check(populated_store: Store, tmp_path:
     out = capsys.readouterr().out
     assert out.startswith(f"OK: fetch_attempt {attempt_id} (http://example.com/) is entry 2")
     assert "signed by example.com/crawl+" in out
+    # It carries the checkpoint it was made for: it is checked without one given.
+    assert run_cli("check-proof", proof, "--public-key", pub) == 0
+    assert capsys.readouterr().out == out
 
     proof.write_bytes(proof.read_bytes().replace(b'"log_index": 2', b'"log_index": 3'))
     assert run_cli("check-proof", proof, "--checkpoint", cp, "--public-key", pub) == 1
@@ -332,6 +338,9 @@ def test_cli_keygen_checkpoint_prove_and_check(populated_store: Store, tmp_path:
     assert run_cli("check-proof", proof, "--checkpoint", cp, "--public-key", pub,
                    "--json") == 0
     assert '"ok": true' in capsys.readouterr().out
+    assert run_cli("check-proof", proof, "--public-key", pub) == 2  # it carries none
+    assert "the proof carries no checkpoint: give the one it was made for" in \
+        capsys.readouterr().out
 
 
 def test_cli_checkpoint_with_a_new_key_names_it_after_the_store(populated_store: Store,

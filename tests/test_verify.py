@@ -198,7 +198,8 @@ def test_a_dropped_table_is_reported_not_raised(populated_store: Store) -> None:
         f.message for f in report.findings if f.kind == "schema"}
     aborted = sorted(f.message.split(" could not")[0] for f in report.findings
                      if f.kind == "check_aborted")
-    assert aborted == ["the orphan files check", "the quarantined check"]
+    assert aborted == ["the legacy quarantine check", "the orphan files check",
+                       "the quarantined check"]
     assert report.checks["ledger_entries"] == 6  # the other checks still ran
 
 
@@ -237,14 +238,14 @@ def test_cli_verify_names_each_finding_and_exits_one(populated_store: Store, cap
     assert "error  row_mismatch  [rule_evaluation row 1, log index 4]" in out
     assert "verdict is 'fail', its ledger entry (log index 4) says 'pass'" in out
     assert "error  log_chain  [commit_log, batch 3]" in out
-    # two dropped triggers, the row, the chain, and the batch's leaves no longer received
-    # at its commit time
-    assert "FAILED: 5 error(s)" in out
+    # two dropped triggers, the row, the chain, the batch's leaves no longer received at
+    # its commit time, and a commit time that is not a time
+    assert "FAILED: 6 error(s)" in out
     assert run_cli("verify", populated_store.path, "--json") == 1
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False
     assert {f["kind"] for f in data["findings"]} == {"schema", "row_mismatch", "log_chain",
-                                                     "log_batch"}
+                                                     "log_batch", "log_time"}
 
 
 def test_findings_beyond_the_limit_are_counted_not_listed(store: Store, make: Factory) -> None:

@@ -7,6 +7,10 @@ C2SP tlog-checkpoint (https://c2sp.org/tlog-checkpoint), signed with Ed25519::
     1234                                tree size, decimal
     3q2+7w...=                          root hash, base64 (RFC 9162 / RFC 6962 tree)
     time 2025-03-03T12:00:00.000000Z    extension line: when it was signed (UTC)
+    chain 57 9f3a...=                   extension line: the last batch, and the commit-log
+                                        chain hash recomputed up to it
+    legacy-quarantine 0 47DE...=        extension line: the quarantine rows in the pre-006
+                                        layout, how many and SHA-256 of them
                                         blank line
     — evidence-ops AbCd...==            em dash, key name, base64(4-byte key id || signature)
 
@@ -14,6 +18,14 @@ Keys use the Go ``golang.org/x/mod/sumdb/note`` text forms, so Go's ``note.Open`
 C2SP tool verify our checkpoints: ``PRIVATE+KEY+<name>+<id>+<base64(0x01 || seed)>`` and
 ``<name>+<id>+<base64(0x01 || public key)>``, key id = SHA-256(name || 0x0A || 0x01 ||
 public key)[:4].
+
+The root binds every accepted message; the ``chain`` line binds the rest of what ``verify``
+checks that is not a leaf: every batch's commit time (which the ledger's receipt times must
+equal), what each batch quarantined (so every counted quarantine record), and the store's
+identity (where the chain starts). Recomputing the chain after an edit, which anyone who
+can write the database can do, gives another hash than the one signed: ``match_checkpoint``
+finds it. Checkpoints signed before these lines existed bind the root only; they still
+check, and say so.
 
 A **proof** is a JSON document (``type`` "inclusion" or "consistency", bytes in base64).
 An inclusion proof carries the ledger entry itself (its canonical msgpack bytes), so the
@@ -43,6 +55,7 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.x509 import Certificate
 
 from .._errors import CorruptStoreError, MessageError, NotFoundError, ProofError
 from .._model.merkle import (
@@ -56,9 +69,18 @@ from .._model.merkle import (
 from .._model.merkle import root as merkle_root
 from .._model.messages import decode_message, format_time, ledger_entry, utc_now
 from .._store.db import Store
-from .._store.log import check_log, has_column
+from .._store.log import (
+    GENESIS_HASH,
+    Head,
+    check_log,
+    has_column,
+    identity_bound,
+    identity_genesis,
+)
+from .._store.quarantine import legacy_rows
 
 __all__ = [
+    "CheckpointMatch",
     "ConsistencyProof",
     "InclusionProof",
     "Proof",
@@ -70,6 +92,7 @@ __all__ = [
     "checkpoint",
     "decode_proof",
     "encode_proof",
+    "match_checkpoint",
     "open_checkpoint",
     "parse_checkpoint",
     "prove_consistency",
@@ -77,6 +100,8 @@ __all__ = [
 ]
 
 ORIGIN_PREFIX = "evidence/"
+CHAIN_LINE = "chain"  # extension line: <last batch> <base64(recomputed chain hash)>
+LEGACY_LINE = "legacy-quarantine"  # extension line: <rows> <base64(SHA-256 of them)>
 PROOF_VERSION = 1
 _ALG_ED25519 = 0x01
 _EM_DASH = "\u2014"
@@ -248,6 +273,14 @@ class NoteSignature(msgspec.Struct, frozen=True):
     signature: bytes
 
 
+class Bound(msgspec.Struct, frozen=True):
+    """An extension line ``<name> <number> <base64(32 bytes)>``: for ``chain``, a batch and
+    its recomputed chain hash; for ``legacy-quarantine``, a row count and their digest."""
+
+    number: int
+    digest: bytes
+
+
 class SignedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     """A parsed checkpoint. ``parse_checkpoint`` does not check signatures; ``open_checkpoint``
     does, and is the only way to a checkpoint whose fields can be trusted."""
@@ -256,6 +289,8 @@ class SignedCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     tree_size: int
     root: bytes
     time: str | None  # the "time" extension line
+    chain: Bound | None = None  # the "chain" line (None: signed before it existed)
+    legacy: Bound | None = None  # the "legacy-quarantine" line
     extensions: list[str]  # every extension line, "time ..." included
     text: str  # the signed note text (the body, ending in a newline)
     signatures: list[NoteSignature]
@@ -308,8 +343,26 @@ def parse_checkpoint(data: str | bytes) -> SignedCheckpoint:
         raise ProofError(f"the root hash is {len(root)} bytes, not 32")
     times = [e.removeprefix("time ") for e in extensions if e.startswith("time ")]
     return SignedCheckpoint(origin=origin, tree_size=int(size_text), root=root,
-                            time=times[0] if len(times) == 1 else None, extensions=extensions,
+                            time=times[0] if len(times) == 1 else None,
+                            chain=_bound(extensions, CHAIN_LINE),
+                            legacy=_bound(extensions, LEGACY_LINE), extensions=extensions,
                             text=text, signatures=signatures)
+
+
+def _bound(extensions: list[str], name: str) -> Bound | None:
+    """The extension line ``name``, parsed strictly: at most one, well formed."""
+    found = [e for e in extensions if e.split(" ", 1)[0] == name]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ProofError(f"the checkpoint has {len(found)} {name!r} lines, not one")
+    parts = found[0].split(" ")
+    if len(parts) != 3 or not _SIZE_RE.fullmatch(parts[1]):
+        raise ProofError(f"malformed {name!r} line {found[0]!r}")
+    digest = _b64decode(parts[2], f"the {name} hash")
+    if len(digest) != 32:
+        raise ProofError(f"the {name} hash is {len(digest)} bytes, not 32")
+    return Bound(int(parts[1]), digest)
 
 
 def open_checkpoint(data: str | bytes | SignedCheckpoint,
@@ -342,15 +395,92 @@ def checkpoint(store: Store, key: SigningKey | str, *,
     key = key if isinstance(key, SigningKey) else SigningKey.from_text(key)
     with store.snapshot() as conn:
         store_id = _store_id(conn)
-        size, root, findings = check_log(conn)
+        heads: dict[int, Head] = {}
+        size, root, findings = check_log(conn, heads)
+        chain = _last_head(conn, heads)
+        legacy = legacy_rows(conn)
     if findings:
         raise CorruptStoreError(
             f"will not sign: the log does not verify ({findings[0].detail}; "
             f"{len(findings)} problem(s))", hint="run 'evidence verify' to locate them",
             path=str(store.path))
     moment = format_time(now if now is not None else utc_now())
-    text = f"{ORIGIN_PREFIX}{store_id}\n{size}\n{_b64(root)}\ntime {moment}\n"
+    text = (f"{ORIGIN_PREFIX}{store_id}\n{size}\n{_b64(root)}\ntime {moment}\n"
+            f"{CHAIN_LINE} {chain.batch_seq} {_b64(chain.chain)}\n"
+            f"{LEGACY_LINE} {legacy[0]} {_b64(legacy[1])}\n")
     return parse_checkpoint(key.sign_note(text))
+
+
+def _genesis(conn: apsw.Connection) -> bytes:
+    """Where the chain starts: the store's identity, or zeros for a store from before
+    issue 12 (``_store.log``)."""
+    return GENESIS_HASH if identity_bound(conn) is False else identity_genesis(
+        _store_id(conn))
+
+
+def _last_head(conn: apsw.Connection, heads: dict[int, Head]) -> Head:
+    """The newest batch, recomputed; for an empty log, "batch 0": the chain's start."""
+    if heads:
+        return heads[max(heads)]
+    return Head(0, 0, EMPTY_ROOT, _genesis(conn), "")
+
+
+class CheckpointMatch(msgspec.Struct, kw_only=True):
+    """Whether a store still holds what a checkpoint signed (``match_checkpoint``)."""
+
+    ok: bool
+    bound: bool  # the checkpoint binds the chain (False: signed before it did: root only)
+    statement: str  # what was compared, in one sentence
+    problems: list[str]
+
+
+def match_checkpoint(conn: apsw.Connection, cp: SignedCheckpoint,
+                     heads: dict[int, Head] | None = None) -> CheckpointMatch:
+    """Compare a (verified) checkpoint with the log recomputed from the store's ledger and
+    chain: the same origin, the signed batch with the signed size, root and recomputed
+    chain hash, and the same rows in the pre-006 quarantine layout. ``heads``: what
+    ``check_log`` recomputed, if the caller ran it already."""
+    if heads is None:
+        heads = {}
+        check_log(conn, heads)
+    problems: list[str] = []
+    origin = f"{ORIGIN_PREFIX}{_store_id(conn)}"
+    if cp.origin != origin:
+        problems.append(f"the checkpoint is of log {cp.origin}, this store is {origin}")
+    signed = f"size {cp.tree_size}, signed at {cp.time or 'an unstated time'}"
+    if cp.chain is None:
+        at = [h for h in heads.values() if h.tree_size == cp.tree_size]
+        root = at[0].root if at else (EMPTY_ROOT if cp.tree_size == 0 else None)
+        if root is None:
+            problems.append(f"the log never had the signed size {cp.tree_size} (it has "
+                            f"{max((h.tree_size for h in heads.values()), default=0)} entries)")
+        elif root != cp.root:
+            problems.append(f"the first {cp.tree_size} entries of the log no longer give "
+                            "the signed root: an accepted message was changed")
+        return CheckpointMatch(ok=not problems, bound=False, problems=problems, statement=(
+            f"the first {cp.tree_size} accepted messages against the checkpoint ({signed}); "
+            "it was signed before checkpoints bound the commit-log chain, so it vouches for "
+            "no commit time, quarantine record or store identity"))
+    seq = cp.chain.number
+    head = heads.get(seq) if seq else _last_head(conn, {})
+    if head is None:
+        problems.append(f"the store has no batch {seq}, the last one the checkpoint signs")
+    else:
+        if (head.tree_size, head.root) != (cp.tree_size, cp.root):
+            problems.append(f"batch {seq} recomputes to size {head.tree_size}, root "
+                            f"{head.root.hex()[:16]}...; the checkpoint signs size "
+                            f"{cp.tree_size}, root {cp.root.hex()[:16]}...")
+        if head.chain != cp.chain.digest:
+            problems.append(f"the commit-log chain recomputed up to batch {seq} is not the "
+                            "one signed: a commit or receipt time, a quarantine record or "
+                            "the store's identity was changed since")
+    if cp.legacy is not None and legacy_rows(conn) != (cp.legacy.number, cp.legacy.digest):
+        count, _ = legacy_rows(conn)
+        problems.append(f"the quarantine rows in the pre-006 layout are not the signed ones "
+                        f"({count} now, {cp.legacy.number} signed)")
+    return CheckpointMatch(ok=not problems, bound=True, problems=problems, statement=(
+        f"the log through batch {seq} (every accepted message, commit time, quarantine "
+        f"record and the store's identity) against the checkpoint ({signed})"))
 
 
 def _store_id(conn: apsw.Connection) -> str:
@@ -360,7 +490,8 @@ def _store_id(conn: apsw.Connection) -> str:
 
 # --- proofs --------------------------------------------------------------------------
 
-_STRUCT = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "tag_field": "type"}
+_STRUCT = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "tag_field": "type",
+           "omit_defaults": True}
 
 
 class InclusionProof(msgspec.Struct, tag="inclusion", omit_defaults=True, **_STRUCT):
@@ -377,6 +508,11 @@ class InclusionProof(msgspec.Struct, tag="inclusion", omit_defaults=True, **_STR
     # The worker host that submitted the entry (ingest_ledger.submitter), covered by the
     # leaf hash; absent for the crawl's own messages (their proofs are as they always were).
     submitter: str | None = None
+    # Carried along (prove --checkpoint), so the proof travels alone: the checkpoint's note
+    # as its file holds it, and its RFC 3161 timestamp (the DER of CHECKPOINT.tsr). The
+    # checker trusts them only once the signature and the timestamp verify.
+    checkpoint: str | None = None
+    timestamp: bytes | None = None
 
 
 class ConsistencyProof(msgspec.Struct, tag="consistency", **_STRUCT):
@@ -389,6 +525,8 @@ class ConsistencyProof(msgspec.Struct, tag="consistency", **_STRUCT):
     old_root: bytes
     new_root: bytes
     path: list[bytes]  # RFC 9162 2.1.4 consistency proof
+    checkpoint: str | None = None  # as in InclusionProof
+    timestamp: bytes | None = None
 
 
 Proof = InclusionProof | ConsistencyProof
@@ -502,29 +640,44 @@ class ProofCheck(msgspec.Struct, kw_only=True):
     old_size: int | None = None
     entry: dict[str, Any] | None = None  # the decoded ledger entry (inclusion)
     submitter: str | None = None  # the worker host that submitted it (inclusion), if one did
+    chain_bound: bool | None = None  # the checkpoint binds the commit-log chain head
+    timestamped_at: str | None = None  # the RFC 3161 genTime, once the token verified
+    tsa: str | None = None  # the TSA certificate's subject
     statement: str = ""
     problems: list[str] = []
 
 
-def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str | bytes,
+def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str | bytes | None,
                 public_key: VerifierKey | str | bytes, *,
-                old_checkpoint: SignedCheckpoint | str | bytes | None = None) -> ProofCheck:
+                old_checkpoint: SignedCheckpoint | str | bytes | None = None,
+                timestamp: bytes | None = None,
+                tsa_roots: list[Certificate] | None = None) -> ProofCheck:
     """Verify a proof against a checkpoint signed by ``public_key``, without the store.
 
     The tree size and root come from the verified checkpoint. For a consistency proof,
     ``old_checkpoint`` (same key) pins the old size and root too; without it they are the
-    proof's claim, to compare with a root obtained earlier.
+    proof's claim, to compare with a root obtained earlier. With ``tsa_roots``, the
+    checkpoint's RFC 3161 ``timestamp`` (its ``cp.tsr``) must verify over the checkpoint's
+    bytes and chain to one of them (``_audit.timestamp``); without a timestamp, that fails.
+    ``checkpoint`` and ``timestamp`` None: the ones the proof carries, if it does.
     """
     result = ProofCheck(ok=False)
     try:
         key = public_key if isinstance(public_key, VerifierKey) else VerifierKey.from_text(
             public_key)
         result.key = f"{key.name}+{key.key_id:08x}"
+        parsed = proof if isinstance(proof, InclusionProof | ConsistencyProof) else decode_proof(
+            proof)
+        if checkpoint is None:
+            if parsed.checkpoint is None:
+                raise ProofError("the proof carries no checkpoint and none was given")
+            checkpoint = parsed.checkpoint
+        if timestamp is None:
+            timestamp = parsed.timestamp  # over another checkpoint's bytes, it fails
         cp = open_checkpoint(checkpoint, key)
         result.origin, result.tree_size, result.root = cp.origin, cp.tree_size, cp.root.hex()
         result.signed_at = cp.time
-        parsed = proof if isinstance(proof, InclusionProof | ConsistencyProof) else decode_proof(
-            proof)
+        result.chain_bound = cp.chain is not None
         old = None if old_checkpoint is None else open_checkpoint(old_checkpoint, key)
     except ProofError as exc:
         result.problems.append(str(exc))
@@ -540,10 +693,34 @@ def check_proof(proof: Proof | str | bytes, checkpoint: SignedCheckpoint | str |
         _check_inclusion(parsed, cp, result)
     else:
         _check_consistency(parsed, cp, old, result)
+    if tsa_roots:
+        _check_timestamp(checkpoint, cp, timestamp, tsa_roots, result)
     result.ok = not problems
     if not result.ok:
         result.statement = ""
     return result
+
+
+def _check_timestamp(given: SignedCheckpoint | str | bytes, cp: SignedCheckpoint,
+                     token: bytes | None, roots: list[Certificate], result: ProofCheck) -> None:
+    """The checkpoint's timestamp, over the checkpoint's bytes as they were handed over (a
+    checkpoint passed parsed is hashed as ``note()`` writes it)."""
+    from .timestamp import check_timestamp
+
+    if token is None:
+        result.problems.append("no RFC 3161 timestamp for the checkpoint (CHECKPOINT.tsr), "
+                               "and a TSA root was named to check one")
+        return
+    data = given.note().encode() if isinstance(given, SignedCheckpoint) else (
+        given if isinstance(given, bytes) else given.encode())
+    try:
+        stamp = check_timestamp(data, token, roots)
+    except ProofError as exc:
+        result.problems.append(str(exc))
+        return
+    result.timestamped_at, result.tsa = stamp.time, stamp.tsa
+    if result.statement:
+        result.statement += f", timestamped at {stamp.time} by {stamp.tsa}"
 
 
 def _check_inclusion(p: InclusionProof, cp: SignedCheckpoint, result: ProofCheck) -> None:

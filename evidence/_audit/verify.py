@@ -88,9 +88,10 @@ from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store import quarantine as _quarantine
 from .._store.artifacts import Removal
 from .._store.db import DB_NAME, Store
-from .._store.log import check_log, identity_bound
+from .._store.log import Head, check_log, check_times, identity_bound
 from .._store.resync import SYNC_MARKER, read_marker
 from .._store.sqlite import apply_migrations, load_migrations
+from .proofs import CheckpointMatch, SignedCheckpoint, match_checkpoint
 from .verify_state import WorkingState
 
 __all__ = [
@@ -112,7 +113,8 @@ _PAGE = 1000
 # tests/test_verify_coverage.py: a new table is either checked or said not to be evidence.
 TABLE_COVERAGE = {
     "schema_migration": "rows against the migrations: version, name, checksum",
-    "store_meta": "store_id: the hash chain starts from it; created_at, created_on: "
+    "store_meta": "store_id: the hash chain starts from it; legacy_quarantine: the "
+                  "pre-006 quarantine rows counted against it; created_at, created_on: "
                   "informational, not evidence",
     "ingest_ledger": "Merkle leaves and roots recomputed; payload hash, id and kind decoded",
     "commit_log": "hash chain, roots and frontiers recomputed from the ledger",
@@ -134,7 +136,8 @@ TABLE_COVERAGE = {
     "quarantine": "payload hash and columns; counted records against the commit log",
 }
 NOTICE_KINDS = frozenset({"orphan", "artifact_writable", "sync_failed",  # worth knowing
-                          "identity_unbound"})
+                          "identity_unbound", "checkpoint_unbound"})
+LEGACY_CLOSED_AT = 10  # the migration that closed the pre-006 quarantine layout
 _JSON = msgspec.json.Encoder(order="deterministic")  # as _apply stores config and details
 
 
@@ -201,6 +204,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     findings: list[Finding]
     omitted: dict[str, int]  # findings left out per kind, beyond max_findings_per_kind
     orphan_bytes: int = 0  # the payloads no row references, in all (checks["orphans"] of them)
+    checkpoint: str | None = None  # with a checkpoint: what was compared with it
 
     @property
     def ok(self) -> bool:
@@ -216,8 +220,12 @@ class VerifyReport(msgspec.Struct, kw_only=True):
         return [f for f in self.findings if f.severity == "notice"]
 
 
-def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 1000) -> VerifyReport:
-    """Check the database, the log, the rows against the ledger, and the artifact files."""
+def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 1000,
+           checkpoint: SignedCheckpoint | None = None) -> VerifyReport:
+    """Check the database, the log, the rows against the ledger, and the artifact files.
+
+    ``checkpoint`` (one whose signature the caller checked, ``proofs.open_checkpoint``):
+    also whether the store still holds what it signed (``proofs.match_checkpoint``)."""
     found = Findings(max_findings_per_kind)
     checks: dict[str, int] = {}
     step = _Steps(found, checks)
@@ -237,7 +245,12 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
             step("schema_objects", server, found, store.schema_version)
         step("foreign_key_check", _check_foreign_keys, conn, found)
         step("migration_rows", _check_migrations, conn, found, store.schema_version)
-        size, root = step("log_entries", _check_log, conn, found) or (0, EMPTY_ROOT)
+        heads: dict[int, Head] = {}
+        size, root = step("log_entries", _check_log, conn, found, heads) or (0, EMPTY_ROOT)
+        step("commit_times", _check_times, conn, found)
+        matched = None
+        if checkpoint is not None:
+            matched = step("checkpoint", _check_checkpoint, conn, found, checkpoint, heads)
         state = _working_state(conn, store.schema_version)
         step("ledger_entries", _check_rows, conn, found, state)
         if state is not None:
@@ -245,6 +258,8 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
         step("projection_rows", _check_projection, conn, found)
         step("interned_rows", _check_interned, conn, found)
         step("quarantined", _quarantine.check_records, conn, found.add)
+        step("legacy_quarantine", _check_legacy_quarantine, conn, found,
+             store.schema_version)
         max_artifact = step(None, _max_artifact_id, conn) or 0
         step("artifacts_rehashed" if full else "artifacts", _check_artifacts, store, conn,
              found, max_artifact, full)
@@ -261,7 +276,8 @@ def verify(store: Store, *, full: bool = False, max_findings_per_kind: int = 100
         tree_size=size, root=root.hex(), checks=checks,
         findings=[Finding(kind=k, severity=s, location=loc, message=m)
                   for k, s, loc, m in found.items],
-        omitted=dict(found.omitted), orphan_bytes=sum(ref.size for ref, _ in orphans))
+        omitted=dict(found.omitted), orphan_bytes=sum(ref.size for ref, _ in orphans),
+        checkpoint=None if matched is None else matched.statement)
 
 
 @contextlib.contextmanager
@@ -330,8 +346,9 @@ class _Steps:
         return result
 
 
-def _check_log(conn: apsw.Connection, found: Findings) -> tuple[int, bytes]:
-    size, root, log_findings = check_log(conn)
+def _check_log(conn: apsw.Connection, found: Findings,
+               heads: dict[int, Head]) -> tuple[int, bytes]:
+    size, root, log_findings = check_log(conn, heads)
     for lf in log_findings:
         found.add(f"log_{lf.what}", lf.detail, table="commit_log" if lf.log_index is None
                   else "ingest_ledger", log_index=lf.log_index, batch_seq=lf.batch_seq)
@@ -341,6 +358,56 @@ def _check_log(conn: apsw.Connection, found: Findings) -> tuple[int, bytes]:
                   "store_meta's store_id would not show", table="store_meta",
                   row_id="store_id")
     return size, root
+
+
+def _check_times(conn: apsw.Connection, found: Findings) -> int:
+    """Commit times never go back beyond ``TIME_TOLERANCE`` (``log_time``)."""
+    for lf in check_times(conn):
+        found.add("log_time", lf.detail, table="commit_log", batch_seq=lf.batch_seq)
+    return conn.execute("SELECT count(*) FROM commit_log").fetchall()[0][0]
+
+
+def _check_checkpoint(conn: apsw.Connection, found: Findings, cp: SignedCheckpoint,
+                      heads: dict[int, Head]) -> CheckpointMatch:
+    """The store against a checkpoint signed earlier: ``checkpoint_mismatch`` for each
+    difference; a checkpoint that binds the root only is said to (``checkpoint_unbound``)."""
+    matched = match_checkpoint(conn, cp, heads)
+    where = {"table": "commit_log", "batch_seq": cp.chain.number} if cp.chain else {
+        "table": "ingest_ledger"}
+    for problem in matched.problems:
+        found.add("checkpoint_mismatch", problem, **where)
+    if not matched.bound:
+        found.add("checkpoint_unbound", f"the checkpoint (size {cp.tree_size}) was signed "
+                  "before checkpoints bound the commit-log chain: it vouches for the accepted "
+                  "messages only, not for commit times, quarantine records or the store's "
+                  "identity", table="commit_log")
+    return matched
+
+
+def _check_legacy_quarantine(conn: apsw.Connection, found: Findings, version: int) -> int:
+    """Quarantine rows in the pre-006 layout (``deliveries`` NULL) are a closed set from
+    migration 010 on: as many as ``store_meta`` recorded then (0 for a store created at
+    010 or later), and all older than every counted record."""
+    if version < LEGACY_CLOSED_AT:
+        return 0
+    count, _ = _quarantine.legacy_rows(conn)
+    recorded = _meta(conn, "legacy_quarantine")
+    if not recorded.isdigit():
+        found.add("quarantine_legacy", "store_meta has no count of the quarantine rows in the "
+                  f"pre-006 layout (migration {LEGACY_CLOSED_AT:03d} records it): "
+                  f"{count} such row(s) cannot be told from forged ones",
+                  table="store_meta", row_id="legacy_quarantine")
+    elif count != int(recorded):
+        found.add("quarantine_legacy", f"{count} quarantine row(s) in the pre-006 layout "
+                  f"(deliveries NULL), the store recorded {recorded} when that layout was "
+                  "closed: no writer has written one since migration 006", table="quarantine")
+    for (qid,) in conn.execute(
+            "SELECT quarantine_id FROM quarantine WHERE deliveries IS NULL AND quarantine_id > "
+            "(SELECT min(quarantine_id) FROM quarantine WHERE deliveries IS NOT NULL)"):
+        found.add("quarantine_legacy", f"quarantine row {qid} is in the pre-006 layout but "
+                  "newer than a counted record: it was written after migration 006, by hand",
+                  table="quarantine", row_id=qid)
+    return count
 
 
 def _check_migrations(conn: apsw.Connection, found: Findings, version: int) -> int:

@@ -44,7 +44,22 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from .._audit.proofs import SigningKey, checkpoint
+    from .._audit.timestamp import TSR_SUFFIX, load_certificates, request_timestamp
 
+    tsa_cert, tsr = None, None
+    if args.tsa_cert and not args.tsa:
+        raise ProofError("--tsa-cert names the certificate of the TSA given by --tsa",
+                         hint="add --tsa URL, or leave out --tsa-cert")
+    if args.tsa:
+        if not args.out:
+            raise ProofError("--tsa needs --out FILE: the timestamp is kept beside the "
+                             f"checkpoint, as FILE{TSR_SUFFIX}", hint="add --out FILE")
+        tsr = Path(args.out + TSR_SUFFIX)
+        if tsr.exists():
+            raise ProofError(f"{tsr} already exists; a timestamp is never overwritten",
+                             hint="choose another --out FILE", path=str(tsr))
+        if args.tsa_cert:
+            tsa_cert = load_certificates(_read(args.tsa_cert), args.tsa_cert)
     with Store.open(args.store, read_only=True) as store:
         if args.new_key:
             key = SigningKey.generate(f"evidence/{store.store_id}")
@@ -53,25 +68,44 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         else:
             key = SigningKey.from_text(_read(args.key))
         cp = checkpoint(store, key)
+    note = cp.note()
+    # Before anything is written: a TSA that fails leaves no checkpoint without its token.
+    stamp = (request_timestamp(note.encode(), args.tsa, tsa_cert=tsa_cert) if args.tsa
+             else None)
     if args.json:
         print_json({"origin": cp.origin, "store_id": cp.store_id, "tree_size": cp.tree_size,
                      "root": cp.root.hex(), "time": cp.time, "key": key.public_key.to_text(),
-                     "note": cp.note()})
+                     "chain": None if cp.chain is None else {
+                         "batch": cp.chain.number, "hash": cp.chain.digest.hex()},
+                     "note": note, "timestamp": None if stamp is None else {
+                         "file": str(tsr), "time": stamp.time, "tsa": stamp.tsa,
+                         "serial": stamp.serial, "policy": stamp.policy}})
         if args.out:
-            Path(args.out).write_text(cp.note())
+            Path(args.out).write_bytes(note.encode())
     else:
-        write_output(cp.note(), args.out)
+        write_output(note, args.out)
+    if stamp is not None and tsr is not None:
+        with open(tsr, "xb") as f:  # the DER TimeStampResp, as openssl ts -verify reads it
+            f.write(stamp.der)
+        if not args.json:
+            print(f"timestamp {stamp.time} by {stamp.tsa} (serial {stamp.serial}): wrote "
+                  f"{tsr}", file=sys.stderr)
     return 0
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
     from .._audit.proofs import encode_proof, parse_checkpoint, prove_consistency, prove_inclusion
+    from .._audit.timestamp import TSR_SUFFIX
 
     size = args.to_size
-    cp = None
+    cp, note, token = None, None, None
     if args.checkpoint:
-        cp = parse_checkpoint(_read(args.checkpoint))
-        size = cp.tree_size
+        raw = _read(args.checkpoint)
+        cp = parse_checkpoint(raw)
+        size, note = cp.tree_size, raw.decode()
+        beside = Path(args.checkpoint + TSR_SUFFIX)
+        if args.checkpoint != "-" and beside.is_file():
+            token = _read(str(beside))  # the proof carries the checkpoint's timestamp too
     proof: ConsistencyProof | InclusionProof
     with Store.open(args.store, read_only=True) as store:
         if args.from_size is not None:
@@ -84,6 +118,10 @@ def _cmd_prove(args: argparse.Namespace) -> int:
         raise ProofError(f"the checkpoint ({cp.origin}, size {cp.tree_size}) does not match "
                          "this store's log at that size",
                          hint="use a checkpoint of this store; if it is, run 'evidence verify'")
+    if note is not None:
+        import msgspec
+
+        proof = msgspec.structs.replace(proof, checkpoint=note, timestamp=token)
     data = encode_proof(proof)
     if args.out:
         Path(args.out).write_bytes(data)
@@ -94,16 +132,41 @@ def _cmd_prove(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_proof(args: argparse.Namespace) -> int:
-    from .._audit.proofs import check_proof
+    from .._audit.proofs import check_proof, decode_proof
+    from .._audit.timestamp import TSR_SUFFIX, load_certificates
 
-    result = check_proof(_read(args.proof), _read(args.checkpoint), _read(args.public_key),
+    roots = ([c for path in args.tsa_root for c in load_certificates(_read(path), path)]
+             if args.tsa_root else None)
+    token = None
+    if args.timestamp:
+        token = _read(args.timestamp)
+    elif args.checkpoint and args.checkpoint != "-" and Path(
+            args.checkpoint + TSR_SUFFIX).is_file():
+        token = _read(args.checkpoint + TSR_SUFFIX)  # kept beside its checkpoint
+    proof = _read(args.proof)
+    try:
+        carried = decode_proof(proof)
+    except ProofError:
+        carried = None  # check_proof says what is wrong with it
+    if args.checkpoint is None and carried is not None and carried.checkpoint is None:
+        raise ProofError("the proof carries no checkpoint: give the one it was made for",
+                         hint="add --checkpoint FILE (or make the proof with 'evidence prove "
+                         "--checkpoint FILE', which puts it in)")
+    result = check_proof(proof, _read(args.checkpoint) if args.checkpoint else None,
+                         _read(args.public_key),
                          old_checkpoint=_read(args.old_checkpoint) if args.old_checkpoint
-                         else None)
+                         else None, timestamp=token, tsa_roots=roots)
     if args.json:
         print_json(result)
     elif result.ok:
         print(f"OK: {result.statement}")
         print(f"    signed by {result.key}, root {result.root}")
+        if result.timestamped_at is not None:
+            print(f"    timestamped at {result.timestamped_at} by {result.tsa} (RFC 3161, "
+                  "chained to the TSA root given)")
+        elif token is not None or (carried is not None and carried.timestamp is not None):
+            print("    a timestamp is kept with the checkpoint but was not checked: name the "
+                  "TSA's root with --tsa-root PEM")
     else:
         print("FAILED: the proof does not hold")
         for problem in result.problems:
@@ -125,7 +188,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "checkpoint", help="sign the log's current size and root",
         description="Recompute the log from the ledger and sign (store id, tree size, root, "
-        "time) as a C2SP checkpoint with Ed25519.")
+        "time, the commit-log chain head, the pre-006 quarantine rows) as a C2SP checkpoint "
+        "with Ed25519; with --tsa, also get an RFC 3161 timestamp over it.")
     p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory")
     key = p.add_mutually_exclusive_group(required=True)
@@ -135,6 +199,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                      "with it")
     p.add_argument("--out", metavar="FILE", type=local_path,
                    help="write the checkpoint here, not to stdout")
+    p.add_argument("--tsa", metavar="URL",
+                   help="also get an RFC 3161 timestamp over the signed checkpoint from the "
+                   "time-stamping authority at URL (http or https), written beside it as "
+                   "FILE.tsr (needs --out)")
+    p.add_argument("--tsa-cert", metavar="PEM",
+                   help="the TSA's certificate, then its chain up to its root: the timestamp "
+                   "must be signed by it, or nothing is written")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_checkpoint)
 
@@ -153,7 +224,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     size.add_argument("--to-size", type=int, metavar="M",
                       help="prove against the tree of size M (default: the current size)")
     size.add_argument("--checkpoint", metavar="FILE",
-                      help="prove against this checkpoint's size (and check its root)")
+                      help="prove against this checkpoint's size (and check its root); the "
+                      "proof carries the checkpoint, and its timestamp (FILE.tsr) if there is "
+                      "one")
     p.add_argument("--out", metavar="FILE", type=local_path,
                    help="write the proof here, not to stdout")
     p.set_defaults(func=_cmd_prove)
@@ -163,10 +236,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Verify a proof against a checkpoint and the signer's public key, without "
         "the store. Exit 0 if it holds, 1 if not.")
     p.add_argument("proof", metavar="PROOF", help="the proof file ('-' for stdin)")
-    p.add_argument("--checkpoint", required=True, metavar="FILE", help="the signed checkpoint")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="the signed checkpoint (default: the one the proof carries)")
     p.add_argument("--public-key", required=True, metavar="FILE",
                    help="the signer's public key (KEY.pub)")
     p.add_argument("--old-checkpoint", metavar="FILE",
                    help="consistency: the older checkpoint the proof starts from")
+    p.add_argument("--tsa-root", metavar="PEM", action="append",
+                   help="check the checkpoint's RFC 3161 timestamp against this TSA root "
+                   "certificate (repeatable); the proof fails without a valid timestamp")
+    p.add_argument("--timestamp", metavar="FILE",
+                   help="the timestamp (DER TimeStampResp; default: CHECKPOINT.tsr when it "
+                   "exists)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_check_proof)

@@ -20,6 +20,7 @@ from .common import format_bytes, local_path, parse_duration, print_json, store_
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.waczcheck import WaczCheck
+    from .._audit.proofs import SignedCheckpoint
     from .._audit.verify import VerifyReport
 
 __all__ = ["add_commands", "format_report", "format_wacz_check"]
@@ -27,16 +28,13 @@ __all__ = ["add_commands", "format_report", "format_wacz_check"]
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .._audit.verify import reclaim_orphans, unreadable, verify
-    from .._errors import CorruptStoreError, EvidenceError
+    from .._errors import CorruptStoreError
 
     if Path(args.store).is_file():
         return _cmd_verify_wacz(args)
-    if args.public_key:
-        raise EvidenceError("--public-key pins the signer of a WACZ file; "
-                            f"{args.store} is not a file",
-                            hint="evidence verify SITE.wacz --public-key KEY.pub")
 
     reclaimed = None
+    signed = _signed_checkpoint(args)
     try:
         # Read-only unless orphans are to be reclaimed: a store on read-only media or
         # someone else's can be verified, and so can a damaged one.
@@ -47,7 +45,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         report = unreadable(args.store, exc.__cause__ or exc, full=args.full)
     else:
         with store:
-            report = verify(store, full=args.full)
+            report = verify(store, full=args.full, checkpoint=signed)
             if args.reclaim_orphans and report.ok:
                 reclaimed = reclaim_orphans(store, args.grace)
     from .._archive.snapshot import stale_builds
@@ -113,6 +111,28 @@ def format_wacz_check(c: WaczCheck) -> str:
     return "\n".join(lines)
 
 
+def _signed_checkpoint(args: argparse.Namespace) -> SignedCheckpoint | None:
+    """``--checkpoint`` opened with ``--public-key``: one not signed by that key is an
+    error (exit 2): nothing could be compared with it."""
+    from .._audit.proofs import open_checkpoint
+    from .._errors import ProofError
+
+    if (args.checkpoint is None) != (args.public_key is None):
+        raise ProofError("--checkpoint and --public-key go together",
+                         hint="give the checkpoint and the public key of the key that signed "
+                         "it (KEY.pub)")
+    if args.checkpoint is None:
+        return None
+    texts = []
+    for path in (args.checkpoint, args.public_key):
+        try:
+            texts.append(Path(path).read_bytes())
+        except OSError as exc:
+            raise ProofError(f"cannot read {path}: {exc.strerror}", hint="check the path",
+                             path=path) from None
+    return open_checkpoint(texts[0], texts[1])
+
+
 def format_report(r: VerifyReport) -> str:
     """The report a person reads: what was checked, then each finding and where it is."""
     from .._audit.verify import NOTICE_KINDS
@@ -121,6 +141,8 @@ def format_report(r: VerifyReport) -> str:
              f"mode     {'full: integrity_check, artifacts re-hashed' if r.full else 'quick'}",
              f"log      {r.tree_size} entries, root {r.root}",
              "checked  " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in r.checks.items())]
+    if r.checkpoint is not None:
+        lines.append(f"against  {r.checkpoint}")
     for f in r.findings:
         if f.kind == "orphan":  # summed up below: one line, however many
             continue
@@ -148,21 +170,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "verify", help="check a store (or a WACZ file) and locate anything changed",
         description="Check the schema, SQLite integrity, foreign keys, the Merkle log and hash "
-        "chain, every evidence row against its ledger entry, the url_current projection and "
-        "the artifact files; list orphaned files. Given a WACZ file instead: check the zip, "
-        "every datapackage.json hash, the signature (pinned to --public-key), each WARC "
-        "record's digests and every index line's offset. Exit 1 on any error.")
+        "chain, that commit times never go back, every evidence row against its ledger "
+        "entry, the url_current projection and the artifact files; list orphaned files. "
+        "With --checkpoint, also that the store still matches a checkpoint signed earlier. "
+        "Given a WACZ file instead: check the zip, every datapackage.json hash, the "
+        "signature (pinned to --public-key), each WARC record's digests and every index "
+        "line's offset. Exit 1 on any error.")
     p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory, or a WACZ file")
     p.add_argument("--public-key", metavar="KEY", type=local_path,
-                   help="WACZ: the signer's public key (KEY.pub from export --new-key, or a "
-                   "certificate of the domain signature's chain); without it a signature "
-                   "by anyone's key passes, with a note saying so")
+                   help="a store: the public key (KEY.pub) that signed --checkpoint; a WACZ: "
+                   "the signer's public key (KEY.pub from export --new-key, or a certificate "
+                   "of the domain signature's chain), without which a signature by anyone's "
+                   "key passes, with a note saying so")
     p.add_argument("--full", action="store_true",
                    help="integrity_check instead of quick_check, and re-hash every artifact")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 on notices (orphans, writable artifacts) too")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="also check the store still holds what this checkpoint signed "
+                   "(every accepted message, commit time, quarantine record, the store's "
+                   "identity); needs --public-key")
     p.add_argument("--reclaim-orphans", action="store_true",
                    help="then delete orphaned artifact files older than --grace "
                    "(only if no errors were found)")

@@ -27,6 +27,7 @@ of the writer's in-memory state.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from dataclasses import dataclass
 
@@ -35,8 +36,9 @@ import apsw
 from .._model.merkle import CompactTree, leaf_hash
 from .._model.messages import ledger_entry
 
-__all__ = ["GENESIS_HASH", "LogFinding", "LogHead", "check_log", "entry_hash",
-           "has_column", "identity_bound", "identity_genesis", "load_head"]
+__all__ = ["GENESIS_HASH", "TIME_TOLERANCE", "Head", "LogFinding", "LogHead", "check_log",
+           "check_times", "entry_hash", "has_column", "identity_bound", "identity_genesis",
+           "load_head"]
 
 GENESIS_HASH = bytes(32)  # the first prev_hash of stores made before issue 12
 
@@ -89,17 +91,29 @@ class LogHead:
     tree: CompactTree
     batch_seq: int
     entry_hash: bytes
+    committed_at: str = ""  # the last batch's commit time, as read (the writer's floor)
 
 
 def load_head(conn: apsw.Connection) -> LogHead:
     """Read the last commit-log row: O(log n), no scan of the ledger."""
     rows = conn.execute(
-        "SELECT batch_seq, tree_size, frontier, entry_hash FROM commit_log "
+        "SELECT batch_seq, tree_size, frontier, entry_hash, committed_at FROM commit_log "
         "ORDER BY batch_seq DESC LIMIT 1").fetchall()
     if not rows:
         return LogHead(CompactTree(), 0, identity_genesis(_store_id(conn)))
-    batch_seq, tree_size, frontier, chain = rows[0]
-    return LogHead(CompactTree.from_bytes(tree_size, frontier), batch_seq, chain)
+    batch_seq, tree_size, frontier, chain, committed_at = rows[0]
+    return LogHead(CompactTree.from_bytes(tree_size, frontier), batch_seq, chain, committed_at)
+
+
+@dataclass(frozen=True)
+class Head:
+    """One batch as recomputed from the ledger and the chain: what a checkpoint signs."""
+
+    batch_seq: int
+    tree_size: int
+    root: bytes
+    chain: bytes  # the chain hash recomputed from the store's identity up to this batch
+    committed_at: str
 
 
 @dataclass(frozen=True)
@@ -112,10 +126,14 @@ class LogFinding:
     batch_seq: int | None = None
 
 
-def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
+def check_log(conn: apsw.Connection, heads: dict[int, Head] | None = None
+              ) -> tuple[int, bytes, list[LogFinding]]:
     """Recompute every leaf, root and chain link from the ledger; return (size, root, findings).
 
-    Streams the ledger in log order, so memory stays O(log n) whatever its size.
+    Streams the ledger in log order, so memory stays O(log n) whatever its size. ``heads``,
+    when given, receives each batch's recomputed ``Head``: its chain hash is computed from
+    the recomputed roots and the recomputed previous link, never from a stored hash, so it
+    is what a signed checkpoint binds (``_audit.proofs``).
     """
     findings: list[LogFinding] = []
     quarantined = ("quarantined" if has_column(conn, "commit_log", "quarantined")
@@ -139,6 +157,7 @@ def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
                           f"{submitter} FROM ingest_ledger ORDER BY log_index")
     pending = next(leaves, None)
     expected_seq = 1
+    rechained = prev
     for seq, committed_at, first_index, size, root, frontier, prev_hash, chain, quarantine \
             in commits:
         if seq != expected_seq:
@@ -184,8 +203,55 @@ def check_log(conn: apsw.Connection) -> tuple[int, bytes, list[LogFinding]]:
             findings.append(LogFinding("chain", f"batch {seq}: hash chain broken",
                                        batch_seq=seq))
         prev = chain
+        rechained = entry_hash(rechained, seq, first_index, tree.size, tree.root(),
+                               committed_at, quarantine)
+        if heads is not None:
+            heads[seq] = Head(seq, tree.size, tree.root(), rechained, committed_at)
     if pending is not None:
         findings.append(LogFinding(
             "batch", f"leaf {pending[0]} is beyond the last committed tree size {tree.size}",
             log_index=pending[0]))
     return tree.size, tree.root(), findings
+
+
+# How far a batch's commit time may lie before the previous batch's: a host clock stepped
+# back (an NTP correction, a resumed virtual machine) moves by seconds; an edit that
+# backdates a batch, by as much as it needs.
+TIME_TOLERANCE = 300.0
+
+
+def check_times(conn: apsw.Connection, tolerance: float = TIME_TOLERANCE) -> list[LogFinding]:
+    """Every batch's commit time read and compared with the latest before it: one that
+    goes back more than ``tolerance`` seconds, or does not parse, is a ``time`` finding.
+
+    The chain hash covers these times but anyone who can write the database can
+    recompute it; this is what makes a backdated batch visible without a checkpoint (one
+    signed before the edit binds every time exactly)."""
+    findings: list[LogFinding] = []
+    latest: tuple[int, dt.datetime] | None = None
+    for seq, committed_at in conn.execute(
+            "SELECT batch_seq, committed_at FROM commit_log ORDER BY batch_seq"):
+        try:
+            moment = dt.datetime.fromisoformat(committed_at)
+        except (TypeError, ValueError):
+            findings.append(LogFinding("time", f"batch {seq}: commit time {committed_at!r} is "
+                                       "not a time", batch_seq=seq))
+            continue
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        if latest is not None and (latest[1] - moment).total_seconds() > tolerance:
+            findings.append(LogFinding(
+                "time", f"batch {seq} was committed at {committed_at}, "
+                f"{_span((latest[1] - moment).total_seconds())} before batch {latest[0]} (at "
+                f"{latest[1].isoformat()}): commit times go back more than the "
+                f"{tolerance:g} s a clock step explains", batch_seq=seq))
+        if latest is None or moment > latest[1]:
+            latest = (seq, moment)
+    return findings
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

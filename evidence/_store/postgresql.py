@@ -43,7 +43,7 @@ from .._errors import EvidenceError, MigrationError, StoreError
 from .._model.messages import new_id, now_text
 from .backend import Dialect, Progress
 from .location import is_postgres_location, redact
-from .sqlite import apply_migrations, load_migrations, schema_dir
+from .sqlite import CLOSE_LEGACY_QUARANTINE, apply_migrations, load_migrations, schema_dir
 
 try:
     import psycopg
@@ -666,6 +666,7 @@ def ensure_store_id(conn: PgConnection, artifacts: str | None) -> None:
             "INSERT INTO store_meta (key, value) VALUES ('store_id', %s), ('created_at', %s),"
             " ('created_on', %s) ON CONFLICT (key) DO NOTHING",
             (new_id("store-"), now_text(), socket.gethostname()))
+        conn.raw.execute(CLOSE_LEGACY_QUARANTINE)
         if artifacts is not None:
             conn.raw.execute("INSERT INTO store_meta (key, value) VALUES ('artifacts', %s) "
                              "ON CONFLICT (key) DO NOTHING", (artifacts,))

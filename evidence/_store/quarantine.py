@@ -13,10 +13,12 @@ proves a record is the commit log. A batch that quarantined anything records, in
 holds, and how many deliveries the batch added; the row's chain hash covers that. So
 ``check_records`` can rebuild every counted record's deliveries, first and last receipt
 (the commit times of the batches that counted it) and content from the chain, and find a
-record edited, deleted or inserted by hand. What this does not give: a signed checkpoint
-covers the Merkle root only, so someone who rewrites the commit log's chain after an
-edit (anyone can recompute it) is caught by no checkpoint; an inclusion proof exists for
-accepted messages only (docs/verify.md, "What proves a quarantine record").
+record edited, deleted or inserted by hand. Someone who also rewrites the chain after
+the edit (anyone who can write the database can recompute it) is caught by a signed
+checkpoint from before the edit, which binds the chain's head (``_audit.proofs``); an
+inclusion proof exists for accepted messages only (docs/verify.md, "What proves a
+quarantine record"). Rows from before migration 006 are a closed set (migration 010):
+``legacy_rows`` is what a checkpoint binds of them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import msgspec
 from .._errors import MessageError
 from .._model.messages import decode_message, payload_hash
 
-__all__ = ["BatchRecords", "check_records", "record", "record_hash"]
+__all__ = ["BatchRecords", "check_records", "legacy_rows", "record", "record_hash"]
 
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder(list[tuple[int, bytes, int]])
@@ -160,3 +162,20 @@ def _check_columns(add: Add, qid: int, message_id: str | None, kind: str | None,
     if (message.message_id, tag) != (message_id, kind):
         add("quarantine_mismatch", f"quarantine row {qid}: message_id {message_id!r} and kind "
             f"{kind!r} are not its payload's ({message.message_id!r}, {tag!r})", **where)
+
+
+def legacy_rows(conn: apsw.Connection) -> tuple[int, bytes]:
+    """(how many, SHA-256 of what they hold) of the rows in the pre-006 layout (``deliveries``
+    NULL), in quarantine_id order: a closed set since migration 010, which a signed
+    checkpoint binds as it is."""
+    from .log import has_column
+
+    where = "deliveries IS NULL" if has_column(conn, "quarantine", "deliveries") else "1 = 1"
+    h, n = hashlib.sha256(), 0
+    for qid, received_at, message_id, kind, code, reason, stored_hash in conn.execute(
+            "SELECT quarantine_id, received_at, message_id, kind, reason_code, reason, "
+            f"payload_hash FROM quarantine WHERE {where} ORDER BY quarantine_id"):
+        h.update(_ENCODE.encode([qid, received_at, message_id, kind, code, reason,
+                                 stored_hash]))
+        n += 1
+    return n, h.digest()

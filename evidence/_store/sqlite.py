@@ -319,6 +319,13 @@ def applied_version(conn: apsw.Connection, migrations: list[tuple[int, str, str,
     return version or 0
 
 
+# A store created at migration 010 or later never held a quarantine row in the pre-006
+# layout: it says so from the start (migration 010 records an older store's count).
+CLOSE_LEGACY_QUARANTINE = (
+    "INSERT INTO store_meta (key, value) SELECT 'legacy_quarantine', '0' "
+    "WHERE (SELECT max(version) FROM schema_migration) >= 10 ON CONFLICT (key) DO NOTHING")
+
+
 def ensure_store_id(conn: apsw.Connection) -> None:
     """Give a new store its identity (used in checkpoints and archives) once."""
     if conn.execute("SELECT 1 FROM store_meta WHERE key = 'store_id'").fetchall():
@@ -330,6 +337,7 @@ def ensure_store_id(conn: apsw.Connection) -> None:
             "('created_on', ?) ON CONFLICT (key) DO NOTHING",
             (new_id("store-"), now_text(), socket.gethostname()),
         )
+        conn.execute(CLOSE_LEGACY_QUARANTINE)
         conn.execute("COMMIT")
     except BaseException:
         if not conn.get_autocommit():

@@ -400,6 +400,7 @@ class Writer:
         self._interner = _apply.Interner()
         self._url_keys: dict[str, str] = {}  # URL -> fetch key, a memo of a pure function
         self._optimistic = True  # try a batch without per-message savepoints first
+        self._time_floor = ""  # the latest commit time recorded: a batch never records less
         # What a submitter waits on: a bare asyncio future where the loop is asyncio (half
         # the cost of an anyio.Event per submit, measured), else an anyio.Event.
         self._new_waiter: Callable[[], _Waiter] = _EventWaiter
@@ -854,7 +855,11 @@ class Writer:
                 raise _Lost(batch_seq, exc) from exc
             raise
         try:
-            received_at = (self._hooks.batch_time or now_text)()
+            # Commit times never go back (verify checks it, _store.log.check_times): a
+            # clock stepped back records the latest time already committed instead.
+            received_at = max((self._hooks.batch_time or now_text)(), head.committed_at,
+                              self._time_floor)
+            self._time_floor = received_at
             self._records = _quarantine.BatchRecords()  # what this batch quarantines
             verify = self.limits.verify_artifacts
             applied = None
