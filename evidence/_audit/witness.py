@@ -424,7 +424,7 @@ def add_cosignatures(cp: SignedCheckpoint, witnesses: Sequence[tuple[str, Cosign
     times: dict[str, int] = {}
     with httpx.Client(timeout=timeout, trust_env=False) as client:
         for url, key in witnesses:
-            old, proof = 0, []
+            old, proof = 0, list[bytes]()
             for _ in range(2):
                 body = f"old {old}\n" + "".join(_b64(h) + "\n" for h in proof) + "\n" + \
                     cp.note()
