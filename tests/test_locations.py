@@ -47,6 +47,9 @@ LOCATIONS = [
     ("verify {L}", False),
     ("verify x.wacz --public-key {L}", False),
     ("keygen {L}", False),
+    ("witness keygen {L} --name w", False),
+    ("witness serve --key {L} --state s --trust o=k", False),
+    ("witness serve --key k --state {L} --trust o=k", False),
     ("checkpoint {L} --new-key k", False),
     ("checkpoint st --new-key {L}", False),
     ("checkpoint st --key k --out {L}", False),
@@ -117,7 +120,8 @@ def test_every_location_argument_of_every_command_is_typed_and_in_the_walk() -> 
 
 _LOCATION_DESTS = {"store", "out", "artifacts", "archive", "a", "b", "scratch", "new_key",
                    "socket"}
-_ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("crawl", "config"), ("crawl", "seeds"),
+_ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("witness keygen", "key"),
+         ("witness serve", "key"), ("witness serve", "state"), ("crawl", "config"), ("crawl", "seeds"),
          *(("show", part) for part in ("screenshot", "dom", "headers", "request", "body",
                                        "content"))}
 _LOCATION_TYPES = {common.store_location, common.local_path, common.local_directory,

@@ -9,13 +9,16 @@ well, 1 when a proof does not hold, 2 for an error (printed by ``_cli.main`` as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from .._errors import ProofError
 from .._store.db import Store
-from .common import local_path, print_json, store_location, write_output
+from .common import local_directory, local_path, print_json, store_location, write_output
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._audit.proofs import ConsistencyProof, InclusionProof
@@ -47,6 +50,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from .._audit.timestamp import TSR_SUFFIX, load_certificates, request_timestamp
 
     tsa_cert, tsr = None, None
+    witnesses = _witnesses(args)
     if args.tsa_cert and not args.tsa:
         raise ProofError("--tsa-cert names the certificate of the TSA given by --tsa",
                          hint="add --tsa URL, or leave out --tsa-cert")
@@ -68,6 +72,14 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         else:
             key = SigningKey.from_text(_read(args.key))
         cp = checkpoint(store, key)
+        cosigned: dict[str, int] = {}
+        if witnesses:
+            from .._audit.proofs import prove_consistency
+            from .._audit.witness import add_cosignatures
+
+            size = cp.tree_size
+            cp, cosigned = add_cosignatures(
+                cp, witnesses, lambda old: prove_consistency(store, old, size).path)
     note = cp.note()
     # Before anything is written: a TSA that fails leaves no checkpoint without its token.
     stamp = (request_timestamp(note.encode(), args.tsa, tsa_cert=tsa_cert) if args.tsa
@@ -77,19 +89,78 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
                      "root": cp.root.hex(), "time": cp.time, "key": key.public_key.to_text(),
                      "chain": None if cp.chain is None else {
                          "batch": cp.chain.number, "hash": cp.chain.digest.hex()},
-                     "note": note, "timestamp": None if stamp is None else {
+                     "note": note, "witnesses": cosigned,
+                     "timestamp": None if stamp is None else {
                          "file": str(tsr), "time": stamp.time, "tsa": stamp.tsa,
                          "serial": stamp.serial, "policy": stamp.policy}})
         if args.out:
             Path(args.out).write_bytes(note.encode())
     else:
         write_output(note, args.out)
+    for name, when in cosigned.items():
+        if not args.json:
+            print(f"cosigned by witness {name} at {when} (POSIX time)", file=sys.stderr)
     if stamp is not None and tsr is not None:
         with open(tsr, "xb") as f:  # the DER TimeStampResp, as openssl ts -verify reads it
             f.write(stamp.der)
         if not args.json:
             print(f"timestamp {stamp.time} by {stamp.tsa} (serial {stamp.serial}): wrote "
                   f"{tsr}", file=sys.stderr)
+    return 0
+
+
+def _witnesses(args: argparse.Namespace) -> list:  # [(url, CosignerKey)]
+    """``--witness URL`` and ``--witness-key FILE``, paired in the order given."""
+    urls, keys = args.witness or [], args.witness_key or []
+    if len(urls) != len(keys):
+        raise ProofError(f"{len(urls)} --witness and {len(keys)} --witness-key: give each "
+                         "witness's URL and its public key", hint="repeat both, in pairs")
+    from .._audit.witness import CosignerKey
+
+    return [(url, CosignerKey.from_text(_read(key))) for url, key in zip(urls, keys,
+                                                                           strict=True)]
+
+
+def _cmd_witness_keygen(args: argparse.Namespace) -> int:
+    from .._audit.witness import Cosigner
+
+    key = Cosigner.generate(args.name)
+    private, public = key.write(args.key)
+    print(f"private key {private} (keep it secret), public key {public}:")
+    print(key.public_key.to_text())
+    return 0
+
+
+def _cmd_witness_serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from .._audit.proofs import VerifierKey
+    from .._audit.witness import Cosigner, Witness, serve_witness
+
+    logs: dict[str, list[VerifierKey]] = {}
+    for given in args.trust:
+        origin, sep, path = given.partition("=")
+        if not sep or not origin or not path:
+            raise ProofError(f"--trust {given!r}: give ORIGIN=PUBLIC-KEY-FILE",
+                             hint="the origin is the checkpoint's first line, e.g. "
+                             "evidence/store-0190...; the file is the store owner's KEY.pub")
+        logs.setdefault(origin, []).append(VerifierKey.from_text(_read(path)))
+    cosigner = Cosigner.from_text(_read(args.key))
+    host, _, port = args.listen.rpartition(":")
+    if not port.isdigit() or not host:
+        raise ProofError(f"--listen {args.listen!r}: give HOST:PORT",
+                         hint="e.g. --listen 127.0.0.1:7380 (port 0: any free port)")
+    witness = Witness(cosigner, logs, args.state)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with serve_witness(witness, host, int(port), args.prefix) as url:
+            print(f"witness {cosigner.name} at {url}/add-checkpoint, state in {args.state}",
+                  flush=True)
+            print(cosigner.public_key.to_text(), flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+    finally:
+        witness.close()
     return 0
 
 
@@ -119,8 +190,6 @@ def _cmd_prove(args: argparse.Namespace) -> int:
                          "this store's log at that size",
                          hint="use a checkpoint of this store; if it is, run 'evidence verify'")
     if note is not None:
-        import msgspec
-
         proof = msgspec.structs.replace(proof, checkpoint=note, timestamp=token)
     data = encode_proof(proof)
     if args.out:
@@ -129,6 +198,35 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(data)
     return 0
+
+
+def _check_witnessed(args: argparse.Namespace, proof: bytes, result) -> dict | None:
+    """With ``--witness-key``: the checkpoint's valid cosignatures by those witnesses; too
+    few of them fail the result (``--witnesses N``, default all given)."""
+    if not args.witness_key:
+        return None
+    from .._audit.proofs import decode_proof, parse_checkpoint
+    from .._audit.witness import CosignerKey, check_cosignatures
+
+    keys = [CosignerKey.from_text(_read(path)) for path in args.witness_key]
+    need = len(keys) if args.witnesses is None else args.witnesses
+    if not 1 <= need <= len(keys):
+        raise ProofError(f"--witnesses {need}: between 1 and the {len(keys)} --witness-key "
+                         "given", hint="name at least that many witness keys")
+    try:
+        text = (_read(args.checkpoint) if args.checkpoint
+                else (decode_proof(proof).checkpoint or "").encode())
+        cp = parse_checkpoint(text)
+    except ProofError as exc:
+        result.ok = False
+        result.problems.append(f"witnesses: {exc}")
+        return {}
+    enough, found, problems = check_cosignatures(cp, keys, need)
+    if not enough:
+        result.ok = False
+        result.problems.append(f"{len(found)} of the {need} witness cosignatures needed")
+        result.problems.extend(problems)
+    return found
 
 
 def _cmd_check_proof(args: argparse.Namespace) -> int:
@@ -156,10 +254,13 @@ def _cmd_check_proof(args: argparse.Namespace) -> int:
                          _read(args.public_key),
                          old_checkpoint=_read(args.old_checkpoint) if args.old_checkpoint
                          else None, timestamp=token, tsa_roots=roots)
+    witnessed = _check_witnessed(args, proof, result)
     if args.json:
-        print_json(result)
+        print_json({**msgspec.to_builtins(result), "witnesses": witnessed})
     elif result.ok:
         print(f"OK: {result.statement}")
+        for name, when in (witnessed or {}).items():
+            print(f"    cosigned by witness {name} at {when} (POSIX time)")
         print(f"    signed by {result.key}, root {result.root}")
         if result.timestamped_at is not None:
             print(f"    timestamped at {result.timestamped_at} by {result.tsa} (RFC 3161, "
@@ -206,8 +307,46 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--tsa-cert", metavar="PEM",
                    help="the TSA's certificate, then its chain up to its root: the timestamp "
                    "must be signed by it, or nothing is written")
+    p.add_argument("--witness", metavar="URL", action="append",
+                   help="also get a cosignature from the witness at URL (C2SP tlog-witness, "
+                   "its add-checkpoint prefix; repeatable, each with a --witness-key); a "
+                   "witness that refuses fails the command and nothing is written")
+    p.add_argument("--witness-key", metavar="FILE", action="append",
+                   help="the public key of the --witness in the same position (KEY.pub of "
+                   "'evidence witness keygen')")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_checkpoint)
+
+    w = sub.add_parser(
+        "witness", help="an independent witness that cosigns checkpoints of logs that only "
+        "grow", description="A C2SP tlog-witness: it cosigns a checkpoint only when a "
+        "consistency proof shows the last one it cosigned for that log is a prefix of it "
+        "(docs/verify.md#witnesses).").add_subparsers(dest="witness_command",
+                                                      metavar="COMMAND", required=True)
+    p = w.add_parser("keygen", help="create the witness's Ed25519 key",
+                     description="Write a new witness key to KEY (mode 0600, never "
+                     "overwritten) and its public key to KEY.pub (cosignature v1 form).")
+    p.add_argument("key", metavar="KEY", type=local_path, help="file for the private key")
+    p.add_argument("--name", required=True,
+                   help="the witness's name in cosignatures: no spaces or '+', e.g. "
+                   "witness.example/w1")
+    p.set_defaults(func=_cmd_witness_keygen)
+    p = w.add_parser("serve", help="serve the witness over HTTP until stopped",
+                     description="Serve POST PREFIX/add-checkpoint and GET "
+                     "PREFIX/<origin hash>/checkpoint; the state of each log (the last "
+                     "checkpoint cosigned) is kept durably in --state.")
+    p.add_argument("--key", required=True, metavar="KEY", type=local_path,
+                   help="the witness's private key (see 'evidence witness keygen')")
+    p.add_argument("--state", required=True, metavar="DIR", type=local_directory,
+                   help="the witness's state directory (created if missing)")
+    p.add_argument("--trust", required=True, action="append", metavar="ORIGIN=KEY.pub",
+                   help="a log to witness: its origin (a checkpoint's first line) and the "
+                   "public key that signs its checkpoints (repeatable)")
+    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="where to serve (default 127.0.0.1:0, any free port; the URL is "
+                   "printed)")
+    p.add_argument("--prefix", default="", help="a URL path prefix (default none)")
+    p.set_defaults(func=_cmd_witness_serve)
 
     p = sub.add_parser(
         "prove", help="an inclusion or consistency proof",
@@ -248,5 +387,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--timestamp", metavar="FILE",
                    help="the timestamp (DER TimeStampResp; default: CHECKPOINT.tsr when it "
                    "exists)")
+    p.add_argument("--witness-key", metavar="FILE", action="append",
+                   help="require a valid cosignature on the checkpoint by this witness "
+                   "(KEY.pub; repeatable)")
+    p.add_argument("--witnesses", type=int, metavar="N",
+                   help="how many of the --witness-key witnesses must have cosigned "
+                   "(default: all of them)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_check_proof)
