@@ -494,7 +494,7 @@ _STRUCT = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "tag_
            "omit_defaults": True}
 
 
-class InclusionProof(msgspec.Struct, tag="inclusion", omit_defaults=True, **_STRUCT):
+class InclusionProof(msgspec.Struct, tag="inclusion", **_STRUCT):
     """Ledger entry ``log_index`` is leaf ``log_index`` of the ``tree_size``-leaf tree."""
 
     version: int
