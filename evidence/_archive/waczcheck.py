@@ -586,11 +586,24 @@ def _check_line(where: str, text: str, records: dict[str, dict[int, _Record]],
         wrong.append(f"digest {line['digest']} (the record's is {record.payload_digest})")
     if record.date and timestamp14(record.date) != match.group(2):
         wrong.append(f"time {match.group(2)} (the record's is {timestamp14(record.date)})")
-    if record.uri and surt_key(record.uri) != match.group(1):
-        wrong.append(f"key {match.group(1)!r:.100} (the URL's is {surt_key(record.uri)!r:.100})")
+    if record.uri and _expected_key(record.uri, line) != match.group(1):
+        wrong.append(f"key {match.group(1)!r:.100} (the URL's is "
+                     f"{_expected_key(record.uri, line)!r:.100})")
     if wrong:
         problems.add("index", f"{where} points at the record at offset {offset} but says "
                      + "; ".join(wrong))
+
+
+def _expected_key(uri: str, line: dict) -> str:
+    """The SURT key of a line's record: of its URL, or for a request that was not a GET or
+    HEAD (the line names its ``method``) of the URL with the method and the line's
+    ``requestBody`` appended (the post-append form replay tools look it up by)."""
+    method = str(line.get("method") or "GET").upper()
+    if method in ("GET", "HEAD"):
+        return surt_key(uri)
+    body = line.get("requestBody") or ""
+    suffix = f"__wb_method={method}" + (f"&{body}" if body else "")
+    return surt_key(uri + ("&" if "?" in uri else "?") + suffix)
 
 
 def _check_zipnum(zf: zipfile.ZipFile, name: str, data: bytes, problems: _Problems) -> None:
