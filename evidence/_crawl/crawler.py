@@ -30,7 +30,6 @@ once); cancelled URLs stay claimed, so the next run requeues them as after a cra
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import logging
 import tempfile
@@ -66,7 +65,7 @@ from .hostrules import HostRules, robots_backoff
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, sitemap_hint
 from .netpolicy import NetworkPolicy, Resolver
-from .pages import PageEffects, PageOrder, PageWorker
+from .pages import PageEffects, PageOrder, PageWorker, Settlement
 from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
 from .render import Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
@@ -312,15 +311,14 @@ class Crawler:
             self.metrics_address = await stack.enter_async_context(crawl_metrics(
                 self, self.options.metrics, public=self.options.metrics_public))
         # Its session_id is set by _begin, once the store says which session this run is of.
+        # In one process every page commits here: this crawl knows what reaches its writer,
+        # and says when nothing else is coming (``_nothing_else_coming``).
+        last = functools.partial(self._writer.submit_group, flush=True) if in_process else None
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
                                  deadline=self.options.deadline,
-                                 url_keys=self._writer.url_keys)
-        self._pages.claim_next = self._claim_next
-        if in_process:  # every page commits here: this crawl knows what reaches its writer
-            self._pages.nothing_else_coming = self._nothing_else_coming
-            self._pages.submit_last = functools.partial(self._writer.submit_group, flush=True)
+                                 url_keys=self._writer.url_keys, submit_last=last)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -399,7 +397,13 @@ class Crawler:
                  extra={"event": "run.ended"})
 
     async def _commit(self, messages: Sequence[Message]) -> None:
-        await self._pages.commit(messages)
+        await self._pages.commit(messages, last=self._nothing_else_coming())
+
+    async def _record(self, settlement: Settlement, slot: Slot | None = None) -> PageEffects:
+        """Commit a page's outcome, with its worker's next claim riding it if it may."""
+        claimed = self._claim_next(slot) if slot is not None and settlement.open else []
+        return await self._pages.record(settlement, claimed=claimed,
+                                        last=self._nothing_else_coming())
 
     def _update(self, **changes: list) -> FrontierUpdate:
         return self._pages.update(**changes)
@@ -474,7 +478,6 @@ class Crawler:
         (the worker task has then taken it: ``FetchSlots.finish``)."""
         requested = False
         slot = self._slots.slot(job)
-        token = _SLOT.set(slot)
         try:
             if self._halt.is_set():
                 self._released.append(job)  # claimed ahead, never started
@@ -494,17 +497,16 @@ class Crawler:
                 slot.next = None
             raise  # a job cancelled mid-fetch stays claimed: the next run requeues it
         finally:
-            _SLOT.reset(token)
             self._slots.finish(slot)
             self._wake.set()
         return slot.next
 
-    def _request_over(self, slot: Slot | None) -> None:
+    def _request_over(self, slot: Slot) -> None:
         """The request for this page is over, and the page is parsed and commits (in
         this process, or in its worker process): its host slot and fetch slot are free for
         the scheduler's next claim. Not when pages render here (a render is another
         request to the host)."""
-        if slot is None or self._renderer is not None:
+        if self._renderer is not None:
             return
         self._slots.committing(slot)
         self._wake.set()
@@ -515,14 +517,13 @@ class Crawler:
         scheduler = self._scheduler
         return scheduler.claimed - scheduler.riding - self._pages.committing <= 1
 
-    def _claim_next(self) -> list[str]:
-        """Called when a page fetched by this process is about to commit: its request is
-        over, so its host slot is free; the URL this worker will request next is claimed
-        in the same group (one commit per page instead of a claim commit before it and a
-        page commit after). Nothing when the run is stopping or capped, or renders (a
-        render after the fetch is another request to the host)."""
-        slot = _SLOT.get(None)
-        if (slot is None or slot.next is not None or self._renderer is not None
+    def _claim_next(self, slot: Slot) -> list[str]:
+        """When a page fetched by this process is about to commit: its request is over, so
+        its host slot is free; the URL this worker will request next is claimed in the
+        same group (one commit per page instead of a claim commit before it and a page
+        commit after). Nothing when the run is stopping or capped, or renders (a render
+        after the fetch is another request to the host)."""
+        if (slot.next is not None or self._renderer is not None
                 or self._halt.is_set() or self._stop.is_set()):
             return []
         self._slots.committing(slot)
@@ -545,20 +546,20 @@ class Crawler:
             reason = self._baseline.not_due(job.url, doc, hint, utc_now(), job.key)
             if reason is not None:
                 self._scheduler.unrequested()  # never requested
-                self._apply(job, await self._pages.not_due(
-                    self._order(job), reason, self._baseline_found(doc)))
+                self._apply(job, await self._record(self._pages.not_due(
+                    self._order(job), reason, self._baseline_found(doc))))
                 return
         if self.config.obey_robots:
             robots = await self._hostrules.for_url(job.url, host)
             if robots is None:  # robots.txt unavailable: the host is in backoff
-                self._apply(job, await self._pages.retry(
+                self._apply(job, await self._record(self._pages.retry(
                     self._order(job), [], self._hostrules.unavailable(host),
-                    backoff=robots_backoff(self._hostrules.failures[host])))
+                    backoff=robots_backoff(self._hostrules.failures[host]))))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
                 self._scheduler.unrequested()  # never requested
-                self._apply(job, await self._pages.refused_by_robots(
-                    self._order(job), robots.refusal(self.config.user_agent)))
+                self._apply(job, await self._record(self._pages.refused_by_robots(
+                    self._order(job), robots.refusal(self.config.user_agent))))
                 return
         conditional = {}
         if doc is not None and doc.http_status == 200:
@@ -573,9 +574,9 @@ class Crawler:
             await self._render(job, effects.render)
         if effects.unchanged is not None:
             assert doc is not None
-            self._apply(job, await self._pages.unchanged(
+            self._apply(job, await self._record(self._pages.unchanged(
                 self._order(job), effects.unchanged, self._baseline_found(doc),
-                "HTTP 304 (unchanged)"))
+                "HTTP 304 (unchanged)")))
 
     def _order(self, job: Job, headers: dict[str, str] | None = None, *,
                baseline: bool = False) -> PageOrder:
@@ -586,12 +587,14 @@ class Crawler:
     async def _execute(self, order: PageOrder, slot: Slot) -> PageEffects:
         """Request and settle the page: in this process, or in a worker process."""
         if self._pool is None:
-            async def fetched() -> None:
-                self._request_over(slot)
-
-            return await self._pages.page(order, fetched)
+            result = await self._pages.request(order)
+            self._request_over(slot)
+            return await self._record(await self._pages.settle(order, result), slot)
         try:
-            return await self._pool.page(order, lambda: self._request_over(slot))
+            async with self._pool.hand(order) as handed:
+                if await handed.request_over():  # its worker process says it is over
+                    self._request_over(slot)
+                return await handed.outcome()
         except WorkerLost as lost:
             return await self._lost(order, lost)
 
@@ -630,8 +633,8 @@ class Crawler:
         assert self._renderer is not None
         source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts, attempt)
         rendered = await self._renderer.render(source)
-        self._apply(job, await self._pages.rendered(self._order(job), attempt, source,
-                                                    rendered))
+        self._apply(job, await self._record(await self._pages.rendered(
+            self._order(job), attempt, source, rendered)))
 
     def _baseline_found(self, doc: BaselineDoc) -> list[Discovery]:
         """The discoveries recorded from the baseline's capture of a document."""
@@ -709,7 +712,3 @@ class Crawler:
             return []
         return self._scheduler.limited_by()
 
-
-# The page a worker task is on (each task has its own context): how the page worker's
-# ``claim_next`` callback finds it.
-_SLOT: contextvars.ContextVar[Slot] = contextvars.ContextVar("evidence_crawl_slot")

@@ -38,7 +38,9 @@ class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
     writer: WriterStatistics
     worker_pids: list[int] = []  # the worker processes, with --processes
     seeds: list[str] = []
-    workers: int = 0  # the concurrency allowed (``in_flight`` is at most this)
+    # The concurrency allowed: ``in_flight`` is at most this on one host (with the default
+    # --per-host); across hosts at most twice this (docs/design.md, "The crawler").
+    workers: int = 0
     errors: int = 0  # fetches of this run that failed (network, timeout, 5xx, 429)
     last_error: str | None = None  # the latest, as logged
     limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so

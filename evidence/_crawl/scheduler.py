@@ -74,6 +74,7 @@ class Host:
     next_start: float = 0.0  # monotonic: when the scheduler may claim for it again
     next_request: float = 0.0  # monotonic: when a worker may send its next request
     slots: anyio.Semaphore | None = None  # per-host concurrency, taken by workers
+    requests: int = 0  # of its slots, those held by a page requesting (``_crawl.slots``)
     backoff_until: float = 0.0  # monotonic: the host backs off (429/503, robots.txt down)
 
 

@@ -11,8 +11,12 @@ The relation ``check`` asserts at every change, beside the scheduler's
 is not over,
 
     requests <= working - settling
+    requests <= 2 * workers                 what the scheduler claims per fetch slot
+    requests  = the sum of each host's requests  (none has more than ``--per-host``)
 
-and no host has more than ``--per-host`` (its semaphore holds them).
+So a one-host crawl has at most ``--per-host`` (by default ``--workers``) requests in
+flight; a crawl of several hosts may have up to two per ``--workers`` fetch slot, the one
+requesting and its next claim, each on its own host.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 import anyio
 
 from .._net import acquire
-from .scheduler import CountsBroken, Host, Job, Scheduler
+from .scheduler import CLAIMED_PER_FETCH, CountsBroken, Host, Job, Scheduler
 
 __all__ = ["FetchSlots", "Slot"]
 
@@ -59,6 +63,7 @@ class FetchSlots:
             host.slots = anyio.Semaphore(self.scheduler.per_host)
         await acquire(host.slots)
         slot.held = True
+        host.requests += 1
         self.requests += 1
         self.check()
 
@@ -94,16 +99,27 @@ class FetchSlots:
         """The page no longer takes one of its host's requests in flight (once)."""
         if slot.held:
             slot.held = False
+            slot.host.requests -= 1
             self.requests -= 1
             assert slot.host.slots is not None
             slot.host.slots.release()
             self.check()
 
     def check(self) -> None:
-        """Fail (``CountsBroken``) if a slot is held by no page that is fetching."""
+        """Fail (``CountsBroken``) if a slot is held by no page that is fetching (with
+        ``Scheduler.thorough``: or ``requests`` is not the sum of the slots each host
+        counts held, or a host holds more than ``--per-host``)."""
         if not __debug__:
             return
         scheduler = self.scheduler
+        broken = ""
         if not 0 <= self.requests <= scheduler.working - scheduler.settling:
-            raise CountsBroken(f"requests <= working - settling: requests {self.requests}, "
-                               f"{scheduler.counts()}")
+            broken = "requests <= working - settling"
+        elif self.requests > CLAIMED_PER_FETCH * scheduler.workers:
+            broken = "requests <= 2 * workers"
+        elif scheduler.thorough and (
+                self.requests != sum(h.requests for h in scheduler.hosts.values())
+                or any(h.requests > scheduler.per_host for h in scheduler.hosts.values())):
+            broken = "requests = the host slots held, at most --per-host on each"
+        if broken:
+            raise CountsBroken(f"{broken}: requests {self.requests}, {scheduler.counts()}")
