@@ -16,6 +16,7 @@ import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
+import apsw
 
 from .._model.messages import HostUpdate, Message, new_id, parse_time_text, utc_now
 from .._model.refs import ArtifactRef
@@ -55,7 +56,7 @@ class HostRules:
         self.artifacts = artifacts
         self._fetch = fetch
         self._commit = commit
-        self.reader: object = None
+        self.reader: apsw.Connection | None = None  # the run's reader, once it has begun
         self.records: dict[str, tuple] = {}
         self._robots: dict[str, Robots] = {}
         self._locks: dict[str, anyio.Lock] = collections.defaultdict(anyio.Lock)
@@ -103,6 +104,7 @@ class HostRules:
         expires = parse_time_text(record[1])
         if expires is None or expires <= now:
             return None
+        assert self.reader is not None
         body = frontier.attempt_body(self.reader, record[0])
         if body is None:
             return Robots.allow_all(attempt_id=record[0], expires_at=expires, status=None)

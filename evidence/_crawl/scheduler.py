@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
+import apsw
 
 from .._model.messages import parse_time_text, utc_now
 from .._model.urls import url_host
@@ -124,7 +125,7 @@ class Scheduler:
         self.pending += 1
         self.check()
 
-    async def refill(self, store: Store, reader: object, session_id: str,
+    async def refill(self, store: Store, reader: apsw.Connection, session_id: str,
                      url_keys: dict[str, str]) -> None:
         """Read queued URLs after the cursor into the host queues, when they run low."""
         if self.pending >= self.workers * 8 or self.exhausted:
