@@ -19,6 +19,7 @@ from evidence import (
     Store,
     utc_now,
 )
+from evidence._crawl.scheduler import Scheduler
 
 
 @pytest.fixture
@@ -369,3 +370,8 @@ def pg_url(pg_cluster) -> str:
 def new_pg_database(cluster) -> str:
     """Another fresh database (for tests that need more than one, or one per example)."""
     return cluster.create_database(f"t{next(_databases)}")
+
+
+# Every crawl this test process runs checks its scheduler's per-host sums at every change,
+# not only its totals (docs/design.md, "The crawler").
+Scheduler.thorough = True

@@ -37,7 +37,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from evidence import Store, verify
-from evidence._crawl.crawler import _PAGES_PER_FETCH, _PAGES_PER_FETCH_IN_WORKERS
+from evidence._crawl.scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS
 from evidence._demo.site import SiteConfig, TestSite
 
 
@@ -159,10 +159,10 @@ def run(args: argparse.Namespace) -> dict:
     twice = sum(n - 1 for p, n in counts.items() if p in reachable and n > 1)
     deaths = kills + len(worker_kills)
     # What a death can cost: the pages on their way, fetched but not committed: up to
-    # _PAGES_PER_FETCH per fetch slot in one process, _PAGES_PER_FETCH_IN_WORKERS with
+    # PAGES_PER_FETCH per fetch slot in one process, PAGES_PER_FETCH_IN_WORKERS with
     # worker processes.
-    per_death = args.workers * (_PAGES_PER_FETCH_IN_WORKERS if args.processes
-                                else _PAGES_PER_FETCH)
+    per_death = args.workers * (PAGES_PER_FETCH_IN_WORKERS if args.processes
+                                else PAGES_PER_FETCH)
     if twice > per_death * deaths:
         problems.append(f"{twice} re-requests exceed {per_death} pages on their way x "
                         f"{deaths} kills")

@@ -1,15 +1,25 @@
-"""The crawler: sessions and runs, a scheduler, workers, and exact resume after a crash.
+"""The crawl engine: sessions and runs, driving a scheduler, fetch slots and page workers.
 
     result = await Crawler(store, config, options).run()
 
-One run of a session. The scheduler reads queued URLs from the durable frontier (short
-read-only queries), picks what per-host politeness allows, *claims* them through the writer
-(durable before any request), and hands them to ``options.workers`` worker tasks sharing
-one HTTP client (``_crawl.http``). A worker checks robots.txt, fetches, stores the payloads, and
-submits the page's attempt, links and settlement as one writer group, so a page is never
-done without its links. Because a claim is durable before the fetch, a crash leaves the
-URL in flight; the next run requeues it, or fails it once it has been claimed
-``max_attempts`` times (a page that kills the crawler cannot loop across restarts).
+One run of a session. The engine composes the crawl's parts, each in its own module:
+
+- the scheduler (``_crawl.scheduler``) reads queued URLs from the durable frontier
+  (short read-only queries), picks what per-host politeness allows, and counts what is
+  claimed and where each claimed page is on its way;
+- the engine *claims* those URLs through the writer (durable before any request) and
+  hands them to worker tasks (2 x ``options.workers``, sharing one HTTP client,
+  ``_crawl.http``);
+- a worker task takes a fetch slot on the page's host (``_crawl.slots``), asks the host's
+  robots.txt (``_crawl.hostrules``), and has the page requested and settled by the page
+  worker (``_crawl.pages``, in this process, or in a worker process: ``_crawl.workers``),
+  which stores the payloads and submits the page's attempt, links and settlement as one
+  writer group, so a page is never done without its links. The page worker hands its
+  outcome back (``PageEffects``); the engine applies it to the scheduler.
+
+Because a claim is durable before the fetch, a crash leaves the URL in flight; the next
+run requeues it, or fails it once it has been claimed ``max_attempts`` times (a page that
+kills the crawler cannot loop across restarts).
 
 Nothing a server does can hold a run: each fetch has a total deadline
 (``options.deadline``), and ``request_stop`` gives in-flight fetches ``options.grace``
@@ -19,51 +29,32 @@ once); cancelled URLs stay claimed, so the next run requeues them as after a cra
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import contextvars
-import dataclasses
-import datetime as dt
-import errno
 import functools
 import logging
-import os
-import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import anyio
 import msgspec
 
-from .._errors import EvidenceError, StoreError, only_evidence_error
-from .._model.acks import WriterStatistics
+from .._errors import EvidenceError, only_evidence_error
 from .._model.logs import add_log_context, log_context
 from .._model.messages import (
     Discovery,
     FetchAttempt,
     FrontierUpdate,
-    HostUpdate,
     Message,
-    QueuedUrl,
-    RunEnded,
-    RunStarted,
-    SessionDocuments,
-    SessionEnded,
-    SessionStarted,
     SettledUrl,
-    format_time,
     new_id,
     parse_time_text,
     utc_now,
 )
-from .._model.urls import normalize_url, resolve_reference, url_host
-from .._net import acquire
+from .._model.urls import normalize_url, resolve_reference
 from .._store.db import Store
-from .._store.postgresql import OutageTooLong
 from .._write.service import Service
 from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
@@ -71,29 +62,32 @@ from . import frontier
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .hostauth import CrossCheck
+from .hostrules import HostRules, robots_backoff
 from .http import crawl_client
-from .incremental import Baseline, BaselineDoc, DueRule, session_records, sitemap_hint
+from .incremental import Baseline, BaselineDoc, DueRule, sitemap_hint
 from .netpolicy import NetworkPolicy, Resolver
-from .pages import PageEffects, PageOrder, PageWorker
+from .pages import PageEffects, PageOrder, PageWorker, Settlement
+from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
 from .render import Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
-from .robots import ROBOTS_TTL, Robots
 from .rules import check_rules
+from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
+from .session import (
+    Outcome,
+    documents,
+    no_seed_fetched,
+    open_session,
+    run_ended,
+    stopped_by_the_store,
+)
+from .slots import FetchSlots, Slot
 from .workers import Setup, WorkerLost, WorkerPool
 
-__all__ = ["CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler"]
+__all__ = ["LIVE_STATS", "CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler",
+           "robots_backoff"]
 
 log = logging.getLogger("evidence.crawl")
 
-LIVE_STATS = "live-stats.json"
-# Per --workers fetch: URLs claimed ahead (the one it requests and its next), and pages on
-# their way (claimed, fetching, or committing: in this process, or in a worker process
-# where a page also waits for its worker).
-_CLAIMED_PER_FETCH = 2
-_PAGES_PER_FETCH = 2
-_PAGES_PER_FETCH_IN_WORKERS = 4
-
-Outcome = Literal["completed", "stopped", "capped", "failed"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,28 +135,6 @@ class CrawlOptions:
     metrics_public: bool = False
 
 
-class CrawlProgress(msgspec.Struct, frozen=True, kw_only=True):
-    session_id: str
-    run_id: str
-    counts: FrontierCounts
-    requested: int  # requests made by this run, robots.txt included
-    in_flight: int
-    pages_per_second: float
-    elapsed: float
-    writer: WriterStatistics
-    worker_pids: list[int] = []  # the worker processes, with --processes
-    seeds: list[str] = []
-    workers: int = 0  # the concurrency allowed (``in_flight`` is at most this)
-    errors: int = 0  # fetches of this run that failed (network, timeout, 5xx, 429)
-    last_error: str | None = None  # the latest, as logged
-    limited_by: list[str] = []  # why fewer than ``workers`` fetches are in flight, if so
-    worker_hosts: list[str] = []  # the worker hosts serving the run, with --listen
-    hosts_fenced: dict[str, int] = {}  # worker hosts fenced at fault (_crawl/hostauth.py)
-    # While the database server is out of reach (a PostgreSQL restart): since when (UTC,
-    # as now_text spells it). The run waits meanwhile, up to the store's outage deadline.
-    database_unreachable_since: str | None = None
-
-
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str
     run_id: str
@@ -174,81 +146,6 @@ class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
     counts: FrontierCounts
 
 
-@dataclass
-class _Job:
-    """A claimed URL on its way through the scheduler and a worker. It carries its fetch
-    key (read with it from the frontier) and host, so no stage computes them again."""
-
-    url: str
-    depth: int
-    attempts: int  # claims before this one
-    via: str
-    key: str
-    host: str
-    not_before: float = 0.0  # monotonic
-
-
-@dataclass
-class _Slot:
-    """A worker's page on its host: whether it holds a host slot (and gave it back), and
-    the job claimed with it (``Crawler._claim_next``)."""
-
-    host: _Host
-    held: bool = False
-    freed: bool = False
-    next: _Job | None = None
-    settling: bool = False  # its request is over in a worker process; it commits there
-
-
-# The page a worker task is on (each task has its own context): how the page worker's
-# ``claim_next`` callback finds it.
-_SLOT: contextvars.ContextVar[_Slot] = contextvars.ContextVar("evidence_crawl_slot")
-
-
-@dataclass
-class _Host:
-    jobs: collections.deque[_Job] = field(default_factory=collections.deque)
-    active: int = 0  # claimed and not finished (fetching, or waiting for a worker)
-    next_start: float = 0.0  # monotonic: when the scheduler may claim for it again
-    next_request: float = 0.0  # monotonic: when a worker may send its next request
-    slots: anyio.Semaphore | None = None  # per-host concurrency, taken by workers
-    backoff_until: float = 0.0  # monotonic: the host backs off (429/503, robots.txt down)
-
-
-def _disk_full(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) says the disk is full: SQLite's SQLITE_FULL, or
-    ENOSPC/EDQUOT from the artifact store."""
-    while exc is not None:
-        code = getattr(exc, "sqlite_code", None)
-        if isinstance(code, int) and code & 0xFF == 13:  # SQLITE_FULL
-            return True
-        if getattr(exc, "errno", None) in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-            return True
-        exc = exc.__cause__
-    return False
-
-
-def _outage_too_long(exc: BaseException | None) -> OutageTooLong | None:
-    """The database outage past its deadline that ``exc`` comes from, if it does."""
-    while exc is not None:
-        if isinstance(exc, OutageTooLong):
-            return exc
-        exc = exc.__cause__
-    return None
-
-
-def robots_backoff(failures: int) -> float:
-    """How long a host waits after its robots.txt could not be had ``failures`` times in a
-    row: 2 s, 6 s, 18 s, 54 s, then a minute. A seed whose host cannot be reached fails
-    within seconds (three attempts: 2 + 6 s of waiting), while a host whose robots.txt
-    stays down is asked at most once a minute."""
-    return min(ROBOTS_BACKOFF_MAX, ROBOTS_BACKOFF_FIRST * 3 ** max(0, failures - 1))
-
-
-ROBOTS_BACKOFF_FIRST = 2.0
-ROBOTS_BACKOFF_MAX = 60.0
-
-
 class Crawler:
     """One run of the crawl configured by ``config`` over ``store``."""
 
@@ -256,41 +153,32 @@ class Crawler:
                  options: CrawlOptions | None = None) -> None:
         self.store = store
         self.config = config
-        self.options = options or CrawlOptions()
+        self.options = options = options or CrawlOptions()
         self._stop = anyio.Event()  # the scheduler is done: no more claims
         self._halt = anyio.Event()  # a stop was requested: start no more requests
         self._stop_reason = ""
         self._fetching: anyio.CancelScope | None = None  # in-flight work, while the run goes
         self._cancelled = ""  # why in-flight fetches were cancelled, once they were
         self._wake = anyio.Event()
-        self._hosts: dict[str, _Host] = {}
-        self._pending = 0
-        self._in_flight = 0
-        self._riding = 0  # of those, claimed with a page still committing (_claim_next)
-        self._settling = 0  # of those, requested in a worker process and committing there
-        self._requests = 0  # requests in flight: pages holding a host slot
-        self._cursor = 0
-        self._db_exhausted = False
-        self._documents = 0
+        self.run_id = new_id("run-")
+        self.session_id = ""
+        self._hostrules = HostRules(run_id=self.run_id, user_agent=config.user_agent,
+                                    artifacts=store.artifacts, fetch=self._fetch,
+                                    commit=self._commit)
+        self._scheduler = Scheduler(
+            workers=options.workers, per_host=options.per_host, delay=options.delay,
+            tasks=self._tasks(), max_documents=options.max_documents,
+            crawl_delay=self._hostrules.crawl_delay)
+        self._slots = FetchSlots(self._scheduler)
         self._requested = 0
-        self._robots: dict[str, Robots] = {}
-        self._robots_locks: dict[str, anyio.Lock] = collections.defaultdict(anyio.Lock)
-        self._robots_sequence: collections.Counter[str] = collections.Counter()
         self._capped = False
-        self._released: list[_Job] = []  # claimed ahead but not started when the run stopped
-        self._per_host = self.options.per_host or self.options.workers
+        self._released: list[Job] = []  # claimed ahead but not started when the run stopped
         self._errors = 0
         self._last_error: str | None = None
-        self._robots_problem: dict[str, str] = {}  # host -> why its robots.txt is unavailable
-        self._robots_failures: collections.Counter[str] = collections.Counter()  # in a row
-        self._live_stats_failed = False
-        self._host_records: dict[str, tuple] = {}
         self._pool: WorkerPool | None = None  # with options.processes, while the run goes
         self._service: Service
         self._progress: CrawlProgress | None = None  # the last progress report
         self.metrics_address: tuple[str, int] | None = None  # with options.metrics
-        self.session_id = ""
-        self.run_id = new_id("run-")
         self._baseline: Baseline | None = None
         # The configured sitemaps (and those their indexes list): never skipped as not due.
         self._sitemap_keys: set[str] = set()
@@ -349,7 +237,7 @@ class Crawler:
                 with self._fetching:
                     async with self._worker_processes(), anyio.create_task_group() as tg:
                         tg.start_soon(self._report_progress, started)
-                        send, receive = anyio.create_memory_object_stream[_Job](0)
+                        send, receive = anyio.create_memory_object_stream[Job](0)
                         async with receive:
                             for _ in range(self._tasks()):
                                 tg.start_soon(self._worker, receive.clone())
@@ -364,20 +252,9 @@ class Crawler:
                     log.exception("run %s failed", self.run_id, extra={"event": "run.failed"})
                 with contextlib.suppress(EvidenceError):  # a full disk may refuse this too
                     await self._end(outcome, reason, complete=False)
-                too_long = _outage_too_long(exc)
-                if too_long is not None:
-                    raise StoreError(
-                        f"{too_long}; the run stopped (everything committed before is kept, "
-                        "and the session stays open)",
-                        hint=f"once the server is back, resume: evidence crawl --store "
-                        f"{self.store.location} (--db-outage-deadline SECONDS waits longer)",
-                        path=self.store.location) from exc
-                if _disk_full(exc):
-                    raise StoreError(
-                        f"{self.store.location}: the disk is full; the run stopped "
-                        "(everything committed before is kept, and the session stays open)",
-                        hint=f"free disk space, then resume: evidence crawl --store "
-                        f"{self.store.location}", path=self.store.location) from exc
+                store_error = stopped_by_the_store(exc, self.store.location)
+                if store_error is not None:
+                    raise store_error from exc
                 raise
             if self._fetching.cancelled_caught:
                 self._cancelled = self._cancelled or (
@@ -396,29 +273,15 @@ class Crawler:
                 outcome == "capped" and counts.queued + counts.in_flight == 0)
             if complete:
                 outcome, reason = "completed", "the frontier is exhausted"
-                unfetched = self._no_seed_fetched()
+                unfetched = no_seed_fetched(reader, self.session_id)
                 if unfetched is not None:
                     outcome, reason = "failed", unfetched
             await self._end(outcome, reason, complete=complete)
             counts = frontier.counts(reader, self.session_id)
         return CrawlResult(session_id=self.session_id, run_id=self.run_id, outcome=outcome,
                            reason=reason, resumed=resumed, session_completed=complete,
-                           documents=self._documents, counts=counts)
-
-    def _no_seed_fetched(self) -> str | None:
-        """Why the session got nothing, when not one seed was fetched; else None.
-
-        Its frontier is exhausted, so the session completes (a new crawl starts afresh), but
-        the run fails: a crawl of an unreachable site must not look like a success.
-        """
-        seeds = frontier.seeds(self._reader, self.session_id)
-        if not seeds or any(state == "done" for _url, state, _reason in seeds):
-            return None
-        if frontier.counts(self._reader, self.session_id).done:
-            return None  # a seed was skipped, and a sitemap's pages were fetched
-        why = "; ".join(f"{url}: {state}: {reason}" for url, state, reason in seeds[:3])
-        more = f"; and {len(seeds) - 3} more" if len(seeds) > 3 else ""
-        return f"no seed could be fetched ({why}{more})"
+                           documents=self._scheduler.documents,
+                           counts=counts)
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         """The HTTP client, and the writer: in process, or as a service for worker
@@ -455,15 +318,14 @@ class Crawler:
             self.metrics_address = await stack.enter_async_context(crawl_metrics(
                 self, self.options.metrics, public=self.options.metrics_public))
         # Its session_id is set by _begin, once the store says which session this run is of.
+        # In one process every page commits here: this crawl knows what reaches its writer,
+        # and says when nothing else is coming (``_nothing_else_coming``).
+        last = functools.partial(self._writer.submit_group, flush=True) if in_process else None
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
                                  deadline=self.options.deadline,
-                                 url_keys=self._writer.url_keys)
-        self._pages.claim_next = self._claim_next
-        if in_process:  # every page commits here: this crawl knows what reaches its writer
-            self._pages.nothing_else_coming = self._nothing_else_coming
-            self._pages.submit_last = functools.partial(self._writer.submit_group, flush=True)
+                                 url_keys=self._writer.url_keys, submit_last=last)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -513,124 +375,53 @@ class Crawler:
                 self._pool = None
 
     async def _begin(self) -> bool:
-        """Start or resume the session, start the run, requeue what a crash left in flight."""
-        now = utc_now()
-        last = frontier.last_session(self._reader)
-        messages: list[Message] = []
-        if last is not None and last.outcome is None and self.options.clean:
-            messages += self._close_runs(last.open_runs, "abandoned by --clean", now)
-            messages.append(SessionEnded(message_id=new_id("m-"), session_id=last.session_id,
-                                         ended_at=now, outcome="abandoned"))
-            last = None
-        resumed = last is not None and last.outcome is None
-        run = lambda session_id: RunStarted(  # noqa: E731
-            message_id=new_id("m-"), run_id=self.run_id, session_id=session_id,
-            started_at=now, program="evidence crawl", host=socket.gethostname(),
-            pid=os.getpid())
-        if resumed:
-            assert last is not None
-            differ = self.config.differences(last.config)
-            if differ:
-                raise EvidenceError(
-                    f"session {last.session_id} is open with a different configuration; "
-                    f"these keys differ: {', '.join(differ)}",
-                    hint="start with the same configuration to resume it, or add --clean "
-                    "to abandon it and start a new session", keys=differ)
-            self.session_id = self._pages.session_id = last.session_id
-            baseline_id = last.baseline_session_id  # a resumed run keeps its session's mode
-            messages += self._close_runs(last.open_runs, f"no end recorded (killed or "
-                                         f"crashed); found by run {self.run_id}", now)
-            messages.append(run(self.session_id))
-            settled = []
-            for url, attempts in frontier.in_flight(self._reader, self.session_id):
-                if attempts >= self.config.max_attempts:
-                    settled.append(SettledUrl(url=url, state="failed", reason=(
-                        f"attempts exhausted: claimed {attempts} times without a result "
-                        "(the crawler stopped or crashed while fetching it)")))
-                else:
-                    settled.append(SettledUrl(url=url, state="queued", reason=(
-                        f"requeued: in flight when an earlier run ended "
-                        f"(attempt {attempts} of {self.config.max_attempts})")))
-            if settled:
-                messages.append(self._update(settled=settled))
-        else:
-            self.session_id = self._pages.session_id = new_id("session-")
-            baseline_id = None
-            if not (self.options.clean or self.options.full):
-                baseline_id = frontier.last_completed_session(self._reader)
-            messages.append(SessionStarted(
-                message_id=new_id("m-"), session_id=self.session_id, started_at=now,
-                mode="full" if baseline_id is None else "incremental",
-                config=self.config.as_record(), baseline_session_id=baseline_id))
-            messages.append(run(self.session_id))
-            seeds = [QueuedUrl(url=s, depth=0, via="seed", skip=self._skip(s, 0))
-                     for s in self.config.seeds]
-            if self.config.sitemap:  # first, so their recrawl hints are known early
-                sitemaps = dict.fromkeys(resolve_reference(s, "/sitemap.xml")
-                                         for s in self.config.seeds)
-                seeds = [QueuedUrl(url=u, depth=0, via="sitemap") for u in sitemaps] + seeds
-            messages.append(self._update(queued=seeds))
-        await self._commit(messages)
+        """Start or resume the session and the run (``_crawl.session``), then read what
+        the store says of the session's hosts (robots.txt, backoffs)."""
+        opening = open_session(self._reader, self.config, self.run_id,
+                               clean=self.options.clean, full=self.options.full,
+                               skip=self._skip)
+        self.session_id = self._pages.session_id = opening.session_id
+        await self._commit(opening.messages)
         if self._pages.rules is not None:
             check_rules(self._reader, self._pages.rules.rules)
+        baseline_id = opening.baseline_id
         if baseline_id is not None:
             self._baseline = Baseline(self._reader, self.store.artifacts, baseline_id,
                                       self._due_rules)
         now_mono, now_utc = time.monotonic(), utc_now()
+        self._hostrules.reader = self._reader
         for host, record in frontier.host_states(self._reader).items():
-            self._host_records[host] = record
+            self._hostrules.records[host] = record
             backoff = parse_time_text(record[3])
             if backoff is not None and backoff > now_utc:
                 until = now_mono + (backoff - now_utc).total_seconds()
-                self._host(host).next_start = self._host(host).next_request = until
+                state = self._scheduler.host(host)
+                state.next_start = state.next_request = until
         log.info("session %s run %s %s (%s)", self.session_id, self.run_id,
-                 "resumed" if resumed else "started",
+                 "resumed" if opening.resumed else "started",
                  "full" if baseline_id is None else f"incremental against {baseline_id}",
                  extra={"event": "run.started", "session_id": self.session_id})
-        return resumed
-
-    def _close_runs(self, run_ids: list[str], reason: str, now: dt.datetime) -> list[Message]:
-        return [RunEnded(message_id=new_id("m-"), run_id=r, ended_at=now, outcome="failed",
-                         reason=reason) for r in run_ids]
+        return opening.resumed
 
     async def _end(self, outcome: Outcome, reason: str, *, complete: bool) -> None:
         if complete:
-            await self._record_documents()
-        now = utc_now()
-        messages: list[Message] = [RunEnded(message_id=new_id("m-"), run_id=self.run_id,
-                                            ended_at=now, outcome=outcome, reason=reason)]
-        if complete:
-            messages.append(SessionEnded(message_id=new_id("m-"), session_id=self.session_id,
-                                         ended_at=now, outcome="completed"))
+            baseline = self._baseline.session_id if self._baseline else None
+            for chunk in documents(self._reader, self.session_id, self.run_id, baseline):
+                await self._commit([chunk])
         with anyio.CancelScope(shield=True):
-            await self._commit(messages)
+            await self._commit(run_ended(self.run_id, self.session_id, outcome, reason,
+                                         complete=complete))
         log.info("run %s ended: %s (%s)", self.run_id, outcome, reason,
                  extra={"event": "run.ended"})
 
-    async def _record_documents(self) -> None:
-        """The completed session's record of every document, in chunks, before its end.
+    async def _commit(self, messages: Sequence[Message]) -> None:
+        await self._pages.commit(messages, last=self._nothing_else_coming())
 
-        Only a session whose frontier is exhausted gets here, so orphans are never inferred
-        from a run that stopped early. Rows are keyed by (session, url): a run that crashed
-        halfway through writing them rewrites the rest and duplicates nothing.
-        """
-        baseline = self._baseline.session_id if self._baseline else None
-        records = session_records(self._reader, self.session_id, baseline)
-        chunk: list = []
-        for record in records:
-            chunk.append(record)
-            if len(chunk) == 2000:
-                await self._commit([self._documents_message(chunk)])
-                chunk = []
-        if chunk:
-            await self._commit([self._documents_message(chunk)])
-
-    def _documents_message(self, chunk: list) -> SessionDocuments:
-        return SessionDocuments(message_id=new_id("m-"), session_id=self.session_id,
-                                run_id=self.run_id, documents=list(chunk))
-
-    async def _commit(self, messages: list[Message]) -> None:
-        await self._pages.commit(messages)
+    async def _record(self, settlement: Settlement, slot: Slot | None = None) -> PageEffects:
+        """Commit a page's outcome, with its worker's next claim riding it if it may."""
+        claimed = self._claim_next(slot) if slot is not None and settlement.open else []
+        return await self._pages.record(settlement, claimed=claimed,
+                                        last=self._nothing_else_coming())
 
     def _update(self, **changes: list) -> FrontierUpdate:
         return self._pages.update(**changes)
@@ -640,247 +431,129 @@ class Crawler:
 
     # --- scheduling ----------------------------------------------------------------------
 
-    def _host(self, host: str) -> _Host:
-        if host not in self._hosts:
-            self._hosts[host] = _Host()
-        return self._hosts[host]
-
-    def _add(self, job: _Job) -> None:
-        self._host(job.host).jobs.append(job)
-        self._pending += 1
-
-    async def _refill(self) -> None:
-        low = self.options.workers * 8
-        if self._pending >= low or self._db_exhausted:
-            return
-        if self.store.backend.local:
-            rows = frontier.queued_after(self._reader, self.session_id, self._cursor, 1000)
-        else:  # a server: the read may wait out a restart, which must not stall the loop
-            rows = await anyio.to_thread.run_sync(
-                frontier.queued_after, self._reader, self.session_id, self._cursor, 1000)
-        for row in rows:
-            self._cursor = row.frontier_id
-            not_before = parse_time_text(row.not_before)
-            wait = 0.0 if not_before is None else (not_before - utc_now()).total_seconds()
-            self._pages.url_keys[row.url] = row.key  # the claim's key, for the writer
-            self._add(_Job(row.url, row.depth, row.attempts, row.via, row.key,
-                           url_host(row.key), time.monotonic() + max(0.0, wait)))
-        self._db_exhausted = len(rows) < 1000
-
-    def _pick(self, free: int) -> tuple[list[_Job], float]:
-        """Jobs politeness allows now, and the monotonic time the next one could start."""
-        now = time.monotonic()
-        picked: list[_Job] = []
-        wakeup = now + 1.0
-        for name, host in self._hosts.items():
-            limit = self._per_host * _CLAIMED_PER_FETCH
-            while host.jobs and len(picked) < free and host.active < limit:
-                if host.next_start > now:
-                    wakeup = min(wakeup, host.next_start)
-                    break
-                job = host.jobs[0]
-                if job.not_before > now:
-                    host.jobs.rotate(-1)  # look past a retry that is not due yet
-                    wakeup = min(wakeup, job.not_before)
-                    if all(j.not_before > now for j in host.jobs):
-                        break
-                    continue
-                host.jobs.popleft()
-                self._pending -= 1
-                host.active += 1
-                host.next_start = now + self._delay(name)
-                picked.append(job)
-        return picked, wakeup
-
-    def _delay(self, host: str) -> float:
-        robots = self._robots.get(host)
-        crawl_delay = robots.crawl_delay(self.config.user_agent) if robots else None
-        return max(self.options.delay, crawl_delay or 0.0)
-
-    async def _schedule(self, send: anyio.abc.ObjectSendStream[_Job]) -> tuple[Outcome, str]:
-        cap = self.options.max_documents
+    async def _schedule(self, send: anyio.abc.ObjectSendStream[Job]) -> tuple[Outcome, str]:
+        scheduler = self._scheduler
         # Claims commit concurrently (each hands its jobs to the workers once durable):
         # slots that free while one claim commits need not wait for it.
         async with send, anyio.create_task_group() as claims:
             while True:
                 if self._stop.is_set():
                     return "stopped", "stop requested"
-                if cap is not None and self._documents >= cap:
+                if scheduler.capped:
                     self._capped = True  # what was claimed is fetched: it counts
-                    return "capped", f"reached --max-documents {cap}"
-                await self._refill()
-                # Claims ahead of the workers are bounded: a URL claimed but never requested
-                # when the crawler is killed counts as an attempt that crashed it. Each
-                # fetch slot has one URL claimed ahead, and pages on their way are bounded
-                # by the worker tasks; in one process a busy worker's next URL also rides
-                # its page's commit, which takes no task of its own. A page whose request
-                # is over no longer fetches: its slot is free while it is parsed and
-                # commits.
-                free = min(self.options.workers * _CLAIMED_PER_FETCH - self._fetching_now(),
-                           self._tasks() - (self._in_flight - self._riding))
-                if cap is not None:
-                    free = min(free, cap - self._documents)
-                jobs, wakeup = self._pick(free) if free > 0 else ([], time.monotonic() + 1)
+                    return "capped", f"reached --max-documents {scheduler.cap}"
+                await scheduler.refill(self.store, self._reader, self.session_id,
+                                       self._pages.url_keys)
+                free = scheduler.claimable()
+                jobs, wakeup = (scheduler.claim(free) if free > 0
+                                else ([], time.monotonic() + 1))
                 if jobs:
-                    # Counted before the claim commits: meanwhile a busy worker may claim
-                    # its next URL (_claim_next), and the cap holds for both.
-                    self._documents += len(jobs)
-                    self._in_flight += len(jobs)
                     claims.start_soon(self._claim, jobs, send)
                     continue
-                if self._in_flight == 0 and self._pending == 0:
-                    if self._db_exhausted and self._cursor > 0:
-                        self._cursor, self._db_exhausted = 0, False  # one full re-read
+                if scheduler.idle:
+                    if scheduler.reread():  # one full re-read
                         continue
-                    if self._db_exhausted:
+                    if scheduler.exhausted:
                         return "completed", "the frontier is exhausted"
                 with anyio.move_on_after(max(0.0, wakeup - time.monotonic())):
                     await self._wake.wait()
                 self._wake = anyio.Event()
         raise AssertionError("the scheduler ends by returning")  # a task group may swallow
 
-    async def _claim(self, jobs: list[_Job], send: anyio.abc.ObjectSendStream[_Job]) -> None:
+    async def _claim(self, jobs: list[Job], send: anyio.abc.ObjectSendStream[Job]) -> None:
         await self._commit([self._update(claimed=[j.url for j in jobs])])
         for job in jobs:
             await send.send(job)
 
-    # --- workers -----------------------------------------------------------------------
+    def _tasks(self) -> int:
+        """Worker tasks, each taking one page from claim to commit. More pages than
+        fetches are on their way: a fetch slot is free once its request is over
+        (``_request_over``), so the next page is requested while the last one is parsed
+        and commits, and a slot's next URL is claimed while it fetches. In one process a
+        busy worker's next page also rides its commit (``_claim_next``); worker processes
+        commit their pages themselves, where a next claim cannot ride."""
+        in_workers = self.options.processes > 0 or bool(self.options.listen)
+        return self.options.workers * (PAGES_PER_FETCH_IN_WORKERS if in_workers
+                                       else PAGES_PER_FETCH)
 
-    async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
+    # --- worker tasks ------------------------------------------------------------------
+
+    async def _worker(self, jobs: anyio.abc.ObjectReceiveStream[Job]) -> None:
         async with jobs:
-            claimed: _Job | None = None  # claimed with this worker's last page, in its group
+            job: Job | None = None  # claimed with this worker's last page, in its group
             while True:
-                if claimed is None:
+                if job is None:
                     try:
                         job = await jobs.receive()
                     except anyio.EndOfStream:
                         return
-                else:
-                    job, claimed = claimed, None
-                    self._riding -= 1
+                    self._scheduler.take()
                 with log_context(url=job.url):
-                    claimed = await self._work(job)
+                    job = await self._work(job)
 
-    async def _work(self, job: _Job) -> _Job | None:
-        """Request and settle one claimed page; the next job if one was claimed with it."""
-        name = job.host
-        host = self._host(name)
+    async def _work(self, job: Job) -> Job | None:
+        """Request and settle one claimed page; the next job if one was claimed with it
+        (the worker task has then taken it: ``FetchSlots.finish``)."""
         requested = False
-        slot = _Slot(host)
-        token = _SLOT.set(slot)
+        slot = self._slots.slot(job)
         try:
             if self._halt.is_set():
                 self._released.append(job)  # claimed ahead, never started
                 return None
-            if host.slots is None:
-                host.slots = anyio.Semaphore(self._per_host)
-            await acquire(host.slots)
-            slot.held = True
-            self._requests += 1
-            if not await self._polite(host, name):
+            await self._slots.take(slot)
+            if not await self._slots.polite(slot, self._halt):
                 self._released.append(job)  # the run stopped while it waited
                 return None
             requested = True
-            await self._process(job)
+            await self._process(job, slot)
         except anyio.get_cancelled_exc_class():
             if not requested:
                 self._released.append(job)
             if slot.next is not None:
                 self._released.append(slot.next)  # its claim may have committed
-                self._in_flight -= 1
-                self._riding -= 1
+                self._scheduler.drop_riding(slot.next)
+                slot.next = None
             raise  # a job cancelled mid-fetch stays claimed: the next run requeues it
         finally:
-            _SLOT.reset(token)
-            self._in_flight -= 1
-            if slot.settling:
-                self._settling -= 1
-            self._free_slot(slot)
+            self._slots.finish(slot)
             self._wake.set()
         return slot.next
 
-    def _tasks(self) -> int:
-        """Worker tasks, each taking one page from claim to commit. More pages than
-        fetches are on their way: a fetch slot is free once its request is over
-        (``_settled_elsewhere``), so the next page is requested while the last one is
-        parsed and commits, and a slot's next URL is claimed while it fetches. In one
-        process a busy worker's next page also rides its commit (``_claim_next``); worker
-        processes commit their pages themselves, where a next claim cannot ride."""
-        return self.options.workers * (_PAGES_PER_FETCH if self._pool is None
-                                       else _PAGES_PER_FETCH_IN_WORKERS)
-
-    def _fetching_now(self) -> int:
-        """Claimed pages whose request is not over (or not started)."""
-        return self._in_flight - self._riding - self._settling
-
-    def _settled_elsewhere(self, slot: _Slot | None) -> None:
+    def _request_over(self, slot: Slot) -> None:
         """The request for this page is over, and the page is parsed and commits (in
         this process, or in its worker process): its host slot and fetch slot are free for
         the scheduler's next claim. Not when pages render here (a render is another
         request to the host)."""
-        if slot is None or slot.settling or self._renderer is not None:
+        if self._renderer is not None:
             return
-        slot.settling = True
-        self._settling += 1
-        self._free_slot(slot)
+        self._slots.committing(slot)
         self._wake.set()
-
-    def _free_slot(self, slot: _Slot) -> None:
-        """The page no longer takes one of its host's requests in flight (once)."""
-        if slot.freed:
-            return
-        slot.freed = True
-        slot.host.active -= 1
-        if slot.held:
-            slot.held = False
-            self._requests -= 1
-            assert slot.host.slots is not None
-            slot.host.slots.release()
 
     def _nothing_else_coming(self) -> bool:
         """Whether the page about to commit is the only one of this process not yet
         submitted or riding a commit: then the writer need not linger for more pages."""
-        return self._in_flight - self._riding - self._pages.committing <= 1
+        scheduler = self._scheduler
+        return scheduler.claimed - scheduler.riding - self._pages.committing <= 1
 
-    def _claim_next(self) -> list[str]:
-        """Called when a page fetched by this process is about to commit: its request is
-        over, so its host slot is free; the URL this worker will request next is claimed
-        in the same group (one commit per page instead of a claim commit before it and a
-        page commit after). Nothing when the run is stopping or capped, or renders (a
-        render after the fetch is another request to the host)."""
-        slot = _SLOT.get(None)
-        cap = self.options.max_documents
-        if (slot is None or slot.next is not None or self._renderer is not None
-                or self._halt.is_set() or self._stop.is_set()
-                or (cap is not None and self._documents >= cap)):
+    def _claim_next(self, slot: Slot) -> list[str]:
+        """When a page fetched by this process is about to commit: its request is over, so
+        its host slot is free; the URL this worker will request next is claimed in the
+        same group (one commit per page instead of a claim commit before it and a page
+        commit after). Nothing when the run is stopping or capped, or renders (a render
+        after the fetch is another request to the host)."""
+        if (slot.next is not None or self._renderer is not None
+                or self._halt.is_set() or self._stop.is_set()):
             return []
-        self._free_slot(slot)
-        jobs, _ = self._pick(1)
-        if not jobs:
-            return []
-        slot.next = jobs[0]
-        self._documents += 1
-        self._in_flight += 1
-        self._riding += 1
-        return [slot.next.url]
+        self._slots.committing(slot)
+        slot.next = self._scheduler.ride()
+        return [] if slot.next is None else [slot.next.url]
 
-    async def _polite(self, host: _Host, name: str) -> bool:
-        """Space request starts on a host by its delay (and any backoff), exactly; False if
-        the run was asked to stop meanwhile (the request is not made)."""
-        now = time.monotonic()
-        start = max(now, host.next_request)
-        host.next_request = start + self._delay(name)  # reserved before sleeping
-        if start > now:
-            with anyio.move_on_after(start - now):
-                await self._halt.wait()
-        return not self._halt.is_set()
-
-    async def _process(self, job: _Job) -> None:
+    async def _process(self, job: Job, slot: Slot) -> None:
         if self._renderer is not None:  # a capture an earlier run fetched but did not render
             stored = unrendered_capture(self._reader, self._pages.render_scope,
                                         self.session_id, job.url, job.key)
             if stored is not None:
-                self._documents -= 1  # never requested again
+                self._scheduler.unrequested()  # never requested again
                 await self._render(job, stored)
                 return
         host = job.host
@@ -890,23 +563,21 @@ class Crawler:
             hint = sitemap_hint(self._reader, self.session_id, job.url, job.key)
             reason = self._baseline.not_due(job.url, doc, hint, utc_now(), job.key)
             if reason is not None:
-                self._documents -= 1  # never requested
-                self._apply(job, await self._pages.not_due(
-                    self._order(job), reason, self._baseline_found(doc)))
+                self._scheduler.unrequested()  # never requested
+                self._apply(job, await self._record(self._pages.not_due(
+                    self._order(job), reason, self._baseline_found(doc))))
                 return
         if self.config.obey_robots:
-            robots = await self._robots_for(job.url, host)
+            robots = await self._hostrules.for_url(job.url, host)
             if robots is None:  # robots.txt unavailable: the host is in backoff
-                why = self._robots_problem.get(host, "")
-                self._apply(job, await self._pages.retry(
-                    self._order(job), [], f"robots.txt unavailable ({why})" if why
-                    else "robots.txt unavailable",
-                    backoff=robots_backoff(self._robots_failures[host])))
+                self._apply(job, await self._record(self._pages.retry(
+                    self._order(job), [], self._hostrules.unavailable(host),
+                    backoff=robots_backoff(self._hostrules.failures[host]))))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
-                self._documents -= 1  # never requested
-                self._apply(job, await self._pages.refused_by_robots(
-                    self._order(job), robots.refusal(self.config.user_agent)))
+                self._scheduler.unrequested()  # never requested
+                self._apply(job, await self._record(self._pages.refused_by_robots(
+                    self._order(job), robots.refusal(self.config.user_agent))))
                 return
         conditional = {}
         if doc is not None and doc.http_status == 200:
@@ -914,32 +585,34 @@ class Crawler:
                 conditional["If-None-Match"] = doc.etag
             if doc.last_modified:
                 conditional["If-Modified-Since"] = doc.last_modified
-        effects = await self._execute(self._order(job, conditional, baseline=doc is not None))
+        effects = await self._execute(self._order(job, conditional, baseline=doc is not None),
+                                      slot)
         self._apply(job, effects)
         if effects.render is not None:
             await self._render(job, effects.render)
         if effects.unchanged is not None:
             assert doc is not None
-            self._apply(job, await self._pages.unchanged(
+            self._apply(job, await self._record(self._pages.unchanged(
                 self._order(job), effects.unchanged, self._baseline_found(doc),
-                "HTTP 304 (unchanged)"))
+                "HTTP 304 (unchanged)")))
 
-    def _order(self, job: _Job, headers: dict[str, str] | None = None, *,
+    def _order(self, job: Job, headers: dict[str, str] | None = None, *,
                baseline: bool = False) -> PageOrder:
         return PageOrder(url=job.url, depth=job.depth, attempts=job.attempts, via=job.via,
                          headers=headers or {}, baseline=baseline, key=job.key,
                          host=job.host)
 
-    async def _execute(self, order: PageOrder) -> PageEffects:
+    async def _execute(self, order: PageOrder, slot: Slot) -> PageEffects:
         """Request and settle the page: in this process, or in a worker process."""
-        slot = _SLOT.get(None)
         if self._pool is None:
-            async def fetched() -> None:
-                self._settled_elsewhere(slot)
-
-            return await self._pages.page(order, fetched)
+            result = await self._pages.request(order)
+            self._request_over(slot)
+            return await self._record(await self._pages.settle(order, result), slot)
         try:
-            return await self._pool.page(order, lambda: self._settled_elsewhere(slot))
+            async with self._pool.hand(order) as handed:
+                if await handed.request_over():  # its worker process says it is over
+                    self._request_over(slot)
+                return await handed.outcome()
         except WorkerLost as lost:
             return await self._lost(order, lost)
 
@@ -973,13 +646,13 @@ class Crawler:
             f"(attempt {attempts} of {self.config.max_attempts})")])])
         return PageEffects(requested=1, retry_in=0.0)
 
-    async def _render(self, job: _Job, attempt: FetchAttempt) -> None:
+    async def _render(self, job: Job, attempt: FetchAttempt) -> None:
         """Render a committed capture; ``PageWorker.rendered`` settles its page with it."""
         assert self._renderer is not None
         source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts, attempt)
         rendered = await self._renderer.render(source)
-        self._apply(job, await self._pages.rendered(self._order(job), attempt, source,
-                                                    rendered))
+        self._apply(job, await self._record(await self._pages.rendered(
+            self._order(job), attempt, source, rendered)))
 
     def _baseline_found(self, doc: BaselineDoc) -> list[Discovery]:
         """The discoveries recorded from the baseline's capture of a document."""
@@ -991,190 +664,70 @@ class Crawler:
         self._requested += 1
         return await self._pages.fetch(url, sequence, headers)
 
-    def _apply(self, job: _Job, effects: PageEffects) -> None:
+    def _apply(self, job: Job, effects: PageEffects) -> None:
         """What a settled page tells the scheduler: a retry, a backoff, new links; and the
         operator, as it happens: a failed fetch or a backoff is logged at once."""
         self._requested += effects.requested
-        now = time.monotonic()
         if effects.problem is not None:
             self._errors += 1
             self._last_error = effects.problem
             log.warning("%s", effects.problem, extra={"event": "fetch.failed"})
         if effects.backoff is not None:
-            host = self._host(job.host)
-            host.next_start = max(host.next_start, now + effects.backoff)
-            host.next_request = max(host.next_request, now + effects.backoff)
-            host.backoff_until = max(host.backoff_until, now + effects.backoff)
+            self._scheduler.back_off(job.host, effects.backoff)
         if effects.retry_in is not None:
-            self._add(dataclasses.replace(job, attempts=job.attempts + 1,
-                                          not_before=now + effects.retry_in))
+            self._scheduler.retry(job, effects.retry_in)
         if effects.queued_links:
-            self._db_exhausted = False
+            self._scheduler.exhausted = False
         self._sitemap_keys.update(effects.sitemaps)
-
-    # --- robots.txt ----------------------------------------------------------------------
-
-    async def _robots_for(self, url: str, host: str) -> Robots | None:
-        # Nearly every page finds its host's rules cached: that answer needs no lock (taking
-        # and releasing an anyio Lock is four cancel scopes, per page).
-        cached = self._fresh_robots(host)
-        if cached is not None:
-            return cached
-        async with self._robots_locks[host]:  # one fetch of robots.txt per host at a time
-            cached = self._fresh_robots(host)  # another page's fetch may have got it
-            if cached is not None:
-                return cached
-            robots = self._stored_robots(host, utc_now()) or await self._fetch_robots(url, host)
-            if robots is not None:
-                self._robots[host] = robots
-            return robots
-
-    def _fresh_robots(self, host: str) -> Robots | None:
-        """The host's robots.txt rules held in memory, if not expired."""
-        cached = self._robots.get(host)
-        return cached if cached is not None and cached.expires_at > utc_now() else None
-
-    def _stored_robots(self, host: str, now: dt.datetime) -> Robots | None:
-        """robots.txt recorded by an earlier run and not yet expired: no new request."""
-        record = self._host_records.get(host)
-        if record is None or record[0] is None:
-            return None
-        expires = parse_time_text(record[1])
-        if expires is None or expires <= now:
-            return None
-        body = frontier.attempt_body(self._reader, record[0])
-        if body is None:
-            return Robots.allow_all(attempt_id=record[0], expires_at=expires, status=None)
-        from .._model.refs import ArtifactRef
-
-        data = self.store.artifacts.read(ArtifactRef(namespace=body[0], digest=body[1],
-                                                     size=body[2]))
-        return Robots.parse(data, attempt_id=record[0], expires_at=expires, status=200)
-
-    async def _fetch_robots(self, url: str, host: str) -> Robots | None:
-        target = resolve_reference(url, "/robots.txt")
-        for _hop in range(6):  # RFC 9309 2.3.1.2: follow at least five redirects
-            self._robots_sequence[target] += 1
-            result = await self._fetch(target, self._robots_sequence[target])
-            status = result.status
-            expires = utc_now() + ROBOTS_TTL
-            location = result.headers.get("location") if result.headers is not None else None
-            if status is not None and 300 <= status < 400 and location:
-                await self._commit([result.attempt])
-                target = resolve_reference(target, location)
-                continue
-            if result.attempt.outcome == "skipped":
-                # The network policy refused it: robots.txt counts as absent (no rules, as
-                # for a 4xx), for this run only; the page's own request is decided alike.
-                await self._commit([result.attempt])
-                return Robots.allow_all(attempt_id=result.attempt.attempt_id,
-                                        expires_at=expires, status=None)
-            if status is None or status >= 500:
-                await self._commit([result.attempt])
-                self._robots_problem[host] = (f"HTTP {status}" if status is not None
-                                              else result.attempt.error or "no answer")
-                self._robots_failures[host] += 1
-                return None
-            self._robots_failures.pop(host, None)
-            if 200 <= status < 300:
-                robots = Robots.parse(result.body, attempt_id=result.attempt.attempt_id,
-                                      expires_at=expires, status=status)
-            else:
-                robots = Robots.allow_all(attempt_id=result.attempt.attempt_id,
-                                          expires_at=expires, status=status)
-            await self._commit([result.attempt, HostUpdate(
-                message_id=new_id("m-"), run_id=self.run_id, host=host,
-                robots_attempt_id=result.attempt.attempt_id, robots_expires_at=expires,
-                crawl_delay=robots.crawl_delay(self.config.user_agent),
-                reason=f"robots.txt HTTP {status}")])
-            return robots
-        return None
 
     # --- progress --------------------------------------------------------------------
 
     async def _report_progress(self, started: float) -> None:
-        """Each interval: call the progress callback, and write ``STORE/live-stats.json``.
-
-        The file is how ``evidence status`` (another process) shows a live crawl's writer
-        metrics; it is a convenience, replaced atomically, not evidence.
-        """
-        # A PostgreSQL store has no directory to put it in: status names the writer instead.
-        path = None if self.store.path is None else self.store.path / LIVE_STATS
+        """Each interval: call the progress callback, and write ``STORE/live-stats.json``
+        (``_crawl.progress``)."""
+        live = LiveStats(self.store)
         counts = FrontierCounts()
         with self.store.reader() as own:  # counting a large frontier takes a while:
             while not self._stop.is_set():  # its own connection, off the event loop
                 with anyio.move_on_after(self.options.progress_interval):
                     await self._stop.wait()
-                if self._unreachable_since() is None:  # else the last counts, and since when
+                if unreachable_since(self.store) is None:  # else the last counts, and since
                     counts = await anyio.to_thread.run_sync(frontier.counts, own,
                                                             self.session_id)
-                self._report(started, counts, path)
-
-    def _unreachable_since(self) -> str | None:
-        """Since when the database server is out of reach, while it is (a restart)."""
-        since = getattr(getattr(self.store.backend, "outage", None), "since", None)
-        return None if since is None else format_time(dt.datetime.fromtimestamp(since, dt.UTC))
-
-    def _report(self, started: float, counts: FrontierCounts, path: Path | None) -> None:
-        elapsed = time.monotonic() - started
-        progress = CrawlProgress(
-            session_id=self.session_id, run_id=self.run_id, counts=counts,
-            requested=self._requested, in_flight=self._requests,
-            pages_per_second=self._requested / elapsed if elapsed > 0 else 0.0,
-            elapsed=elapsed, writer=self._writer.statistics(),
-            worker_pids=self._pool.pids if self._pool is not None else [],
-            worker_hosts=self._pool.hosts if self._pool is not None else [],
-            hosts_fenced=dict(self._pool.fenced) if self._pool is not None else {},
-            seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
-            last_error=self._last_error, limited_by=self._limited_by(),
-            database_unreachable_since=self._unreachable_since())
-        self._progress = progress  # the frontier's counts, for statistics()
-        try:
-            if path is not None:
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(msgspec.json.encode(progress))
-                os.replace(tmp, path)
-        except OSError as exc:  # a convenience for 'evidence status', never worth a run
-            if not self._live_stats_failed:
-                log.warning("cannot write %s (%s); 'evidence status' will not show this "
-                            "run's progress", path, exc.strerror,
-                            extra={"event": "crawl.live_stats_failed"})
-            self._live_stats_failed = True
-        if self.options.progress is not None:
-            self.options.progress(progress)
+                elapsed = time.monotonic() - started
+                progress = self._figures(
+                    counts, elapsed, self._requested / elapsed if elapsed > 0 else 0.0,
+                    limited_by=self._limited_by(),
+                    database_unreachable_since=unreachable_since(self.store))
+                self._progress = progress  # the frontier's counts, for statistics()
+                live.write(progress)
+                if self.options.progress is not None:
+                    self.options.progress(progress)
 
     def statistics(self) -> CrawlProgress:
         """The run's figures now (its metrics read them at each scrape); the frontier's
         counts are those of the last progress report (counting is a query, not a lookup)."""
         last = self._progress
+        if last is None:
+            return self._figures(FrontierCounts(), 0.0, 0.0)
+        return self._figures(last.counts, last.elapsed, last.pages_per_second)
+
+    def _figures(self, counts: FrontierCounts, elapsed: float, pages_per_second: float,
+                 **more: object) -> CrawlProgress:
         return CrawlProgress(
-            session_id=self.session_id, run_id=self.run_id,
-            counts=last.counts if last is not None else FrontierCounts(),
-            requested=self._requested, in_flight=self._requests,
-            pages_per_second=last.pages_per_second if last is not None else 0.0,
-            elapsed=last.elapsed if last is not None else 0.0,
+            session_id=self.session_id, run_id=self.run_id, counts=counts,
+            requested=self._requested, in_flight=self._slots.requests,
+            pages_per_second=pages_per_second, elapsed=elapsed,
             writer=self._writer.statistics(),
             worker_pids=self._pool.pids if self._pool is not None else [],
             worker_hosts=self._pool.hosts if self._pool is not None else [],
             hosts_fenced=dict(self._pool.fenced) if self._pool is not None else {},
             seeds=self.config.seeds, workers=self.options.workers, errors=self._errors,
-            last_error=self._last_error)
+            last_error=self._last_error, **more)  # type: ignore[arg-type]
 
     def _limited_by(self) -> list[str]:
         """Why fewer than ``workers`` fetches are in flight, when URLs wait (else [])."""
-        if self._requests >= self.options.workers or self._halt.is_set():
+        if self._slots.requests >= self.options.workers or self._halt.is_set():
             return []
-        now = time.monotonic()
-        reasons: list[str] = []
-        for name, host in self._hosts.items():
-            if not host.jobs:
-                continue
-            if host.backoff_until > now:
-                reasons.append(f"{name} backs off for {host.backoff_until - now:.0f} s")
-            elif host.active >= self._per_host * _CLAIMED_PER_FETCH:
-                reasons.append(f"--per-host {self._per_host} on {name}")
-            elif host.next_start > now:
-                reasons.append(f"{self._delay(name):g} s between requests to {name}")
-            elif all(job.not_before > now for job in host.jobs):
-                reasons.append(f"retries on {name} are not due yet")
-        return reasons[:3]
+        return self._scheduler.limited_by()
+

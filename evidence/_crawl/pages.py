@@ -1,19 +1,29 @@
 """One claimed page, from request to evidence: every outcome a crawled URL can have.
 
-    effects = await PageWorker(config=..., submit=writer.submit_group, ...).page(order)
+    result = await pages.request(order)          # the request; payloads stored
+    settlement = await pages.settle(order, result)
+    effects = await pages.record(settlement, claimed=[next_url])
 
 The scheduler decides *whether* a URL is requested (claims, politeness, robots.txt, an
 incremental session's baseline); a ``PageWorker`` builds what the page's outcome records,
-whichever it is, and submits the page's attempt, links and settlement as one group
-through ``submit``, so a page is never done without its links:
+whichever it is, as a ``Settlement``: the page's attempt, links and settlement, which
+``record`` submits as one group through ``submit``, so a page is never done without its
+links:
 
-- ``page``: fetched (payloads durable before the attempt that names them), links
-  extracted in a thread, judged by the session's rules, settled done, or ``retry``;
+- ``request`` and ``settle``: fetched (payloads durable before the attempt that names
+  them), links extracted in a thread, judged by the session's rules, settled done, or
+  ``retry``;
 - ``refused_by_robots``: an attempt never requested, settled skipped; likewise a page
   whose connection the network policy refused (``_crawl.netpolicy``);
 - ``not_due`` and ``unchanged`` (a 304): the baseline document stands; its recorded
   links are recorded for this run and followed;
 - ``rendered``: a page's render, the browser's requests and the rendered DOM's links.
+
+The page worker hands each outcome back and never calls into the crawl that runs it: the
+crawl engine decides, between ``settle`` and ``record``, whether the next URL of the page's
+worker task rides the page's group (``Settlement.open``: one commit per page) and whether
+the writer should commit without lingering (``last``). A worker process or host runs
+``page``: the same steps, telling its channel when the request is over.
 
 Where a reference leads is decided in one place, ``follow``: the URL as the page wrote
 it, via its edge kind, one level deeper for a link or an embed, at the page's depth for a
@@ -24,7 +34,7 @@ code either way.
 What the scheduler must learn back (a retry to queue, a host backoff, whether new links
 were queued) returns as ``PageEffects``, a plain struct that crosses a process boundary as
 msgpack. A 304 on a baseline document is handed back unsettled (``PageEffects.unchanged``):
-the scheduler owns the baseline, and settles it with ``unchanged``.
+the engine owns the baseline, and settles it with ``unchanged``.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -64,7 +75,7 @@ from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import RuleSet, evaluate_page
 
-__all__ = ["PageEffects", "PageOrder", "PageWorker"]
+__all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 
 log = logging.getLogger("evidence.crawl")
 
@@ -101,13 +112,41 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     render: FetchAttempt | None = None
 
 
+@dataclass(frozen=True)
+class Settlement:
+    """A page's outcome, built and not yet committed: the group that records it, and what
+    the scheduler learns from it. ``open``: the group ends with the page's own frontier
+    update, in which the URLs its worker requests next may be claimed (``with_claims``)."""
+
+    messages: list[Message]
+    effects: PageEffects
+    open: bool = False
+
+    def with_claims(self, claimed: Sequence[str]) -> list[Message]:
+        """The group, with ``claimed`` in its last update (applied after the URLs it
+        queues, before its settlement: a different URL either way)."""
+        if not claimed:
+            return self.messages
+        if not self.open:
+            raise ValueError("a claim rides only a page's own frontier update")
+        update = self.messages[-1]
+        assert isinstance(update, FrontierUpdate)
+        return [*self.messages[:-1], msgspec.structs.replace(update, claimed=list(claimed))]
+
+    def replace(self, **effects: object) -> Settlement:
+        return Settlement(self.messages, msgspec.structs.replace(self.effects, **effects),
+                          self.open)
+
+
 class PageWorker:
-    """Fetches and settles pages of one run of one session; shared by concurrent tasks."""
+    """Fetches and settles pages of one run of one session; shared by concurrent tasks.
+    It builds each page's outcome (a ``Settlement``) and commits it when told
+    (``record``); it never calls back into the crawl that runs it."""
 
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
                  artifacts: ArtifactBackend, client: Client, submit: Submit,
-                 deadline: float | None = None, url_keys: dict[str, str] | None = None
-                 ) -> None:
+                 deadline: float | None = None, url_keys: dict[str, str] | None = None,
+                 submit_last: Submit | None = None) -> None:
         self.config = config
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
@@ -127,25 +166,20 @@ class PageWorker:
         # changes nothing (the frontier keeps a URL's state), so ``follow`` leaves it out
         # of its FrontierUpdate; its edge is still recorded with the page's Discovery.
         self._in_frontier: set[str] = set()
-        # Called once a fetched page is about to commit: URLs to claim in the same group
-        # (the crawler's next page for this worker: one commit per page, not a claim
-        # commit and a page commit). None: nothing rides along.
-        self.claim_next: Callable[[], list[str]] | None = None
-        # Set by a crawl with its own Writer: whether no other page is on its way, and the
-        # submit for a group that then commits without lingering (``flush``).
-        self.nothing_else_coming: Callable[[], bool] | None = None
-        self.submit_last: Submit | None = None
+        # A crawl with its own Writer: the submit for a group that commits without
+        # lingering for more (``flush``), used when the crawl says no other page is on its
+        # way (``commit(..., last=True)``).
+        self.submit_last = submit_last
         self.committing = 0  # groups submitted, not yet committed
 
     # --- shared with the scheduler -----------------------------------------------------
 
-    async def commit(self, messages: Sequence[Message]) -> None:
-        """Submit a page's messages as one group and wait for them to commit. When
-        ``nothing_else_coming`` says no other page is on its way, the writer is told not to
-        linger for more (``submit_last``: ``Writer.submit_group`` with ``flush``)."""
+    async def commit(self, messages: Sequence[Message], *, last: bool = False) -> None:
+        """Submit a page's messages as one group and wait for them to commit. ``last``: no
+        other page is on its way, so the writer is told not to linger for more
+        (``submit_last``: ``Writer.submit_group`` with ``flush``), if it can be."""
         submit = self._submit
-        if self.submit_last is not None and self.nothing_else_coming is not None \
-                and self.nothing_else_coming():
+        if last and self.submit_last is not None:
             submit = self.submit_last
         self.committing += 1
         try:
@@ -262,29 +296,47 @@ class PageWorker:
 
     # --- one page ----------------------------------------------------------------------
 
-    async def page(self, order: PageOrder,
-                   fetched: Callable[[], Awaitable[None]] | None = None) -> PageEffects:
-        """Request the page once and settle it (or hand back a baseline 304). ``fetched``
-        is awaited once the request is over (its payloads stored), before the page is
-        committed: a worker process tells the crawl then that its fetch slot is free."""
+    async def request(self, order: PageOrder) -> FetchResult:
+        """Request the page once (its payloads stored when this returns)."""
         # Once stored, a page's content is kept only for rules to read (never one larger
         # than they read): what the page derived is not held while it commits.
         keep = self.config.max_parse_bytes if self.rules else 0
-        result = await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
+        return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
+
+    async def record(self, settlement: Settlement, *, claimed: Sequence[str] = (),
+                     last: bool = False) -> PageEffects:
+        """Commit a page's outcome as one group (with ``claimed``, the URLs its worker
+        requests next, when the settlement is ``open`` to them; ``last`` as ``commit``),
+        and hand back what the scheduler learns from it."""
+        if settlement.messages:
+            await self.commit(settlement.with_claims(claimed), last=last)
+        return settlement.effects
+
+    async def page(self, order: PageOrder,
+                   fetched: Callable[[], Awaitable[None]] | None = None) -> PageEffects:
+        """Request the page, settle it and commit it (or hand back a baseline 304): how a
+        worker process or a worker host runs an order, ``fetched`` telling its channel
+        that the request is over (its fetch slot free) before the page commits."""
+        result = await self.request(order)
         if fetched is not None:
             await fetched()
-        if result.status == 304 and order.baseline:
-            return PageEffects(requested=1, unchanged=result.attempt)
-        effects = await self.settle(order, result)
-        return msgspec.structs.replace(effects, requested=1)
+        return await self.record(await self.settle(order, result))
 
-    async def settle(self, order: PageOrder, result: FetchResult) -> PageEffects:
+    async def settle(self, order: PageOrder, result: FetchResult) -> Settlement:
+        """What the page's request comes to, built and not yet committed (``record``): a
+        page done, a retry, a skip; a 304 on a baseline document goes back unsettled."""
+        if result.status == 304 and order.baseline:
+            return Settlement([], PageEffects(requested=1, unchanged=result.attempt))
+        settlement = await self._settle(order, result)
+        return settlement.replace(requested=1)
+
+    async def _settle(self, order: PageOrder, result: FetchResult) -> Settlement:
         attempt, status = result.attempt, result.status
         if attempt.outcome == "skipped":  # the network policy refused it: never requested
             reason = attempt.error or "skipped"
-            await self.commit([attempt, self.update(
-                settled=[SettledUrl(url=order.url, state="skipped", reason=reason)])])
-            return PageEffects(problem=_problem(order.url, reason, None))
+            return Settlement([attempt, self.update(
+                settled=[SettledUrl(url=order.url, state="skipped", reason=reason)])],
+                PageEffects(problem=_problem(order.url, reason, None)))
         messages: list[Message] = [attempt]
         if self.rules is not None and attempt.response_headers is not None:
             document = attempt.content or attempt.body  # the content: what rules read
@@ -308,7 +360,7 @@ class PageWorker:
                 retry_after = parse_retry_after(result.headers.get("retry-after"), utc_now())
             what = (f"{attempt.outcome.replace('_', ' ')} ({(attempt.error or '')[:300]})"
                     if transient else f"HTTP {status}")
-            return await self.retry(order, messages, what, backoff=retry_after)
+            return self.retry(order, messages, what, backoff=retry_after)
         refs: list[ObservedRef] = []
         sitemaps: list[str] = []
         truncated = False
@@ -337,33 +389,32 @@ class PageWorker:
         render = attempt if self.render_scope.wants(attempt) else None
         settled = [] if render is not None else [SettledUrl(  # settled with its render
             url=order.url, state="done", reason=f"HTTP {status}")]
-        # The URL this worker requests next is claimed in the same update (applied after
-        # the queued URLs, before the settlement: a different URL either way).
-        claimed = self.claim_next() if self.claim_next is not None and render is None else []
-        messages.append(self.update(queued=queued, settled=settled, claimed=claimed))
-        await self.commit(messages)
-        return PageEffects(queued_links=any(q.skip is None for q in queued),
-                           sitemaps=sitemaps, render=render)
+        messages.append(self.update(queued=queued, settled=settled))
+        # The URL this worker requests next may be claimed in the same update (``record``),
+        # unless the page is rendered first (a render is another request to the host).
+        return Settlement(messages, PageEffects(
+            queued_links=any(q.skip is None for q in queued), sitemaps=sitemaps,
+            render=render), open=render is None)
 
     # --- outcomes without a request -------------------------------------------------
 
-    async def refused_by_robots(self, order: PageOrder, reason: str) -> PageEffects:
+    def refused_by_robots(self, order: PageOrder, reason: str) -> Settlement:
         """robots.txt disallows the URL: an attempt that was never requested, which says
         why, and the URL settled skipped with the same reason."""
         attempt = self._unrequested(order, "refused_by_robots", reason)
-        await self.commit([attempt, self.update(
-            settled=[SettledUrl(url=order.url, state="skipped", reason=reason)])])
-        return PageEffects()
+        return Settlement([attempt, self.update(
+            settled=[SettledUrl(url=order.url, state="skipped", reason=reason)])],
+            PageEffects())
 
-    async def not_due(self, order: PageOrder, reason: str,
-                      baseline: Sequence[Discovery]) -> PageEffects:
+    def not_due(self, order: PageOrder, reason: str,
+                baseline: Sequence[Discovery]) -> Settlement:
         """An incremental session's baseline document that is not due yet: not requested
         (a ``skipped`` attempt says why), and it leads on as recorded (``unchanged``)."""
-        return await self.unchanged(order, self._unrequested(order, "skipped", reason),
-                                    baseline, reason)
+        return self.unchanged(order, self._unrequested(order, "skipped", reason),
+                              baseline, reason)
 
-    async def unchanged(self, order: PageOrder, attempt: FetchAttempt,
-                        baseline: Sequence[Discovery], reason: str) -> PageEffects:
+    def unchanged(self, order: PageOrder, attempt: FetchAttempt,
+                  baseline: Sequence[Discovery], reason: str) -> Settlement:
         """A baseline document that stands (a 304, or not due): ``attempt`` is this run's
         (the 304, or the skipped one), ``baseline`` the discoveries recorded from the
         baseline's capture. Each is recorded again for this run, from the artifact its
@@ -380,11 +431,10 @@ class PageWorker:
         queued = self.follow(refs, order.depth, attempt.attempt_id)
         messages.append(self.update(queued=queued, settled=[
             SettledUrl(url=order.url, state="done", reason=reason)]))
-        await self.commit(messages)
         sitemaps = [normalize_url(r.url) for r in refs
                     if r.edge_kind == "sitemap" and r.tag == "sitemap"]
-        return PageEffects(queued_links=any(q.skip is None for q in queued),
-                           sitemaps=sitemaps)
+        return Settlement(messages, PageEffects(
+            queued_links=any(q.skip is None for q in queued), sitemaps=sitemaps))
 
     def _unrequested(self, order: PageOrder, outcome: Literal["refused_by_robots", "skipped"],
                      reason: str) -> FetchAttempt:
@@ -396,7 +446,7 @@ class PageWorker:
     # --- a render --------------------------------------------------------------------
 
     async def rendered(self, order: PageOrder, attempt: FetchAttempt, source: SourceCapture,
-                       rendered: Rendered) -> PageEffects:
+                       rendered: Rendered) -> Settlement:
         """Settle a page with its render (``_crawl.renderscope``): the render and the
         browser's requests, the verdicts of rules that read the rendered DOM, the DOM's
         links and where they lead, and the page done; or, if the render failed, a retry.
@@ -404,8 +454,8 @@ class PageWorker:
         render = rendered.render
         messages: list[Message] = [render, *rendered.attempts]
         if render.outcome != "rendered":
-            return await self.retry(order, messages, f"render {render.outcome}: "
-                                    f"{render.error}", backoff=None)
+            return self.retry(order, messages, f"render {render.outcome}: {render.error}",
+                              backoff=None)
         rules = self.rules.rendered if self.rules is not None else ()
         if rules and rendered.dom is not None and render.dom is not None:
             assert attempt.response_headers is not None
@@ -427,13 +477,13 @@ class PageWorker:
         messages.append(self.update(queued=queued, settled=[SettledUrl(
             url=order.url, state="done",
             reason=f"HTTP {attempt.http_status}, rendered ({render.settle})")]))
-        await self.commit(messages)
-        return PageEffects(queued_links=any(q.skip is None for q in queued))
+        return Settlement(messages, PageEffects(queued_links=any(q.skip is None
+                                                                for q in queued)))
 
     # --- a transient failure ---------------------------------------------------------
 
-    async def retry(self, order: PageOrder, messages: list[Message], what: str, *,
-                    backoff: float | None) -> PageEffects:
+    def retry(self, order: PageOrder, messages: list[Message], what: str, *,
+              backoff: float | None) -> Settlement:
         """A transient failure: requeue with a delay, or fail once attempts are used up."""
         attempts = order.attempts + 1
         now = utc_now()
@@ -447,17 +497,17 @@ class PageWorker:
             settled = SettledUrl(url=order.url, state="failed",
                                  reason=f"{what} on attempt {attempts} of "
                                  f"{self.config.max_attempts}: attempts exhausted")
-            await self.commit([*messages, self.update(settled=[settled])])
-            return PageEffects(backoff=backoff, problem=_problem(
-                order.url, f"{settled.reason}; failed", backoff, order.host))
+            return Settlement([*messages, self.update(settled=[settled])], PageEffects(
+                backoff=backoff, problem=_problem(order.url, f"{settled.reason}; failed",
+                                                  backoff, order.host)))
         wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
         settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
                              f"{attempts + 1} of {self.config.max_attempts}",
                              not_before=now + dt.timedelta(seconds=wait))
-        await self.commit([*messages, self.update(settled=[settled])])
-        return PageEffects(backoff=backoff, retry_in=wait, problem=_problem(
-            order.url, f"{what}: retry {attempts + 1} of {self.config.max_attempts} in "
-            f"{wait:g} s", backoff, order.host))
+        return Settlement([*messages, self.update(settled=[settled])], PageEffects(
+            backoff=backoff, retry_in=wait, problem=_problem(
+                order.url, f"{what}: retry {attempts + 1} of {self.config.max_attempts} "
+                f"in {wait:g} s", backoff, order.host)))
 
 
 def _problem(url: str, what: str, backoff: float | None, host: str = "") -> str:

@@ -44,7 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ from .http import crawl_client
 from .netpolicy import NetworkPolicy
 from .pages import PageEffects, PageOrder, PageWorker
 
-__all__ = ["Setup", "WorkerLost", "WorkerPool"]
+__all__ = ["Handed", "Setup", "WorkerLost", "WorkerPool"]
 
 log = logging.getLogger("evidence.crawl")
 
@@ -166,22 +166,52 @@ class WorkerLost(Exception):
 # --- the parent's side -----------------------------------------------------------------
 
 class _Waiter:
-    __slots__ = ("event", "fetched", "result")
+    __slots__ = ("event", "fetched", "over", "result")
 
-    def __init__(self, fetched: Callable[[], None] | None) -> None:
-        self.event = anyio.Event()
+    def __init__(self) -> None:
+        self.event = anyio.Event()  # answered: ``result`` is set
+        self.over = anyio.Event()  # the order's request is over, or it was answered
+        self.fetched = False  # its worker said the request is over before answering
         self.result: PageEffects | BaseException | None = None
-        self.fetched = fetched  # called (once) when the order's request is over
 
     def request_over(self) -> None:
-        fetched, self.fetched = self.fetched, None
-        if fetched is not None and not self.event.is_set():
-            fetched()
+        if not self.event.is_set():
+            self.fetched = True
+            self.over.set()
 
     def resolve(self, result: PageEffects | BaseException) -> None:
         if not self.event.is_set():
             self.result = result
             self.event.set()
+            self.over.set()
+
+
+class Handed:
+    """An order a worker holds (``WorkerPool.hand``): wait for its request to be over,
+    then for its outcome; the pool calls nothing back."""
+
+    def __init__(self, waiter: _Waiter,
+                 spot_check: Callable[[PageEffects], Coroutine[Any, Any, None]] | None = None
+                 ) -> None:
+        self._waiter = waiter
+        self._spot_check = spot_check  # a worker host's page: fetched again by a sample
+
+    async def request_over(self) -> bool:
+        """Wait until the worker says the order's request is over (True), or the order is
+        answered or lost without that (False)."""
+        await self._waiter.over.wait()
+        return self._waiter.fetched
+
+    async def outcome(self) -> PageEffects:
+        """The page's effects once its group committed; ``WorkerLost`` if its worker died
+        (or its lease expired) first."""
+        await self._waiter.event.wait()
+        if isinstance(self._waiter.result, BaseException):
+            raise self._waiter.result
+        assert self._waiter.result is not None
+        if self._spot_check is not None:
+            await self._spot_check(self._waiter.result)
+        return self._waiter.result
 
 
 class _Child:
@@ -207,9 +237,9 @@ class _Child:
 class WorkerPool:
     """N worker processes running orders for one run. Use ``async with``.
 
-    ``page`` hands an order to the least busy live child and returns its effects once the
-    child's group has committed (calling ``fetched`` when the child says its request is
-    over, before that); it raises ``WorkerLost`` if the child dies first. A dead
+    ``hand`` gives an order to the least busy live child: the ``Handed`` says when the
+    child's request is over, then the effects once the child's group has committed (or
+    raises ``WorkerLost`` if the child dies first); ``page`` waits for the effects. A dead
     child is replaced; a child that fails to start fails the run: ``page`` raises its error
     from then on, and so does leaving the pool.
 
@@ -312,11 +342,17 @@ class WorkerPool:
                 with anyio.CancelScope(shield=True):
                     await child.process.wait()
 
-    async def page(self, order: PageOrder,
-                   fetched: Callable[[], None] | None = None) -> PageEffects:
+    async def page(self, order: PageOrder) -> PageEffects:
+        async with self.hand(order) as handed:
+            return await handed.outcome()
+
+    @contextlib.asynccontextmanager
+    async def hand(self, order: PageOrder) -> AsyncIterator[Handed]:
+        """Hand ``order`` to the least busy live worker, which holds it until the block
+        ends."""
         child = await self._pick()
         request_id = next(self._ids)
-        waiter = _Waiter(fetched)
+        waiter = _Waiter()
         child.pending[request_id] = waiter  # no await since _pick: the child is alive
         if child.process is None:  # a worker host may submit this page's evidence now
             child.leased[order.url] = order
@@ -329,16 +365,11 @@ class WorkerPool:
                     child.send_lock.release()
             except PEER_GONE:
                 pass  # the child died: its receiver resolves every pending order
-            await waiter.event.wait()
+            spot = self.spot_check if child.process is None else None
+            yield Handed(waiter, None if spot is None else (lambda effects: spot(order, effects)))
         finally:
             child.pending.pop(request_id, None)
             child.leased.pop(order.url, None)
-        if isinstance(waiter.result, BaseException):
-            raise waiter.result
-        assert waiter.result is not None
-        if child.process is None and self.spot_check is not None:
-            await self.spot_check(order, waiter.result)
-        return waiter.result
 
     async def _pick(self) -> _Child:
         while True:
