@@ -88,8 +88,8 @@ from .artifacts import (
     _chunks,
     _os_errors,
     _subdirs,
+    check_one_by_one,
 )
-from .backend import check_one_by_one
 from .fsync import fsync_file
 
 __all__ = ["DEFAULT_PACK_BYTES", "PACKS_DIR", "PackStore", "open_artifact_store",
