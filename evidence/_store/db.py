@@ -94,6 +94,7 @@ class Store(StoreBase):
                                      vfs=vfs, wal_frames=self.wal_frames)
         self.sync_failed: str | None = None  # why, once an fsync failed in this process
         self.read_only = read_only  # opened with read_only=True: ``connection`` cannot write
+        self._store_id = self.meta("store_id")  # here, before any writer uses ``connection``
 
     @classmethod
     def open(cls, path: os.PathLike[str] | str, *, create: bool = False, sync: Sync = "full",

@@ -130,12 +130,6 @@ class PostgresStore(StoreBase):
         self._store_id = ""
 
     @property
-    def store_id(self) -> str:
-        """The store's identity, read when it was opened (it never changes): answering it
-        (the service's handshake) needs no connection to the server."""
-        return self._store_id or self.meta("store_id")
-
-    @property
     def location(self) -> str:
         return self.backend.location
 

@@ -38,6 +38,7 @@ class StoreBase:
     vfs: str | None
     sync_failed: str | None  # why, once an fsync failed in this process
     read_only: bool  # opened with read_only=True: ``connection`` cannot write
+    _store_id = ""  # read when the store was opened (``store_id``)
 
     @property
     def location(self) -> str:
@@ -50,7 +51,10 @@ class StoreBase:
 
     @property
     def store_id(self) -> str:
-        return self.meta("store_id")
+        """The store's identity, read when it was opened (it never changes): answering it
+        (the service's handshake, on the event loop's thread) never touches the write
+        connection, which the writer may be using on its commit thread meanwhile."""
+        return self._store_id or self.meta("store_id")
 
     def meta(self, key: str) -> str:
         rows = self.connection.execute(
