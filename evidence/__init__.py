@@ -11,6 +11,8 @@ import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from ._version import __version__ as __version__  # the one place it is written
+
 if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._archive.archive import (
         BackupReport,
@@ -100,7 +102,6 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._store.log import check_log
     from ._write.writer import Writer, WriterLimits
 
-__version__ = "0.1.0"
 
 __all__ = [
     "NORMALIZER_VERSION",

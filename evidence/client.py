@@ -36,11 +36,11 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, TypeVarTuple
 
 import anyio
 import anyio.abc
@@ -50,7 +50,7 @@ import msgspec
 
 from ._errors import CommitError, MessageError
 from ._model.acks import Ack
-from ._model.messages import MAX_MESSAGE_BYTES, Message, canonical_encode
+from ._model.messages import MAX_MESSAGE_BYTES, Message, encode_checked
 from ._net import connect_unix
 from ._write.tls import parse_connect
 from ._write.wire import (
@@ -87,6 +87,7 @@ __all__ = [
 log = logging.getLogger("evidence.client")
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 _MAX_ANSWER_BYTES = 64 * 1024 * 1024
 _SEND_CHUNK = 1024 * 1024
@@ -230,13 +231,7 @@ class AsyncClient:
             return []
         encoded = []
         for message in messages:
-            data = canonical_encode(message)
-            if len(data) > MAX_MESSAGE_BYTES:
-                raise MessageError(
-                    f"message {message.message_id} encodes to {len(data)} bytes, over the "
-                    f"limit of {MAX_MESSAGE_BYTES}", message_id=message.message_id,
-                    hint="store large payloads in the artifact store and reference them")
-            encoded.append(msgspec.Raw(data))
+            encoded.append(msgspec.Raw(encode_checked(message)))
         request_id = next(self._ids)
         frame = encode_frame(Submit(id=request_id, messages=encoded))
         limit = self.welcome.max_frame_bytes if self.welcome else MAX_MESSAGE_BYTES
@@ -543,12 +538,15 @@ class Client:
             self._portal = None
             self._portal_cm.__exit__(None, None, None)
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
+        """``fn(*args)`` on the client's event loop thread; its result here."""
         if self._portal is None:
             raise ServiceError("the client is not open", hint="use 'with Client(...)'")
         return self._portal.call(fn, *args)
 
-    def _soon(self, fn, *args) -> concurrent.futures.Future:
+    def _soon(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args
+              ) -> concurrent.futures.Future[T]:
+        """``fn(*args)`` started on the client's event loop thread; its result's future."""
         if self._portal is None:
             raise ServiceError("the client is not open", hint="use 'with Client(...)'")
         return self._portal.start_task_soon(fn, *args)
@@ -579,4 +577,7 @@ class Client:
         return self._call(self._client.metrics_text)
 
     def statistics(self) -> ClientStatistics:
-        return self._call(self._client.statistics)
+        return self._call(self._statistics)
+
+    async def _statistics(self) -> ClientStatistics:
+        return self._client.statistics()  # read on the client's own thread, as it counts

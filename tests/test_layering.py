@@ -1,7 +1,7 @@
 """The package's layout is its data flow, and imports only go down it (docs/design.md).
 
-    _errors < _model < _net < _store < _write < client < _crawl < _audit < _archive < _demo
-            < _cli < testing < evidence (the public face)
+    _version < _errors < _model < _net < _store < _write < client < _crawl < _audit
+             < _archive < _demo < _cli < testing < evidence (the public face)
 
 Each module's imports are read with ``ast`` (every ``import`` and ``from ... import``,
 inside functions and ``TYPE_CHECKING`` blocks too: a type named from an upper stage is a
@@ -21,10 +21,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 
 # The stages, lowest first. A module may import its own stage and the stages before it.
-STAGES = ["evidence._errors", "evidence._model", "evidence._net", "evidence._store",
-          "evidence._write", "evidence.client", "evidence._crawl", "evidence._audit",
-          "evidence._archive", "evidence._demo", "evidence._cli", "evidence.testing",
-          "evidence"]
+STAGES = ["evidence._version", "evidence._errors", "evidence._model", "evidence._net",
+          "evidence._store", "evidence._write", "evidence.client", "evidence._crawl",
+          "evidence._audit", "evidence._archive", "evidence._demo", "evidence._cli",
+          "evidence.testing", "evidence"]
 # Libraries that do I/O: the model is pure values and never imports them.
 IO_LIBRARIES = {"apsw", "anyio", "httpx", "httpcore", "socket", "sqlite3", "subprocess"}
 
@@ -83,10 +83,7 @@ def layering_violations(paths: list[Path]) -> list[str]:
         for line, target in imports_of(path):
             if target != "evidence" and not target.startswith("evidence."):
                 continue
-            if target == "evidence" and here != "evidence":
-                continue  # ``from evidence import __version__``-style lookups are checked
-                #           as the names they import (evidence.__version__: the face)
-            if stage_of(target) > stage_of(here) and not target.endswith("__version__"):
+            if stage_of(target) > stage_of(here):
                 problems.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {here} "
                                 f"imports {target}, a later stage")
     return problems
@@ -105,6 +102,149 @@ def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:
     finally:
         bad.unlink()
     assert problems and "imports evidence._crawl.frontier" in problems[0]
+
+
+# --- no circles: a module never needs, through any chain of imports, a module that needs it --
+
+def module_edges(paths: list[Path]) -> dict[str, set[str]]:
+    """Which of the package's modules each module imports (functions' and ``TYPE_CHECKING``
+    imports too). ``from package import name`` is an edge to the module ``package.name``
+    when there is one (``from . import warc``), else to ``package``; ``import a.b`` is an
+    edge to ``a.b`` only (the parent package runs first, but needs nothing of ``a.b``)."""
+    known = {module_name(p) for p in paths}
+    edges: dict[str, set[str]] = {}
+    for path in paths:
+        here = module_name(path)
+        package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+        needed: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                needed |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    needed.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known
+                               else target)
+        edges[here] = {m for m in needed if m in known and m != here}
+    return edges
+
+
+def import_circles(paths: list[Path]) -> list[list[str]]:
+    """Every set of modules that import each other in a ring (Tarjan's strongly connected
+    components of more than one module), each sorted, each ring as one list."""
+    edges = module_edges(paths)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(edges[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            ring = []
+            while (member := stack.pop()) != module:
+                ring.append(member)
+            if ring:
+                circles.append(sorted([module, *ring]))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    """A circle means no part of it can be read, tested or replaced alone (issue 31: the
+    seam module imported every implementation, and each imported it back)."""
+    assert import_circles(modules()) == []
+
+
+def test_the_circle_check_catches_a_circle() -> None:
+    """Two probes that import each other, one through a function (still a dependency), and
+    a third that closes a longer ring through a real module, are caught; ``from . import
+    module`` counts as an edge to that module, not to its package."""
+    first = PACKAGE / "_audit" / "_layering_probe.py"  # folders no other probe uses: the
+    second = PACKAGE / "_demo" / "_layering_probe.py"  # suite runs in several processes
+    first.write_text("from .._store import fsync\n\n\ndef later():\n"
+                     "    from .._demo._layering_probe import x\n    return x\n")
+    second.write_text("from .._audit._layering_probe import later\nx = 1\n")
+    try:
+        found = import_circles([*modules(), first, second])
+    finally:
+        first.unlink()
+        second.unlink()
+    assert found == [["evidence._audit._layering_probe", "evidence._demo._layering_probe"]]
+
+
+# --- one way to open a store ---------------------------------------------------------------
+
+# Who may ask which kind of database a location names. Everything else asks what it needs
+# (location.is_server_database, location.label), so another database touches these alone:
+# location (its kind), db (its opening), and archive (a restore into a PostgreSQL database
+# writes its rows with PostgreSQL's own restore_rows).
+KIND_QUESTIONS = {"is_postgres_location": {"_store/location.py"},
+                  "database_kind": {"_store/location.py", "_store/db.py",
+                                    "_archive/archive.py"}}
+
+
+def kind_questions(paths: list[Path]) -> list[str]:
+    """Each call of a KIND_QUESTIONS function outside the modules allowed to ask it."""
+    found = []
+    for path in paths:
+        where = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func
+            name = (called.id if isinstance(called, ast.Name) else
+                    called.attr if isinstance(called, ast.Attribute) else "")
+            if name in KIND_QUESTIONS and where not in KIND_QUESTIONS[name]:
+                found.append(f"{where}:{node.lineno}: {name}")
+    return found
+
+
+def test_one_module_tells_locations_apart_and_one_opens_them() -> None:
+    """Which database a location names is asked in _store/location.py and answered by an
+    opening in _store/db.py (issue 31: nine sites in six modules asked it before)."""
+    assert kind_questions(modules()) == []
+
+
+def test_the_location_check_catches_a_caller_that_asks_the_kind() -> None:
+    bad = PACKAGE / "_crawl" / "_layering_probe.py"  # a folder no other probe uses
+    bad.write_text("from .._store import location\n\n\ndef f(x):\n"
+                   "    return location.is_postgres_location(x) or "
+                   "location.database_kind(x)\n")
+    try:
+        found = kind_questions([bad])
+    finally:
+        bad.unlink()
+    assert found == ["_crawl/_layering_probe.py:5: is_postgres_location",
+                     "_crawl/_layering_probe.py:5: database_kind"]
+
+
+def test_the_version_is_named_once_and_pyproject_agrees() -> None:
+    """``evidence/_version.py`` holds the version; the public face and pyproject.toml say the
+    same, and no module learns it from the public face (issue 31)."""
+    import tomllib
+
+    import evidence
+    from evidence._version import __version__
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    assert evidence.__version__ == __version__ == project["version"]
+    assert [f"{module_name(p)}:{line}" for p in modules() for line, target in imports_of(p)
+            if target == "evidence.__version__"] == []
 
 
 def test_every_module_belongs_to_a_stage() -> None:

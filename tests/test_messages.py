@@ -78,6 +78,35 @@ def test_oversized_message_is_refused_before_decoding() -> None:
         decode_message(b"\x00" * (MAX_MESSAGE_BYTES + 1))
 
 
+def test_the_size_limit_is_checked_in_one_place() -> None:
+    """``MAX_MESSAGE_BYTES`` is compared in ``_model/messages.py`` alone (``check_size``):
+    the client, the writer and the decoder refuse an oversized message with one check and
+    one error (issue 31: the client and the writer each had a copy of it)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "evidence"
+    compared = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(n, ast.Name | ast.Attribute)
+                    and getattr(n, "id", getattr(n, "attr", "")) == "MAX_MESSAGE_BYTES"
+                    for n in ast.walk(node)):
+                compared.append(f"{path.relative_to(package).as_posix()}:{node.lineno}")
+    assert len(compared) == 1 and compared[0].startswith("_model/messages.py:"), compared
+
+
+def test_an_oversized_message_is_refused_when_encoded_to_be_submitted() -> None:
+    from evidence._model.messages import encode_checked
+
+    big = attempt(error="x" * (MAX_MESSAGE_BYTES + 1))
+    with pytest.raises(MessageError, match="exceeds the limit") as info:
+        encode_checked(big)
+    assert info.value.message_id == big.message_id  # type: ignore[attr-defined]
+    assert encode_checked(attempt()) == canonical_encode(attempt())
+
+
 def test_canonical_encoding_ignores_dict_insertion_order() -> None:
     a = SessionStarted(message_id="m", session_id="s", started_at=NOW,
                        config={"b": 1, "a": {"y": 2, "x": 3}})

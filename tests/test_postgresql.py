@@ -254,6 +254,19 @@ def test_the_connection_string_is_shown_without_its_password() -> None:
     assert not is_postgres_location(Path("postgresql:/x"))
 
 
+def test_what_a_location_names_and_what_a_message_may_show_of_it() -> None:
+    """The kinds are told apart in one place; callers ask ``is_server_database`` and
+    ``label`` (issue 31), which never show a password."""
+    from evidence._store.location import database_kind, is_server_database, label
+
+    for location in ("postgresql://u:secret@h/db", "host=/run/pg dbname=e password=secret"):
+        assert database_kind(location) == "postgresql" and is_server_database(location)
+        assert "secret" not in label(location) and "***" in label(location)
+    for location in ("./store", Path("/srv/store"), "backups/password-store"):
+        assert database_kind(location) == "sqlite" and not is_server_database(location)
+        assert label(location) == str(location)
+
+
 
 async def test_verify_quick_and_full_pass_on_postgresql_and_locate_an_edit(
         tmp_path: Path, pg_url: str, pg_cluster) -> None:

@@ -144,3 +144,33 @@ def test_write_transactions_begin_immediate(store: Store) -> None:
 def test_readers_are_read_only(store: Store) -> None:
     with store.reader() as conn, pytest.raises(apsw.ReadOnlyError):
         conn.execute("INSERT INTO store_meta VALUES ('x', 'y')")
+
+
+def test_the_store_id_is_answered_while_the_writer_uses_the_write_connection(
+        tmp_path: Path) -> None:
+    """The service's handshake asks ``store.store_id`` on its event loop's thread while the
+    writer may be committing on the write connection on its own thread: the answer is the
+    one read at open, never a query on that connection (one crashed a crawl with worker
+    processes: apsw's ThreadingViolationError, "the Connection is busy in another
+    thread")."""
+    import threading
+
+    with Store.create(tmp_path / "s") as store:
+        expected = store.store_id
+        entered, release = threading.Event(), threading.Event()
+
+        def hold() -> int:
+            entered.set()
+            release.wait(60)
+            return 1
+
+        store.connection.create_scalar_function("hold", hold, 0)
+        busy = threading.Thread(
+            target=lambda: store.connection.execute("SELECT hold()").fetchall())
+        busy.start()
+        try:
+            assert entered.wait(60)  # the connection is in use on the other thread now
+            assert store.store_id == expected != ""
+        finally:
+            release.set()
+            busy.join()

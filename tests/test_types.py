@@ -2,7 +2,8 @@
 
 pyproject.toml [tool.mypy] checks ``evidence/`` with mypy's defaults, and strictly (every
 flag of ``--strict`` that may be set per module) the model and the write path, where a
-wrong type is a wrong message or a wrong commit. apsw is typed as Any (typings/apsw).
+wrong type is a wrong message or a wrong commit, and ``evidence/client.py``, the public
+module producers import. apsw is typed as Any (typings/apsw).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def test_the_model_and_the_write_path_are_checked_strictly_the_rest_by_default(
     for stage in ("_model", "_write", "_crawl"):
         (tmp_path / "evidence" / stage / "probe.py").write_text(
             "def untyped(x):\n    return x\n")
+    with (tmp_path / "evidence" / "client.py").open("a") as client:
+        client.write("\n\ndef _untyped_probe(x):\n    return x\n")
     done = mypy(tmp_path, tmp_path / "cache")
     assert done.returncode == 1, done.stdout + done.stderr
     flagged = {line.split(":")[0] for line in done.stdout.splitlines() if ": error:" in line}
-    assert flagged == {"evidence/_model/probe.py", "evidence/_write/probe.py"}, done.stdout
+    assert flagged == {"evidence/_model/probe.py", "evidence/_write/probe.py",
+                       "evidence/client.py"}, done.stdout

@@ -33,7 +33,7 @@ from .._store.artifacts import ArtifactStore
 from .._store.backend import ArtifactBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_file
-from .._store.location import is_postgres_location, redact
+from .._store.location import database_kind, is_server_database, label, redact
 from .._store.log import check_log, load_head
 from .._store.packs import open_artifact_store
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
@@ -291,7 +291,7 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
         raise CorruptStoreError(f"{dump_file} is missing or does not match its manifest "
                                 "(size or BLAKE3)", hint="the archive was altered or damaged",
                                 path=str(dump_file))
-    if is_postgres_location(store_path):
+    if database_kind(store_path) == "postgresql":
         return _restore_postgres(archive, manifest, migrations, str(store_path), artifacts,
                                  progress)
     if artifacts is not None:
@@ -512,7 +512,7 @@ def _summarize(source: Source, path: Path, full: bool, progress: Progress | None
     payloads: ArtifactBackend | None
     notes: list[Difference] = []
     with contextlib.ExitStack() as stack:
-        if isinstance(source, Store) or is_postgres_location(source) or not (
+        if isinstance(source, Store) or is_server_database(source) or not (
                 Path(source) / MANIFEST).exists():
             backend, payloads = stack.enter_context(open_source(source))
             backend.copy_snapshot(path, progress=progress)
@@ -559,8 +559,7 @@ def _archive_payloads(archive: Path) -> ArtifactStore | None:
 def _summarize_copy(source: Source, kind: str, conn: apsw.Connection, path: Path,
                     progress: Progress | None) -> dict:
     """What is compared of one side's private copy (``conn``, closed here)."""
-    label = source.location if isinstance(source, Store) else (
-        redact(str(source)) if is_postgres_location(source) else str(source))
+    name = source.location if isinstance(source, Store) else label(source)
     with contextlib.closing(conn), map_sqlite_errors(path):
         per_run: dict[tuple[str, str], list] = {}
         schema, sections = dump(conn, Output(None), per_run=per_run, progress=progress)
@@ -575,7 +574,7 @@ def _summarize_copy(source: Source, kind: str, conn: apsw.Connection, path: Path
         meta = dict(conn.execute("SELECT key, value FROM store_meta"))
         columns = {t.name: (t.columns, t.order) for t in tables(conn)}
         refs = artifact_refs(conn)
-    side = Side(source=label, kind=kind, store_id=meta.get("store_id", ""),
+    side = Side(source=name, kind=kind, store_id=meta.get("store_id", ""),
                 tree_size=head.tree.size, root=head.tree.root().hex(),
                 rows=sum(s.rows for s in sections.values()))
     return {"side": side, "schema": schema.blake3, "columns": columns, "reports": reports,

@@ -62,12 +62,12 @@ from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
 from .._store.fsync import fsync_file
-from .._store.location import is_postgres_location
+from .._store.location import is_server_database
 from .._store.log import check_log
 from .._store.packs import open_artifact_store
 from .._store.sqlite import load_migrations, map_sqlite_errors
-from .remote import INDEX, Remote, RemoteFile, no_archive
 from .snapshot import Gap, Progress, Source, artifact_refs, building
+from .transfer import INDEX, Remote, RemoteFile, no_archive
 
 __all__ = ["CHECKPOINT", "Checkpoint", "Checkpointer", "RestoredCheckpoint", "backup_to_s3",
            "check_destination", "checkpoints", "latest", "read_checkpoint",
@@ -358,7 +358,7 @@ def restore_checkpoint(url: str, store_path: os.PathLike[str] | str, *,
     """Build a store directory at ``store_path`` (new or empty) from the newest complete
     checkpoint under ``url`` (or ``checkpoint_id``); nothing appears there unless every
     check passes."""
-    if is_postgres_location(store_path):
+    if is_server_database(store_path):
         raise StoreError("a checkpoint restores into a store directory",
                          hint="restore into a new directory (evidence restore s3://... --store "
                          "DIR)")

@@ -45,16 +45,12 @@ from .._errors import (
     ArtifactMissingError,
     ArtifactReadError,
     CorruptStoreError,
-    MigrationError,
     StoreError,
 )
 from .._model.refs import ArtifactRef
-from .._store import artifactspec
 from .._store.backend import ArtifactBackend, StoreBackend
-from .._store.db import ARTIFACTS_DIR, DB_NAME, Store
+from .._store.db import Store
 from .._store.fsync import fsync_dir
-from .._store.location import is_postgres_location
-from .._store.sqlite import SQLiteBackend, load_migrations
 
 __all__ = ["CORRUPT", "HELD", "MANIFEST", "MISSING", "READ_TRIES", "Gap", "Progress", "Source",
            "artifact_refs", "building", "copy_artifacts", "open_source", "payload_states",
@@ -77,51 +73,12 @@ class Gap(msgspec.Struct, frozen=True, kw_only=True, order=True):
 
 # --- the source: a store, read-only, never an archive ------------------------------
 
-@contextlib.contextmanager
-def open_source(source: Source) -> Iterator[tuple[StoreBackend, ArtifactBackend]]:
+def open_source(source: Source) -> contextlib.AbstractContextManager[
+        tuple[StoreBackend, ArtifactBackend]]:
     """(database backend, artifact store) of a Store, a store directory or a PostgreSQL
-    connection string, open for the ``with`` block and closed when it ends.
-
-    Nothing is handed out whose owner is already closed: what this opens (a PostgreSQL
-    store's connection, an object store's client) lives exactly as long as the block. A
-    ``Store`` passed in is its caller's, and stays open.
-    """
-    if isinstance(source, Store):
-        yield source.backend, source.artifacts
-        return
-    if is_postgres_location(source):  # the version is checked at open
-        with Store.open(source, read_only=True) as store:
-            yield store.backend, store.artifacts
-        return
-    root = Path(source)
-    if not (root / DB_NAME).is_file():
-        if (root / MANIFEST).is_file():
-            raise StoreError(f"{root} is an archive, not a store", path=str(root),
-                             hint=f"restore it first: evidence restore {root} --store NEW")
-        raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
-                         hint="pass a store directory (or a backup of one)", path=str(root))
-    backend = SQLiteBackend(root / DB_NAME)
-    _check_schema_version(backend)
-    with backend.snapshot() as conn:
-        spec = artifactspec.recorded(conn)
-    artifacts = artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR, create=False,
-                                            read_only=True)
-    try:
-        yield backend, artifacts
-    finally:
-        artifacts.close()
-
-
-def _check_schema_version(backend: StoreBackend) -> None:
-    """Refuse a store written by a newer program, as opening it for status or verify does:
-    its dump could not be restored by this one, and its rows may mean other things."""
-    newest = len(load_migrations())
-    with backend.snapshot() as conn:  # read-only: works on read-only media
-        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
-    if version > newest:
-        raise MigrationError(f"the store has schema version {version}, newer than this "
-                             f"program supports ({newest})", schema_version=version,
-                             hint="upgrade evidence to export this store")
+    connection string, open for the ``with`` block and closed when it ends; an archive is
+    refused (``Store.backends``: where every location becomes a store)."""
+    return Store.backends(source)
 
 
 # --- a build directory that appears only complete -------------------------------------

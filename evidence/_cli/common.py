@@ -134,9 +134,9 @@ class _StoreLocation:
         self.action = action
 
     def resolve(self, parser: Parser, args: list[str]) -> list[str]:
-        from .._store.location import is_postgres_location, redact
+        from .._store.location import is_server_database, redact
 
-        if any(is_postgres_location(text) and redact(text) != text
+        if any(is_server_database(text) and redact(text) != text
                for arg in args for text in (arg, arg.partition("=")[2])):
             sys.stderr.write(_PASSWORD_WARNING)
         path = _option_value(args, "--dsn-file")
@@ -168,7 +168,7 @@ def _option_value(args: list[str], *names: str) -> str | None:
 def _read_dsn_file(parser: Parser, path: str) -> str:
     """The connection string in ``path``; an unusable file exits with an error that names
     the file, never its content."""
-    from .._store.location import is_postgres_location
+    from .._store.location import is_server_database
 
     def fail(message: str, hint: str) -> NoReturn:
         parser.exit(2, error_text(f"--dsn-file {path}: {message}", hint))
@@ -183,7 +183,7 @@ def _read_dsn_file(parser: Parser, path: str) -> str:
         fail("not a text file", "give a file holding the connection string")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         fail("other users may read it, and it holds a password", f"chmod 600 {path}")
-    if not is_postgres_location(text):
+    if not is_server_database(text):
         fail("it does not hold a PostgreSQL connection string (its content is not shown)",
              "write one line: postgresql://USER:PASSWORD@HOST/DBNAME, or libpq's "
              "'host=... dbname=... password=...'")

@@ -27,9 +27,8 @@ import msgspec
 from .._audit.status import RunStatus, StoreStatus, status
 from .._crawl.frontier import CrawlConfig, check_seeds, last_session
 from .._errors import EvidenceError
-from .._store.db import DB_NAME, Store
-from .._store.location import is_postgres_location
-from .._store.runlock import stop
+from .._store.db import DB_NAME, Store, stop_writer
+from .._store.location import is_server_database
 from .common import (
     Parser,
     add_listen_options,
@@ -162,7 +161,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
     stderr = stderr or sys.stderr
     path = Path(args.store)
-    postgres = is_postgres_location(args.store)  # a database: resuming is checked at open
+    postgres = is_server_database(args.store)  # a database: resuming is checked at open
     if args.urls:
         check_seeds(list(args.urls))
     elif not postgres and not (path / DB_NAME).exists():
@@ -499,12 +498,7 @@ class _CrawlProgressLog:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    if is_postgres_location(args.store):
-        from .._store.pgstore import stop_writer
-
-        pid = stop_writer(args.store)
-    else:
-        pid = stop(Path(args.store))
+    pid = stop_writer(args.store)
     if pid is None:
         print(f"no crawl is running on {args.store}")
         return 1

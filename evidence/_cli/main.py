@@ -25,8 +25,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import __version__
 from .._errors import EvidenceError, only_evidence_error
+from .._version import __version__
 from . import archive, convert, crawl, hosts, proofs, replay, rules, service, verify
 from .common import Parser, add_log_options, configure_logs, error_text
 

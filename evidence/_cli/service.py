@@ -18,7 +18,7 @@ import anyio
 
 from .._errors import EvidenceError
 from .._store.db import Store
-from .._store.location import is_postgres_location
+from .._store.location import is_server_database
 from .._store.runlock import crawl_lock, running_pid
 from .._write.service import Service, ServiceLimits
 from .._write.wire import ServiceError, ServiceStatistics
@@ -46,9 +46,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                            "--listen 127.0.0.1:PORT --token-file FILE")
     listen, tls, token = listen_options(args)
     log_to(sys.stderr)
-    postgres = is_postgres_location(args.store)
+    server = is_server_database(args.store)
     path = Path(args.store)
-    with Store.open(args.store if postgres else path, sync=args.sync,
+    with Store.open(args.store if server else path, sync=args.sync,
                     artifacts=args.artifacts,
                     db_outage_deadline=args.db_outage_deadline) as store:
         # Built (and so checked) before the lock is taken: a refused configuration changes
@@ -70,7 +70,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             writer_limits=WriterLimits(queue_size=args.queue_size,
                                        max_batch_messages=args.batch_messages,
                                        max_batch_delay=args.batch_delay))
-        if postgres:  # a second service waits as a standby and takes over when this one ends
+        if server:  # a second service waits as a standby and takes over when this one ends
             with store.writer_lock(wait=True, on_wait=lambda holder: log.info(
                     "standby: the writer lock of %s is held by %s; this service takes over "
                     "when it ends", store.location, holder,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.abc
@@ -34,8 +34,10 @@ from .._write.metrics import (
 )
 
 if TYPE_CHECKING:
-    from .crawler import Crawler, CrawlProgress
-    from .workerhost import HostStatistics
+    from .._model.acks import WriterStatistics
+    from .._store.db import Store
+    from .._write.tally import Tally
+    from .frontier import FrontierCounts
 
 __all__ = ["crawl_families", "crawl_metrics", "host_families", "metrics_endpoint",
            "recorded_families"]
@@ -43,6 +45,62 @@ __all__ = ["crawl_families", "crawl_metrics", "host_families", "metrics_endpoint
 log = logging.getLogger("evidence.crawl")
 
 _STATES = ("queued", "in_flight", "done", "failed", "skipped")
+
+
+# What a scrape reads, named here rather than imported: the crawler and the worker host
+# start their endpoints from this module, so importing their classes back would be a circle.
+
+class CrawlProgress(Protocol):
+    """A crawl's figures at one moment (``crawler.CrawlProgress`` has them)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def writer(self) -> WriterStatistics: ...
+    @property
+    def requested(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def counts(self) -> FrontierCounts: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def worker_pids(self) -> list[int]: ...
+    @property
+    def worker_hosts(self) -> list[str]: ...
+
+
+class Crawler(Protocol):
+    """The crawl being served (``crawler.Crawler``)."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def stopping(self) -> bool: ...
+
+    def statistics(self) -> CrawlProgress: ...
+
+
+class HostStatistics(Protocol):
+    """A worker host's figures (``workerhost.HostStatistics``)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def channels(self) -> int: ...
+    @property
+    def orders(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def tally(self) -> Tally: ...
 
 
 @contextlib.asynccontextmanager

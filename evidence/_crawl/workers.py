@@ -66,7 +66,7 @@ from .._model.messages import Message
 from .._net import acquire, wrap_socket
 from .._store.artifactspec import open_artifacts
 from .._store.db import ARTIFACTS_DIR
-from .._store.location import is_postgres_location, is_s3_url
+from .._store.location import is_s3_url, is_server_database
 from .._store.resync import SYNC_MARKER
 from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
 from .frontier import CrawlConfig
@@ -644,7 +644,7 @@ async def _child(fd: int) -> None:
         # Its own pack (packs), files, or an s3:// location opened with this process's
         # environment (its credentials): the writer in the parent syncs what it appends.
         spec = setup.artifacts or None
-        server = is_postgres_location(setup.store)  # no store directory: no store marker
+        server = is_server_database(setup.store)  # no store directory: no store marker
         local = (Path(spec) if spec is not None and not is_s3_url(spec)
                  else Path(setup.store) / ARTIFACTS_DIR)
         artifacts = open_artifacts(spec, local=local, create=False, read_only=False,

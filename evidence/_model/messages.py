@@ -51,7 +51,9 @@ __all__ = [
     "SessionStarted",
     "SettledUrl",
     "canonical_encode",
+    "check_size",
     "decode_message",
+    "encode_checked",
     "format_time",
     "ledger_entry",
     "new_id",
@@ -394,6 +396,28 @@ def split_entry(entry: bytes) -> tuple[bytes, str | None]:
     return payload, submitter
 
 
+def check_size(size: int, message_id: str | None = None) -> None:
+    """Refuse an encoded message larger than ``MAX_MESSAGE_BYTES``: the one check of that
+    limit, made where a message is encoded to be submitted (``encode_checked``: the client
+    and the writer) and where bytes are decoded (``decode_message``: the service)."""
+    if size > MAX_MESSAGE_BYTES:
+        which = "message" if message_id is None else f"message {message_id}"
+        raise MessageError(
+            f"{which} of {size} bytes exceeds the limit of {MAX_MESSAGE_BYTES}",
+            hint="store large payloads in the artifact store and reference them",
+            size=size, **({} if message_id is None else {"message_id": message_id}))
+
+
+def encode_checked(message: Message) -> bytes:
+    """The canonical encoding of a message to submit, refused (``MessageError``) over
+    ``MAX_MESSAGE_BYTES``: how the client encodes a message to send it, and how the writer
+    encodes each message it records (one the service decoded too: what is stored and hashed
+    is the canonical encoding of what was decoded, whatever bytes a client sent)."""
+    data = canonical_encode(message)
+    check_size(len(data), message.message_id)
+    return data
+
+
 def payload_hash(encoded: bytes) -> str:
     """BLAKE3 of a canonical encoding, as 64 lowercase hex digits."""
     return blake3.blake3(encoded).hexdigest()
@@ -401,12 +425,7 @@ def payload_hash(encoded: bytes) -> str:
 
 def decode_message(data: bytes, *, format: Literal["msgpack", "json"] = "msgpack") -> Message:
     """Decode one message strictly; any defect is a ``MessageError`` naming the field."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise MessageError(
-            f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}",
-            hint="store large payloads in the artifact store and reference them",
-            size=len(data),
-        )
+    check_size(len(data))
     decoder = _msgpack_decoder if format == "msgpack" else _json_decoder
     try:
         message = decoder.decode(data)

@@ -43,7 +43,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,10 +56,12 @@ from .._errors import (
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
-from .backend import check_one_by_one
+from .backend import Removal
 from .fsync import fsync_dir
 
-__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal", "SingleRemoval"]
+# Removal is the seam's (backend.py), named here too: reclaim's verify imports it from here.
+__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal", "SingleRemoval",
+           "check_one_by_one"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
@@ -810,21 +812,6 @@ class ArtifactStore:
         return removed
 
 
-class Removal:
-    """Payloads that reclaim removes together, prepared before it takes the write lock:
-    ``commit`` (under the lock, after its re-check) removes them and says how many bytes it
-    freed; ``abort`` leaves everything as it was. A pack's removal rewrites the pack
-    without them first (``_store/packs.py``); a file's has nothing to prepare."""
-
-    refs: list[ArtifactRef]
-
-    def commit(self) -> int:
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        raise NotImplementedError
-
-
 class SingleRemoval(Removal):
     """One payload removed alone (a file, an object): nothing to prepare, nothing to undo."""
 
@@ -855,3 +842,17 @@ def _lstat(path: Path) -> os.stat_result | None:
         return os.lstat(path)
     except FileNotFoundError:
         return None
+
+
+def check_one_by_one(check: Callable[[ArtifactRef], None], refs: Sequence[ArtifactRef]
+                     ) -> list[ArtifactError | None]:
+    """``ArtifactBackend.check_each`` by ``check`` (a store's ``check``) of each ref."""
+    found: list[ArtifactError | None] = []
+    for ref in refs:
+        try:
+            check(ref)
+        except (ArtifactMissingError, ArtifactCorruptError) as exc:
+            found.append(exc)
+        else:
+            found.append(None)
+    return found

@@ -12,7 +12,10 @@ The implementations: ``_store/sqlite.py`` (``SQLiteBackend``); ``_store/packs.py
 (``ArtifactStore``, one file per payload: stores made before packs) and ``_store/s3.py``
 (``S3ArtifactStore``, one object per payload in an S3-compatible object store). The
 guarantees they must keep are written once, as contract tests parametrized over the
-implementations (``tests/contract/``): another backend is one more parameter there.
+implementations (``tests/contract/``): another backend is one more parameter there. This
+module defines protocols only and imports none of the implementations: each imports it,
+and ``_store/db.py``, where a location becomes a store, has the type checker confirm that
+each is what its seam says (``_check_protocols``).
 
 What a later backend has to provide, and where the protocol already leaves room:
 
@@ -37,22 +40,18 @@ What a later backend has to provide, and where the protocol already leaves room:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import msgspec
 
-from .._errors import ArtifactCorruptError, ArtifactError, ArtifactMissingError
+from .._errors import ArtifactError
 from .._model.refs import ArtifactRef
 
-if TYPE_CHECKING:
-    from .artifacts import Removal
-
-__all__ = ["ArtifactBackend", "Connection", "Dialect", "StoreBackend"]
+__all__ = ["ArtifactBackend", "Connection", "Dialect", "Removal", "StoreBackend"]
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -189,6 +188,19 @@ class StoreBackend(Protocol):
         ...
 
 
+class Removal(Protocol):
+    """Payloads that reclaim removes together, prepared before it takes the write lock:
+    ``commit`` (under the lock, after its re-check) removes them and says how many bytes it
+    freed; ``abort`` leaves everything as it was. A pack's removal rewrites the pack
+    without them first (``_store/packreclaim.py``); a file's has nothing to prepare."""
+
+    refs: list[ArtifactRef]
+
+    def commit(self) -> int: ...
+
+    def abort(self) -> None: ...
+
+
 class ArtifactBackend(Protocol):
     """Content-addressed payloads (docs/design.md, "Seams"; tests/contract/).
 
@@ -271,30 +283,3 @@ class ArtifactBackend(Protocol):
         """Whether the stored payload could be changed in place (the store keeps every
         payload read-only; verify reports one that is not)."""
         ...
-
-
-def _check_protocols() -> None:  # pragma: no cover - for the type checker only
-    from .artifacts import ArtifactStore
-    from .packs import PackStore
-    from .s3 import S3ArtifactStore
-    from .sqlite import SQLiteBackend
-
-    store: ArtifactBackend = ArtifactStore(os.devnull)
-    packs: ArtifactBackend = PackStore(os.devnull)
-    objects: ArtifactBackend = S3ArtifactStore.__new__(S3ArtifactStore)
-    backend: StoreBackend = SQLiteBackend(Path(os.devnull))
-    del store, packs, objects, backend
-
-
-def check_one_by_one(check: Callable[[ArtifactRef], None], refs: Sequence[ArtifactRef]
-                     ) -> list[ArtifactError | None]:
-    """``ArtifactBackend.check_each`` by ``check`` (a store's ``check``) of each ref."""
-    found: list[ArtifactError | None] = []
-    for ref in refs:
-        try:
-            check(ref)
-        except (ArtifactMissingError, ArtifactCorruptError) as exc:
-            found.append(exc)
-        else:
-            found.append(None)
-    return found

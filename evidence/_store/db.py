@@ -1,10 +1,20 @@
-"""The store: a directory holding its database (``evidence.db``) and ``artifacts/``.
+"""The store, and the one place a location becomes one: ``Store.open``.
 
-This module owns opening and closing a store and the contexts everything else reads and
-writes it through: ``snapshot()`` (one read transaction, errors translated), ``errors()``
-(the translation boundary, for the writer's connection) and ``write_transaction()``. What
-is particular to SQLite (pragmas, migrations, connections, error codes) is in the backend,
-``_store/sqlite.py``; the payload files are ``_store/artifacts.py``. Invariants:
+A location is a store directory (``evidence.db``, SQLite's, and ``artifacts/``) or a
+database (a PostgreSQL connection string: ``_store/pgstore.py``); which one is told by
+``_store/location.py`` alone, and opened here alone. ``Store.open`` gives the store: its
+database backend (``backend``, a ``StoreBackend``) and its artifact store (``artifacts``,
+in the store's directory or at the ``s3://`` location it records: ``artifactspec``);
+``Store.backends`` gives a reader the two without a store around them (the archives'
+snapshots). An archive or any other URL is refused with what to do instead. Everything
+else asks ``location`` what a location is (``is_server_database``, ``label``), never which
+kind, so another database is one more kind there and one more opening here.
+
+What every store shares is ``_store/storebase.py``. This module owns the store directory:
+opening and closing it, and ``write_transaction()``; the contexts everything else reads it
+through (``snapshot()``, ``errors()``) are the base's. What is particular to SQLite
+(pragmas, migrations, connections, error codes) is in the backend, ``_store/sqlite.py``;
+the payload files are ``_store/artifacts.py`` and ``_store/packs.py``. Invariants:
   - a store marked after a failed fsync is resynced before it is opened for writing
     (``_store/resync.py``), and an fsync that fails while opening marks it;
   - nothing is written to a path that is not (and cannot become) a store: a file, an
@@ -14,22 +24,25 @@ is particular to SQLite (pragmas, migrations, connections, error codes) is in th
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from .._errors import CorruptStoreError, StoreError, SyncError
+from .._errors import CorruptStoreError, MigrationError, StoreError, SyncError
 from . import artifactspec
 from .artifacts import FileOps
-from .backend import ArtifactBackend
+from .backend import ArtifactBackend, StoreBackend
+from .location import database_kind, is_server_database
 from .packs import Layout, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
-from .runlock import crawl_lock, running_pid
+from .runlock import crawl_lock, running_pid, stop
 from .sqlite import (
     AUTOCHECKPOINT_FRAMES,
     DB_NAME,
@@ -43,14 +56,18 @@ from .sqlite import (
     load_migrations,
     map_sqlite_errors,
 )
+from .storebase import StoreBase
+
+if TYPE_CHECKING:
+    from .pgstore import PostgresStore
 
 ARTIFACTS_DIR = "artifacts"
 
-__all__ = ["ARTIFACTS_DIR", "AUTOCHECKPOINT_FRAMES", "DB_NAME", "Store"]
+__all__ = ["ARTIFACTS_DIR", "AUTOCHECKPOINT_FRAMES", "DB_NAME", "Store", "stop_writer"]
 
 # --- the store -----------------------------------------------------------------------
 
-class Store:
+class Store(StoreBase):
     """An open store: one write connection (owned by the writer) and its artifact store.
 
     Use ``Store.open(path)`` (or ``Store.create(path)``), and close it when done; it is a
@@ -77,6 +94,7 @@ class Store:
                                      vfs=vfs, wal_frames=self.wal_frames)
         self.sync_failed: str | None = None  # why, once an fsync failed in this process
         self.read_only = read_only  # opened with read_only=True: ``connection`` cannot write
+        self._store_id = self.meta("store_id")  # here, before any writer uses ``connection``
 
     @classmethod
     def open(cls, path: os.PathLike[str] | str, *, create: bool = False, sync: Sync = "full",
@@ -115,20 +133,18 @@ class Store:
         (a restart, a dropped session) while the store is open before its reads and writes
         give up; until then they wait and go on (``postgresql.Outage``).
         """
-        from .location import is_postgres_location
-
         if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path) \
-                and not is_postgres_location(path):
+                and not is_server_database(path):
             raise StoreError(f"{path}: a store is a directory or a PostgreSQL database, not "
                              "a URL", path=path, hint="keep the store in a directory and its "
                              "payloads in S3: Store.create(DIR, artifacts='s3://BUCKET/PREFIX')")
-        if is_postgres_location(path):
-            from .pgstore import PostgresStore
-
-            return PostgresStore.open_location(
+        if database_kind(path) == "postgresql":
+            store = _postgres_store().open_location(
                 str(path), create=create, read_only=read_only, artifacts=artifacts, sync=sync,
                 max_payload=max_payload, artifact_layout=artifact_layout,
                 outage_deadline=db_outage_deadline)
+            assert isinstance(store, Store)
+            return store
         check_sqlite_version(sqlite_version)
         if sync not in ("full", "normal"):
             raise StoreError(f"sync must be 'full' or 'normal', not {sync!r}")
@@ -211,6 +227,43 @@ class Store:
                    schema_version=version, vfs=vfs, read_only=True)
 
     @classmethod
+    @contextlib.contextmanager
+    def backends(cls, source: Store | os.PathLike[str] | str
+                 ) -> Iterator[tuple[StoreBackend, ArtifactBackend]]:
+        """(database backend, artifact store) of a Store, a store directory or a database
+        location, read-only, open for the ``with`` block and closed when it ends (the
+        archives read through these: ``_archive/snapshot.py``); an archive is refused.
+
+        Nothing is handed out whose owner is already closed: what this opens (a PostgreSQL
+        store's connection, an object store's client) lives exactly as long as the block. A
+        ``Store`` passed in is its caller's, and stays open.
+        """
+        if isinstance(source, Store):
+            yield source.backend, source.artifacts
+            return
+        if is_server_database(source):  # the version is checked at open
+            with cls.open(source, read_only=True) as store:
+                yield store.backend, store.artifacts
+            return
+        root = Path(source)
+        if not (root / DB_NAME).is_file():
+            if (root / "manifest.json").is_file():
+                raise StoreError(f"{root} is an archive, not a store", path=str(root),
+                                 hint=f"restore it first: evidence restore {root} --store NEW")
+            raise StoreError(f"{root}: no evidence store here ({DB_NAME} not found)",
+                             hint="pass a store directory (or a backup of one)", path=str(root))
+        backend = SQLiteBackend(root / DB_NAME)
+        _check_schema_version(backend)
+        with backend.snapshot() as conn:
+            spec = artifactspec.recorded(conn)
+        artifacts = artifactspec.open_artifacts(spec, local=root / ARTIFACTS_DIR, create=False,
+                                                read_only=True)
+        try:
+            yield backend, artifacts
+        finally:
+            artifacts.close()
+
+    @classmethod
     def create(cls, path: os.PathLike[str] | str, **options: Any) -> Store:
         """Create a store (or open an existing one) at ``path``."""
         return cls.open(path, create=True, **options)
@@ -220,15 +273,6 @@ class Store:
         """What messages and reports call the store: its directory, or a connection string
         (without its password)."""
         return str(self.path)
-
-    @property
-    def store_id(self) -> str:
-        return self.meta("store_id")
-
-    def meta(self, key: str) -> str:
-        rows = self.connection.execute(
-            "SELECT value FROM store_meta WHERE key = ?", (key,)).fetchall()
-        return rows[0][0] if rows else ""
 
     @contextlib.contextmanager
     def write_transaction(self) -> Iterator[apsw.Connection]:
@@ -243,26 +287,6 @@ class Store:
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-
-    def reader(self) -> contextlib.AbstractContextManager[apsw.Connection]:
-        """A read-only connection for one short snapshot; closed on exit."""
-        return self.backend.reader()
-
-    def snapshot(self) -> contextlib.AbstractContextManager[apsw.Connection]:
-        """One consistent read: a read-only connection inside one read transaction, with
-        errors translated (``StoreError`` and its kin); the transaction ends on exit."""
-        return self.backend.snapshot()
-
-    def errors(self) -> contextlib.AbstractContextManager[None]:
-        """The translation boundary for work on a connection of this store (the writer's,
-        or a reader's between its snapshots): apsw errors become ``StoreError`` and kin."""
-        return self.backend.errors()
-
-    def check_writable(self) -> None:
-        """Raise ``StoreError`` if the store was opened read-only."""
-        if self.read_only:
-            raise StoreError(f"{self.path} was opened read-only",
-                             hint="open it without read_only to write", path=str(self.path))
 
     def reopen_connection(self) -> None:
         """Close and reopen the write connection (after a COMMIT whose outcome is unknown).
@@ -291,14 +315,6 @@ class Store:
         if self.sync_failed is not None or (self.path / SYNC_MARKER).exists():
             self.sync_failed = self.sync_failed or "the store is marked sync-failed"
             raise self._sync_error()
-
-    def _sync_error(self) -> SyncError:
-        return SyncError(
-            f"{self.location}: an fsync of the store failed ({self.sync_failed}); nothing "
-            "more is acknowledged from it until it is resynced",
-            hint="check the disk (dmesg); once it works, open the store again (opening it "
-            "for writing makes it durable first) and redeliver what was not acknowledged",
-            path=self.location)
 
     def wal_size(self) -> int:
         """Bytes in the WAL file now (0 when absent)."""
@@ -345,11 +361,48 @@ class Store:
                     conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0)
         conn.close()
 
-    def __enter__(self) -> Store:
-        return self
+def stop_writer(location: os.PathLike[str] | str, *, sig: int = signal.SIGTERM) -> int | None:
+    """Ask the crawl or service writing the store at ``location`` to stop (``evidence
+    stop``); its pid, or None when none runs. A store directory's is the pid in its
+    ``crawl.lock``; a database's, the holder of its writer lock, which on another host is
+    named, not signalled."""
+    if not is_server_database(location):
+        return stop(Path(location), sig=sig)
+    with Store.open(location, read_only=True) as store:
+        holder = store.running_writer()
+    if holder is None:
+        return None
+    pid, host = holder
+    if host != socket.gethostname():
+        raise StoreError(f"{store.location}: the writer runs on host {host} (pid {pid})",
+                         hint=f"stop it there: evidence stop STORE on {host}, or kill {pid}")
+    os.kill(pid, sig)
+    return pid
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+
+def _check_schema_version(backend: StoreBackend) -> None:
+    """Refuse a store written by a newer program, as opening it for status or verify does:
+    its dump could not be restored by this one, and its rows may mean other things."""
+    newest = len(load_migrations())
+    with backend.snapshot() as conn:  # read-only: works on read-only media
+        version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    if version > newest:
+        raise MigrationError(f"the store has schema version {version}, newer than this "
+                             f"program supports ({newest})", schema_version=version,
+                             hint="upgrade evidence to export this store")
+
+
+@functools.cache
+def _postgres_store() -> type[PostgresStore]:
+    """The class of a PostgreSQL store: ``pgstore.PostgresStore``, which is a ``StoreBase``,
+    made a ``Store`` too (what the writer, readers and archives take). Made on the first
+    open of one: a store directory never imports the PostgreSQL driver."""
+    from .pgstore import PostgresStore
+
+    class PostgresDatabaseStore(PostgresStore, Store):
+        """A store in a PostgreSQL database (``_store/pgstore.py`` has all of it)."""
+
+    return PostgresDatabaseStore
 
 
 # What a store directory may hold before its database exists (a start that was cut short).
@@ -422,3 +475,17 @@ def _marking_sync_failures(root: Path, ops: FileOps) -> Iterator[None]:
         raise SyncError(f"{root}: an fsync failed while opening the store ({describe(cause)})",
                         hint="check the disk (dmesg), then open the store again",
                         path=str(root)) from cause
+
+
+def _check_protocols() -> None:  # pragma: no cover - for the type checker only
+    """Each implementation is what its seam says (``_store/backend.py``): checked here, where
+    locations become stores, so that the seam module imports none of them."""
+    from .artifacts import ArtifactStore
+    from .packs import PackStore
+    from .s3 import S3ArtifactStore
+
+    store: ArtifactBackend = ArtifactStore(os.devnull)
+    packs: ArtifactBackend = PackStore(os.devnull)
+    objects: ArtifactBackend = S3ArtifactStore.__new__(S3ArtifactStore)
+    backend: StoreBackend = SQLiteBackend(Path(os.devnull))
+    del store, packs, objects, backend

@@ -1,7 +1,9 @@
 """A store whose database is PostgreSQL: ``Store.open("postgresql://...")`` returns one.
 
-It is a ``Store`` (the writer, the readers, the archives and verify take it as they take a
-SQLite one): its backend is ``PostgresBackend``, and its artifacts live where the store's
+It is a ``StoreBase``, and the one ``Store.open`` returns is a ``Store`` too (the writer,
+the readers, the archives and verify take it as they take a SQLite one; ``_store/db.py``
+makes that class, so that this module never imports the one that opens it). Its backend
+is ``PostgresBackend``, and its artifacts live where the store's
 meta says (``store_meta.artifacts``, set once by ``evidence init URL --artifacts PATH``;
 an open may name another path for the same payloads, as a host mounts them). What differs
 from a SQLite store, and why:
@@ -21,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,7 +32,6 @@ from .._errors import StoreError, SyncError
 from . import artifactspec
 from .artifacts import FileOps
 from .backend import ArtifactBackend
-from .db import Store
 from .location import is_s3_url
 from .packs import Layout, packs_sync_failed, resync_packs
 from .postgresql import (
@@ -52,8 +51,9 @@ from .postgresql import (
     take_writer_lock,
 )
 from .s3 import S3Location
+from .storebase import StoreBase
 
-__all__ = ["PostgresStore", "open_artifacts", "stop_writer"]
+__all__ = ["PostgresStore", "open_artifacts"]
 
 log = logging.getLogger("evidence.postgresql")
 
@@ -105,7 +105,7 @@ def _recorded_artifacts(conn: PgConnection) -> str | None:
     return rows[0][0] if rows else None
 
 
-class PostgresStore(Store):
+class PostgresStore(StoreBase):
     """An open PostgreSQL store: its write connection (unless read-only) and artifacts."""
 
     backend: PostgresBackend  # type: ignore[assignment]
@@ -128,12 +128,6 @@ class PostgresStore(Store):
         self.vfs = None
         self._lock_depth = 0
         self._store_id = ""
-
-    @property
-    def store_id(self) -> str:
-        """The store's identity, read when it was opened (it never changes): answering it
-        (the service's handshake) needs no connection to the server."""
-        return self._store_id or self.meta("store_id")
 
     @property
     def location(self) -> str:
@@ -340,17 +334,3 @@ class PostgresStore(Store):
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.backend.conninfo)!r})"
 
-
-def stop_writer(location: str, *, sig: int = signal.SIGTERM) -> int | None:
-    """Ask the crawl or service holding the store's writer lock to stop (``evidence stop``);
-    its pid, or None when nothing holds it. One on another host is named, not signalled."""
-    with PostgresStore.open_location(location, read_only=True) as store:
-        holder = store.running_writer()
-    if holder is None:
-        return None
-    pid, host = holder
-    if host != socket.gethostname():
-        raise StoreError(f"{store.location}: the writer runs on host {host} (pid {pid})",
-                         hint=f"stop it there: evidence stop STORE on {host}, or kill {pid}")
-    os.kill(pid, sig)
-    return pid

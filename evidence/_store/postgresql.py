@@ -42,7 +42,7 @@ import apsw
 from .._errors import EvidenceError, MigrationError, StoreError
 from .._model.messages import new_id, now_text
 from .backend import Dialect, Progress
-from .location import is_postgres_location, redact
+from .location import redact
 from .sqlite import CLOSE_LEGACY_QUARANTINE, apply_migrations, load_migrations, schema_dir
 
 try:
@@ -54,7 +54,7 @@ except ImportError:  # pragma: no cover - only without the postgresql extra
     psycopg = None  # type: ignore[assignment]
     Loader = object  # type: ignore[assignment,misc]
 
-__all__ = ["POSTGRESQL", "PostgresBackend", "is_postgres_location", "redact"]
+__all__ = ["POSTGRESQL", "PostgresBackend", "redact"]
 
 log = logging.getLogger("evidence.postgresql")
 

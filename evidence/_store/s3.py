@@ -53,8 +53,7 @@ from .._errors import (
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
-from .artifacts import Removal, SingleRemoval
-from .backend import check_one_by_one
+from .artifacts import Removal, SingleRemoval, check_one_by_one
 from .location import is_s3_url
 from .s3client import (
     DEFAULT_OUTAGE_DEADLINE,

@@ -63,6 +63,7 @@ from .._errors import CommitError, MessageError, WriterClosedError
 from .._model.messages import Message, decode_message
 from .._net import acquire, adopt
 from .._store.db import Store
+from .._version import __version__
 from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
     HEADER,
@@ -716,8 +717,6 @@ class Service:
         conn.client = hello.client
         conn.role = hello.role
         conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
-        from .. import __version__  # here: the package imports this module
-
         welcome = Welcome(version=PROTOCOL_VERSION, server=f"evidence {__version__}",
                           store_id=self.store.store_id,
                           max_frame_bytes=self.limits.max_frame_bytes,

@@ -69,10 +69,9 @@ from .._errors import (
 from .._model.acks import Ack, WriterStatistics
 from .._model.merkle import CompactTree, leaf_hash
 from .._model.messages import (
-    MAX_MESSAGE_BYTES,
     Message,
-    canonical_encode,
     decode_message,
+    encode_checked,
     ledger_entry,
     now_text,
     payload_hash,
@@ -535,15 +534,10 @@ class Writer:
         # exactly what decode_message accepts (verify re-decodes every ledger entry). One
         # that decode_message returned was checked then (``decoded``).
         try:
-            encoded = canonical_encode(message)
+            encoded = encode_checked(message)  # over MAX_MESSAGE_BYTES: MessageError
         except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
             raise MessageError(f"message {getattr(message, 'message_id', '?')!r} cannot be "
                                f"encoded: {exc}", hint="fix the producer") from exc
-        if len(encoded) > MAX_MESSAGE_BYTES:
-            raise MessageError(
-                f"message {message.message_id} encodes to {len(encoded)} bytes, over the "
-                f"limit of {MAX_MESSAGE_BYTES}", message_id=message.message_id,
-                hint="store large payloads in the artifact store and reference them")
         if not decoded:
             decode_message(encoded)  # raises MessageError naming the field
         if len(self._url_keys) > _URL_KEYS_LIMIT:

@@ -1,0 +1,587 @@
+"""The pack store's digest index, and the reads through it: ``PackIndex``.
+
+What ``PackStore`` (``_store/packs.py``) knows of ``<root>/PACKS/``: each pack as this
+process knows it (``_Pack``), and an in-memory index from (namespace, digest) to where the
+record is (``Location``). Sealed packs are indexed from their trailer; unsealed ones by
+scanning their records, and another process's active pack is *tailed* (a lookup that
+misses scans what it appended since). Reads find a payload here, re-check its record
+header and size, and (``verify``) re-hash it; every error a read can raise is built here.
+
+This is the lowest of the pack store's classes (``PackIndex`` < ``PackRecovery`` <
+``PackAppend`` < ``PackReclaim`` < ``PackStore``, one module each): it declares the state
+they share, which ``PackStore.__init__`` sets, and names the three methods it calls that
+the classes above provide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import mmap
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import blake3
+
+from .._errors import (
+    ArtifactCorruptError,
+    ArtifactError,
+    ArtifactMissingError,
+    PayloadTooLargeError,
+)
+from .._model.refs import ArtifactRef
+from . import packfile as pf
+from .artifacts import (
+    CHUNK_SIZE,
+    ArtifactStore,
+    FileOps,
+    _os_errors,
+    check_one_by_one,
+)
+
+__all__ = ["PACKS_DIR", "Location", "PackIndex"]
+
+PACKS_DIR = "PACKS"  # upper case: never a namespace (``[a-z0-9_-]``), never a legacy dir
+PACKS_LAYOUT = 3
+_LAYOUT_TEXT = f"evidence-artifacts {PACKS_LAYOUT}\n"
+_FILE_LAYOUTS = {"evidence-artifacts 2\n": 2}
+_FAILED_LIST = "SYNC-FAILED"
+_PAGE = mmap.PAGESIZE
+
+Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
+
+
+def _now_ms(clock: Callable[[], float]) -> int:
+    return int(clock() * 1000)
+
+
+class _Pack:
+    """One segment file, as this process knows it."""
+
+    __slots__ = ("broken", "cond", "entries", "failed", "fd", "hinted", "name", "no", "own",
+                 "path", "read_fd", "sealed", "size", "sync_fd", "synced", "syncing")
+
+    def __init__(self, no: int, name: str, path: Path, *, own: bool) -> None:
+        self.no, self.name, self.path, self.own = no, name, path, own
+        self.sealed = False
+        self.size = pf.FILE_HEADER_SIZE  # records known up to here (own: the append point)
+        self.synced = 0  # bytes known durable
+        self.hinted = 0  # own packs: bytes handed to the kernel's writeback so far
+        self.fd: int | None = None  # own packs: the write descriptor (holds the flock)
+        self.read_fd: int | None = None
+        self.sync_fd: int | None = None  # another process's pack: fsynced through this
+        self.entries: list[pf.Entry] = []  # own packs: what the seal will index
+        self.broken = False  # own: a write failed part-way; nothing more is appended
+        self.failed = False  # an fsync failed: nothing past ``synced`` is trusted
+        self.syncing = False
+        self.cond = threading.Condition()
+
+
+class PackIndex:
+    """The index of a pack store, and reading through it (see the module's docstring)."""
+
+    # The state every part of the store shares, set by ``PackStore.__init__``.
+    root: Path
+    packs_dir: Path
+    max_payload: int
+    pack_bytes: int
+    read_only: bool
+    clock: Callable[[], float]
+    legacy: ArtifactStore | None
+    _ops: FileOps
+    _store_marker: Path | None
+    _lock: threading.RLock
+    _append: threading.Lock
+    _index: dict[str, dict[bytes, Location]]
+    _touched: dict[tuple[str, bytes], int]
+    _packs: dict[int, _Pack]
+    _by_name: dict[str, _Pack]
+    _numbers: Iterator[int]
+    _active: _Pack | None
+    _spare: _Pack | None
+    _spare_for: int
+    _behind_lock: threading.Lock
+    _threads: list[threading.Thread]
+    _lost: dict[tuple[str, bytes], _Pack]
+    _closed: bool
+    _namespaces: set[str]
+    _local: threading.local
+
+    # --- the index --------------------------------------------------------------------
+
+    def refresh(self, *, recover: bool = False) -> None:
+        """Learn what other processes appended or sealed, and forget packs removed by a
+        compaction. With ``recover``, packs whose appender is gone are recovered and
+        sealed (a writable open does this)."""
+        with self._lock:
+            try:
+                names = sorted(os.listdir(self.packs_dir))
+            except FileNotFoundError:
+                names = []
+            except OSError as exc:
+                raise ArtifactError(f"cannot list {self.packs_dir}: {exc}",
+                                    path=self.packs_dir) from exc
+            present = set()
+            for name in names:
+                if name.endswith(".new") and recover:
+                    self._remove_stale_new(name)
+                if not name.endswith(".pack"):
+                    continue
+                stem = name[:-5]
+                present.add(stem)
+                pack = self._by_name.get(stem)
+                if pack is None:
+                    self._load(stem, recover=recover)
+                elif not pack.sealed and not pack.own:
+                    self._tail(pack)
+            for stem in [s for s, p in self._by_name.items() if s not in present and not p.own]:
+                self._forget(self._by_name[stem])
+
+    def _load(self, stem: str, *, recover: bool) -> None:
+        path = self.packs_dir / f"{stem}.pack"
+        pack = _Pack(next(self._numbers), stem, path, own=False)
+        try:
+            pack.read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return  # removed by a compaction meanwhile
+        except OSError as exc:
+            raise ArtifactError(f"cannot open {path}: {exc}", path=path) from exc
+        read_at = _reader(pack.read_fd)
+        size = os.fstat(pack.read_fd).st_size
+        self._packs[pack.no] = pack
+        self._by_name[stem] = pack
+        sealed = pf.read_seal(read_at, size)
+        if sealed is not None:
+            pack.sealed, pack.size, pack.synced = True, size, size
+            for entry in sealed:
+                self._add(pack, entry)
+            return
+        if recover and self._recover(pack, size):
+            return
+        if not recover and _abandoned(pack.read_fd):
+            # Nobody appends to it any more: read it as recovery would (each record
+            # re-hashed, the torn tail left out), without sealing it.
+            found = pf.scan(read_at, pf.FILE_HEADER_SIZE, size, verify=True)
+            for entry in found.entries:
+                self._add(pack, entry)
+            pack.size, pack.sealed = found.valid_end, True  # never tailed again
+            return
+        self._tail(pack)
+
+    def _tail(self, pack: _Pack) -> None:
+        """Index the records another process appended to ``pack`` since the last look."""
+        assert pack.read_fd is not None
+        size = os.fstat(pack.read_fd).st_size
+        if size <= pack.size:
+            return
+        read_at = _reader(pack.read_fd)
+        if pack.size == pf.FILE_HEADER_SIZE and pf.parse_file_header(
+                read_at(0, pf.FILE_HEADER_SIZE)) is None:
+            return  # not a pack (yet): its header is not whole
+        limit = pack.synced if pack.failed else size
+        found = pf.scan(read_at, pack.size, limit)
+        for entry in found.entries:
+            self._add(pack, entry)
+        pack.size = found.valid_end
+        if not found.complete and not pack.failed:
+            sealed = pf.read_seal(read_at, size)
+            if sealed is not None:  # its appender sealed it: the index has everything
+                pack.sealed, pack.size, pack.synced = True, size, size
+                for entry in sealed:
+                    self._add(pack, entry)
+
+    def _add(self, pack: _Pack, entry: pf.Entry) -> None:
+        key = entry.digest
+        if entry.kind == pf.TOUCH:
+            touched = (entry.namespace, key)
+            self._touched[touched] = max(self._touched.get(touched, 0), entry.time)
+            return
+        if entry.kind != pf.PAYLOAD:
+            return
+        names = self._index.setdefault(entry.namespace, {})
+        have = names.get(key)
+        if have is None or have[0] not in self._packs:
+            names[key] = (pack.no, entry.offset, entry.length, entry.time)
+        elif entry.time > have[3]:
+            names[key] = (*have[:3], entry.time)
+
+    def _forget(self, pack: _Pack) -> None:
+        """A pack that is gone (compacted by another process): drop what pointed into it."""
+        self._packs.pop(pack.no, None)
+        self._by_name.pop(pack.name, None)
+        for names in self._index.values():
+            for key in [k for k, v in names.items() if v[0] == pack.no]:
+                del names[key]
+        if not pack.own:
+            self._close_fds(pack)
+
+    def _get(self, namespace: str, digest: bytes) -> Location | None:
+        names = self._index.get(namespace)
+        return None if names is None else names.get(digest)
+
+    def _locate(self, ref: ArtifactRef) -> Location | None:
+        """Where ``ref`` is, looking again (this thread's batch written, other processes'
+        packs) if it is not known."""
+        digest = _digest_bytes(ref)
+        loc = self._get(ref.namespace, digest)
+        if loc is None or loc[0] not in self._packs:
+            with contextlib.suppress(ArtifactError):  # the batch raises it when it ends
+                self._write_own_held()
+            self.refresh()
+            loc = self._get(ref.namespace, digest)
+        return loc
+
+    def _close_fds(self, pack: _Pack) -> None:
+        for fd in (pack.fd, pack.sync_fd):  # opened through the file operations
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    self._ops.close(fd)
+        if pack.read_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(pack.read_fd)
+        pack.fd = pack.read_fd = pack.sync_fd = None
+
+    # --- reading ----------------------------------------------------------------------
+
+    def check(self, ref: ArtifactRef) -> None:
+        """Raise ArtifactMissingError, or ArtifactCorruptError if it is stored with another
+        size. Looks at the pack file itself (a compaction elsewhere may have removed it)."""
+        self._check(ref, {})
+
+    def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
+        """``check`` of each, each pack file looked at once (a batch's payloads share a
+        few packs: one stat each, not one per payload)."""
+        sizes: dict[int, int] = {}
+        return check_one_by_one(lambda ref: self._check(ref, sizes), refs)
+
+    def _check(self, ref: ArtifactRef, sizes: dict[int, int]) -> None:
+        """``check``; ``sizes`` holds the size of each pack already looked at."""
+        for _ in range(2):
+            loc = self._locate(ref)
+            if loc is None:
+                if self.legacy is not None:
+                    self.legacy.check(ref)
+                    return
+                raise self._missing(ref)
+            pack = self._packs[loc[0]]
+            size = sizes.get(loc[0])
+            if size is None:
+                try:
+                    size = sizes[loc[0]] = os.stat(pack.path).st_size
+                except FileNotFoundError:
+                    with self._lock:
+                        self._forget(pack)
+                    continue
+                except OSError as exc:
+                    raise _os_errors("stat pack", pack.path, ref=ref)._translate(exc) from exc
+            if loc[2] != ref.size:
+                raise self._corrupt_size(ref, pack, loc, loc[2])
+            if size < loc[1] + pf.RECORD_SIZE + loc[2]:
+                raise ArtifactCorruptError(
+                    f"artifact {ref.namespace}/{ref.digest} lies past the end of {pack.path} "
+                    f"({size} bytes)", hint="the pack was truncated; restore it from "
+                    "a backup", path=pack.path, namespace=ref.namespace, digest=ref.digest)
+            return
+        raise self._missing(ref)
+
+    def exists(self, ref: ArtifactRef) -> bool:
+        """True if the payload is stored with the right size (bytes are not re-hashed)."""
+        try:
+            self.check(ref)
+        except (ArtifactMissingError, ArtifactCorruptError):
+            return False
+        return True
+
+    def read(self, ref: ArtifactRef, *, verify: bool = False) -> bytes:
+        """The payload's bytes; with ``verify``, its record header and BLAKE3 checked."""
+        found = self._find_for_read(ref)
+        if found is None:
+            assert self.legacy is not None
+            return self.legacy.read(ref, verify=verify)
+        pack, loc, fd = found
+        if loc[2] != ref.size:
+            raise self._corrupt_size(ref, pack, loc, loc[2])
+        with _os_errors("read pack", pack.path, ref=ref):
+            data = _read_exact(fd, loc[1] + pf.RECORD_SIZE, loc[2])
+            header = os.pread(fd, pf.RECORD_SIZE, loc[1]) if verify else b""
+        if len(data) != ref.size:
+            raise self._corrupt_size(ref, pack, loc, len(data))
+        if verify:
+            self._check_header(ref, pack, loc, header)
+            self._check_digest(blake3.blake3(data).hexdigest(), ref, pack, loc)
+        return data
+
+    def open(self, ref: ArtifactRef, *, verify: bool = False) -> BinaryIO:
+        """A reader of the payload's bytes; with ``verify``, re-hashed first."""
+        if ref.size <= 8 * CHUNK_SIZE:
+            return io.BytesIO(self.read(ref, verify=verify))
+        found = self._find_for_read(ref)
+        if found is None:
+            assert self.legacy is not None
+            return self.legacy.open(ref, verify=verify)
+        pack, loc, fd = found
+        if loc[2] != ref.size:
+            raise self._corrupt_size(ref, pack, loc, loc[2])
+        if verify:
+            self.verify(ref)
+        return io.BufferedReader(_Slice(os.dup(fd), loc[1] + pf.RECORD_SIZE, loc[2]),
+                                 buffer_size=CHUNK_SIZE)
+
+    def verify(self, ref: ArtifactRef) -> None:
+        """Re-hash the payload (streamed) and check its record header."""
+        found = self._find_for_read(ref)
+        if found is None:
+            assert self.legacy is not None
+            self.legacy.verify(ref)
+            return
+        pack, loc, fd = found
+        if loc[2] != ref.size:
+            raise self._corrupt_size(ref, pack, loc, loc[2])
+        with _os_errors("read pack", pack.path, ref=ref):
+            header = os.pread(fd, pf.RECORD_SIZE, loc[1])
+            self._check_header(ref, pack, loc, header)
+            hasher, pos, left = blake3.blake3(), loc[1] + pf.RECORD_SIZE, loc[2]
+            while left:
+                chunk = os.pread(fd, min(left, CHUNK_SIZE), pos)
+                if not chunk:
+                    raise self._corrupt_size(ref, pack, loc, loc[2] - left)
+                hasher.update(chunk)
+                pos, left = pos + len(chunk), left - len(chunk)
+        self._check_digest(hasher.hexdigest(), ref, pack, loc)
+
+    def _read_fd(self, pack: _Pack) -> int:
+        if pack.read_fd is None:
+            with _os_errors("open pack", pack.path):
+                pack.read_fd = os.open(pack.path, os.O_RDONLY | os.O_CLOEXEC)
+        return pack.read_fd
+
+    def _find_for_read(self, ref: ArtifactRef) -> tuple[_Pack, Location, int] | None:
+        """(pack, location, read descriptor), or None for a payload file of a conversion
+        in progress; ArtifactMissingError if it is nowhere."""
+        for _ in range(2):
+            loc = self._locate(ref)
+            if loc is None:
+                if self.legacy is not None:
+                    return None
+                raise self._missing(ref)
+            pack = self._packs.get(loc[0])
+            if pack is None:
+                continue
+            if pack.read_fd is None:
+                try:
+                    pack.read_fd = os.open(pack.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    with self._lock:
+                        self._forget(pack)
+                    continue
+                except OSError as exc:
+                    raise _os_errors("open pack", pack.path, ref=ref)._translate(exc) from exc
+            return pack, loc, pack.read_fd
+        raise self._missing(ref)
+
+    def iter_refs(self) -> Iterator[ArtifactRef]:
+        """Every payload stored, once, sorted by (namespace, digest)."""
+        self.refresh()
+        with self._lock:
+            refs = {ArtifactRef(ns, digest.hex(), loc[2])
+                    for ns, names in self._index.items() for digest, loc in names.items()}
+        if self.legacy is not None:
+            refs.update(self.legacy.iter_refs())
+        yield from sorted(refs, key=lambda r: (r.namespace, r.digest))
+
+    def usage(self) -> tuple[int, int]:
+        """(number of payloads, their total bytes)."""
+        count = total = 0
+        for ref in self.iter_refs():
+            count, total = count + 1, total + ref.size
+        return count, total
+
+    def age(self, ref: ArtifactRef) -> float | None:
+        """Seconds since the payload was last put (its record's time, or a later touch);
+        None if it is not stored."""
+        loc = self._locate(ref)
+        if loc is None:
+            return self.legacy.age(ref) if self.legacy is not None else None
+        last = max(loc[3], self._touched.get((ref.namespace, _digest_bytes(ref)), 0))
+        return max(0.0, self.clock() - last / 1000)
+
+    def is_writable(self, ref: ArtifactRef) -> bool:
+        """Whether the payload's pack has a write bit (every pack is created read-only)."""
+        loc = self._locate(ref)
+        if loc is None:
+            return self.legacy.is_writable(ref) if self.legacy is not None else False
+        try:
+            return bool(os.stat(self._packs[loc[0]].path).st_mode & 0o222)
+        except (OSError, KeyError):
+            return False
+
+    def location(self, ref: ArtifactRef) -> str:
+        """``<pack path>@<record offset>:<namespace>/<digest>``, for findings and errors."""
+        loc = self._locate(ref)
+        if loc is None:
+            if self.legacy is not None and self.legacy.exists(ref):
+                return self.legacy.location(ref)
+            return f"{self.packs_dir} (in no pack):{ref.namespace}/{ref.digest}"
+        return f"{self._packs[loc[0]].path}@{loc[1]}:{ref.namespace}/{ref.digest}"
+
+    def record(self, ref: ArtifactRef) -> tuple[Path, int] | None:
+        """(pack file, offset of the record's header) of a stored payload, or None; its
+        payload starts ``packfile.RECORD_SIZE`` bytes later (docs/store.md)."""
+        loc = self._locate(ref)
+        return None if loc is None else (self._packs[loc[0]].path, loc[1])
+
+    def packs(self) -> list[tuple[Path, bool, int]]:
+        """(path, sealed, size) of each pack known, oldest first."""
+        self.refresh()
+        with self._lock:
+            return [(p.path, p.sealed, p.size) for p in sorted(
+                self._packs.values(), key=lambda p: p.name)]
+
+    # --- errors -----------------------------------------------------------------------
+
+    def _missing(self, ref: ArtifactRef) -> ArtifactError:
+        """ArtifactMissingError; for a payload a failed fsync took out of the index, that
+        failure instead (the store failing, not the payload missing: a message naming it
+        is redelivered, never rejected)."""
+        if self._lost:
+            pack = self._lost.get((ref.namespace, _digest_bytes(ref)))
+            if pack is not None:
+                return self._sync_failed(pack, None)
+        return ArtifactMissingError(
+            f"artifact {ref.namespace}/{ref.digest} is not in the store (no pack under "
+            f"{self.packs_dir} holds it)",
+            hint="it was never stored here or was deleted; restore it or re-fetch the page",
+            path=self.packs_dir, namespace=ref.namespace, digest=ref.digest)
+
+    def _too_large(self, namespace: str, size: int) -> PayloadTooLargeError:
+        return PayloadTooLargeError(
+            f"payload for namespace {namespace!r} exceeds the limit of {self.max_payload} bytes"
+            f" ({size} bytes seen so far)",
+            hint="raise max_payload, or store a truncated body and record that it was truncated",
+            namespace=namespace, size=size, limit=self.max_payload)
+
+    def _corrupt_size(self, ref: ArtifactRef, pack: _Pack, loc: Location,
+                      actual: int) -> ArtifactCorruptError:
+        return ArtifactCorruptError(
+            f"artifact {ref.namespace}/{ref.digest} in {pack.path} at byte {loc[1]} is "
+            f"{actual} bytes, its reference says {ref.size}",
+            hint="the pack was damaged or the reference is wrong; restore it from backup",
+            path=pack.path, namespace=ref.namespace, digest=ref.digest,
+            expected_size=ref.size, actual_size=actual)
+
+    def _check_header(self, ref: ArtifactRef, pack: _Pack, loc: Location,
+                      header: bytes) -> None:
+        entry = pf.parse_record(header, loc[1])
+        if entry is None or entry.kind != pf.PAYLOAD or entry.namespace != ref.namespace \
+                or entry.digest.hex() != ref.digest or entry.length != loc[2]:
+            raise ArtifactCorruptError(
+                f"artifact {ref.namespace}/{ref.digest}: the record header in {pack.path} at "
+                f"byte {loc[1]} is damaged or names other content",
+                hint="do not trust this payload; restore the pack from backup or re-fetch",
+                path=pack.path, namespace=ref.namespace, digest=ref.digest)
+
+    @staticmethod
+    def _check_digest(actual: str, ref: ArtifactRef, pack: _Pack, loc: Location) -> None:
+        if actual != ref.digest:
+            raise ArtifactCorruptError(
+                f"artifact {ref.namespace}/{ref.digest} in {pack.path} at byte {loc[1]} is "
+                f"corrupt: expected blake3 {ref.digest}, got {actual}",
+                hint="do not trust this payload; restore the pack from backup or re-fetch",
+                path=pack.path, namespace=ref.namespace, digest=ref.digest,
+                actual_digest=actual)
+
+    def _sync_failed(self, pack: _Pack, exc: OSError | None) -> ArtifactError:
+        why = f": {exc.strerror or exc}" if exc is not None else " earlier"
+        return ArtifactError(
+            f"an fsync of artifact pack {pack.path} failed{why}; its payloads not synced "
+            "before are not trusted again until the store is resynced",
+            hint="check the disk (dmesg); once it works, open the store again (opening it "
+            "for writing resyncs it) and redeliver what was not acknowledged",
+            path=pack.path, sync_failed=True, errno=getattr(exc, "errno", None))
+
+    # --- what the classes built on this one provide ------------------------------------
+
+    def _recover(self, pack: _Pack, size: int) -> bool:
+        """Seal a pack whose appender is gone (``packrecovery.PackRecovery``)."""
+        raise NotImplementedError
+
+    def _remove_stale_new(self, name: str) -> None:
+        """Remove a pack whose creator died before naming it (``PackRecovery``)."""
+        raise NotImplementedError
+
+    def _write_own_held(self) -> None:
+        """Write what this thread's batch holds (``packappend.PackAppend``)."""
+        raise NotImplementedError
+
+
+class _Slice(io.RawIOBase):
+    """``length`` bytes of a file from ``start``, read with pread (its own descriptor)."""
+
+    def __init__(self, fd: int, start: int, length: int) -> None:
+        self._fd, self._start, self._length, self._pos = fd, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        want = min(len(buffer), self._length - self._pos)
+        if want <= 0:
+            return 0
+        data = os.pread(self._fd, want, self._start + self._pos)
+        buffer[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        super().close()
+
+
+def _reader(fd: int) -> Callable[[int, int], bytes]:
+    return lambda offset, length: os.pread(fd, length, offset)
+
+
+def _read_exact(fd: int, offset: int, length: int) -> bytes:
+    data = os.pread(fd, length, offset)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _digest_bytes(ref: ArtifactRef) -> bytes:
+    return bytes.fromhex(ref.digest)
+
+
+def _abandoned(fd: int) -> bool:
+    """Whether no process holds the pack's lock (its appender is gone)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
