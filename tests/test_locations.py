@@ -53,7 +53,7 @@ LOCATIONS = [
     ("replay st http://127.0.0.1:9/ --out {L}", False),
     ("show {L} http://127.0.0.1:9/", False),
     *((f"show st http://127.0.0.1:9/ --{part} {{L}}", False)
-      for part in ("screenshot", "dom", "headers", "request", "body", "content")),
+      for part in ("screenshot", "dom", "headers", "request", "body", "content", "certs")),
     ("crawl --config {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --seeds {L}", False),
     ("rules evaluate {L} --rules r.toml", False),
@@ -114,7 +114,7 @@ _LOCATION_DESTS = {"store", "out", "artifacts", "archive", "a", "b", "scratch", 
                    "socket"}
 _ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("crawl", "config"), ("crawl", "seeds"),
          *(("show", part) for part in ("screenshot", "dom", "headers", "request", "body",
-                                       "content"))}
+                                       "content", "certs"))}
 _LOCATION_TYPES = {common.store_location, common.local_path, common.local_directory,
                    common.archive_location, common.archive_source, common.compare_source,
                    common.artifacts_location, common.checkpoint_location}

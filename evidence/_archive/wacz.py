@@ -221,11 +221,19 @@ def _write_warc(store: Store, conn, path: Path) -> tuple[str, str, int, list[str
 
         info_id = _warc.record_uri(store_id, "*", str(tree_size), "warcinfo")
         write(_warc.warcinfo_record(store_id, None, info_id, created), False, "", "", None, None)
+        resolutions: set[str] = set()
         for row in _warc.attempt_pages(store, conn, last_seq, None):
-            response, request = _warc.attempt_records(store, store_id, row)
+            made = _warc.attempt_records(store, store_id, row)
+            response, request = made
+            before, after = _warc.connection_records(store, conn, store_id, row, made,
+                                                     resolutions)
+            for record in before:  # the DNS answer (metadata records are not indexed)
+                write(record, False, "", "", None, None)
             status, mime = _status_and_mime(response.head)
             write(response, True, _warc.header_value(row[3]), row[5], mime, status)
             write(request, False, "", "", None, None)
+            for record in after:  # the connection and TLS facts
+                write(record, False, "", "", None, None)
         for row in conn.execute(_RENDERS).fetchall():
             renders += 1
             for record, url, mime in _render_records(store, store_id, row):
