@@ -328,3 +328,87 @@ def test_the_hosts_file_is_named_only_when_the_resolver_reads_it_first(
     # No nsswitch.conf: glibc reads files first.
     assert hosts_source("loopy.test", hosts=str(hosts),
                         nsswitch=str(tmp_path / "absent")) == "hosts-file"
+
+
+def test_a_store_made_at_schema_8_upgrades_verifies_and_takes_the_facts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 011 (and those before it) on a populated schema-8 store: its rows, log and
+    exports are what the same messages give in a new store, it verifies, and it then
+    records an attempt with its connection like a new one."""
+    import apsw
+
+    from evidence._model.messages import Connection, DnsAnswer, Tls
+    from evidence._store import sqlite as _store
+
+    from .conftest import Factory, submit_all
+
+    with Store.create(tmp_path / "new") as new:  # the messages as the old version wrote them
+        make = Factory(new)
+        head = new.artifacts.put("headers", b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n")
+        body = make.body(b"<a href=/x>x</a>")
+        attempt = make.attempt(response_headers=head, body=body, capture="wire")
+        submit_all(new, [make.session(), make.run(), attempt])
+    real = _store.load_migrations
+    monkeypatch.setattr(_store, "load_migrations", lambda directory=None: real(directory)[:8])
+    Store.create(tmp_path / "old").close()
+    monkeypatch.undo()
+    conn = apsw.Connection(str(tmp_path / "old" / "evidence.db"))
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("ATTACH ? AS src", (str(tmp_path / "new" / "evidence.db"),))
+    assert conn.execute("PRAGMA user_version").fetchall()[0][0] == 8
+    for (table,) in conn.execute("SELECT name FROM main.sqlite_schema WHERE type = 'table' "
+                                 "AND name NOT LIKE 'sqlite%' AND name != 'schema_migration'"
+                                 ).fetchall():
+        columns = ", ".join(c[1] for c in conn.execute(f"PRAGMA main.table_info({table})"))
+        conn.execute(f"DELETE FROM main.{table}")
+        conn.execute(f"INSERT INTO main.{table} ({columns}) SELECT {columns} FROM src.{table}")
+    conn.close()
+    shutil.copytree(tmp_path / "new" / "artifacts", tmp_path / "old" / "artifacts",
+                    dirs_exist_ok=True)
+    with Store.open(tmp_path / "old") as old:  # applies 009, 010, 011
+        assert old.connection.execute("PRAGMA user_version").fetchall()[0][0] == len(
+            _store.load_migrations())
+        assert old.connection.execute("SELECT remote_address, resolution_seq, tls_chain_id "
+                                      "FROM fetch_attempt").fetchall() == [(None, None, None)]
+        assert verify(old, full=True).ok
+    a, b = export(tmp_path / "new", tmp_path / "a"), export(tmp_path / "old", tmp_path / "b")
+    assert a.log == b.log
+    assert {k: v.blake3 for k, v in a.tables.items() if k != "schema_migration"} == {
+        k: v.blake3 for k, v in b.tables.items() if k != "schema_migration"}
+    with Store.open(tmp_path / "old") as old:  # the same factory: ids not used yet
+        chain = old.artifacts.put("certs", b"\x30\x03\x02\x01\x07")
+        answer = DnsAnswer(resolution_id="dns-1", host="example.test", port=443,
+                           resolved_at=utc_now(), source="given", addresses=["192.0.2.1"])
+        later = make.attempt(run_id="r2", response_headers=head, body=body, capture="wire",
+                             connection=(
+            Connection(remote_address="192.0.2.1", remote_port=443, dns=answer,
+                       tls=Tls(version="TLSv1.3", cipher="TLS_AES_128_GCM_SHA256",
+                               sni="example.test", chain=chain, verified=True))))
+        assert [a.status for a in submit_all(old, [make.run("r2"), later])] == [
+            "committed", "committed"]
+        assert old.connection.execute(
+            "SELECT f.remote_address, d.host, t.namespace FROM fetch_attempt f JOIN "
+            "dns_resolution d USING (resolution_seq) JOIN artifact t ON t.artifact_id = "
+            "f.tls_chain_id").fetchall() == [("192.0.2.1", "example.test", "certs")]
+        assert verify(old, full=True).ok
+
+
+def test_an_answer_recorded_under_an_id_cannot_be_replaced(store: Store, make) -> None:
+    """A second attempt naming a recorded resolution with another answer is refused whole
+    (a conflict); the same answer again is what every attempt over a connection carries."""
+    from evidence._model.messages import Connection, DnsAnswer
+
+    from .conftest import submit_all
+
+    answer = DnsAnswer(resolution_id="dns-1", host="example.test", port=80,
+                       resolved_at=utc_now(), source="getaddrinfo", addresses=["192.0.2.1"])
+    other = msgspec.structs.replace(answer, addresses=["192.0.2.66"])
+    made = [make.attempt(outcome="timeout", sequence=i, connection=Connection(
+        remote_address="192.0.2.1", remote_port=80, dns=dns, reused=i > 0))
+        for i, dns in enumerate((answer, answer, other))]
+    acks = submit_all(store, [make.session(), make.run(), *made])
+    assert [a.status for a in acks[2:]] == ["committed", "committed", "conflict"]
+    assert "resolution dns-1 is recorded with another answer" in acks[4].reason
+    assert store.connection.execute("SELECT addresses FROM dns_resolution").fetchall() == [
+        ('["192.0.2.1"]',)]
+    assert verify(store).ok
