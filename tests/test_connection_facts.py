@@ -274,6 +274,17 @@ def test_the_facts_export_restore_and_export_again_to_the_same_bytes_on_both_bac
             k: v.blake3 for k, v in first.tables.items()}, name
         assert again.log == first.log
     assert first.tables["dns_resolution"].rows == 1
+    # A run's archive holds the resolutions and chains its attempts reference, and restores.
+    with Store.open(path, read_only=True) as store:
+        (run_id,), = store.connection.execute("SELECT run_id FROM crawl_run").fetchall()
+    one_run = export(path, tmp_path / "run", run_id=run_id)
+    assert one_run.tables["dns_resolution"].rows == 1 and "dns_resolution" not in (
+        one_run.excluded_tables)
+    restore(tmp_path / "run", tmp_path / "run-restored")
+    with Store.open(tmp_path / "run-restored", read_only=True) as store:
+        assert store.connection.execute(
+            "SELECT count(*) FROM fetch_attempt f JOIN dns_resolution USING (resolution_seq) "
+            "JOIN artifact t ON t.artifact_id = f.tls_chain_id").fetchall() == [(2,)]
 
 
 def test_a_plain_crawl_of_localhost_records_each_resolution_once(tmp_path: Path) -> None:
