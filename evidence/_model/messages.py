@@ -211,6 +211,7 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     present only when its bytes differ from the body's; ``content_truncated`` says it is
     cut (at the size cap, or because the body is). ``text_encoding`` and its
     ``text_encoding_source`` say how an HTML document's text was read (``evidence._model.text``).
+    ``connection`` says with whom and how the request was exchanged (``Connection``).
     """
 
     message_id: Id
