@@ -27,6 +27,8 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
 from evidence._archive.archive import restore
@@ -423,3 +425,36 @@ def test_an_answer_recorded_under_an_id_cannot_be_replaced(store: Store, make) -
     assert store.connection.execute("SELECT addresses FROM dns_resolution").fetchall() == [
         ('["192.0.2.1"]',)]
     assert verify(store).ok
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["dns-a", "dns-b"]), st.sampled_from([1, 2])),
+                min_size=1, max_size=6))
+def test_any_sequence_of_attempts_keeps_each_first_answer_once(
+        tmp_path_factory: pytest.TempPathFactory, sequence: list[tuple[str, int]]) -> None:
+    """Whatever the order in which attempts carrying answers arrive: one row per resolution
+    id, holding the first answer; an attempt carrying that answer again commits, one
+    carrying another answer under the same id is a conflict and changes nothing."""
+    from evidence._model.messages import Connection, DnsAnswer
+
+    from .conftest import Factory, submit_all
+
+    when = utc_now()
+    with Store.create(tmp_path_factory.mktemp("any") / "s") as store:
+        make = Factory(store)
+        made = [make.attempt(outcome="timeout", sequence=i, connection=Connection(
+            remote_address=f"192.0.2.{variant}", remote_port=80, dns=DnsAnswer(
+                resolution_id=rid, host="example.test", port=80, resolved_at=when,
+                source="getaddrinfo", addresses=[f"192.0.2.{variant}"])))
+            for i, (rid, variant) in enumerate(sequence)]
+        acks = submit_all(store, [make.session(), make.run(), *made])[2:]
+        first: dict[str, int] = {}
+        for rid, variant in sequence:
+            first.setdefault(rid, variant)
+        assert [a.status for a in acks] == [
+            "committed" if first[rid] == variant else "conflict" for rid, variant in sequence]
+        assert dict(store.connection.execute(
+            "SELECT resolution_id, addresses FROM dns_resolution").fetchall()) == {
+            rid: f'["192.0.2.{variant}"]' for rid, variant in first.items()}
+        assert verify(store).ok
