@@ -196,7 +196,12 @@ def test_worker_hosts_crawl_a_site_over_tls_into_the_object_store(
     assert served == [1, 1]
     with Store.open(d["store"], read_only=True) as store:
         report = verify(store, full=True)
+        # The hosts' attempts carry the connections they made (issue 33).
+        peers = set(store.connection.execute(
+            "SELECT remote_address, remote_port FROM fetch_attempt WHERE outcome = "
+            "'response'").fetchall())
     assert report.ok, report.findings
+    assert peers == {("127.0.0.1", int(site.url.rsplit(":", 1)[1].strip("/")))}
 
 
 def test_a_worker_host_killed_mid_crawl_loses_only_the_pages_it_held(deployment: dict) -> None:

@@ -60,7 +60,7 @@ LOCATIONS = [
     ("replay x.wacz --serve --public-key {L}", False),
     ("show {L} http://127.0.0.1:9/", False),
     *((f"show st http://127.0.0.1:9/ --{part} {{L}}", False)
-      for part in ("screenshot", "dom", "headers", "request", "body", "content")),
+      for part in ("screenshot", "dom", "headers", "request", "body", "content", "certs")),
     ("crawl --config {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --seeds {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --listen 127.0.0.1:0 --hosts-file {L}", False),
@@ -123,7 +123,7 @@ _LOCATION_DESTS = {"store", "out", "artifacts", "archive", "a", "b", "scratch", 
 _ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("witness keygen", "key"),
          ("witness serve", "key"), ("witness serve", "state"), ("crawl", "config"), ("crawl", "seeds"),
          *(("show", part) for part in ("screenshot", "dom", "headers", "request", "body",
-                                       "content"))}
+                                       "content", "certs"))}
 _LOCATION_TYPES = {common.store_location, common.local_path, common.local_directory,
                    common.archive_location, common.archive_source, common.compare_source,
                    common.artifacts_location, common.checkpoint_location}

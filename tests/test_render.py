@@ -400,6 +400,14 @@ def test_https_pages_and_their_resources_are_rendered_and_recorded(
     assert all(u.startswith("https://") for (u,) in rows(
         tmp_path / "s", "SELECT url FROM fetch_attempt WHERE render_seq IS NOT NULL"))
     assert requests == len(made) and hits["/page"] == 1
+    # The browser's requests, made again by the crawler, record their connections as the
+    # crawler's own attempts do (issue 33): the same server, the same chain.
+    peers = set(rows(tmp_path / "s", "SELECT remote_address, tls_version IS NOT NULL, "
+                     "tls_chain_id, tls_verified FROM fetch_attempt WHERE outcome = "
+                     "'response' AND url LIKE '%/data.json'"))
+    assert peers == set(rows(tmp_path / "s", "SELECT remote_address, 1, tls_chain_id, "
+                             "tls_verified FROM fetch_attempt WHERE url LIKE '%/page'"))
+    assert {p[0] for p in peers} == {"127.0.0.1"} and {p[3] for p in peers} == {1}
     with Store.open(tmp_path / "s") as store:
         dom = store.connection.execute("SELECT a.namespace, a.digest, a.size FROM render r "
                                        "JOIN artifact a ON a.artifact_id = r.dom_id").fetchall()

@@ -46,7 +46,8 @@ def crawl(path: Path, config: CrawlConfig) -> None:
 def crawled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("coverage") / "store"
     with TestSite(SiteConfig(pages=12)) as site:
-        config = CrawlConfig(seeds=[site.url])
+        # Named localhost, so its resolutions are recorded (dns_resolution has rows).
+        config = CrawlConfig(seeds=[site.url.replace("127.0.0.1", "localhost")])
         crawl(path, config)
         site.set_version(2)
         crawl(path, config)  # incremental: documents classified against the first session
@@ -167,6 +168,13 @@ EDITS: dict[str, dict[str, str | tuple[str, dict[str, str]]]] = {
         "insert": copy_row("render", {"render_seq": "NULL", "render_id": "'forged'",
                                       "log_index": "(SELECT max(log_index) + 1000 "
                                                    "FROM ingest_ledger)"}),
+    },
+    "dns_resolution": {
+        "update": "UPDATE dns_resolution SET addresses = '[\"10.9.9.9\"]'",
+        "delete": "DELETE FROM dns_resolution WHERE resolution_seq = "
+                  "(SELECT max(resolution_seq) FROM dns_resolution)",
+        "insert": copy_row("dns_resolution", {"resolution_seq": "NULL",
+                                              "resolution_id": "'forged'"}),
     },
     "url_current": {
         "update": "UPDATE url_current SET sequence = sequence + 5 WHERE (run_id, url_id) IN "

@@ -329,10 +329,13 @@ _RUN_SCOPE = {
                 "run_id = :run UNION SELECT body_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT content_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT tls_chain_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
                 "UNION SELECT dom_id FROM render WHERE run_id = :run "
                 "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
                 "UNION SELECT mhtml_id FROM render WHERE run_id = :run)",
+    "dns_resolution": "resolution_seq IN (SELECT resolution_seq FROM fetch_attempt WHERE "
+                      "run_id = :run)",
     "commit_log": "batch_seq IN (SELECT batch_seq FROM ingest_ledger WHERE log_index IN "
                   "(SELECT log_index FROM temp.keep_ledger))",
     "ingest_ledger": "log_index IN (SELECT log_index FROM temp.keep_ledger)",

@@ -395,8 +395,14 @@ def _write_warc(store: Store, conn,
         info_id = _warc.record_uri(store_id, "*", str(tree_size), "warcinfo")
         write(_warc.warcinfo_record(store_id, None, info_id, created), False, "", "", None, None)
         revisits = _warc.Revisits()
+        resolutions: set[str] = set()
         for row in _warc.attempt_pages(store, conn, last_seq, None):
-            response, request = _warc.attempt_records(store, store_id, row, revisits)
+            made = _warc.attempt_records(store, store_id, row, revisits)
+            response, request = made
+            before, after = _warc.connection_records(store, conn, store_id, row, made,
+                                                     resolutions)
+            for record in before:  # the DNS answer (metadata records are not indexed)
+                write(record, False, "", "", None, None)
             status, mime = _status_and_mime(response.head)
             if response.refers_to is not None:
                 mime = "warc/revisit"  # what the indexers write, and replay tools look for
@@ -404,6 +410,8 @@ def _write_warc(store: Store, conn,
                   request.head)
             write(request, False, "", "", None, None)
             revisits.written(row, response)
+            for record in after:  # the connection and TLS facts
+                write(record, False, "", "", None, None)
         for row in conn.execute(_RENDERS).fetchall():
             renders += 1
             for record, url, mime in _render_records(store, store_id, row):

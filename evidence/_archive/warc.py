@@ -34,6 +34,18 @@ Each body is also re-hashed with BLAKE3 against its artifact digest while it is 
 so a damaged payload stops the export instead of being sealed into an archive with fresh
 digests.
 
+With whom and how (issue 33): an attempt with a recorded connection gets
+``WARC-IP-Address`` (the remote address actually connected to) on its response and request
+records, and a ``metadata`` record (``application/warc-fields``, ``WARC-Concurrent-To`` its
+response, as Heritrix writes one per fetch) with the remote and local addresses, and for
+TLS the version, cipher, ALPN protocol, SNI, whether the chain was verified and the chain
+itself (one ``tlsCertificate`` field per certificate, base64 DER, leaf first). The DNS
+answer it used is a ``metadata`` record of its own for ``dns:HOST`` (the addresses in the
+resolver's order, when, the resolver's source, the TTL if it gave one), written once per
+resolution, before the first response that used it, and named by the attempts' records
+(``dnsRecord``). Being ``application/warc-fields``, neither is indexed for replay (the
+rule ``cdxj-indexer`` and pywb follow).
+
 The export is deterministic: record ids are UUIDv5 of (store id, attempt id, record type),
 dates come from the store (``WARC-Date`` is the attempt's ``started_at``, to the
 microsecond as WARC/1.1 allows), and a ``.gz`` output is one gzip member per record with no
@@ -62,6 +74,7 @@ import apsw
 import blake3
 import msgspec
 
+from .._audit.replay import ConnectionFacts, DnsFacts, connection_facts
 from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
 from .._model.refs import ArtifactRef
 from .._store.artifacts import CHUNK_SIZE
@@ -70,8 +83,9 @@ from .._store.fsync import fsync_dir
 
 # What the WACZ package (wacz.py) builds its own records with, besides the WARC export.
 __all__ = ["BodyStream", "HashingWriter", "Revisits", "WarcExport", "WarcRecord",
-           "attempt_pages", "attempt_records", "export_warc", "first_value", "header_value",
-           "record_uri", "software_version", "warcinfo_record", "write_record"]
+           "attempt_pages", "attempt_records", "connection_records", "der_certificates",
+           "export_warc", "first_value", "header_value", "record_uri", "software_version",
+           "warcinfo_record", "write_record"]
 
 _NAMESPACE = uuid.UUID("6f1c8d52-3c39-4f0e-9d7a-0f4d8b1e2a61")  # this package's UUIDv5 space
 _CRLF = b"\r\n"
@@ -139,9 +153,13 @@ def export_warc(store: Store, out_path: str | os.PathLike[str], *,
                 info_id = record_uri(store_id, run_id or "*", str(tree_size), "warcinfo")
                 write_record(sink, compress, warcinfo_record(store_id, run_id, info_id, date))
                 records += 1
+                resolutions: set[str] = set()
                 for row in attempt_pages(store, conn, last_seq, run_id):
-                    response, request = attempt_records(store, store_id, row, revisits)
-                    for record in (response, request):
+                    made = attempt_records(store, store_id, row, revisits)
+                    response = made[0]
+                    before, after = connection_records(store, conn, store_id, row, made,
+                                                       resolutions)
+                    for record in (*before, *made, *after):
                         write_record(sink, compress, record)
                         records += 1
                     revisits.written(row, response)
@@ -384,6 +402,99 @@ class Revisits:
             self._payloads.setdefault(b_digest, original)
         if 200 <= status <= 299:
             self._urls[url] = original._replace(profile=IDENTICAL_PAYLOAD)
+
+
+def connection_records(store: Store, conn: apsw.Connection, store_id: str, row: tuple,
+                       made: list[WarcRecord], resolutions: set[str]
+                       ) -> tuple[list[WarcRecord], list[WarcRecord]]:
+    """An attempt's connection in the WARC (the module's doc): ``WARC-IP-Address`` added to
+    its records (``made``), and the metadata records to write before them (the DNS answer,
+    if ``resolutions`` does not hold it yet: it is added) and after them."""
+    facts = connection_facts(conn, row[0])
+    if facts is None:
+        return [], []
+    for record in made:
+        at = next(i for i, (name, _) in enumerate(record.fields) if name == "WARC-Target-URI")
+        record.fields.insert(at + 1, ("WARC-IP-Address", facts.remote_address))
+    before = []
+    dns_id = None
+    if facts.dns is not None:
+        dns_id = record_uri(store_id, facts.dns.resolution_id, "dns")
+        if facts.dns.resolution_id not in resolutions:
+            resolutions.add(facts.dns.resolution_id)
+            before.append(_dns_record(facts.dns, dns_id))
+    (_seq, attempt_id, run_id, url, _method, started_at, *_rest) = row
+    fields = [("WARC-Type", "metadata"),
+              ("WARC-Record-ID", record_uri(store_id, attempt_id, "metadata")),
+              ("WARC-Date", started_at), ("WARC-Target-URI", header_value(url)),
+              ("WARC-Concurrent-To", record_uri(store_id, attempt_id, "response")),
+              ("Content-Type", "application/warc-fields"),
+              ("Evidence-Attempt-ID", header_value(attempt_id)),
+              ("Evidence-Run-ID", header_value(run_id))]
+    block = _fields_block(_connection_fields(store, facts, dns_id))
+    return before, [WarcRecord(fields, block)]
+
+
+def _connection_fields(store: Store, c: ConnectionFacts,
+                       dns_id: str | None) -> list[tuple[str, str]]:
+    fields = [("remoteAddress", c.remote_address), ("remotePort", str(c.remote_port)),
+              ("localAddress", c.local_address), ("localPort", str(c.local_port)),
+              ("connectionReused", "true" if c.reused else "false")]
+    if dns_id is not None:
+        fields.append(("dnsRecord", dns_id))
+    t = c.tls
+    if t is None:
+        return fields
+    fields += [("tlsVersion", t.version), ("tlsCipher", t.cipher),
+               ("tlsAlpn", t.alpn or ""), ("tlsSni", t.sni or ""),
+               ("tlsVerified", "true" if t.verified else "false")]
+    if t.chain_ref is not None:
+        chain = store.artifacts.read(t.chain_ref, verify=True)
+        fields.append(("tlsChainBLAKE3", t.chain_ref.digest))
+        fields += [("tlsCertificate", base64.b64encode(der).decode())
+                   for der in der_certificates(chain)]
+    return fields
+
+
+def _dns_record(d: DnsFacts, record_id: str) -> WarcRecord:
+    fields = [("host", d.host), *(("address", a) for a in d.addresses),
+              ("resolvedAt", d.resolved_at), ("resolverSource", d.source)]
+    if d.ttl is not None:
+        fields.append(("ttl", str(d.ttl)))
+    return WarcRecord([("WARC-Type", "metadata"), ("WARC-Record-ID", record_id),
+                       ("WARC-Date", d.resolved_at),
+                       ("WARC-Target-URI", header_value(f"dns:{d.host}")),
+                       ("Content-Type", "application/warc-fields"),
+                       ("Evidence-Resolution-ID", header_value(d.resolution_id))],
+                      _fields_block(fields))
+
+
+def _fields_block(fields: list[tuple[str, str]]) -> bytes:
+    return b"".join(f"{k}: {header_value(v)}".encode() + _CRLF for k, v in fields)
+
+
+def der_certificates(chain: bytes) -> list[bytes]:
+    """A stored chain split into its DER certificates (each a SEQUENCE that says its own
+    length); ValueError if it is not such a sequence of them."""
+    out, at = [], 0
+    while at < len(chain):
+        if chain[at] != 0x30 or at + 2 > len(chain):
+            raise ValueError(f"no DER SEQUENCE at byte {at} of the chain")
+        first = chain[at + 1]
+        if first < 0x80:
+            length, start = first, at + 2
+        else:
+            count = first & 0x7F
+            start = at + 2 + count
+            if count == 0 or count > 4 or start > len(chain):
+                raise ValueError(f"a bad DER length at byte {at + 1} of the chain")
+            length = int.from_bytes(chain[at + 2:start], "big")
+        end = start + length
+        if end > len(chain):
+            raise ValueError(f"a certificate at byte {at} runs past the chain's end")
+        out.append(chain[at:end])
+        at = end
+    return out
 
 
 def _reason(status: int) -> str:

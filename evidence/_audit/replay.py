@@ -16,6 +16,10 @@ when no coding was removed. For an attempt recorded before wire capture (``"rebu
 heads rebuilt from parsed headers, the body de-chunked) the content is derived on the
 spot by removing the content codings its head names. An attempt that got no response
 (timeout, network error, robots) is returned with ``response_headers`` and ``body`` None.
+
+``connection`` says with whom and how the bytes were exchanged (issue 33; None for an
+attempt recorded before that, or one that never connected): ``connection_facts``, which
+``show`` uses too.
 """
 
 from __future__ import annotations
@@ -32,7 +36,67 @@ from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.db import Store
 
-__all__ = ["ReplayedResponse", "locate", "parse_time", "replay"]
+__all__ = ["ConnectionFacts", "DnsFacts", "ReplayedResponse", "TlsFacts", "connection_facts",
+           "locate", "parse_time", "replay"]
+
+
+class DnsFacts(msgspec.Struct, frozen=True, kw_only=True):
+    resolution_id: str
+    host: str
+    port: int
+    resolved_at: str
+    source: str  # getaddrinfo, hosts-file, given
+    addresses: list[str]  # in the resolver's order
+    ttl: int | None  # None: the resolver gave none (getaddrinfo never does)
+
+
+class TlsFacts(msgspec.Struct, frozen=True, kw_only=True):
+    version: str
+    cipher: str
+    alpn: str | None
+    sni: str | None
+    chain_ref: ArtifactRef | None  # DER certificates, leaf first
+    verified: bool
+
+
+class ConnectionFacts(msgspec.Struct, frozen=True, kw_only=True):
+    remote_address: str
+    remote_port: int
+    local_address: str
+    local_port: int
+    reused: bool  # an earlier request went over the same connection
+    dns: DnsFacts | None  # None: the host was an address literal
+    tls: TlsFacts | None
+
+
+_CONNECTION = """
+SELECT f.remote_address, f.remote_port, f.local_address, f.local_port, f.connection_reused,
+       d.resolution_id, d.host, d.port, d.resolved_at, d.source, d.addresses, d.ttl,
+       f.tls_version, f.tls_cipher, f.tls_alpn, f.tls_sni, t.namespace, t.digest, t.size,
+       f.tls_verified
+FROM fetch_attempt f
+LEFT JOIN dns_resolution d ON d.resolution_seq = f.resolution_seq
+LEFT JOIN artifact t ON t.artifact_id = f.tls_chain_id
+WHERE f.attempt_seq = ?
+"""
+
+
+def connection_facts(conn: apsw.Connection, attempt_seq: int) -> ConnectionFacts | None:
+    """The connection an attempt went over, as recorded (None: it has none recorded)."""
+    rows = conn.execute(_CONNECTION, (attempt_seq,)).fetchall()
+    if not rows or rows[0][0] is None:
+        return None
+    (remote, remote_port, local, local_port, reused, r_id, host, port, at, source, addresses,
+     ttl, version, cipher, alpn, sni, t_ns, t_digest, t_size, verified) = rows[0]
+    dns = None if r_id is None else DnsFacts(
+        resolution_id=r_id, host=host, port=port, resolved_at=at, source=source,
+        addresses=msgspec.json.decode(addresses), ttl=ttl)
+    tls = None if version is None else TlsFacts(
+        version=version, cipher=cipher, alpn=alpn, sni=sni, verified=bool(verified),
+        chain_ref=None if t_ns is None else ArtifactRef(t_ns, t_digest, t_size))
+    return ConnectionFacts(remote_address=remote, remote_port=remote_port,
+                           local_address=local, local_port=local_port, reused=bool(reused),
+                           dns=dns, tls=tls)
 
 
 class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +122,7 @@ class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):
     content_coding: str | None = None  # removed to get the content
     content_truncated: bool = False
     content: bytes | None = None  # only when asked for (``replay(..., content=True)``)
+    connection: ConnectionFacts | None = None  # with whom and how (``connection_facts``)
 
     def http_message(self) -> bytes:
         """Head then body, as received. Only if the stored head lacks its closing blank line
@@ -113,6 +178,7 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
     with store.snapshot() as conn:
         key, _, seq = locate(conn, url, run_id=run_id, at=at)
         row = conn.execute(_ATTEMPT, (seq,)).fetchall()[0]
+        connection = connection_facts(conn, seq)
     (attempt_id, run, requested, sequence, method, started_at, outcome, status, content_type,
      truncated, log_index, h_ns, h_digest, h_size, b_ns, b_digest, b_size, capture, c_ns,
      c_digest, c_size, transfer_coding, content_coding, content_truncated) = row
@@ -136,7 +202,7 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
         response_headers_ref=head_ref, body_ref=body_ref, response_headers=head, body=body,
         capture=capture, content_ref=content_ref, transfer_coding=transfer_coding,
         content_coding=content_coding, content_truncated=bool(content_truncated),
-        content=decoded)
+        content=decoded, connection=connection)
 
 
 def locate(conn: apsw.Connection, url: str, *, run_id: str | None = None,

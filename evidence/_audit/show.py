@@ -5,8 +5,10 @@ those attempts, the links it had and that led to it, and its rule verdicts; the 
 page stands for is the one ``replay`` would pick (the current attempt of the latest run
 that has one, or of ``run_id``, or the latest started at or before ``at``). ``extract``
 then gives back that attempt's recorded bytes and its latest render's: the request head,
-the response head, the body as received, the decoded content, the rendered DOM and the
-screenshot, each read back from the artifact store and re-hashed as it is read.
+the response head, the body as received, the decoded content, the server's TLS certificate
+chain (DER certificates, leaf first), the rendered DOM and the screenshot, each read back
+from the artifact store and re-hashed as it is read. Each attempt comes with the connection
+it went over (``_audit.replay.connection_facts``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import msgspec
 from .._errors import NotFoundError
 from .._model.refs import ArtifactRef
 from .._store.db import Store
-from .replay import locate
+from .replay import ConnectionFacts, connection_facts, locate
 
 __all__ = ["PART_NAMES", "AttemptFacts", "PageEvidence", "RenderFacts", "Verdict",
            "extract", "page_evidence"]
 
-Part = Literal["request", "headers", "body", "content", "dom", "screenshot"]
-PART_NAMES: tuple[Part, ...] = ("request", "headers", "body", "content", "dom", "screenshot")
+Part = Literal["request", "headers", "body", "content", "certs", "dom", "screenshot"]
+PART_NAMES: tuple[Part, ...] = ("request", "headers", "body", "content", "certs", "dom",
+                                "screenshot")
 
 
 class AttemptFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +49,7 @@ class AttemptFacts(msgspec.Struct, frozen=True, kw_only=True):
     capture: str
     log_index: int
     chosen: bool  # the attempt the page stands for (what extract reads)
+    connection: ConnectionFacts | None = None  # with whom and how (none recorded: None)
 
 
 class RenderFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +109,8 @@ UNION ALL SELECT 'body', b.namespace, b.digest, b.size FROM fetch_attempt f
 UNION ALL SELECT 'content', c.namespace, c.digest, c.size FROM fetch_attempt f
   JOIN artifact c ON c.artifact_id = coalesce(f.content_id, f.body_id)
   WHERE f.attempt_seq = :seq AND (f.content_id IS NOT NULL OR f.capture = 'wire')
+UNION ALL SELECT 'certs', t.namespace, t.digest, t.size FROM fetch_attempt f
+  JOIN artifact t ON t.artifact_id = f.tls_chain_id WHERE f.attempt_seq = :seq
 UNION ALL SELECT * FROM (SELECT 'dom', d.namespace, d.digest, d.size FROM render r
   JOIN artifact d ON d.artifact_id = r.dom_id WHERE r.source_attempt_seq = :seq
   ORDER BY r.render_seq DESC LIMIT 1)
@@ -123,9 +129,9 @@ def page_evidence(store: Store, url: str, *, run_id: str | None = None,
             attempt_id=a, run_id=r, url=u, sequence=n, method=m, started_at=t,
             elapsed_ms=e, outcome=o, http_status=h, content_type=ct, error=err,
             body_bytes=size, body_truncated=bool(trunc), text_encoding=enc, capture=cap,
-            log_index=li, chosen=s == seq)
+            log_index=li, chosen=s == seq, connection=connection_facts(conn, s))
             for s, a, r, u, n, m, t, e, o, h, ct, err, size, trunc, enc, cap, li
-            in conn.execute(_ATTEMPTS, (url_id,))]
+            in conn.execute(_ATTEMPTS, (url_id,)).fetchall()]
         renders = [RenderFacts(render_id=r, attempt_id=a, started_at=t, outcome=o, title=ti,
                                final_url=fu, requests=n, dom_bytes=d, screenshot_bytes=s,
                                log_index=li)

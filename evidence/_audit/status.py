@@ -26,7 +26,7 @@ LIVE_STATS = "live-stats.json"  # written by a running crawl (evidence._crawl.cr
 COUNTED_TABLES = (
     "crawl_session", "crawl_run", "url_identity", "fetch_attempt", "artifact",
     "discovery_edge", "rule_evaluation", "url_current", "ingest_ledger", "quarantine",
-    "commit_log", "frontier", "host_state", "render",
+    "commit_log", "frontier", "host_state", "render", "dns_resolution",
 )
 
 

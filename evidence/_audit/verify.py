@@ -127,6 +127,8 @@ TABLE_COVERAGE = {
     "render": "rebuilt from render entries, field by field; its request count against the "
               "attempts naming it",
     "url_current": "rebuilt from fetch_attempt rows (highest sequence)",
+    "dns_resolution": "compared through every attempt that references one (each attempt's "
+                      "entry carries the answer it used); unreferenced rows found",
     "url_identity": "keys compared through every row that references one; unreferenced "
                     "rows found",
     "artifact": "digests and sizes compared through every row that references one; "
@@ -455,7 +457,8 @@ def _check_interned(conn: apsw.Connection, found: Findings) -> int:
     (a message's URL, a payload): one no row references was added by hand."""
     n = 0
     for parent, key, label in (("url_identity", "url_id", "fetch_key"),
-                               ("artifact", "artifact_id", "namespace || '/' || digest")):
+                               ("artifact", "artifact_id", "namespace || '/' || digest"),
+                               ("dns_resolution", "resolution_seq", "resolution_id")):
         used = " UNION ".join(f"SELECT {column} FROM {table} WHERE {column} IS NOT NULL"
                               for table, column in _references(conn, parent))
         n += conn.execute(f"SELECT count(*) FROM {parent}").fetchall()[0][0]
@@ -707,9 +710,15 @@ SELECT f.log_index, f.attempt_seq, f.attempt_id, f.run_id, f.url, f.sequence, f.
        f.body_truncated, f.content_type, f.error, u.normalizer_version, u.fetch_key,
        f.capture, f.content_id, c.namespace, c.digest, c.size, f.transfer_coding,
        f.content_coding, f.content_truncated, f.surplus_id, s.namespace, s.digest, s.size,
-       f.text_encoding, f.text_encoding_source, rr.render_id
+       f.text_encoding, f.text_encoding_source, rr.render_id,
+       f.remote_address, f.remote_port, f.local_address, f.local_port, f.connection_reused,
+       f.resolution_seq, d.resolution_id, d.host, d.port, d.resolved_at, d.source,
+       d.addresses, d.ttl, f.tls_version, f.tls_cipher, f.tls_sni, f.tls_alpn,
+       f.tls_chain_id, t.namespace, t.digest, t.size, f.tls_verified
 FROM fetch_attempt f
 LEFT JOIN render rr ON rr.render_seq = f.render_seq
+LEFT JOIN dns_resolution d ON d.resolution_seq = f.resolution_seq
+LEFT JOIN artifact t ON t.artifact_id = f.tls_chain_id
 LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
@@ -920,7 +929,7 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
      q_id, q_ns, q_digest, q_size, h_id, h_ns, h_digest, h_size, b_id, b_ns, b_digest, b_size,
      truncated, content_type, error, version, key, capture, c_id, c_ns, c_digest, c_size,
      transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
-     text_encoding, text_source, render_id) = rows[0]
+     text_encoding, text_source, render_id, *connection) = rows[0]
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
@@ -946,7 +955,48 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
         "text_encoding": text_encoding, "text_encoding_source": text_source,
         "render_id": render_id}
+    expected.update(_connection_expected(m))
+    actual.update(_connection_actual(connection))
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
+
+
+def _connection_expected(m: FetchAttempt) -> dict[str, object]:
+    """The connection columns an attempt's message gives (``_apply._connection_row``), its
+    resolution's row included: an edited answer shows at every attempt that used it."""
+    c = m.connection
+    if c is None:
+        return dict.fromkeys(_CONNECTION_FIELDS)
+    d, t = c.dns, c.tls
+    return {
+        "remote_address": c.remote_address, "remote_port": c.remote_port,
+        "local_address": c.local_address, "local_port": c.local_port,
+        "connection_reused": int(c.reused),
+        "dns_resolution": None if d is None else (
+            d.resolution_id, d.host, d.port, format_time(d.resolved_at), d.source,
+            _JSON.encode(d.addresses).decode(), d.ttl),
+        "tls_version": t and t.version, "tls_cipher": t and t.cipher, "tls_sni": t and t.sni,
+        "tls_alpn": t and t.alpn, "tls_chain": None if t is None else _ref_text(t.chain),
+        "tls_verified": None if t is None else int(t.verified)}
+
+
+def _connection_actual(row: list) -> dict[str, object]:
+    (remote, remote_port, local, local_port, reused, r_seq, r_id, r_host, r_port, r_at,
+     r_source, r_addresses, r_ttl, version, cipher, sni, alpn, t_id, t_ns, t_digest, t_size,
+     verified) = row
+    resolution: object = None
+    if r_seq is not None:
+        resolution = (f"dns_resolution row {r_seq} (missing)" if r_id is None else
+                      (r_id, r_host, r_port, r_at, r_source, r_addresses, r_ttl))
+    return {
+        "remote_address": remote, "remote_port": remote_port, "local_address": local,
+        "local_port": local_port, "connection_reused": reused, "dns_resolution": resolution,
+        "tls_version": version, "tls_cipher": cipher, "tls_sni": sni, "tls_alpn": alpn,
+        "tls_chain": _row_ref(t_id, t_ns, t_digest, t_size), "tls_verified": verified}
+
+
+_CONNECTION_FIELDS = ("remote_address", "remote_port", "local_address", "local_port",
+                      "connection_reused", "dns_resolution", "tls_version", "tls_cipher",
+                      "tls_sni", "tls_alpn", "tls_chain", "tls_verified")
 
 
 def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index: int,

@@ -145,6 +145,8 @@ def _format_page(page) -> str:
         lines.append(f"  {mark} {a.started_at}  run {a.run_id}  {a.method} {status} "
                      f"{a.outcome}{size}  {a.content_type or ''}  log {a.log_index}  "
                      f"{a.attempt_id}" + (f"  error: {a.error}" if a.error else ""))
+        if a.connection is not None:
+            lines.append(f"      {_format_connection(a.connection)}")
     if page.renders:
         lines.append(f"renders    {len(page.renders)}")
         for r in page.renders:
@@ -157,6 +159,24 @@ def _format_page(page) -> str:
                                            in page.parts.items()) or "nothing to extract")
                  + "  (* the attempt the page stands for)")
     return "\n".join(lines)
+
+
+def _format_connection(c) -> str:
+    """One attempt's connection in a line: with whom, from where, how."""
+    remote = f"[{c.remote_address}]" if ":" in c.remote_address else c.remote_address
+    text = f"to {remote}:{c.remote_port} from {c.local_address}:{c.local_port}"
+    if c.reused:
+        text += " (kept alive)"
+    if c.dns is not None:
+        text += (f"; {c.dns.host} resolved to {', '.join(c.dns.addresses)} by "
+                 f"{c.dns.source} at {c.dns.resolved_at}")
+    if c.tls is not None:
+        t = c.tls
+        text += f"; {t.version} {t.cipher}, ALPN {t.alpn or '-'}, SNI {t.sni or '-'}"
+        if t.chain_ref is not None:
+            text += f", chain {t.chain_ref.size} bytes"
+        text += ", verified" if t.verified else ", not verified"
+    return text
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -204,8 +224,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "show", help="everything the store holds about one page; extract its parts",
         description="Print a page's attempts (every run, oldest first), the renders of "
         "them, its links out and in, and its rule verdicts. The attempt the page stands for "
-        "is the one replay picks (--run, --at as there); --screenshot, --dom, --headers, "
-        "--request, --body and --content write that attempt's recorded bytes (and its "
+        "is the one replay picks (--run, --at as there), with the connection each went "
+        "over (addresses, DNS answer, TLS). --screenshot, --dom, --headers, --request, "
+        "--body, --content and --certs write that attempt's recorded bytes (and its "
         "latest render's) to files, re-hashed as they are read. Exit status 2 when the "
         "page, the run or an asked-for part is not in the store (nothing is written).")
     p.add_argument("store", metavar="STORE", type=store_location,
@@ -225,5 +246,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="write the body, as it came off the connection")
     p.add_argument("--content", metavar="FILE", type=local_path,
                    help="write the content: the body with its codings removed")
+    p.add_argument("--certs", metavar="FILE", type=local_path,
+                   help="write the server's TLS certificate chain (DER certificates, leaf "
+                   "first)")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
     p.set_defaults(func=_cmd_show)

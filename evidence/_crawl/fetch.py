@@ -15,6 +15,11 @@ connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.h
   megabyte of gzip that would inflate to a gigabyte costs at most the cap in memory. A
   body with no coding to remove is its own content, whatever its size (nothing is derived).
 
+- with whom and how (``connection``): the addresses actually connected to, the resolver's
+  answer they came from, and for TLS the negotiated parameters and the server's certificate
+  chain, stored as one payload (its DER certificates, leaf first) in the ``certs``
+  namespace: content-addressed, so a chain seen on a thousand connections is stored once.
+
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
 records the error and references the bytes read before it (``body_truncated``). A
 connection the crawl's network policy refuses (``_crawl.netpolicy``) is an attempt
@@ -38,11 +43,11 @@ import anyio.lowlevel
 
 from .._errors import EvidenceError
 from .._model.http1 import Split, derive_content, head_length
-from .._model.messages import FetchAttempt, Outcome, new_id, utc_now
+from .._model.messages import Connection, FetchAttempt, Outcome, Tls, new_id, utc_now
 from .._model.refs import ArtifactRef
 from .._model.text import Sniffed, charset_param, is_html, sniff
 from .._store.backend import ArtifactBackend
-from .http import Client, Exchange, FetchError, Headers, Response
+from .http import Client, Exchange, FetchError, Headers, Peer, Response
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]
 
@@ -51,6 +56,7 @@ T = TypeVar("T")
 HEADERS_NS = "headers"
 BODY_NS = "body"
 CONTENT_NS = "content"
+CERTS_NS = "certs"
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,26 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
         if content and is_html(content_type):
             sniffed = sniff(content, charset_param(content_type))
             extra.update(text_encoding=sniffed.encoding, text_encoding_source=sniffed.source)
+    if exchange.peer is not None and exchange.peer.chain:
+        items.append((CERTS_NS, b"".join(exchange.peer.chain)))
+        fields.append("chain")
     return _Wire(items, fields, extra, split, body, content, sniffed)
+
+
+def _connection(peer: Peer | None, reused: bool, named: dict[str, Any]) -> dict[str, Any]:
+    """The attempt's ``connection`` field (none if it never had one), taking the stored
+    chain's ref out of ``named``."""
+    chain = named.pop("chain", None)
+    if peer is None:
+        return {}
+    tls = None
+    if peer.tls_version is not None:
+        tls = Tls(version=peer.tls_version, cipher=peer.tls_cipher or "", sni=peer.sni,
+                  alpn=peer.alpn, chain=chain, verified=peer.verified)
+    return {"connection": Connection(
+        remote_address=peer.remote_address, remote_port=peer.remote_port,
+        local_address=peer.local_address, local_port=peer.local_port, dns=peer.dns, tls=tls,
+        reused=reused)}
 
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
@@ -265,11 +290,12 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
     if problem is not None and error is None:
         error = f"content: {problem}"
     named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
+    peer = _connection(exchange.peer, exchange.reused, named)
     attempt = FetchAttempt(
         **common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
         http_status=response.status_code, **named,
         body_truncated=cut or outcome != "response", content_type=content_type,
-        error=error, **extra)
+        error=error, **extra, **peer)
     kept = wire.content if keep_content is None or len(wire.content) <= keep_content else b""
     return FetchResult(attempt, response.status_code, response.headers, kept, elapsed,
                        wire.split.head, wire.body, parsed)
@@ -288,12 +314,13 @@ async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: O
 
     wire, refs = await _off_the_loop(store, len(exchange.received), artifacts)
     named: dict[str, Any] = dict(zip(wire.fields, refs, strict=True))
+    peer = _connection(exchange.peer, exchange.reused, named)
     extra = {k: v for k, v in wire.extra.items() if k != "content_problem"}
     if named.get("body") is None:  # no whole head: nothing was derived from it
         extra = {"capture": "wire"}
     attempt = FetchAttempt(**common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
                            error=error[:2000], body_truncated="body" in named,
-                           **named, **extra)
+                           **named, **extra, **peer)
     return FetchResult(attempt, None, None, b"", elapsed, wire.split.head, wire.body)
 
 

@@ -35,6 +35,16 @@ registered for reading; one timer per wait bounds each read and write). A respon
 abandoned half-way (a deadline, a cap, an error, a cancellation) closes its connection: its
 unread bytes never become the next request's response.
 
+Each connection also records with whom and how (issue 33), as a ``Peer`` the exchanges over
+it carry (``Exchange.peer``, ``Exchange.reused``): the remote address and port actually
+connected to and the local ones, as the socket reports them; the resolver's answer that
+gave the remote address (``_crawl.netpolicy``: the one resolution the policy checked, never
+a second one); for TLS the negotiated version, cipher and ALPN protocol, the SNI sent (none
+for an address literal: TLS sends no SNI for one), the server's certificate chain as it
+presented it (DER, leaf first), and the verification result. The client verifies every
+chain it accepts (a handshake that fails verification is a ``ConnectError`` that names
+why), so a recorded chain was verified against the trust store, host name included.
+
 Errors: a request that got no response head the client accepts raises ``FetchError``,
 named as the step that failed (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
 ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError`` for a malformed or
@@ -47,18 +57,20 @@ exchange.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import re
 import select
 import socket
 import ssl
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import quote, urlsplit
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSStream
+from anyio.streams.tls import TLSAttribute, TLSStream
 
 from .._model.http1 import (
     ChunkedBody,
@@ -70,11 +82,11 @@ from .._model.http1 import (
     parse_head,
     split_response,
 )
-from .._model.messages import Outcome
+from .._model.messages import DnsAnswer, Outcome
 from .._net import Stream, acquire, connect_tcp
 from .netpolicy import NetworkPolicy, Origin, Refused
 
-__all__ = ["Client", "Exchange", "FetchError", "Headers", "Response", "crawl_client"]
+__all__ = ["Client", "Exchange", "FetchError", "Headers", "Peer", "Response", "crawl_client"]
 
 KEEPALIVE = 5.0  # seconds an idle connection is kept
 MAX_HEAD = 256 * 1024  # bytes of response heads (interim ones included) the client reads
@@ -88,16 +100,37 @@ _BLANK_LINE = re.compile(rb"\n\r?\n")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a field name (RFC 9110 section 5.1)
 
 
-class Exchange:
-    """The bytes one request wrote to its connection and read from it, in order."""
+@dataclass(frozen=True)
+class Peer:
+    """With whom and how a connection was made (the module's doc): addresses as the socket
+    reports them; the TLS fields are None on a plain connection."""
 
-    __slots__ = ("_split", "method", "received", "sent")
+    remote_address: str
+    remote_port: int
+    local_address: str
+    local_port: int
+    dns: DnsAnswer | None = None  # the answer the remote address came from
+    tls_version: str | None = None
+    tls_cipher: str | None = None
+    alpn: str | None = None
+    sni: str | None = None
+    chain: tuple[bytes, ...] = ()  # DER certificates, leaf first, as the server sent them
+    verified: bool = False
+
+
+class Exchange:
+    """The bytes one request wrote to its connection and read from it, in order, and the
+    connection it went over (``peer``; ``reused``: an earlier request went over it)."""
+
+    __slots__ = ("_split", "method", "peer", "received", "reused", "sent")
 
     def __init__(self, method: str) -> None:
         self.method = method
         self.sent = bytearray()
         self.received = bytearray()
         self._split: Split | None = None
+        self.peer: Peer | None = None
+        self.reused = False
 
     def split(self) -> Split:
         """The response's head, body and surplus (computed once the exchange is over)."""
@@ -164,10 +197,12 @@ class FetchError(Exception):
 
 
 class _Connection:
-    __slots__ = ("idle_since", "origin", "raw", "socket", "stream")
+    __slots__ = ("idle_since", "origin", "peer", "raw", "requests", "socket", "stream")
 
-    def __init__(self, origin: Origin, stream: anyio.abc.ByteStream) -> None:
+    def __init__(self, origin: Origin, stream: anyio.abc.ByteStream,
+                 dns: DnsAnswer | None = None) -> None:
         self.origin, self.stream = origin, stream
+        self.requests = 0  # requests written over it so far
         inner = stream.transport_stream if isinstance(stream, TLSStream) else stream
         # A _net.Stream bounds each of its waits itself (the client's timeout); anyio's
         # streams (under trio) are bounded by a cancel scope per call.
@@ -175,6 +210,7 @@ class _Connection:
         self.socket: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket,
                                                          None)
         self.idle_since = 0.0
+        self.peer = _peer(self.socket, stream, origin, dns)
 
     def readable(self) -> bool:
         """Whether a read would not block (the server closed it, or sent bytes unasked)."""
@@ -190,6 +226,44 @@ class _Connection:
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(OSError, anyio.BrokenResourceError):
                 await self.stream.aclose()
+
+
+def _peer(sock: socket.socket | None, stream: anyio.abc.ByteStream, origin: Origin,
+          dns: DnsAnswer | None) -> Peer | None:
+    """What the socket and the TLS layer say of a connection just made (None if the socket
+    cannot say whom it is connected to: then nothing is claimed)."""
+    if sock is None:
+        return None
+    try:
+        remote, local = sock.getpeername()[:2], sock.getsockname()[:2]
+    except OSError:
+        return None
+    tls = stream.extra(TLSAttribute.ssl_object, None)
+    if tls is None:
+        return Peer(remote[0], remote[1], local[0], local[1], dns)
+    cipher = tls.cipher()
+    sni: str | None = origin.host
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(origin.host)
+        sni = None  # TLS never names an address literal (RFC 6066 section 3)
+    return Peer(remote[0], remote[1], local[0], local[1], dns, tls_version=tls.version(),
+                tls_cipher=cipher[0] if cipher else None, alpn=tls.selected_alpn_protocol(),
+                sni=sni, chain=_chain(tls),
+                verified=tls.context.verify_mode == ssl.CERT_REQUIRED)
+
+
+def _chain(tls: ssl.SSLObject) -> tuple[bytes, ...]:
+    """The certificates the server presented, DER, leaf first: ``get_unverified_chain``
+    (public since Python 3.13; the same method of the C object before), else the leaf."""
+    chain = getattr(tls, "get_unverified_chain", None)
+    if chain is None:
+        chain = getattr(getattr(tls, "_sslobj", None), "get_unverified_chain", None)
+    if chain is not None:
+        certificates = chain() or []
+        der = ssl._ssl.ENCODING_DER  # type: ignore[attr-defined]
+        return tuple(c if isinstance(c, bytes) else c.public_bytes(der) for c in certificates)
+    leaf = tls.getpeercert(binary_form=True)
+    return (leaf,) if leaf else ()
 
 
 def _readable(sock: socket.socket | None) -> bool:
@@ -383,6 +457,8 @@ class Client:
         connection: _Connection | None = None
         try:
             connection = await self._connection(origin)
+            exchange.peer, exchange.reused = connection.peer, connection.requests > 0
+            connection.requests += 1
             try:
                 with connection.bounded(self.timeout):
                     await connection.stream.send(data)
@@ -464,7 +540,7 @@ class Client:
         where = f"{origin.host}:{origin.port}"
         try:
             with anyio.fail_after(self.timeout):
-                stream = await self._open(origin)
+                stream, dns = await self._open(origin)
         except Refused as exc:
             raise FetchError("NetworkPolicy", str(exc), refused=True) from None
         except TimeoutError:
@@ -472,22 +548,23 @@ class Client:
                              f"{self.timeout:g} s", timeout=True) from None
         except (OSError, anyio.BrokenResourceError) as exc:
             raise FetchError("ConnectError", f"{where}: {exc or type(exc).__name__}") from None
-        return _Connection(origin, stream)
+        return _Connection(origin, stream, dns)
 
-    async def _open(self, origin: Origin) -> anyio.abc.ByteStream:
+    async def _open(self, origin: Origin) -> tuple[anyio.abc.ByteStream, DnsAnswer | None]:
         """A connection to ``origin``: with a policy, to each address it allows in turn
-        (the name is never resolved again between the check and the connection)."""
+        (the name is never resolved again between the check and the connection), and the
+        resolver's answer those addresses came from."""
         tls = self._tls() if origin.scheme == "https" else None
         if self.policy is None:
             return await connect_tcp(origin.host, origin.port, timeout=self.timeout,
-                                     ssl_context=tls, tls_hostname=origin.host)
-        addresses = await self.policy.addresses(origin)
+                                     ssl_context=tls, tls_hostname=origin.host), None
+        addresses, dns = await self.policy.lookup(origin)
         for address in addresses[:-1]:
             with contextlib.suppress(OSError):
                 return await connect_tcp(address, origin.port, timeout=self.timeout,
-                                         ssl_context=tls, tls_hostname=origin.host)
+                                         ssl_context=tls, tls_hostname=origin.host), dns
         return await connect_tcp(addresses[-1], origin.port, timeout=self.timeout,
-                                 ssl_context=tls, tls_hostname=origin.host)
+                                 ssl_context=tls, tls_hostname=origin.host), dns
 
     async def _release(self, connection: _Connection, *, reuse: bool) -> None:
         try:

@@ -25,6 +25,13 @@ client (``_crawl.http``) opens is decided here, on the address it connects to:
   the addresses its host had when first resolved in this process; the same address on
   another port, or another scheme, is refused like any other.
 
+The resolution is evidence too (issue 33): ``lookup`` gives, with the addresses, the answer
+as a ``DnsAnswer`` (the name, every address in the resolver's order, when, and the
+resolver's source: ``getaddrinfo``; ``hosts-file`` when the system's ``/etc/nsswitch.conf``
+consults files first and ``/etc/hosts`` lists the name, so that is where the answer came
+from; ``given`` for a resolver the caller gave). ``getaddrinfo`` gives no TTL, so none is
+recorded. The connection that uses the answer carries it into its attempts' records.
+
 A refused connection raises ``Refused`` before anything is sent; the attempt is recorded
 (``skipped``, with the reason ``network: ...``), never dropped. The policy is built from
 the crawl's configuration (``allow_network`` and the seeds, recorded with the session), so
@@ -34,6 +41,7 @@ a worker process or host builds the same one.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import NamedTuple
@@ -42,9 +50,10 @@ from urllib.parse import urlsplit
 import anyio
 
 from .._errors import EvidenceError
+from .._model.messages import DnsAnswer, ResolverSource, new_id, utc_now
 
-__all__ = ["NetworkPolicy", "Origin", "Refused", "Resolver", "origin_of", "parse_network",
-           "refusal", "system_resolver"]
+__all__ = ["NetworkPolicy", "Origin", "Refused", "Resolver", "hosts_source", "origin_of",
+           "parse_network", "refusal", "system_resolver"]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -140,6 +149,46 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+HOSTS = "/etc/hosts"
+NSSWITCH = "/etc/nsswitch.conf"
+
+
+def _hosts_first(nsswitch: str) -> bool:
+    """Whether the system resolver consults the hosts file before anything else (glibc's
+    default when nsswitch.conf has no ``hosts:`` line: ``files dns``)."""
+    try:
+        with open(nsswitch, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        key, _, sources = line.partition("#")[0].partition(":")
+        if key.strip() == "hosts":
+            words = sources.split()
+            return bool(words) and words[0] == "files"
+    return True
+
+
+def _in_hosts(host: str, hosts: str) -> bool:
+    try:
+        with open(hosts, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    wanted = host.lower().rstrip(".")
+    return any(wanted in (name.lower().rstrip(".") for name in line.partition("#")[0].split()[1:])
+               for line in lines)
+
+
+def hosts_source(host: str, *, hosts: str = HOSTS, nsswitch: str = NSSWITCH) -> ResolverSource:
+    """Where the system resolver's answer for ``host`` came from: ``hosts-file`` when the
+    hosts file is consulted first and lists the name (it answers then), else
+    ``getaddrinfo`` (DNS, or another NSS source)."""
+    if os.path.exists(hosts) and _hosts_first(nsswitch) and _in_hosts(host, hosts):
+        return "hosts-file"
+    return "getaddrinfo"
+
+
 def _address(text: str) -> Address:
     return ipaddress.ip_address(text.partition("%")[0])  # a scope id is not the address
 
@@ -168,17 +217,30 @@ class NetworkPolicy:
     async def addresses(self, origin: Origin) -> list[str]:
         """The addresses a connection to ``origin`` may go to, in the order to try them;
         ``Refused`` if there is none (OSError if the host does not resolve)."""
+        return (await self.lookup(origin))[0]
+
+    async def lookup(self, origin: Origin) -> tuple[list[str], DnsAnswer | None]:
+        """``addresses``, and the resolver's whole answer (None for an address literal):
+        the name is resolved once, and that answer is what the connection records."""
+        answer: DnsAnswer | None = None
         try:
             texts = [origin.host] if _address(origin.host) else []
         except ValueError:
+            resolved_at = utc_now()
             texts = await self.resolver(origin.host, origin.port)
+            source: ResolverSource = "given"
+            if self.resolver is system_resolver:
+                source = hosts_source(origin.host)
+            answer = DnsAnswer(resolution_id=new_id("dns-"), host=origin.host,
+                               port=origin.port, resolved_at=resolved_at, source=source,
+                               addresses=[t[:64] for t in texts])
         found = {text: _address(text) for text in texts}  # a link-local one keeps its %scope
         if origin in self.seed_origins and origin not in self._pinned:
             self._pinned[origin] = frozenset(a for a in found.values() if self.refused(a))
         pinned = self._pinned.get(origin, frozenset())
         usable = [text for text, a in found.items() if a in pinned or self.refused(a) is None]
         if usable:
-            return usable
+            return usable, answer
         if not found:
             raise OSError(f"{origin.host} resolves to no address")
         first = next(iter(found.values()))

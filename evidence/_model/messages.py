@@ -34,7 +34,9 @@ from .refs import ArtifactRef
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "Connection",
     "Discovery",
+    "DnsAnswer",
     "DocumentRecord",
     "FetchAttempt",
     "FrontierUpdate",
@@ -50,6 +52,7 @@ __all__ = [
     "SessionEnded",
     "SessionStarted",
     "SettledUrl",
+    "Tls",
     "canonical_encode",
     "check_size",
     "decode_message",
@@ -142,6 +145,64 @@ Capture = Literal[
 TextSource = Literal["bom", "header", "meta", "default"]
 
 
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+ResolverSource = Literal[
+    "getaddrinfo",  # the system resolver (glibc: NSS, DNS through /etc/resolv.conf)
+    "hosts-file",  # the same call, answered from /etc/hosts (nsswitch.conf puts files first)
+    "given",  # a resolver the crawl's caller gave (CrawlOptions.resolver: tests)
+]
+
+
+class DnsAnswer(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """One resolution of a host name: what the resolver answered, once, under its own id.
+
+    Every attempt whose connection used it carries it whole (so each attempt's leaf covers
+    the answer it relied on); the store keeps it once (``dns_resolution``), and a second
+    copy under the same id with other content is refused. ``ttl`` is absent when the
+    resolver does not give one (``getaddrinfo`` never does).
+    """
+
+    resolution_id: Id
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    port: Port
+    resolved_at: UtcTime
+    source: ResolverSource
+    addresses: list[Annotated[str, msgspec.Meta(min_length=1, max_length=64)]]
+    ttl: NonNegative | None = None
+
+
+class Tls(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """What a TLS handshake settled: as the client's TLS library reports it.
+
+    ``chain`` is the server's certificate chain as it presented it (DER certificates,
+    concatenated, leaf first: each is self-delimiting), a content-addressed artifact, so a
+    chain seen again is stored once. ``verified``: the chain was verified against the
+    client's trust store (the host name checked too): a chain that fails verification
+    ends the handshake, and its attempt records no connection but a ``ConnectError``
+    naming why (``certificate verify failed: ...``).
+    """
+
+    version: Name
+    cipher: Name
+    sni: Annotated[str, msgspec.Meta(max_length=300)] | None = None
+    alpn: Name | None = None
+    chain: ArtifactRef | None = None
+    verified: bool = False
+
+
+class Connection(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """The connection an attempt's request was written to: the addresses actually
+    connected (not the name), the resolution that gave the remote one, and TLS."""
+
+    remote_address: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    remote_port: Port
+    local_address: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    local_port: Port = 0
+    dns: DnsAnswer | None = None  # absent: the URL's host was an address literal
+    tls: Tls | None = None
+    reused: bool = False  # an earlier request went over it (a kept-alive connection)
+
+
 class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     """One request attempt, with references to its stored request and response.
 
@@ -153,6 +214,7 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     present only when its bytes differ from the body's; ``content_truncated`` says it is
     cut (at the size cap, or because the body is). ``text_encoding`` and its
     ``text_encoding_source`` say how an HTML document's text was read (``evidence._model.text``).
+    ``connection`` says with whom and how the request was exchanged (``Connection``).
     """
 
     message_id: Id
@@ -182,6 +244,9 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     # A request a browser made while rendering a page (a ``render`` message with this id,
     # in the same run): not the crawler's attempt of the URL, so never in url_current.
     render_id: Id | None = None
+    # Where the request went and how (issue 33): absent on attempts recorded before it,
+    # and on those that never connected.
+    connection: Connection | None = None
 
 
 # A page requisite (an image, script, stylesheet, CSS url(), media) has its own kind

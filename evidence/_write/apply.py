@@ -22,6 +22,7 @@ import msgspec
 from .._errors import ArtifactCorruptError, ArtifactMissingError, URLError
 from .._model.messages import (
     Discovery,
+    DnsAnswer,
     FetchAttempt,
     FrontierUpdate,
     HostUpdate,
@@ -50,7 +51,9 @@ _ATTEMPT_COLUMNS = (
     "attempt_id, run_id, url_id, url, sequence, method, started_at, elapsed_ms, outcome, "
     "http_status, request_headers_id, response_headers_id, body_id, body_truncated, "
     "content_type, error, log_index, capture, content_id, transfer_coding, content_coding, "
-    "content_truncated, surplus_id, text_encoding, text_encoding_source, render_seq")
+    "content_truncated, surplus_id, text_encoding, text_encoding_source, render_seq, "
+    "remote_address, remote_port, local_address, local_port, connection_reused, "
+    "resolution_seq, tls_version, tls_cipher, tls_sni, tls_alpn, tls_chain_id, tls_verified")
 _ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
 
 
@@ -230,10 +233,15 @@ def artifact_refs(message: Message) -> list[ArtifactRef]:
 # (tests/test_writer_batches.py checks it against the handlers).
 _ARTIFACTS_OF: dict[type, Callable[..., list[ArtifactRef | None]]] = {
     FetchAttempt: lambda m: [m.request_headers, m.response_headers, m.body, m.content,
-                             m.surplus],
+                             m.surplus, _chain_of(m)],
     Discovery: lambda m: [m.source_artifact],
     Render: lambda m: [m.dom, m.screenshot, m.mhtml],
 }
+
+def _chain_of(m: FetchAttempt) -> ArtifactRef | None:
+    tls = m.connection.tls if m.connection is not None else None
+    return tls.chain if tls is not None else None
+
 
 _URLS_OF: dict[type, Callable[..., list[str]]] = {
     FetchAttempt: lambda m: [m.url],
@@ -255,7 +263,7 @@ class Interner:
     cleared when it grows past ``limit`` entries.
     """
 
-    KINDS = ("url", "artifact", "run", "attempt", "session")
+    KINDS = ("url", "artifact", "run", "attempt", "session", "dns")
 
     def __init__(self, limit: int = 500_000) -> None:
         self.limit = limit
@@ -607,6 +615,29 @@ class Applier:
         found: tuple[int, int, str] = (row[0], row[2], row[3])
         return found
 
+    def resolution_seq(self, answer: DnsAnswer, what: What) -> int:
+        """The dns_resolution row of ``answer``, written by the first attempt that carries
+        it; a later copy must say the same (another answer under its id is refused)."""
+        row = (answer.host, answer.port, format_time(answer.resolved_at), answer.source,
+               _json.encode(answer.addresses).decode(), answer.ttl)
+        known = self.interner.caches["dns"].get(answer.resolution_id)
+        if known is None:
+            self.conn.execute(
+                "INSERT INTO dns_resolution (resolution_id, host, port, resolved_at, source, "
+                "addresses, ttl) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (resolution_id) DO NOTHING", (answer.resolution_id, *row))
+            found = self.one("SELECT resolution_seq, host, port, resolved_at, source, "
+                             "addresses, ttl FROM dns_resolution WHERE resolution_id = ?",
+                             (answer.resolution_id,))
+            assert found is not None
+            known = (found[0], tuple(found[1:]))
+            self.interner.put("dns", answer.resolution_id, known)
+        if known[1] != row:
+            raise Rejected(f"{_text(what)}: resolution {answer.resolution_id} is recorded "
+                           "with another answer", conflict=True)
+        seq: int = known[0]
+        return seq
+
     def attempt_seq(self, attempt_id: str, run_id: str, what: What) -> int:
         row = self._attempts.get(attempt_id) or self.one(
             "SELECT attempt_seq, run_id FROM fetch_attempt WHERE attempt_id = ?", (attempt_id,))
@@ -687,6 +718,9 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         raise Rejected(f"{_text(what)}: content is derived from a body, and there is none")
     if (m.text_encoding is None) != (m.text_encoding_source is None):
         raise Rejected(f"{_text(what)}: text_encoding and text_encoding_source go together")
+    if not requested and m.connection is not None:
+        raise Rejected(f"{_text(what)}: outcome {m.outcome!r} was never requested, so it had "
+                       "no connection")
     url_id = ctx.url_id(m.url, what)
     render_seq = None if m.render_id is None else ctx.render(m.render_id, m.run_id, what)[0]
     request_headers, response_headers, body = m.request_headers, m.response_headers, m.body
@@ -703,10 +737,26 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         None if content is None else ctx.artifact_id(content, (what, "content")),
         m.transfer_coding, m.content_coding, int(m.content_truncated),
         None if surplus is None else ctx.artifact_id(surplus, (what, "surplus")),
-        m.text_encoding, m.text_encoding_source, render_seq), what)
+        m.text_encoding, m.text_encoding_source, render_seq, *_connection_row(ctx, m, what)),
+        what)
     ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
     if render_seq is None:  # a browser's request is not the crawler's attempt of its URL
         ctx.project((m.run_id, url_id, m.sequence, attempt_seq))
+
+
+def _connection_row(ctx: Applier, m: FetchAttempt, what: What) -> tuple[object, ...]:
+    """The connection columns of an attempt's row (all NULL: it had none)."""
+    c = m.connection
+    if c is None:
+        return (None,) * 12
+    resolution = None if c.dns is None else ctx.resolution_seq(c.dns, what)
+    tls = c.tls
+    if tls is None:
+        return (c.remote_address, c.remote_port, c.local_address, c.local_port,
+                int(c.reused), resolution, None, None, None, None, None, None)
+    chain = None if tls.chain is None else ctx.artifact_id(tls.chain, (what, "tls chain"))
+    return (c.remote_address, c.remote_port, c.local_address, c.local_port, int(c.reused),
+            resolution, tls.version, tls.cipher, tls.sni, tls.alpn, chain, int(tls.verified))
 
 
 def _discovery(ctx: Applier, m: Discovery) -> None:
