@@ -53,8 +53,10 @@ LOCATIONS = [
     ("replay st http://127.0.0.1:9/ --out {L}", False),
     ("show {L} http://127.0.0.1:9/", False),
     *((f"show st http://127.0.0.1:9/ --{part} {{L}}", False)
-      for part in ("screenshot", "dom", "headers", "request", "body", "content")),
+      for part in ("screenshot", "dom", "behaviors", "headers", "request", "body",
+                   "content")),
     ("crawl --config {L}", False),
+    ("crawl http://127.0.0.1:9/ --store st --behavior-script {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --seeds {L}", False),
     ("rules evaluate {L} --rules r.toml", False),
     ("report {L} --run r", False),
@@ -113,6 +115,7 @@ def test_every_location_argument_of_every_command_is_typed_and_in_the_walk() -> 
 _LOCATION_DESTS = {"store", "out", "artifacts", "archive", "a", "b", "scratch", "new_key",
                    "socket"}
 _ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("crawl", "config"), ("crawl", "seeds"),
+         ("crawl", "behavior_script"), ("show", "behaviors"),
          *(("show", part) for part in ("screenshot", "dom", "headers", "request", "body",
                                        "content"))}
 _LOCATION_TYPES = {common.store_location, common.local_path, common.local_directory,

@@ -332,7 +332,8 @@ _RUN_SCOPE = {
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
                 "UNION SELECT dom_id FROM render WHERE run_id = :run "
                 "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
-                "UNION SELECT mhtml_id FROM render WHERE run_id = :run)",
+                "UNION SELECT mhtml_id FROM render WHERE run_id = :run "
+                "UNION SELECT behaviors_id FROM render WHERE run_id = :run)",
     "commit_log": "batch_seq IN (SELECT batch_seq FROM ingest_ledger WHERE log_index IN "
                   "(SELECT log_index FROM temp.keep_ledger))",
     "ingest_ledger": "log_index IN (SELECT log_index FROM temp.keep_ledger)",
