@@ -1,8 +1,9 @@
 """Export, backup, restore and compare on every kind of store there is: {SQLite,
-PostgreSQL} x {files, packs, s3://} (issue 29).
+PostgreSQL} x {files, packs, s3://} (issue 29), each holding rendered and unrendered pages.
 
 Each of the six sources is crawled once per module (a small site on 127.0.0.1; the payloads
-in one file each, in packs, or in SeaweedFS), named by its location as a user names it.
+in one file each, in packs, or in SeaweedFS; its home page rendered in Chromium with the
+default behaviours, the other pages not), named by its location as a user names it.
 Its archive must hold every payload, restore into a store directory and into a PostgreSQL
 database, export again to the same bytes (so the same Merkle root), and compare equal to
 its source, payloads included; its backup too. A PostgreSQL store with its payloads in S3
@@ -13,6 +14,7 @@ it was read) and said nothing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +66,8 @@ def site() -> Iterator[TestSite]:
 
 @pytest.fixture(scope="module", params=SOURCES, ids=["-".join(s) for s in SOURCES])
 def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-           pg_cluster, seaweed, s3_credentials: None, site: TestSite) -> Source:
+           pg_cluster, seaweed, s3_credentials: None, site: TestSite,
+           chromium: str) -> Source:
     db, layout = request.param
     work = tmp_path_factory.mktemp(f"{db}-{layout}")
     location = str(work / "store") if db == "sqlite" else new_pg_database(pg_cluster)
@@ -74,15 +77,20 @@ def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                       artifact_layout="files" if layout == "files" else "packs") as store:
         assert type(store.artifacts) is KINDS[layout]
         # Named localhost: its resolutions and the connections' addresses are recorded
-        # (issue 33), and must travel through every archive like the rest.
+        # (issue 33), and must travel through every archive like the rest. Its home page is
+        # rendered (with the default behaviours), the others not.
         seed = site.url.replace("127.0.0.1", "localhost")
-        result = anyio.run(Crawler(store, CrawlConfig(seeds=[seed]), CrawlOptions()).run)
+        config = CrawlConfig(seeds=[seed], render_only=[re.escape(seed) + "$"])
+        result = anyio.run(Crawler(store, config, CrawlOptions()).run)
         assert result.outcome == "completed"
         assert store.connection.execute("SELECT count(*) FROM dns_resolution").fetchall()[0][0]
         assert store.connection.execute("SELECT count(*) FROM fetch_attempt WHERE "
                                         "remote_address = '127.0.0.1'").fetchall()[0][0]
         refs = frozenset(store.connection.execute(
             "SELECT namespace, digest, size FROM artifact").fetchall())
+        assert store.connection.execute(  # a render, with its screenshot and behaviours
+            "SELECT count(*) FROM render WHERE screenshot_id IS NOT NULL AND behaviors_id "
+            "IS NOT NULL").fetchall() == [(1,)]
     assert len(refs) > 10
     return Source(f"{db}-{layout}", location, work, refs)
 

@@ -60,8 +60,10 @@ LOCATIONS = [
     ("replay x.wacz --serve --public-key {L}", False),
     ("show {L} http://127.0.0.1:9/", False),
     *((f"show st http://127.0.0.1:9/ --{part} {{L}}", False)
-      for part in ("screenshot", "dom", "headers", "request", "body", "content", "certs")),
+      for part in ("screenshot", "dom", "behaviors", "headers", "request", "body", "content",
+                   "certs")),
     ("crawl --config {L}", False),
+    ("crawl http://127.0.0.1:9/ --store st --behavior-script {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --seeds {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --listen 127.0.0.1:0 --hosts-file {L}", False),
     ("rules evaluate {L} --rules r.toml", False),
@@ -121,7 +123,8 @@ def test_every_location_argument_of_every_command_is_typed_and_in_the_walk() -> 
 _LOCATION_DESTS = {"store", "out", "artifacts", "archive", "a", "b", "scratch", "new_key",
                    "socket"}
 _ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("witness keygen", "key"),
-         ("witness serve", "key"), ("witness serve", "state"), ("crawl", "config"), ("crawl", "seeds"),
+         ("witness serve", "key"), ("witness serve", "state"), ("crawl", "config"),
+         ("crawl", "seeds"), ("crawl", "behavior_script"), ("show", "behaviors"),
          *(("show", part) for part in ("screenshot", "dom", "headers", "request", "body",
                                        "content", "certs"))}
 _LOCATION_TYPES = {common.store_location, common.local_path, common.local_directory,

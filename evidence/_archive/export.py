@@ -333,7 +333,8 @@ _RUN_SCOPE = {
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
                 "UNION SELECT dom_id FROM render WHERE run_id = :run "
                 "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
-                "UNION SELECT mhtml_id FROM render WHERE run_id = :run)",
+                "UNION SELECT mhtml_id FROM render WHERE run_id = :run "
+                "UNION SELECT behaviors_id FROM render WHERE run_id = :run)",
     "dns_resolution": "resolution_seq IN (SELECT resolution_seq FROM fetch_attempt WHERE "
                       "run_id = :run)",
     "commit_log": "batch_seq IN (SELECT batch_seq FROM ingest_ledger WHERE log_index IN "

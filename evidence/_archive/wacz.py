@@ -10,7 +10,9 @@ A WACZ is a ZIP (every entry stored, not deflated) holding, in this order:
                               each rendered page's screenshot, DOM and MHTML as ``resource``
                               records: ``urn:fullPage:<url>`` (image/png, the Browsertrix
                               convention for a full-page screenshot), ``urn:dom:<url>``
-                              (text/html) and ``urn:mhtml:<url>`` (multipart/related)
+                              (text/html), ``urn:mhtml:<url>`` (multipart/related) and
+                              ``urn:behaviors:<url>`` (application/json: the behaviours'
+                              action log)
     indexes/index.cdx.gz      the CDXJ index of that WARC (``_archive.cdxj``), sorted, in
                               gzip members of 1,024 lines (a request that was not a GET
                               keyed in the post-append form, ``__wb_method=post&...``)
@@ -98,11 +100,12 @@ _MAX_TITLE = 1000
 _RENDERS = """
 SELECT r.render_id, r.url, r.started_at, r.log_index, f.attempt_id,
        d.namespace, d.digest, d.size, s.namespace, s.digest, s.size,
-       m.namespace, m.digest, m.size
+       m.namespace, m.digest, m.size, b.namespace, b.digest, b.size
 FROM render r JOIN fetch_attempt f ON f.attempt_seq = r.source_attempt_seq
 LEFT JOIN artifact d ON d.artifact_id = r.dom_id
 LEFT JOIN artifact s ON s.artifact_id = r.screenshot_id
 LEFT JOIN artifact m ON m.artifact_id = r.mhtml_id
+LEFT JOIN artifact b ON b.artifact_id = r.behaviors_id
 WHERE r.outcome = 'rendered' ORDER BY r.render_seq
 """
 _PAGES = """
@@ -428,7 +431,8 @@ def _render_records(store: Store, store_id: str,
     for prefix, mime, (ns, digest, size) in (
             ("urn:fullPage:", "image/png", refs[3:6]),
             ("urn:dom:", "text/html; charset=utf-8", refs[0:3]),
-            ("urn:mhtml:", "multipart/related", refs[6:9])):
+            ("urn:mhtml:", "multipart/related", refs[6:9]),
+            ("urn:behaviors:", "application/json", refs[9:12])):
         if ns is None:
             continue
         target = prefix + url

@@ -6,14 +6,15 @@ page stands for is the one ``replay`` would pick (the current attempt of the lat
 that has one, or of ``run_id``, or the latest started at or before ``at``). ``extract``
 then gives back that attempt's recorded bytes and its latest render's: the request head,
 the response head, the body as received, the decoded content, the server's TLS certificate
-chain (DER certificates, leaf first), the rendered DOM and the screenshot, each read back
-from the artifact store and re-hashed as it is read. Each attempt comes with the connection
-it went over (``_audit.replay.connection_facts``).
+chain (DER certificates, leaf first), the rendered DOM, the screenshot and the behaviours'
+action log, each read back from the artifact store and re-hashed as it is read. Each
+attempt comes with the connection it went over (``_audit.replay.connection_facts``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from typing import Literal
 
 import msgspec
@@ -26,9 +27,10 @@ from .replay import ConnectionFacts, connection_facts, locate
 __all__ = ["PART_NAMES", "AttemptFacts", "PageEvidence", "RenderFacts", "Verdict",
            "extract", "page_evidence"]
 
-Part = Literal["request", "headers", "body", "content", "certs", "dom", "screenshot"]
+Part = Literal["request", "headers", "body", "content", "certs", "dom", "screenshot",
+               "behaviors"]
 PART_NAMES: tuple[Part, ...] = ("request", "headers", "body", "content", "certs", "dom",
-                                "screenshot")
+                                "screenshot", "behaviors")
 
 
 class AttemptFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +65,7 @@ class RenderFacts(msgspec.Struct, frozen=True, kw_only=True):
     dom_bytes: int | None
     screenshot_bytes: int | None
     log_index: int
+    behavior_actions: int | None = None  # actions its behaviours took (None: none ran)
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,10 +95,11 @@ WHERE f.url_id = ? ORDER BY f.started_at, f.attempt_seq
 """
 _RENDERS = """
 SELECT r.render_id, f.attempt_id, r.started_at, r.outcome, r.title, r.final_url,
-       r.requests, d.size, s.size, r.log_index
+       r.requests, d.size, s.size, r.log_index, b.namespace, b.digest, b.size
 FROM render r JOIN fetch_attempt f ON f.attempt_seq = r.source_attempt_seq
 LEFT JOIN artifact d ON d.artifact_id = r.dom_id
 LEFT JOIN artifact s ON s.artifact_id = r.screenshot_id
+LEFT JOIN artifact b ON b.artifact_id = r.behaviors_id
 WHERE f.url_id = ? ORDER BY r.started_at, r.render_seq
 """
 # The artifact of each part of the chosen attempt (and of its latest rendered render).
@@ -117,6 +121,9 @@ UNION ALL SELECT * FROM (SELECT 'dom', d.namespace, d.digest, d.size FROM render
 UNION ALL SELECT * FROM (SELECT 'screenshot', s.namespace, s.digest, s.size FROM render r
   JOIN artifact s ON s.artifact_id = r.screenshot_id WHERE r.source_attempt_seq = :seq
   ORDER BY r.render_seq DESC LIMIT 1)
+UNION ALL SELECT * FROM (SELECT 'behaviors', b.namespace, b.digest, b.size FROM render r
+  JOIN artifact b ON b.artifact_id = r.behaviors_id WHERE r.source_attempt_seq = :seq
+  ORDER BY r.render_seq DESC LIMIT 1)
 """
 
 
@@ -134,8 +141,10 @@ def page_evidence(store: Store, url: str, *, run_id: str | None = None,
             in conn.execute(_ATTEMPTS, (url_id,)).fetchall()]
         renders = [RenderFacts(render_id=r, attempt_id=a, started_at=t, outcome=o, title=ti,
                                final_url=fu, requests=n, dom_bytes=d, screenshot_bytes=s,
-                               log_index=li)
-                   for r, a, t, o, ti, fu, n, d, s, li in conn.execute(_RENDERS, (url_id,))]
+                               log_index=li,
+                               behavior_actions=_actions(store, bns, bdigest, bsize))
+                   for r, a, t, o, ti, fu, n, d, s, li, bns, bdigest, bsize
+                   in conn.execute(_RENDERS, (url_id,)).fetchall()]
         links_out = conn.execute("SELECT count(*) FROM discovery_edge "
                                  "WHERE source_attempt_seq = ?", (seq,)).fetchall()[0][0]
         links_in = conn.execute("SELECT count(*) FROM discovery_edge "
@@ -150,6 +159,15 @@ def page_evidence(store: Store, url: str, *, run_id: str | None = None,
     return PageEvidence(fetch_key=key, attempts=attempts, renders=renders,
                         links_out=links_out, links_in=links_in, verdicts=verdicts,
                         parts=parts)
+
+
+def _actions(store: Store, namespace: str | None, digest: str | None,
+             size: int | None) -> int | None:
+    """How many actions a render's behaviour log records (None: no behaviours ran)."""
+    if namespace is None or digest is None or size is None:
+        return None
+    log = json.loads(store.artifacts.read(ArtifactRef(namespace, digest, size), verify=True))
+    return len(log.get("actions", []))
 
 
 def extract(store: Store, page: PageEvidence, part: Part) -> bytes:

@@ -760,12 +760,14 @@ SELECT r.log_index, r.render_seq, r.render_id, r.run_id, f.attempt_id, r.url, r.
        r.settle, r.final_url, r.title, r.dom_id, d.namespace, d.digest, d.size,
        r.screenshot_id, s.namespace, s.digest, s.size, r.screenshot_truncated,
        r.mhtml_id, h.namespace, h.digest, h.size, r.requests, r.not_recorded,
-       (SELECT count(*) FROM fetch_attempt a WHERE a.render_seq = r.render_seq)
+       (SELECT count(*) FROM fetch_attempt a WHERE a.render_seq = r.render_seq),
+       r.behaviors_id, b.namespace, b.digest, b.size
 FROM render r
 LEFT JOIN fetch_attempt f ON f.attempt_seq = r.source_attempt_seq
 LEFT JOIN artifact d ON d.artifact_id = r.dom_id
 LEFT JOIN artifact s ON s.artifact_id = r.screenshot_id
 LEFT JOIN artifact h ON h.artifact_id = r.mhtml_id
+LEFT JOIN artifact b ON b.artifact_id = r.behaviors_id
 ORDER BY r.log_index, r.render_seq
 """
 # ledger kind -> the table whose rows carry its log_index
@@ -1052,7 +1054,7 @@ def _check_render(found: Findings, m: Render, index: int, rows: list[tuple]) -> 
     (_, seq, render_id, run_id, source, url, started_at, elapsed_ms, outcome, error, browser,
      width, height, settle, final_url, title, d_id, d_ns, d_digest, d_size, s_id, s_ns,
      s_digest, s_size, shot_cut, h_id, h_ns, h_digest, h_size, requests, not_recorded,
-     made) = rows[0]
+     made, b_id, b_ns, b_digest, b_size) = rows[0]
     expected = {
         "render_id": m.render_id, "run_id": m.run_id, "source_attempt_id": m.source_attempt_id,
         "url": m.url, "started_at": format_time(m.started_at), "elapsed_ms": m.elapsed_ms,
@@ -1062,7 +1064,7 @@ def _check_render(found: Findings, m: Render, index: int, rows: list[tuple]) -> 
         "dom": _ref_text(m.dom), "screenshot": _ref_text(m.screenshot),
         "screenshot_truncated": int(m.screenshot_truncated), "mhtml": _ref_text(m.mhtml),
         "requests": m.requests, "not_recorded": _JSON.encode(m.not_recorded).decode(),
-        "requests made": m.requests}
+        "requests made": m.requests, "behaviors": _ref_text(m.behaviors)}
     actual = {
         "render_id": render_id, "run_id": run_id, "source_attempt_id": source, "url": url,
         "started_at": started_at, "elapsed_ms": elapsed_ms, "outcome": outcome,
@@ -1071,7 +1073,8 @@ def _check_render(found: Findings, m: Render, index: int, rows: list[tuple]) -> 
         "dom": _row_ref(d_id, d_ns, d_digest, d_size),
         "screenshot": _row_ref(s_id, s_ns, s_digest, s_size),
         "screenshot_truncated": shot_cut, "mhtml": _row_ref(h_id, h_ns, h_digest, h_size),
-        "requests": requests, "not_recorded": not_recorded, "requests made": made}
+        "requests": requests, "not_recorded": not_recorded, "requests made": made,
+        "behaviors": _row_ref(b_id, b_ns, b_digest, b_size)}
     _compare(found, "render", seq, f"render {m.render_id}", expected, actual, index)
 
 
@@ -1245,7 +1248,7 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
         elif isinstance(message, Discovery):
             named = (message.source_artifact,)
         elif isinstance(message, Render):
-            named = (message.dom, message.screenshot, message.mhtml)
+            named = (message.dom, message.screenshot, message.mhtml, message.behaviors)
         else:
             named = ()
         refs.update((r.namespace, r.digest) for r in named if r is not None)

@@ -338,7 +338,41 @@ def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> Render
     from .._crawl.render import RenderOptions
 
     return RenderOptions(executable=find_browser(args.browser), timeout=args.render_timeout,
-                         tabs=args.render_tabs, mhtml=args.render_mhtml)
+                         tabs=args.render_tabs, mhtml=args.render_mhtml,
+                         behaviors=_behavior_options(args))
+
+
+def _behavior_options(args: argparse.Namespace):  # -> BehaviorOptions
+    """The behaviours a render runs before its capture (docs/replay.md#behaviours)."""
+    from .._crawl.behaviors import BEHAVIORS, BehaviorOptions
+
+    script = name = None
+    if args.behavior_script is not None:
+        try:
+            script = Path(args.behavior_script).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EvidenceError(f"{args.behavior_script}: cannot read the behaviour script "
+                                f"({exc})", hint="give a UTF-8 JavaScript file") from None
+        name = Path(args.behavior_script).name
+    return BehaviorOptions(
+        enabled=BEHAVIORS if args.behaviors is None else args.behaviors,
+        click_selectors=tuple(args.behavior_click or ()), script=script, script_name=name,
+        max_seconds=args.behavior_seconds)
+
+
+def _behavior_list(text: str) -> tuple[str, ...]:
+    """``none``, or behaviour names separated by commas, each known."""
+    from .._crawl.behaviors import BEHAVIORS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if names == ("none",):
+        return ()
+    unknown = [n for n in names if n not in BEHAVIORS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown behaviour {', '.join(unknown) or repr(text)}: give 'none' or some of "
+            f"{','.join(BEHAVIORS)}")
+    return names
 
 
 def _crawl_config(args: argparse.Namespace, store: Store,
@@ -778,6 +812,22 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="pages rendered at once (default 2)")
     p.add_argument("--render-mhtml", action="store_true",
                    help="also keep each rendered page as MHTML")
+    p.add_argument("--behaviors", type=_behavior_list, metavar="LIST",
+                   help="what a render does to the page before its capture, in order: "
+                   "autoscroll (to the bottom, at most 50,000 px), lazy (load lazy images "
+                   "and frames), details (open them), load-more (click 'load more' buttons, "
+                   "at most 20 clicks), autoplay (start media, muted); each action is "
+                   "recorded with the render. 'none' turns them off (default: all)")
+    p.add_argument("--behavior-click", action="append", metavar="SELECTOR",
+                   help="also click elements matching this CSS selector in load-more "
+                   "(repeatable)")
+    p.add_argument("--behavior-script", metavar="FILE", type=local_path,
+                   help="run this JavaScript in each rendered page after the behaviours; "
+                   "its value (awaited if a promise) is recorded")
+    p.add_argument("--behavior-seconds", type=positive_seconds, default=15.0,
+                   metavar="SECONDS",
+                   help="the longest the behaviours of one render may take (default 15; "
+                   "the render's --render-timeout still bounds the whole render)")
     p.add_argument("--browser", metavar="PATH",
                    help="the Chromium executable (default: chromium on PATH)")
     p.add_argument("--full", action="store_true",

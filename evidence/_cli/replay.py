@@ -150,7 +150,9 @@ def _format_page(page) -> str:
     if page.renders:
         lines.append(f"renders    {len(page.renders)}")
         for r in page.renders:
-            lines.append(f"    {r.started_at}  {r.outcome}  {r.requests} requests  "
+            acted = ("" if r.behavior_actions is None
+                     else f"{r.behavior_actions} behaviour actions  ")
+            lines.append(f"    {r.started_at}  {r.outcome}  {r.requests} requests  {acted}"
                          f"title {r.title!r}  log {r.log_index}  of {r.attempt_id}")
     if page.verdicts:
         lines.append("verdicts   " + ", ".join(
@@ -225,8 +227,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Print a page's attempts (every run, oldest first), the renders of "
         "them, its links out and in, and its rule verdicts. The attempt the page stands for "
         "is the one replay picks (--run, --at as there), with the connection each went "
-        "over (addresses, DNS answer, TLS). --screenshot, --dom, --headers, --request, "
-        "--body, --content and --certs write that attempt's recorded bytes (and its "
+        "over (addresses, DNS answer, TLS). --screenshot, --dom, --behaviors, --headers, "
+        "--request, --body, --content and --certs write that attempt's recorded bytes (and its "
         "latest render's) to files, re-hashed as they are read. Exit status 2 when the "
         "page, the run or an asked-for part is not in the store (nothing is written).")
     p.add_argument("store", metavar="STORE", type=store_location,
@@ -238,6 +240,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--screenshot", metavar="FILE", type=local_path,
                    help="write the render's screenshot (PNG)")
     p.add_argument("--dom", metavar="FILE", type=local_path, help="write the rendered DOM (HTML)")
+    p.add_argument("--behaviors", metavar="FILE", type=local_path,
+                   help="write the log of what the render's behaviours did (JSON: each "
+                   "scroll, click and open, when, and the requests that followed)")
     p.add_argument("--headers", metavar="FILE", type=local_path,
                    help="write the response head, as received")
     p.add_argument("--request", metavar="FILE", type=local_path,

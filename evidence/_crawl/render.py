@@ -54,6 +54,7 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
+from .behaviors import BehaviorLog, BehaviorOptions, run_behaviors
 from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .http import Client
@@ -68,6 +69,8 @@ RENDER_SEQUENCE = 1 << 40
 DOM_NS = "dom"
 SCREENSHOT_NS = "screenshot"
 MHTML_NS = "mhtml"
+BEHAVIORS_NS = "behaviors"
+_STEP_SETTLE_MAX = 5.0  # a behaviour's action waits at most this long to settle
 _SAMPLE = 0.1  # seconds between DOM samples while settling
 _SAFE = frozenset({"GET", "HEAD"})  # methods a render may send outside the crawl's scope
 _SERIALIZE = ("(document.doctype ? new XMLSerializer().serializeToString(document.doctype)"
@@ -86,6 +89,9 @@ class RenderOptions:
     max_screenshot_height: int = 16384  # pixels; a taller page is cut (recorded)
     mhtml: bool = False
     tabs: int = 2  # pages rendered at once
+    # What is done to the page between its settling and its capture (_crawl.behaviors):
+    # by default the built-in behaviours; BehaviorOptions(enabled=()) for none.
+    behaviors: BehaviorOptions = field(default_factory=BehaviorOptions)
 
 
 @dataclass
@@ -200,7 +206,8 @@ class Renderer:
             viewport_height=height, settle=captured.settle, final_url=captured.final_url,
             title=captured.title[:65536], dom=stored.dom, screenshot=stored.screenshot,
             screenshot_truncated=captured.screenshot_truncated, mhtml=stored.mhtml,
-            requests=len(attempts), not_recorded=[t[:2000] for t in proxy.not_recorded[:1000]])
+            requests=len(attempts), not_recorded=[t[:2000] for t in proxy.not_recorded[:1000]],
+            behaviors=stored.behaviors)
         return Rendered(render, attempts, captured.dom, stored.refs, stored.refs_truncated)
 
     async def _forward(self, render_id: str, request: BrowserRequest) -> FetchResult:
@@ -251,6 +258,16 @@ class Renderer:
         out.settle = await self._settle(page, out, proxy)
         if out.outcome != "rendered":
             return
+        if self.options.behaviors.active:
+            out.step = "running behaviours"
+            out.behaviors = BehaviorLog(self.options.behaviors)
+            done = await run_behaviors(
+                page, out.behaviors,
+                settle=lambda: self._settle(page, out, proxy, limit=_STEP_SETTLE_MAX),
+                requests=lambda: [(r.attempt.method, r.attempt.url, r.attempt.sequence)
+                                  for r in proxy.results])
+            if not done or out.outcome != "rendered":
+                return
         out.step = "serializing"
         out.title = str(await page.evaluate("document.title") or "")
         out.final_url = str(await page.evaluate("location.href") or "") or None
@@ -273,11 +290,12 @@ class Renderer:
             snapshot = await page.send("Page.captureSnapshot", {"format": "mhtml"})
             out.mhtml = str(snapshot["data"]).encode("utf-8", "surrogatepass")
 
-    async def _settle(self, page: Page, out: _Captured,
-                      proxy: RecordingProxy) -> RenderSettle | None:
-        """The settle rule (module docstring): 'quiet', or 'deadline'."""
+    async def _settle(self, page: Page, out: _Captured, proxy: RecordingProxy,
+                      limit: float | None = None) -> RenderSettle | None:
+        """The settle rule (module docstring): 'quiet', or 'deadline' (``limit`` seconds
+        from now, at most ``settle_max``)."""
         quiet = self.options.quiet
-        end = time.monotonic() + self.options.settle_max
+        end = time.monotonic() + min(self.options.settle_max, limit or self.options.settle_max)
         last_digest, stable_since = b"", time.monotonic()
         while True:
             dom = await page.evaluate(_SERIALIZE)
@@ -306,6 +324,8 @@ class Renderer:
             stored.screenshot = self.artifacts.put(SCREENSHOT_NS, captured.screenshot)
         if captured.mhtml is not None:
             stored.mhtml = self.artifacts.put(MHTML_NS, captured.mhtml)
+        if captured.behaviors is not None:
+            stored.behaviors = self.artifacts.put(BEHAVIORS_NS, captured.behaviors.encode())
         return stored
 
 
@@ -321,6 +341,7 @@ class _Captured:
     screenshot: bytes | None = None
     screenshot_truncated: bool = False
     mhtml: bytes | None = None
+    behaviors: BehaviorLog | None = None  # kept whatever the outcome: what was done
 
     def fail(self, outcome: RenderOutcome, error: str) -> None:
         if self.outcome == "rendered":  # the first failure is the one that counts
@@ -333,6 +354,7 @@ class _Stored:
     dom: ArtifactRef | None = None
     screenshot: ArtifactRef | None = None
     mhtml: ArtifactRef | None = None
+    behaviors: ArtifactRef | None = None
     refs: list[ObservedRef] = field(default_factory=list)
     refs_truncated: bool = False
 

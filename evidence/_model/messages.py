@@ -314,6 +314,9 @@ class Render(msgspec.Struct, tag="render", **_STRUCT):
     of them, in the same writer group); links found in the DOM are a ``discovery`` naming
     it. ``dom`` is the document serialized once it settled (``settle``: ``quiet`` or
     ``deadline``, docs/replay.md), ``screenshot`` a full-page PNG, ``mhtml`` optional.
+    ``behaviors`` is the log of what the render's behaviours did before the capture (what
+    was scrolled, clicked or opened, when, and which requests followed; JSON,
+    docs/replay.md), absent when none ran.
     """
 
     message_id: Id
@@ -337,6 +340,7 @@ class Render(msgspec.Struct, tag="render", **_STRUCT):
     mhtml: ArtifactRef | None = None
     requests: NonNegative = 0
     not_recorded: list[Text] = []  # requests the browser asked for that were not made
+    behaviors: ArtifactRef | None = None  # the behaviours' action log (namespace behaviors)
 
 
 class QueuedUrl(msgspec.Struct, **_STRUCT | {"tag_field": None}):

@@ -235,7 +235,7 @@ _ARTIFACTS_OF: dict[type, Callable[..., list[ArtifactRef | None]]] = {
     FetchAttempt: lambda m: [m.request_headers, m.response_headers, m.body, m.content,
                              m.surplus, _chain_of(m)],
     Discovery: lambda m: [m.source_artifact],
-    Render: lambda m: [m.dom, m.screenshot, m.mhtml],
+    Render: lambda m: [m.dom, m.screenshot, m.mhtml, m.behaviors],
 }
 
 def _chain_of(m: FetchAttempt) -> ArtifactRef | None:
@@ -918,17 +918,17 @@ def _render(ctx: Applier, m: Render) -> None:
         raise Rejected(f"{_text(what)}: a rendered page has a DOM, and only a rendered one")
     refs = [None if ref is None else ctx.artifact_id(ref, (what, name))
             for name, ref in (("dom", m.dom), ("screenshot", m.screenshot),
-                              ("mhtml", m.mhtml))]
+                              ("mhtml", m.mhtml), ("behaviors", m.behaviors))]
     ctx.cursor.execute(
         "INSERT INTO render (render_id, run_id, source_attempt_seq, url, started_at, "
         "elapsed_ms, outcome, error, browser, viewport_width, viewport_height, settle, "
         "final_url, title, dom_id, screenshot_id, screenshot_truncated, mhtml_id, requests, "
-        "not_recorded, log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-        "?, ?, ?, ?) ON CONFLICT (render_id) DO NOTHING",
+        "not_recorded, behaviors_id, log_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+        "?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (render_id) DO NOTHING",
         (m.render_id, m.run_id, source, m.url, format_time(m.started_at), m.elapsed_ms,
          m.outcome, m.error, m.browser, m.viewport_width, m.viewport_height, m.settle,
          m.final_url, m.title, refs[0], refs[1], int(m.screenshot_truncated), refs[2],
-         m.requests, _json.encode(m.not_recorded).decode(), ctx.log_index))
+         m.requests, _json.encode(m.not_recorded).decode(), refs[3], ctx.log_index))
     if not ctx.conn.changes():
         raise Rejected(f"{_text(what)} is already recorded by another message", conflict=True)
 

@@ -74,7 +74,8 @@ class Tally:
         elif isinstance(message, Render):
             self.renders[message.outcome] += 1
             self.render_seconds.observe(message.elapsed_ms / 1000)
-            self.recorded_bytes += _sizes(message.dom, message.screenshot, message.mhtml)
+            self.recorded_bytes += _sizes(message.dom, message.screenshot, message.mhtml,
+                                          message.behaviors)
 
     def snapshot(self) -> Recorded:
         """The counts now, as the writer's statistics carry them."""
