@@ -57,6 +57,7 @@ class BehaviorOptions:
     max_scroll_height: int = 50_000  # pixels autoscroll goes down at most
     max_clicks: int = 20  # load-more clicks at most
     max_actions: int = 200
+    step_settle: float = 5.0  # the longest an action waits to settle (then 'deadline')
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.enabled if b not in BEHAVIORS]
@@ -162,7 +163,7 @@ class BehaviorLog:
         log = {"format": LOG_FORMAT, "enabled": list(o.enabled),
                "click_selectors": list(o.click_selectors),
                "script": o.script_name if o.script is not None else None,
-               "bounds": {"max_seconds": o.max_seconds,
+               "bounds": {"max_seconds": o.max_seconds, "step_settle": o.step_settle,
                           "max_scroll_height": o.max_scroll_height,
                           "max_clicks": o.max_clicks, "max_actions": o.max_actions},
                "actions": self.actions, "stopped": self.stopped}

@@ -70,7 +70,6 @@ DOM_NS = "dom"
 SCREENSHOT_NS = "screenshot"
 MHTML_NS = "mhtml"
 BEHAVIORS_NS = "behaviors"
-_STEP_SETTLE_MAX = 5.0  # a behaviour's action waits at most this long to settle
 _SAMPLE = 0.1  # seconds between DOM samples while settling
 _SAFE = frozenset({"GET", "HEAD"})  # methods a render may send outside the crawl's scope
 _SERIALIZE = ("(document.doctype ? new XMLSerializer().serializeToString(document.doctype)"
@@ -263,7 +262,8 @@ class Renderer:
             out.behaviors = BehaviorLog(self.options.behaviors)
             done = await run_behaviors(
                 page, out.behaviors,
-                settle=lambda: self._settle(page, out, proxy, limit=_STEP_SETTLE_MAX),
+                settle=lambda: self._settle(page, out, proxy,
+                                            limit=self.options.behaviors.step_settle),
                 requests=lambda: [(r.attempt.method, r.attempt.url, r.attempt.sequence)
                                   for r in proxy.results])
             if not done or out.outcome != "rendered":
