@@ -21,6 +21,7 @@ import pytest
 from evidence import CrawlConfig, Store, check_log, decode_message
 from evidence._demo.site import SiteConfig, TestSite
 
+from .heldsite import HeldSite
 from .test_crawl import (
     _crawl_process,
     _stderr,
@@ -286,16 +287,19 @@ def test_a_page_that_kills_its_worker_every_time_ends_failed(tmp_path: Path) -> 
 
 def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) -> None:
     store = tmp_path / "s"
-    slow = {f"/p/{i}": 0.5 for i in range(40)}  # still crawling when stop gets there
-    with TestSite(SiteConfig(pages=40, slow=slow)) as site:
+    with HeldSite(SiteConfig(pages=40)) as site:  # still crawling when stop gets there
         proc = _crawl_process(site.url, store, "--processes", "2", "--json")
-        pids = _wait_for("the worker processes", lambda: _live(store).get("worker_pids"),
-                         proc, store)
-        opened = {pid: _open_files(pid) for pid in pids}
-        shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
-                               capture_output=True, text=True, timeout=30)
-        stopper = subprocess.run([sys.executable, "-m", "evidence", "stop", str(store)],
-                                 capture_output=True, text=True, timeout=30)
+        try:
+            site.wait_for_request("/p/0", timeout=60)
+            pids = _wait_for("the worker processes",
+                             lambda: _live(store).get("worker_pids"), proc, store)
+            opened = {pid: _open_files(pid) for pid in pids}
+            shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
+                                   capture_output=True, text=True, timeout=60)
+            stopper = subprocess.run([sys.executable, "-m", "evidence", "stop", str(store)],
+                                     capture_output=True, text=True, timeout=60)
+        finally:
+            site.release()  # the in-flight fetches finish within the grace period
         out, _err = proc.communicate(timeout=60)
     assert stopper.returncode == 0, stopper.stderr
     assert proc.returncode == 0, _stderr(store)
