@@ -343,6 +343,36 @@ def test_a_worker_process_that_cannot_start_fails_the_pool_without_a_hang(
     assert "did not start" in message
 
 
+def test_a_worker_process_that_cannot_open_its_store_says_why_without_a_traceback(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """What a child that cannot start prints (on the crawl's stderr, which it shares): one
+    error line naming the cause, never a traceback. Seen in a full run: a worker process
+    still opening an object store that had just gone down printed the S3 error's whole
+    chain of tracebacks into a crawl whose own error was one clean line."""
+    import anyio
+
+    from evidence._crawl.pages import PageOrder
+    from evidence._crawl.workers import Setup, WorkerPool
+    from evidence._errors import EvidenceError
+
+    setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
+                  config=CrawlConfig(seeds=["http://127.0.0.1:9/"]).as_record(),
+                  session_id="s", run_id="r", connections=2, timeout=5.0)
+    order = PageOrder(url="http://127.0.0.1:9/", depth=0, attempts=0, via="seed")
+
+    async def main() -> None:
+        with anyio.fail_after(60), pytest.raises(EvidenceError, match="did not start"):
+            async with WorkerPool(1, setup) as pool:
+                await pool.page(order)
+
+    anyio.run(main)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    said = [line for line in err.splitlines() if "[worker pid" in line]
+    assert len(said) == 1 and " ERROR " in said[0] and "could not go on" in said[0], err
+    assert str(tmp_path / "missing") in said[0], err
+
+
 def test_a_child_still_starting_when_the_pool_closes_is_no_failure(tmp_path: Path) -> None:
     """A run can end before its worker processes are ready (nothing left to fetch after a
     resume; a new interpreter takes about half a second): a child that then never gets
