@@ -579,6 +579,8 @@ def test_a_page_slow_to_parse_does_not_stall_the_crawler(
         tmp_path: Path, hostile_site: str) -> None:
     # Found here: links were extracted on the event loop; 512 KiB of '<' stalled every
     # worker and every writer ack for 1.85 s (about 2 s per MiB; 8 MiB are read).
+    # A gap is the event loop thread's own CPU time between two heartbeats: what a parse on
+    # the loop costs, and not what a loaded machine adds by running other processes.
     gaps: list[float] = []
 
     async def main() -> None:
@@ -587,10 +589,10 @@ def test_a_page_slow_to_parse_does_not_stall_the_crawler(
                               CrawlOptions())
             async with anyio.create_task_group() as tg:
                 async def heartbeat() -> None:
-                    last = time.monotonic()
+                    last = time.thread_time()
                     while True:
                         await anyio.sleep(0.01)
-                        now = time.monotonic()
+                        now = time.thread_time()
                         gaps.append(now - last)
                         last = now
 
@@ -599,4 +601,4 @@ def test_a_page_slow_to_parse_does_not_stall_the_crawler(
                 tg.cancel_scope.cancel()
 
     anyio.run(main)
-    assert max(gaps) < 0.25, f"the event loop stalled for {max(gaps):.2f} s"
+    assert max(gaps) < 0.25, f"the event loop stalled for {max(gaps):.2f} s of its CPU"

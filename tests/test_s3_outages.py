@@ -103,6 +103,7 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         client.close()
 
 
+@pytest.mark.alone  # a bound on time
 def test_past_its_deadline_an_outage_fails_each_request_at_its_first_try(
         server: SeaweedS3) -> None:
     """The deadline is the outage's, not each request's: once the store has failed for
