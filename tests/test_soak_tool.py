@@ -33,7 +33,8 @@ def test_each_run_is_reported_with_its_failures_and_the_hogs_ran(tmp_path: Path)
     report = json.loads(done.stdout)
     assert [(r["run"], r["passed"], r["failed"], r["errors"], r["skipped"])
             for r in report["runs"]] == [(1, 1, 1, 0, 0), (2, 1, 1, 0, 0)]
-    assert all(r["exit_status"] == 1 and r["seconds"] > 0 for r in report["runs"])
+    assert all(r["exit_status"] == 1 and r["seconds"] > 0 and r["cpu_seconds"] > 0
+               for r in report["runs"])
     assert [r["failures"] for r in report["runs"]] == [["test_two::test_fails"]] * 2
     assert (report["passed_runs"], report["failed_runs"], report["hogs"]) == (0, 2, 1)
     assert len(report["hog_cpu_seconds"]) == 1 and report["hog_cpu_seconds"][0] > 0

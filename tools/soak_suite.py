@@ -11,10 +11,11 @@ the first run to after the last (2 on a 2-core machine: the suite gets about hal
 A test that depends on timing it does not control fails here sooner or later.
 
 For each run it reports the exit status, the counts of passed, failed, errored and skipped
-tests (from pytest's JUnit XML), the failed tests by id, and the wall time; then how much
-CPU the hogs burned, which shows they ran. Each run's output and XML stay in ``--out``
-(default: a new temporary directory, named in the report). Exit status 0 when every run
-passed, 1 when one did not, 2 on a usage error.
+tests (from pytest's JUnit XML), the failed tests by id, the wall time and the CPU time the
+run used (user and system, of pytest and the processes it waited for: what the suite costs
+whatever else the machine runs); then how much CPU the hogs burned, which shows they ran.
+Each run's output and XML stay in ``--out`` (default: a new temporary directory, named in
+the report). Exit status 0 when every run passed, 1 when one did not, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -42,6 +44,7 @@ class Run:
     run: int
     exit_status: int
     seconds: float
+    cpu_seconds: float  # user + system of pytest and everything it waited for
     passed: int = 0
     failed: int = 0
     errors: int = 0
@@ -68,9 +71,17 @@ def hogs(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a live process (Linux /proc), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User plus system CPU time of a process not yet reaped (Linux /proc), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def junit_counts(path: Path) -> tuple[int, int, int, int, list[str]]:
@@ -98,12 +109,12 @@ def run_suite(number: int, out: Path, pytest_args: Sequence[str]) -> Run:
     log = out / f"run-{number}.txt"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                f"--junitxml={xml}", *pytest_args]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
     with log.open("wb") as output:
         status = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=output,
                                 stderr=subprocess.STDOUT, check=False).returncode
     run = Run(run=number, exit_status=status, seconds=round(time.monotonic() - started, 1),
-              output=str(log))
+              cpu_seconds=round(_children_cpu() - cpu, 1), output=str(log))
     if xml.exists():
         run.passed, run.failed, run.errors, run.skipped, run.failures = junit_counts(xml)
     return run
@@ -115,8 +126,9 @@ def _minutes(seconds: float) -> str:
 
 def describe(run: Run) -> str:
     verdict = "passed" if run.exit_status == 0 else f"FAILED (exit status {run.exit_status})"
-    line = (f"run {run.run}: {verdict} in {_minutes(run.seconds)}: {run.passed} passed, "
-            f"{run.failed} failed, {run.errors} errors, {run.skipped} skipped")
+    line = (f"run {run.run}: {verdict} in {_minutes(run.seconds)} ({run.cpu_seconds:.0f} s "
+            f"of CPU): {run.passed} passed, {run.failed} failed, {run.errors} errors, "
+            f"{run.skipped} skipped")
     return "\n".join([line, *(f"    {test_id}" for test_id in run.failures)])
 
 
