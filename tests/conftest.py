@@ -375,3 +375,49 @@ def new_pg_database(cluster) -> str:
 # Every crawl this test process runs checks its scheduler's per-host sums at every change,
 # not only its totals (docs/design.md, "The crawler").
 Scheduler.thorough = True
+
+# --- tests that must not share the machine with the rest of the suite ---------------------
+#
+# The suite runs in several processes (pytest-xdist, pyproject's addopts). A test marked
+# ``alone`` measures something the other tests' load would distort (a latency bound, an
+# event loop's responsiveness): it runs while no other test of this run does. Every test
+# holds a shared lock on a file of the run (the directory above each worker's basetemp) for
+# its whole protocol, setup to teardown; an ``alone`` test holds it exclusively. It first
+# takes the turnstile, which each other test passes through on its way in, so the stream of
+# shared holders cannot starve it. With one process (-n 0) nothing runs beside a test and no
+# lock is taken.
+#
+# Not xdist's ``xdist_group`` with ``--dist loadgroup``: with pytest 9.2 and xdist 3.8 it
+# groups nothing (xdist writes the group into ``item._nodeid``, which pytest 9.2 no longer
+# reads; pytest-dev/pytest-xdist issue 1386), and a group keeps its tests off one another,
+# not off the rest of the suite.
+
+def _run_lock_dir(config: pytest.Config) -> Path | None:
+    if not hasattr(config, "workerinput"):
+        return None  # one process, or xdist's controller (it runs no test)
+    return Path(config._tmp_path_factory.getbasetemp()).parent  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    import contextlib
+    import fcntl
+
+    directory = _run_lock_dir(item.config)
+    if directory is None:
+        return (yield)
+    alone = item.get_closest_marker("alone") is not None
+    with contextlib.ExitStack() as held:
+        turnstile = held.enter_context(open(directory / "turnstile.lock", "a"))
+        room = held.enter_context(open(directory / "room.lock", "a"))
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if alone:
+            held.callback(fcntl.flock, turnstile, fcntl.LOCK_UN)
+            fcntl.flock(room, fcntl.LOCK_EX)
+        else:
+            try:
+                fcntl.flock(room, fcntl.LOCK_SH)
+            finally:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        held.callback(fcntl.flock, room, fcntl.LOCK_UN)
+        return (yield)

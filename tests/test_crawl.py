@@ -19,6 +19,8 @@ from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, Store, c
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.messages import FrontierUpdate, decode_message
 
+from .heldsite import HeldSite
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -242,6 +244,21 @@ def _stderr(store: Path) -> str:
     return (store.parent / "crawl-stderr.log").read_text()
 
 
+def _wait_for_live(store: Path, proc: subprocess.Popen, check, timeout: float = 60.0) -> None:
+    """Until the running crawl's STORE/live-stats.json passes ``check`` (it is rewritten
+    each progress interval; a half-written file is read again)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check(json.loads((store / "live-stats.json").read_text())):
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        assert proc.poll() is None, f"the crawl ended first:\n{_stderr(store)}"
+        assert time.monotonic() < deadline, f"timed out waiting for live-stats:\n{_stderr(store)}"
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_records_each_page_once(
         tmp_path: Path) -> None:
@@ -319,20 +336,22 @@ def test_a_url_that_kills_the_crawler_every_time_ends_failed(tmp_path: Path) -> 
 
 
 def test_stop_command_ends_a_running_crawl_gracefully(tmp_path: Path) -> None:
-    # 40 pages of 0.5 s at 4 workers: 5 s of crawling, so a loaded machine still has the
-    # crawl running when `evidence status` and `evidence stop` (two interpreters) get to it.
-    slow = {f"/p/{i}": 0.5 for i in range(40)}
-    with TestSite(SiteConfig(pages=40, slow=slow)) as site:
+    # The pages are held until `evidence stop` has been sent, so the crawl is still running
+    # when `evidence status` and `evidence stop` (two interpreters) get to it, at any load.
+    with HeldSite(SiteConfig(pages=40)) as site:
         proc = _crawl_process(site.url, tmp_path / "s", "--json")
-        site.wait_for_request("/p/0", timeout=30)
-        while not (tmp_path / "s" / "live-stats.json").exists():
-            time.sleep(0.02)
-        shown = subprocess.run([sys.executable, "-m", "evidence", "status",
-                                str(tmp_path / "s"), "--json"], capture_output=True,
-                               text=True, timeout=30)
-        stopper = subprocess.run([sys.executable, "-m", "evidence", "stop",
-                                  str(tmp_path / "s")], capture_output=True, text=True,
-                                 timeout=30)
+        try:
+            site.wait_for_request("/p/0", timeout=60)
+            _wait_for_live(tmp_path / "s", proc, lambda live: live.get("writer", {}).get(
+                "committed", 0) > 0 and live.get("requested", 0) > 0)
+            shown = subprocess.run([sys.executable, "-m", "evidence", "status",
+                                    str(tmp_path / "s"), "--json"], capture_output=True,
+                                   text=True, timeout=60)
+            stopper = subprocess.run([sys.executable, "-m", "evidence", "stop",
+                                      str(tmp_path / "s")], capture_output=True, text=True,
+                                     timeout=60)
+        finally:
+            site.release()  # the in-flight fetches finish within the grace period
         out, _err = proc.communicate(timeout=60)
     assert stopper.returncode == 0, stopper.stderr
     assert proc.returncode == 0, _stderr(tmp_path / "s")

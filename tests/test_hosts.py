@@ -32,6 +32,7 @@ from evidence.client import AsyncClient, ClientLimits
 from evidence.testing.seaweed import SeaweedS3
 
 from .conftest import Factory, new_s3_url
+from .heldsite import HeldSite, pages_from
 from .test_crawl import done_pages
 
 COORDINATOR = "127.0.0.2"
@@ -178,10 +179,18 @@ def test_worker_hosts_crawl_a_site_over_tls_into_the_object_store(
     d = deployment
     if database == "postgresql":
         d["store"] = request.getfixturevalue("pg_url")
-    with TestSite(SiteConfig(pages=30)) as site:
-        coordinator = _coordinator(d, site.url)
+    # The pages are held until both hosts serve the run: on a loaded machine the crawl
+    # could otherwise be over before the second host has started.
+    with HeldSite(SiteConfig(pages=30)) as site:
+        coordinator = _coordinator(d, site.url, "--timeout", "100")  # > any hold here
         hosts = [_host(d, "127.0.0.3", "host-a"), _host(d, "127.0.0.4", "host-b")]
         try:
+            try:
+                _wait("both hosts serving", lambda: all(
+                    "serving run" in _log(d, name) for name in ("host-a", "host-b")),
+                    [coordinator, *hosts], d)
+            finally:
+                site.release()
             assert coordinator.wait(180) == 0, _log(d, "coordinator")
             assert [h.wait(60) for h in hosts] == [0, 0]
         finally:
@@ -253,20 +262,24 @@ def test_a_silent_worker_host_is_fenced_when_its_lease_expires(deployment: dict)
     refused; resumed (SIGCONT), what it still tries to submit is refused, and it joins
     again as a new worker. Every page is recorded once."""
     d = deployment
-    slow = {f"/p/{i}": 0.3 for i in range(60)}
-    with TestSite(SiteConfig(pages=60, slow=slow)) as site:
-        coordinator = _coordinator(d, site.url, "--lease-timeout", "3")
+    # Pages from /p/10 on are held until the stopped host has rejoined, so the crawl is
+    # still running through each step below however long the machine takes over them.
+    with HeldSite(SiteConfig(pages=60), held=pages_from(10)) as site:
+        coordinator = _coordinator(d, site.url, "--lease-timeout", "3", "--timeout", "100")
         hosts = [_host(d, "127.0.0.3", "host-a"), _host(d, "127.0.0.4", "host-b")]
         try:
-            _wait("both hosts and some pages", lambda: len(_live(d).get("worker_hosts", []))
-                  == 2 and _live(d).get("counts", {}).get("done", 0) >= 5,
-                  [coordinator, *hosts], d)
-            hosts[0].send_signal(signal.SIGSTOP)
-            _wait("the lease to expire", lambda: "its leases expired" in
-                  _log(d, "coordinator"), [coordinator], d, timeout=60)
-            hosts[0].send_signal(signal.SIGCONT)
-            _wait("the stopped host to rejoin", lambda: _log(d, "host-a").count(
-                "serving run") >= 2 or coordinator.poll() is not None, [], d, timeout=60)
+            try:
+                _wait("both hosts and some pages", lambda: len(_live(d).get(
+                    "worker_hosts", [])) == 2 and _live(d).get("counts", {}).get(
+                    "done", 0) >= 5, [coordinator, *hosts], d)
+                hosts[0].send_signal(signal.SIGSTOP)
+                _wait("the lease to expire", lambda: "its leases expired" in
+                      _log(d, "coordinator"), [coordinator], d, timeout=60)
+                hosts[0].send_signal(signal.SIGCONT)
+                _wait("the stopped host to rejoin", lambda: _log(d, "host-a").count(
+                    "serving run") >= 2, [coordinator, *hosts], d, timeout=60)
+            finally:
+                site.release()
             assert coordinator.wait(240) == 0, _log(d, "coordinator")
             assert [h.wait(60) for h in hosts] == [0, 0]
         finally:

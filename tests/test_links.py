@@ -237,9 +237,10 @@ def test_refs_are_valid_messages() -> None:
 
 def test_million_links_truncate_with_bounded_time_and_memory() -> None:
     page = b'<a href="/p">x</a>' * 1_000_000  # 17 MiB; every link needs no budget
-    started = time.perf_counter()
+    # This thread's CPU time: what the work costs, whatever else the machine runs.
+    started = time.thread_time()
     result = extract_links(page, DOC, max_links=1000, max_bytes=len(page))
-    assert time.perf_counter() - started < 5
+    assert time.thread_time() - started < 5
     assert result.truncated is True
     assert len(result.refs) == 1000
     assert [r.position for r in result.refs[:3]] == [3, 4, 5]  # html, head, body first
@@ -372,9 +373,10 @@ MIB = 1024 * 1024
     ids=lambda document: repr(document[:12]),
 )
 def test_hostile_documents_are_fast(document: str) -> None:
-    started = time.perf_counter()
+    # This thread's CPU time: what the work costs, whatever else the machine runs.
+    started = time.thread_time()
     result = extract_links(document, DOC)
-    assert time.perf_counter() - started < 2
+    assert time.thread_time() - started < 2
     # past MAX_TAGS '<' the rest is not parsed (the tree's memory), and it says so
     assert result.truncated is (document.count("<") > _links.MAX_TAGS)
     assert all(ref.url.startswith("http://h.example/") for ref in result.refs)

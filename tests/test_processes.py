@@ -21,6 +21,7 @@ import pytest
 from evidence import CrawlConfig, Store, check_log, decode_message
 from evidence._demo.site import SiteConfig, TestSite
 
+from .heldsite import HeldSite
 from .test_crawl import (
     _crawl_process,
     _stderr,
@@ -286,16 +287,19 @@ def test_a_page_that_kills_its_worker_every_time_ends_failed(tmp_path: Path) -> 
 
 def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) -> None:
     store = tmp_path / "s"
-    slow = {f"/p/{i}": 0.5 for i in range(40)}  # still crawling when stop gets there
-    with TestSite(SiteConfig(pages=40, slow=slow)) as site:
+    with HeldSite(SiteConfig(pages=40)) as site:  # still crawling when stop gets there
         proc = _crawl_process(site.url, store, "--processes", "2", "--json")
-        pids = _wait_for("the worker processes", lambda: _live(store).get("worker_pids"),
-                         proc, store)
-        opened = {pid: _open_files(pid) for pid in pids}
-        shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
-                               capture_output=True, text=True, timeout=30)
-        stopper = subprocess.run([sys.executable, "-m", "evidence", "stop", str(store)],
-                                 capture_output=True, text=True, timeout=30)
+        try:
+            site.wait_for_request("/p/0", timeout=60)
+            pids = _wait_for("the worker processes",
+                             lambda: _live(store).get("worker_pids"), proc, store)
+            opened = {pid: _open_files(pid) for pid in pids}
+            shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
+                                   capture_output=True, text=True, timeout=60)
+            stopper = subprocess.run([sys.executable, "-m", "evidence", "stop", str(store)],
+                                     capture_output=True, text=True, timeout=60)
+        finally:
+            site.release()  # the in-flight fetches finish within the grace period
         out, _err = proc.communicate(timeout=60)
     assert stopper.returncode == 0, stopper.stderr
     assert proc.returncode == 0, _stderr(store)
@@ -337,6 +341,36 @@ def test_a_worker_process_that_cannot_start_fails_the_pool_without_a_hang(
     pids, message = anyio.run(main)
     assert pids == []
     assert "did not start" in message
+
+
+def test_a_worker_process_that_cannot_open_its_store_says_why_without_a_traceback(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """What a child that cannot start prints (on the crawl's stderr, which it shares): one
+    error line naming the cause, never a traceback. Seen in a full run: a worker process
+    still opening an object store that had just gone down printed the S3 error's whole
+    chain of tracebacks into a crawl whose own error was one clean line."""
+    import anyio
+
+    from evidence._crawl.pages import PageOrder
+    from evidence._crawl.workers import Setup, WorkerPool
+    from evidence._errors import EvidenceError
+
+    setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
+                  config=CrawlConfig(seeds=["http://127.0.0.1:9/"]).as_record(),
+                  session_id="s", run_id="r", connections=2, timeout=5.0)
+    order = PageOrder(url="http://127.0.0.1:9/", depth=0, attempts=0, via="seed")
+
+    async def main() -> None:
+        with anyio.fail_after(60), pytest.raises(EvidenceError, match="did not start"):
+            async with WorkerPool(1, setup) as pool:
+                await pool.page(order)
+
+    anyio.run(main)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    said = [line for line in err.splitlines() if "[worker pid" in line]
+    assert len(said) == 1 and " ERROR " in said[0] and "could not go on" in said[0], err
+    assert str(tmp_path / "missing") in said[0], err
 
 
 def test_a_child_still_starting_when_the_pool_closes_is_no_failure(tmp_path: Path) -> None:

@@ -182,6 +182,7 @@ def test_a_5xx_answer_is_retried_and_the_put_lands_once(seaweed: SeaweedS3) -> N
             store.close()
 
 
+@pytest.mark.alone  # a bound on time
 def test_a_store_that_keeps_failing_is_given_up_at_its_outage_deadline(
         seaweed: SeaweedS3) -> None:
     """A 500 to every put: retried with backoff until EVIDENCE_S3_OUTAGE_DEADLINE (here 1 s),

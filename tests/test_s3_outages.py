@@ -34,6 +34,7 @@ from evidence._store.s3client import S3Client, S3Config, S3Error
 from evidence._write.tls import make_self_signed
 from evidence.testing.seaweed import SeaweedS3
 
+from .heldsite import HeldSite, pages_from
 from .test_crawl import crawl, done_pages
 from .test_hosts import COORDINATOR, TOKEN, _coordinator, _finish, _host, _log, _wait
 
@@ -103,6 +104,7 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         client.close()
 
 
+@pytest.mark.alone  # a bound on time
 def test_past_its_deadline_an_outage_fails_each_request_at_its_first_try(
         server: SeaweedS3) -> None:
     """The deadline is the outage's, not each request's: once the store has failed for
@@ -305,13 +307,23 @@ def test_a_worker_host_rides_through_an_outage_longer_than_its_lease(
     d = {"cert": cert, "key": key, "token": token, "env": dict(os.environ), "tmp": tmp_path,
          "address": f"{COORDINATOR}:{port}", "store": str(tmp_path / "store"),
          "artifacts": server.url("host")}
-    with TestSite(SiteConfig(pages=40)) as site:
+    # Pages from /p/10 on are held until the store is down: the host has puts to make during
+    # the outage, however fast or slow the machine (else the crawl could end before it).
+    with HeldSite(SiteConfig(pages=40), held=pages_from(10)) as site:
         coordinator = _coordinator(d, site.url, "--lease-timeout", "1.5", "--delay", "0.05")
         host = _host(d, "127.0.0.3", "host-a")
         try:
-            _wait("some pages", lambda: len(site.requests) >= 8, [coordinator, host], d)
-            down = server.outage(3.0)  # the sleep alone outlasts the lease, however fast
-            assert down > 1.5, "the outage must outlast the lease"
+            try:
+                _wait("some pages and one held", lambda: len(site.requests) >= 8
+                      and site.waiting > 0, [coordinator, host], d)
+                server.kill()
+                down = time.monotonic()
+            finally:
+                site.release()
+            _wait("the host to find the store down", lambda: "unreachable since" in _log(
+                d, "host-a"), [coordinator, host], d)
+            time.sleep(max(0.0, down + 3.0 - time.monotonic()))  # down twice the lease
+            server.restart()
             assert coordinator.wait(120) == 0, _log(d, "coordinator")
             assert host.wait(60) == 0, _log(d, "host-a")
         finally:

@@ -543,6 +543,7 @@ def test_invalid_message_fails_its_request_alone_and_the_connection_goes_on(
     assert "m-x" not in ledger(store_path)
 
 
+@pytest.mark.alone  # a bound on time
 def test_stalled_client_does_not_block_another_clients_acks_and_is_dropped(
         store_path: Path, short_dir: Path, tmp_path: Path, services: list[Service]) -> None:
     from evidence.client import Client

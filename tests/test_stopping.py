@@ -75,6 +75,7 @@ def _in_flight(store: Path) -> set[str]:
     return {p for p, (state, _r) in frontier_states(store).items() if state == "in_flight"}
 
 
+@pytest.mark.alone  # a bound on time
 def test_a_dripping_body_is_cut_at_the_deadline_and_recorded_as_a_timeout(
         tmp_path: Path) -> None:
     with TestSite(SiteConfig(pages=4, drip={"/p/0": 0.2})) as site:
@@ -102,6 +103,7 @@ def test_a_dripping_body_is_cut_at_the_deadline_and_recorded_as_a_timeout(
     assert result.outcome == "failed" and "no seed could be fetched" in result.reason
 
 
+@pytest.mark.alone  # a bound on time
 def test_a_head_that_never_ends_is_cut_at_the_deadline(tmp_path: Path) -> None:
     """A raw socket server sending the status line one byte at a time, forever."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -142,6 +144,7 @@ def test_a_head_that_never_ends_is_cut_at_the_deadline(tmp_path: Path) -> None:
     assert 1.0 <= took < 10
 
 
+@pytest.mark.alone  # a bound on time
 @pytest.mark.parametrize("processes", ["0", "2"])
 def test_a_second_signal_cancels_in_flight_fetches_and_the_crawl_exits_at_once(
         tmp_path: Path, processes: str) -> None:
@@ -160,6 +163,7 @@ def test_a_second_signal_cancels_in_flight_fetches_and_the_crawl_exits_at_once(
     _requeued_by_the_next_run(store, site.url, claimed)
 
 
+@pytest.mark.alone  # a bound on time
 def test_the_first_signal_stops_within_the_grace_period(tmp_path: Path) -> None:
     store = tmp_path / "s"
     with TestSite(SiteConfig(pages=8, drip=DRIP)) as site:
@@ -175,6 +179,7 @@ def test_the_first_signal_stops_within_the_grace_period(tmp_path: Path) -> None:
     assert _in_flight(store)
 
 
+@pytest.mark.alone  # a bound on time
 def test_evidence_stop_ends_a_crawl_held_by_a_slow_server_with_worker_processes(
         tmp_path: Path) -> None:
     store = tmp_path / "s"

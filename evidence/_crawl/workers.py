@@ -715,6 +715,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_level(args.log_level)
     try:
         anyio.run(_child, args.channel_fd)
+    except EvidenceError as exc:  # one of ours (a store it cannot open): its message says it
+        log.error("this worker process could not go on: %s", exc,
+                  extra={"event": "worker.failed"})
+        return 1
     except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
         return 1  # the crawl went away mid-answer
     return 0

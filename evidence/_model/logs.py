@@ -56,6 +56,7 @@ EVENTS: dict[str, str] = {
     # worker processes and worker hosts, as the crawl sees them
     "worker.started": "a worker process (--processes) started",
     "worker.stopped_starting": "debug: a worker process stopped while it started",
+    "worker.failed": "a worker process stopped on an error it names (no traceback)",
     "worker.channel_broken": "the channel to a worker process broke",
     "worker.lost": "a worker process died; its pages are settled from the store",
     "worker_host.refused": "a worker host did not start (refused or failed)",
