@@ -97,6 +97,7 @@ __all__ = [
     "parse_checkpoint",
     "prove_consistency",
     "prove_inclusion",
+    "write_key_pair",
 ]
 
 ORIGIN_PREFIX = "evidence/"
@@ -244,20 +245,27 @@ class SigningKey:
 
     def write(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write the private key (mode 0600, never over an existing file) and ``<path>.pub``."""
-        path = Path(path)
-        public = path.with_name(path.name + ".pub")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise ProofError(f"{path} already exists; a key is never overwritten",
-                             hint="choose another file name", path=str(path)) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_text() + "\n")
-        public.write_text(self.public_key.to_text() + "\n")
-        return path, public
+        return write_key_pair(path, self.to_text(), self.public_key.to_text())
 
     def __repr__(self) -> str:
         return f"SigningKey(name={self.name!r}, key_id={self.key_id:08x})"
+
+
+def write_key_pair(path: str | os.PathLike[str], private: str,
+                   public: str) -> tuple[Path, Path]:
+    """A private key's text at ``path`` (mode 0600, never over an existing file) and its
+    public key's at ``<path>.pub``: a store's signing key and a witness's alike."""
+    path = Path(path)
+    public_path = path.with_name(path.name + ".pub")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ProofError(f"{path} already exists; a key is never overwritten",
+                         hint="choose another file name", path=str(path)) from None
+    with os.fdopen(fd, "w") as f:
+        f.write(private + "\n")
+    public_path.write_text(public + "\n")
+    return path, public_path
 
 
 # --- signed notes and checkpoints ----------------------------------------------------

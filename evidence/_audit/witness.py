@@ -57,6 +57,7 @@ from .proofs import (
     _b64decode,
     _check_key_name,
     parse_checkpoint,
+    write_key_pair,
 )
 
 __all__ = ["Cosigner", "CosignerKey", "Witness", "WitnessReply", "add_cosignatures",
@@ -179,17 +180,7 @@ class Cosigner:
 
     def write(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
         """The private key (mode 0600, never over an existing file) and ``<path>.pub``."""
-        path = Path(path)
-        public = path.with_name(path.name + ".pub")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise ProofError(f"{path} already exists; a key is never overwritten",
-                             hint="choose another file name", path=str(path)) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(self.to_text() + "\n")
-        public.write_text(self.public_key.to_text() + "\n")
-        return path, public
+        return write_key_pair(path, self.to_text(), self.public_key.to_text())
 
     def cosign(self, text: str, timestamp: int) -> str:
         """A cosignature line over the note body ``text`` at ``timestamp`` (POSIX seconds)."""
