@@ -177,11 +177,14 @@ def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen]
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
         before = len(site.requests)
         hold(proc)
-        held = site.requests[before:]
+        after = len(site.requests)
         lock.execute("COMMIT")
         lock.close()
         proc.communicate(timeout=120)
         assert proc.returncode == 0, _stderr(store)
+        # Read once the crawl is over: a request made while the lock was held may still
+        # have been in its slow answer when the lock was let go (its status not chosen yet).
+        held = site.requests[before:after]
         return held, site.request_counts(), site.reachable_pages()
 
 

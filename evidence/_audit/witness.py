@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from .._errors import ProofError
 from .._model.merkle import EMPTY_ROOT, verify_consistency
+from .._store.fsync import fsync_dir, fsync_file
 from .proofs import (
     NoteSignature,
     SignedCheckpoint,
@@ -246,14 +247,9 @@ class Witness:
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w") as f:
             json.dump(record, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        fsync_file(tmp)
         os.replace(tmp, path)
-        fd = os.open(self.state, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.state)
 
     def latest(self, origin_hash: str) -> WitnessReply:
         """``GET <prefix>/<origin hash>/checkpoint``."""
