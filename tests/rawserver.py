@@ -52,9 +52,16 @@ class RawServer:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def exchange(self, path: str) -> Exchanged:
-        with self._lock:
-            found = [e for e in self.exchanges if e.path == path]
+    def exchange(self, path: str, wait: float = 10.0) -> Exchanged:
+        """The one exchange of ``path``. It is logged once its answer is sent, so a client
+        can hold the answer a moment before the log does: wait for it (up to ``wait``)."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                found = [e for e in self.exchanges if e.path == path]
+            if found or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
         assert len(found) == 1, f"{path}: {len(found)} requests"
         return found[0]
 
