@@ -48,7 +48,7 @@ import os
 import re
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import apsw
 import msgspec
@@ -122,8 +122,8 @@ def _check_key_name(name: str) -> str:
     return name
 
 
-def _key_id(name: str, public: bytes) -> int:
-    digest = hashlib.sha256(name.encode() + b"\n" + bytes([_ALG_ED25519]) + public).digest()
+def _key_id(name: str, public: bytes, alg: int = _ALG_ED25519) -> int:
+    digest = hashlib.sha256(name.encode() + b"\n" + bytes([alg]) + public).digest()
     return int.from_bytes(digest[:4], "big")
 
 
@@ -143,19 +143,24 @@ def _b64(data: bytes) -> str:
 
 
 class VerifierKey:
-    """An Ed25519 public key with its note name and key id."""
+    """An Ed25519 public key with its note name and key id. ``ALG`` is the signature type
+    byte of its text form and key id (0x01, a note signature; a witness's cosignature key,
+    ``_audit.witness.CosignerKey``, is the same with 0x04)."""
 
     __slots__ = ("key_id", "name", "public")
+    ALG = _ALG_ED25519
+    _NOT_OURS: tuple[str, str | None] = (
+        "public key is not an Ed25519 note key (0x01 || 32 bytes)", None)
 
     def __init__(self, name: str, public: bytes) -> None:
         self.name = _check_key_name(name)
         if len(public) != 32:
             raise ProofError(f"an Ed25519 public key is 32 bytes, not {len(public)}")
         self.public = bytes(public)
-        self.key_id = _key_id(name, self.public)
+        self.key_id = _key_id(name, self.public, self.ALG)
 
     @classmethod
-    def from_text(cls, text: str | bytes) -> VerifierKey:
+    def from_text(cls, text: str | bytes) -> Self:
         """Parse ``<name>+<hex key id>+<base64(0x01 || key)>`` (Go's verifier key form)."""
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
@@ -164,8 +169,8 @@ class VerifierKey:
         if not _HEX8_RE.fullmatch(hex_id):
             raise ProofError("malformed public key: expected <name>+<8 hex digits>+<base64>")
         raw = _b64decode(key64, "public key")
-        if len(raw) != 33 or raw[0] != _ALG_ED25519:
-            raise ProofError("public key is not an Ed25519 note key (0x01 || 32 bytes)")
+        if len(raw) != 33 or raw[0] != cls.ALG:
+            raise ProofError(cls._NOT_OURS[0], hint=cls._NOT_OURS[1])
         key = cls(name, raw[1:])
         if f"{key.key_id:08x}" != hex_id:
             raise ProofError(f"public key id {hex_id} does not match its name and key "
@@ -173,7 +178,7 @@ class VerifierKey:
         return key
 
     def to_text(self) -> str:
-        return f"{self.name}+{self.key_id:08x}+{_b64(bytes([_ALG_ED25519]) + self.public)}"
+        return f"{self.name}+{self.key_id:08x}+{_b64(bytes([self.ALG]) + self.public)}"
 
     def verify(self, signature: bytes, message: bytes) -> bool:
         try:
@@ -183,7 +188,7 @@ class VerifierKey:
         return True
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, VerifierKey) and (self.name, self.public)
+        return (type(other) is type(self) and (self.name, self.public)
                 == (other.name, other.public))
 
     __hash__ = None  # type: ignore[assignment]

@@ -56,7 +56,6 @@ from .proofs import (
     VerifierKey,
     _b64,
     _b64decode,
-    _check_key_name,
     parse_checkpoint,
     write_key_pair,
 )
@@ -71,49 +70,19 @@ _MAX_PROOF_LINES = 63
 _HEX8 = frozenset("0123456789abcdef")
 
 
-def _cosigner_key_id(name: str, public: bytes) -> int:
-    digest = hashlib.sha256(name.encode() + b"\n" + bytes([_ALG_COSIGNATURE_V1]) + public)
-    return int.from_bytes(digest.digest()[:4], "big")
-
-
 def _message(text: str, timestamp: int) -> bytes:
     """What a cosignature v1 signs: a header line, a time line, the note's whole body."""
     return f"cosignature/v1\ntime {timestamp}\n".encode() + text.encode()
 
 
-class CosignerKey:
-    """A witness's public key: ``<name>+<hex key id>+<base64(0x04 || Ed25519 key)>``."""
+class CosignerKey(VerifierKey):
+    """A witness's public key: ``<name>+<hex key id>+<base64(0x04 || Ed25519 key)>``, a
+    note key of signature type 0x04 (cosignature v1); it checks cosignatures."""
 
-    __slots__ = ("key_id", "name", "public")
-
-    def __init__(self, name: str, public: bytes) -> None:
-        self.name = _check_key_name(name)
-        if len(public) != 32:
-            raise ProofError(f"an Ed25519 public key is 32 bytes, not {len(public)}")
-        self.public = bytes(public)
-        self.key_id = _cosigner_key_id(name, self.public)
-
-    @classmethod
-    def from_text(cls, text: str | bytes) -> CosignerKey:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        name, _, rest = text.strip().partition("+")
-        hex_id, _, key64 = rest.partition("+")
-        if len(hex_id) != 8 or not set(hex_id) <= _HEX8:
-            raise ProofError("malformed witness key: expected <name>+<8 hex digits>+<base64>",
-                             hint="give the .pub file 'evidence witness keygen' wrote")
-        raw = _b64decode(key64, "witness key")
-        if len(raw) != 33 or raw[0] != _ALG_COSIGNATURE_V1:
-            raise ProofError("not a witness key (cosignature v1: 0x04 || 32 bytes)",
-                             hint="a store's checkpoint key (0x01) is not a witness key")
-        key = cls(name, raw[1:])
-        if f"{key.key_id:08x}" != hex_id:
-            raise ProofError(f"witness key id {hex_id} does not match its name and key")
-        return key
-
-    def to_text(self) -> str:
-        raw = bytes([_ALG_COSIGNATURE_V1]) + self.public
-        return f"{self.name}+{self.key_id:08x}+{_b64(raw)}"
+    __slots__ = ()
+    ALG = _ALG_COSIGNATURE_V1
+    _NOT_OURS = ("not a witness key (cosignature v1: 0x04 || 32 bytes)",
+                 "a store's checkpoint key (0x01) is not a witness key")
 
     def timestamp_of(self, text: str, signature: NoteSignature) -> int | None:
         """The time of a valid cosignature by this key on the note body ``text``, or None

@@ -36,9 +36,13 @@ def _read(path: str) -> bytes:
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
-    from .._audit.proofs import SigningKey
+    """``keygen`` (a store's signing key) and ``witness keygen`` (a witness's)."""
+    if args.witness_key_pair:
+        from .._audit.witness import Cosigner as Key
+    else:
+        from .._audit.proofs import SigningKey as Key  # type: ignore[assignment]
 
-    key = SigningKey.generate(args.name)
+    key = Key.generate(args.name)
     private, public = key.write(args.key)
     print(f"private key {private} (keep it secret), public key {public}:")
     print(key.public_key.to_text())
@@ -119,16 +123,6 @@ def _witnesses(args: argparse.Namespace) -> list:  # [(url, CosignerKey)]
 
     return [(url, CosignerKey.from_text(_read(key))) for url, key in zip(urls, keys,
                                                                            strict=True)]
-
-
-def _cmd_witness_keygen(args: argparse.Namespace) -> int:
-    from .._audit.witness import Cosigner
-
-    key = Cosigner.generate(args.name)
-    private, public = key.write(args.key)
-    print(f"private key {private} (keep it secret), public key {public}:")
-    print(key.public_key.to_text())
-    return 0
 
 
 def _cmd_witness_serve(args: argparse.Namespace) -> int:
@@ -284,7 +278,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("key", metavar="KEY", type=local_path, help="file for the private key")
     p.add_argument("--name", default="evidence",
                    help="the key name in signatures: no spaces or '+', e.g. example.com/crawl")
-    p.set_defaults(func=_cmd_keygen)
+    p.set_defaults(func=_cmd_keygen, witness_key_pair=False)
 
     p = sub.add_parser(
         "checkpoint", help="sign the log's current size and root",
@@ -330,7 +324,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--name", required=True,
                    help="the witness's name in cosignatures: no spaces or '+', e.g. "
                    "witness.example/w1")
-    p.set_defaults(func=_cmd_witness_keygen)
+    p.set_defaults(func=_cmd_keygen, witness_key_pair=True)
     p = w.add_parser("serve", help="serve the witness over HTTP until stopped",
                      description="Serve POST PREFIX/add-checkpoint and GET "
                      "PREFIX/<origin hash>/checkpoint; the state of each log (the last "
