@@ -422,8 +422,10 @@ def check(result: LinkExtraction, document_url: str) -> None:
         parts = urlsplit(ref.url)
         assert parts.scheme in ("http", "https") and parts.netloc
         assert 0 < len(ref.observed) <= MAX_URL_LENGTH and len(ref.url) <= MAX_URL_LENGTH
-        # resolved against the document's base (its URL, or its first <base href>)
-        assert ref.url == resolve_reference(result.base_url, ref.observed)
+        # resolved against the document's base (its URL, or its first <base href>), its
+        # query encoded in the document's encoding, as the URL standard says
+        assert ref.url == resolve_reference(result.base_url, ref.observed,
+                                            encoding=result.encoding)
     # every result can be stored: the message schema accepts it
     encoded = msgspec.msgpack.encode(result.refs)
     assert msgspec.msgpack.decode(encoded, type=list[ObservedRef]) == result.refs
