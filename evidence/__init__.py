@@ -41,14 +41,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._crawl.crawler import Crawler, CrawlOptions, CrawlResult
     from ._crawl.frontier import CrawlConfig
     from ._crawl.render import RenderOptions
-    from ._crawl.rules import (
-        EvaluationSummary,
-        Rule,
-        RuleSet,
-        evaluate_page,
-        evaluate_stored,
-        load_rules,
-    )
+    from ._crawl.rules import EvaluationSummary, evaluate_page, evaluate_stored
+    from ._crawl.rulesfile import Rule, RuleSet, load_rules
     from ._errors import (
         ArtifactCorruptError,
         ArtifactError,
@@ -266,11 +260,11 @@ _WHERE = {
     "RunReport": "_audit.report",
     "report": "_audit.report",
     "EvaluationSummary": "_crawl.rules",
-    "Rule": "_crawl.rules",
-    "RuleSet": "_crawl.rules",
+    "Rule": "_crawl.rulesfile",
+    "RuleSet": "_crawl.rulesfile",
     "evaluate_page": "_crawl.rules",
     "evaluate_stored": "_crawl.rules",
-    "load_rules": "_crawl.rules",
+    "load_rules": "_crawl.rulesfile",
     "StoreStatus": "_audit.status",
     "status": "_audit.status",
     "Store": "_store.db",

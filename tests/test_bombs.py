@@ -32,7 +32,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, decode_message, verify
-from evidence._crawl.rules import RulesError, evaluate_page, parse_rules
+from evidence._crawl.rules import evaluate_page
+from evidence._crawl.rulesfile import RulesError, parse_rules
 from evidence._model import http1
 from evidence._model.http1 import derive_content
 from evidence._model.refs import ArtifactRef

@@ -312,7 +312,8 @@ applies_to = { url = "/page$" }
 
 def test_a_rule_reads_the_rendered_dom_and_its_input_hash_covers_it(
         tmp_path: Path, chromium: str) -> None:
-    from evidence._crawl.rules import input_hash, parse_rules
+    from evidence._crawl.rules import input_hash
+    from evidence._crawl.rulesfile import parse_rules
 
     rules = parse_rules(RULES)
     with JsSite() as site:

@@ -12,7 +12,8 @@ import pytest
 
 from evidence import Store
 from evidence._audit.report import render_html, render_json, render_text, report
-from evidence._crawl.rules import evaluate_page, evaluate_stored, parse_rules
+from evidence._crawl.rules import evaluate_page, evaluate_stored
+from evidence._crawl.rulesfile import parse_rules
 from evidence._errors import NotFoundError
 
 from .conftest import Factory, need_chromium, submit_all

@@ -17,15 +17,8 @@ from evidence import CrawlConfig, Crawler, CrawlOptions, EvidenceError, FetchAtt
 from evidence._cli.rules import add_commands
 from evidence._crawl.fetch import fetch
 from evidence._crawl.http import crawl_client
-from evidence._crawl.rules import (
-    INPUT_FORMAT,
-    RulesError,
-    RuleSet,
-    evaluate_page,
-    evaluate_stored,
-    load_rules,
-    parse_rules,
-)
+from evidence._crawl.rules import INPUT_FORMAT, evaluate_page, evaluate_stored
+from evidence._crawl.rulesfile import RulesError, RuleSet, load_rules, parse_rules
 from evidence._demo.site import SiteConfig, TestSite
 
 from .conftest import Factory, asubmit, lose_payload, submit_all

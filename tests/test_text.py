@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store
 from evidence._crawl.links import extract_links
 from evidence._crawl.pages import _page_links
-from evidence._crawl.rules import _Page, evaluate_page, parse_rules
+from evidence._crawl.rules import _Page, evaluate_page
+from evidence._crawl.rulesfile import parse_rules
 from evidence._model.refs import ArtifactRef
 from evidence._model.text import (
     charset_param,

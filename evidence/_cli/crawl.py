@@ -188,7 +188,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         metrics_address(args.metrics, public=args.metrics_public)
     rules = None
     if args.rules is not None:  # the full definitions are recorded with the session
-        from .._crawl.rules import load_rules
+        from .._crawl.rulesfile import load_rules
 
         rules = load_rules(args.rules).as_record()
     if args.clean and not args.yes and not confirm(

@@ -25,7 +25,7 @@ __all__ = ["add_commands"]
 
 
 def _cmd_rules_check(args: argparse.Namespace) -> int:
-    from .._crawl.rules import load_rules
+    from .._crawl.rulesfile import load_rules
 
     rules = load_rules(args.file)
     if args.json:
@@ -44,7 +44,8 @@ def format_rules(rows: list[tuple[str, str, str]]) -> str:
 
 
 def _cmd_rules_evaluate(args: argparse.Namespace) -> int:
-    from .._crawl.rules import evaluate_stored, load_rules
+    from .._crawl.rules import evaluate_stored
+    from .._crawl.rulesfile import load_rules
 
     rules = load_rules(args.rules)
     with Store.open(args.store) as store:

@@ -73,7 +73,8 @@ from .http import Client
 from .links import REQUISITE_KINDS, extract_links
 from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
-from .rules import RuleSet, evaluate_page
+from .rules import evaluate_page
+from .rulesfile import RuleSet
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 
