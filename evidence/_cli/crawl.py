@@ -86,6 +86,9 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
     if args.print_config:
         extra: dict[str, object] = {"seeds": list(args.urls)} if args.urls else {}
         sys.stdout.write(config_toml(args, args.crawl_parser, extra))
+        for rule in args.proxies or ():  # tables come after the keys; no credentials
+            hosts, url = msgspec.json.encode(rule["hosts"]), msgspec.json.encode(rule["url"])
+            sys.stdout.write(f"\n[[proxies]]\nhosts = {hosts.decode()}\nurl = {url.decode()}\n")
         return 0
     result = run_crawl(args)
     if args.json:
