@@ -311,9 +311,11 @@ async def _connect_proxy(proxy: Proxy, addresses: list[str],
 def _addresses(stream: anyio.abc.ByteStream) -> tuple[tuple[str, int] | None,
                                                       tuple[str, int] | None]:
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if sock is None:
+        return None, None
     try:
         return sock.getpeername()[:2], sock.getsockname()[:2]
-    except (AttributeError, OSError):
+    except OSError:
         return None, None
 
 
