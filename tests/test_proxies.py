@@ -352,3 +352,17 @@ def test_the_cli_takes_proxies_from_the_command_line_and_the_configuration(
         assert status == 2
         assert words in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+def test_worker_processes_get_the_proxy_and_its_credentials_outside_the_configuration(
+        site: TestSite, tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with proxies.running("http", credentials=("crawler", SECRET)) as proxy:
+        result = crawl(path, CrawlConfig(seeds=[site.url], proxy=proxy.url()), processes=1,
+                       proxy_credentials={proxy.url(): ("crawler", SECRET)})
+    assert result.session_completed and not proxy.refused
+    found = connected(attempts(path))
+    assert len(found) >= 5 and all(m.connection.proxy.established  # type: ignore[union-attr]
+                                   for m in found)
+    assert len(proxy.tunnels) == sum(not m.connection.reused for m in found)  # type: ignore[union-attr]
+    assert SECRET.encode() not in stored_bytes(path)
