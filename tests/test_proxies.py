@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -366,3 +367,21 @@ def test_worker_processes_get_the_proxy_and_its_credentials_outside_the_configur
                                    for m in found)
     assert len(proxy.tunnels) == sum(not m.connection.reused for m in found)  # type: ignore[union-attr]
     assert SECRET.encode() not in stored_bytes(path)
+
+
+def test_socks5h_hands_the_name_to_the_proxy_only_when_the_operator_accepts_it(
+        site: TestSite, tmp_path: Path) -> None:
+    url = f"http://localhost:{site.port}/"
+    with proxies.running("socks5") as proxy:
+        config = CrawlConfig(seeds=[url], proxy=proxy.url("socks5h"), obey_robots=False,
+                             max_depth=0)
+        with pytest.raises(EvidenceError, match="network policy cannot check"):
+            crawl(tmp_path / "refused", config)
+        assert not proxy.tunnels
+        crawl(tmp_path / "store", msgspec.structs.replace(config, proxy_remote_dns=True))
+    assert proxy.tunnels == [("localhost", site.port)]  # the name, resolved by the proxy
+    (m,) = connected(attempts(tmp_path / "store"))
+    c = m.connection
+    assert c is not None and c.proxy is not None and c.dns is None  # nothing resolved here
+    assert (c.proxy.scheme, c.proxy.target, c.proxy.reply) == ("socks5h", "localhost",
+                                                               "succeeded")
