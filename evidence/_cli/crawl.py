@@ -196,6 +196,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     from .._crawl.crawler import Crawler, CrawlOptions
 
     stderr = stderr or sys.stderr
+    if not hasattr(args, "proxy_credentials"):  # parsed without --config (the demo)
+        _configure_proxies(args, None)
     path = Path(args.store)
     postgres = is_server_database(args.store)  # a database: resuming is checked at open
     if args.urls:
