@@ -261,7 +261,8 @@ def test_the_policy_refuses_a_private_origin_before_the_proxy_is_asked(
     assert first_site.outcome == "response" and first_site.connection is not None
     # A proxy the policy was not told of is checked like any address: loopback, refused.
     assert second_other.outcome == second_site.outcome == "skipped"
-    assert "127.0.0.1, loopback, is not allowed" in (second_site.error or "")
+    assert second_site.error is not None and second_site.error.startswith(
+        f"network: the proxy {proxy.url()}: 127.0.0.1, loopback, is not allowed")
     port = int(site.url.rsplit(":", 1)[1].strip("/"))
     assert proxy.tunnels == [("127.0.0.1", port)]
     assert not other.requests

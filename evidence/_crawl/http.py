@@ -562,7 +562,7 @@ class Client:
             peer = None
             if exc.tunnel is not None and exc.remote is not None and exc.local is not None:
                 peer = Peer(exc.remote[0], exc.remote[1], exc.local[0], exc.local[1],
-                            proxy=exc.tunnel)
+                            exc.dns, proxy=exc.tunnel)
             raise FetchError("ProxyError", exc.detail, peer=peer) from None
         except TimeoutError:
             raise FetchError("ConnectTimeout", f"no connection to {where} in "

@@ -49,7 +49,7 @@ from anyio.streams.tls import TLSStream
 from .._errors import EvidenceError
 from .._model.messages import DnsAnswer, Proxied, ProxyScheme
 from .._net import connect_tcp
-from .netpolicy import NetworkPolicy, Origin, system_resolver
+from .netpolicy import NetworkPolicy, Origin, Refused, system_resolver
 
 __all__ = ["SCHEMES", "Credentials", "Proxy", "ProxyFailed", "Routes", "Tunnel",
            "crawl_routes", "open_tunnel", "parse_proxy", "parse_routes", "recordable"]
@@ -232,6 +232,7 @@ class ProxyFailed(OSError):
         self.detail = detail
         self.tunnel, self.remote, self.local = tunnel, remote, local
         self.final = final  # another address of the origin would not do better
+        self.dns: DnsAnswer | None = None  # the origin's resolution, if the crawler made one
 
 
 async def open_tunnel(proxy: Proxy, origin: Origin, *, policy: NetworkPolicy | None,
@@ -252,21 +253,24 @@ async def open_tunnel(proxy: Proxy, origin: Origin, *, policy: NetworkPolicy | N
     else:
         targets, dns = [origin.host], None
     if policy is not None:
-        addresses, proxy_dns = await policy.lookup(proxy.origin)
+        try:
+            addresses, proxy_dns = await policy.lookup(proxy.origin)
+        except Refused as exc:
+            why = str(exc).removeprefix("network: ")
+            raise Refused(f"network: the proxy {proxy.url}: {why}") from None
     else:
         addresses, proxy_dns = [proxy.host], None
-    for target in targets[:-1]:
+    for index, target in enumerate(targets, start=1):
         try:
             stream, tunnel = await _through(proxy, addresses, proxy_dns, target, origin,
                                             timeout, tls)
         except ProxyFailed as exc:
-            if exc.final:
+            if exc.final or index == len(targets):
+                exc.dns = dns
                 raise
             continue  # the proxy could not reach this address: the next one, as directly
         return stream, dns, tunnel
-    stream, tunnel = await _through(proxy, addresses, proxy_dns, targets[-1], origin,
-                                    timeout, tls)
-    return stream, dns, tunnel
+    raise AssertionError("a lookup gives at least one address")  # pragma: no cover
 
 
 async def _through(proxy: Proxy, addresses: list[str], proxy_dns: DnsAnswer | None,
