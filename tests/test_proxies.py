@@ -335,7 +335,9 @@ def test_the_cli_takes_proxies_from_the_command_line_and_the_configuration(
         store = tmp_path / "store"
         assert cli_main(["crawl", site.url, "--store", str(store), "--config", str(config),
                          "--proxy", proxy.url(userinfo=f"crawler:{SECRET}")]) == 0
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    assert "Warning: the --proxy URL on this command line holds a password" in err
+    assert SECRET not in err
     assert other.tunnels and not proxy.tunnels  # the host's rule wins over --proxy
     with Store.open(store, read_only=True) as opened:
         (recorded,) = opened.connection.execute("SELECT config FROM crawl_session").fetchone()

@@ -130,10 +130,16 @@ def _configure(args: argparse.Namespace) -> None:
                             "\"DIR\" in the file given to --config")
 
 
+_PROXY_PASSWORD_WARNING = (
+    "Warning: the --proxy URL on this command line holds a password, which every user of "
+    "this machine can read (ps, /proc/PID/cmdline); put proxy = \"...\" in the file given "
+    "to --config (mode 600) instead. It is never recorded or shown.\n")
+
+
 def _configure_proxies(args: argparse.Namespace, rules: object) -> None:
     """``--proxy`` and the file's ``[[proxies]]`` checked (before anything is created), and
     split into what the session records (no credentials) and the credentials."""
-    from .._crawl.proxy import crawl_routes, recordable
+    from .._crawl.proxy import crawl_routes, parse_proxy, recordable
 
     where = f"{args.config}: " if args.config is not None else ""
     if rules is None:
@@ -142,7 +148,10 @@ def _configure_proxies(args: argparse.Namespace, rules: object) -> None:
         raise EvidenceError(f"{where}proxies: expected [[proxies]] tables",
                             hint='[[proxies]] hosts = ["*.example.com"] '
                             'url = "socks5://127.0.0.1:1080"')
+    typed = "proxy" in getattr(args, "given", set()) and args.proxy is not None
     try:
+        if typed and getattr(parse_proxy(args.proxy), "password", None):
+            sys.stderr.write(_PROXY_PASSWORD_WARNING)
         args.proxy, args.proxies, args.proxy_credentials = recordable(args.proxy, rules)
         crawl_routes(args.proxy, args.proxies, remote_dns=bool(args.proxy_remote_dns))
     except EvidenceError as exc:
