@@ -44,7 +44,11 @@ answer it used is a ``metadata`` record of its own for ``dns:HOST`` (the address
 resolver's order, when, the resolver's source, the TTL if it gave one), written once per
 resolution, before the first response that used it, and named by the attempts' records
 (``dnsRecord``). Being ``application/warc-fields``, neither is indexed for replay (the
-rule ``cdxj-indexer`` and pywb follow).
+rule ``cdxj-indexer`` and pywb follow). Through a proxy (issue 36) the address contacted,
+``WARC-IP-Address`` and ``remoteAddress``, is the proxy's, and the metadata record names
+the proxy (``proxyScheme``, ``proxyHost``, ``proxyPort``: never its credentials), what it
+was asked to connect to (``proxyTarget``, ``proxyTargetPort``) and its answer
+(``proxyReply``); the records' bytes are those exchanged with the origin in the tunnel.
 
 The export is deterministic: record ids are UUIDv5 of (store id, attempt id, record type),
 dates come from the store (``WARC-Date`` is the attempt's ``started_at``, to the
@@ -442,6 +446,11 @@ def _connection_fields(store: Store, c: ConnectionFacts,
               ("connectionReused", "true" if c.reused else "false")]
     if dns_id is not None:
         fields.append(("dnsRecord", dns_id))
+    p = c.proxy
+    if p is not None:
+        fields += [("proxyScheme", p.scheme), ("proxyHost", p.host),
+                   ("proxyPort", str(p.port)), ("proxyTarget", p.target),
+                   ("proxyTargetPort", str(p.target_port)), ("proxyReply", p.reply)]
     t = c.tls
     if t is None:
         return fields

@@ -19,7 +19,9 @@ spot by removing the content codings its head names. An attempt that got no resp
 
 ``connection`` says with whom and how the bytes were exchanged (issue 33; None for an
 attempt recorded before that, or one that never connected): ``connection_facts``, which
-``show`` uses too.
+``show`` uses too. Through a proxy (issue 36) its ``proxy`` says which one (never its
+credentials), what it was asked to connect to and what it answered: those facts live in
+the attempt's ledger entry only (the message its Merkle leaf covers), where they are read.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ import msgspec
 
 from .._errors import EvidenceError, NotFoundError
 from .._model.http1 import derive_content
-from .._model.messages import format_time
+from .._model.messages import FetchAttempt, Proxied, decode_message, format_time
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.db import Store
 
-__all__ = ["ConnectionFacts", "DnsFacts", "ReplayedResponse", "TlsFacts", "connection_facts",
-           "locate", "parse_time", "replay"]
+__all__ = ["ConnectionFacts", "DnsFacts", "ProxyFacts", "ReplayedResponse", "TlsFacts",
+           "connection_facts", "locate", "parse_time", "replay"]
 
 
 class DnsFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +69,28 @@ class ConnectionFacts(msgspec.Struct, frozen=True, kw_only=True):
     reused: bool  # an earlier request went over the same connection
     dns: DnsFacts | None  # None: the host was an address literal
     tls: TlsFacts | None
+    proxy: ProxyFacts | None = None  # None: a direct connection
+
+
+class ProxyFacts(msgspec.Struct, frozen=True, kw_only=True):
+    scheme: str  # http (CONNECT), socks5, socks5h
+    host: str  # the proxy as configured, without credentials
+    port: int
+    target: str  # what it was asked to connect to: the checked address, or a name (socks5h)
+    target_port: int
+    reply: str  # its answer to the handshake
+    established: bool  # False: it refused the tunnel; the origin was never reached
+    dns: DnsFacts | None  # the resolution of the proxy's own name
+
+    @classmethod
+    def of(cls, p: Proxied) -> ProxyFacts:
+        d = p.dns
+        return cls(scheme=p.scheme, host=p.host, port=p.port, target=p.target,
+                   target_port=p.target_port, reply=p.reply, established=p.established,
+                   dns=None if d is None else DnsFacts(
+                       resolution_id=d.resolution_id, host=d.host, port=d.port,
+                       resolved_at=format_time(d.resolved_at), source=d.source,
+                       addresses=list(d.addresses), ttl=d.ttl))
 
 
 _CONNECTION = """
@@ -79,6 +103,8 @@ LEFT JOIN dns_resolution d ON d.resolution_seq = f.resolution_seq
 LEFT JOIN artifact t ON t.artifact_id = f.tls_chain_id
 WHERE f.attempt_seq = ?
 """
+_ENTRY = ("SELECT l.payload FROM fetch_attempt f JOIN ingest_ledger l "
+          "ON l.log_index = f.log_index WHERE f.attempt_seq = ?")
 
 
 def connection_facts(conn: apsw.Connection, attempt_seq: int) -> ConnectionFacts | None:
@@ -96,7 +122,19 @@ def connection_facts(conn: apsw.Connection, attempt_seq: int) -> ConnectionFacts
         chain_ref=None if t_ns is None else ArtifactRef(t_ns, t_digest, t_size))
     return ConnectionFacts(remote_address=remote, remote_port=remote_port,
                            local_address=local, local_port=local_port, reused=bool(reused),
-                           dns=dns, tls=tls)
+                           dns=dns, tls=tls, proxy=_proxy_facts(conn, attempt_seq))
+
+
+def _proxy_facts(conn: apsw.Connection, attempt_seq: int) -> ProxyFacts | None:
+    """The proxy an attempt went through, from its ledger entry (None: directly)."""
+    rows = conn.execute(_ENTRY, (attempt_seq,)).fetchall()
+    if not rows or b"proxy" not in rows[0][0]:  # most attempts: no decoding needed
+        return None
+    message = decode_message(rows[0][0])
+    if not isinstance(message, FetchAttempt) or message.connection is None:
+        return None
+    proxied = message.connection.proxy
+    return None if proxied is None else ProxyFacts.of(proxied)
 
 
 class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -86,6 +86,9 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
     if args.print_config:
         extra: dict[str, object] = {"seeds": list(args.urls)} if args.urls else {}
         sys.stdout.write(config_toml(args, args.crawl_parser, extra))
+        for rule in args.proxies or ():  # tables come after the keys; no credentials
+            hosts, url = msgspec.json.encode(rule["hosts"]), msgspec.json.encode(rule["url"])
+            sys.stdout.write(f"\n[[proxies]]\nhosts = {hosts.decode()}\nurl = {url.decode()}\n")
         return 0
     result = run_crawl(args)
     if args.json:
@@ -105,7 +108,8 @@ def _configure(args: argparse.Namespace) -> None:
     wins), the seeds from ``--seeds`` and the file's ``seeds``, and a store to crawl into."""
     extra = {}
     if args.config is not None:
-        extra = apply_config(args, args.crawl_parser, args.config, extra=("seeds",))
+        extra = apply_config(args, args.crawl_parser, args.config,
+                             extra=("seeds", "proxies"))
     seeds = list(args.urls)
     if args.seeds is not None:
         seeds += read_seeds(args.seeds)
@@ -120,9 +124,50 @@ def _configure(args: argparse.Namespace) -> None:
                                 "or the path of a seeds file",
                                 hint='seeds = ["https://example.com/"] or seeds = "seeds.txt"')
     args.urls = seeds
+    _configure_proxies(args, extra.get("proxies"))
     if args.store is None:
         raise EvidenceError("the crawl needs a store", hint="give --store DIR, or store = "
                             "\"DIR\" in the file given to --config")
+
+
+_PROXY_PASSWORD_WARNING = (
+    "Warning: the --proxy URL on this command line holds a password, which every user of "
+    "this machine can read (ps, /proc/PID/cmdline); put proxy = \"...\" in the file given "
+    "to --config (mode 600) instead. It is never recorded or shown.\n")
+
+
+def _configure_proxies(args: argparse.Namespace, rules: object) -> None:
+    """``--proxy`` and the file's ``[[proxies]]`` checked (before anything is created), and
+    split into what the session records (no credentials) and the credentials."""
+    from .._crawl.proxy import crawl_routes, parse_proxy, recordable
+
+    where = f"{args.config}: " if args.config is not None else ""
+    if rules is None:
+        rules = []
+    if not isinstance(rules, list):
+        raise EvidenceError(f"{where}proxies: expected [[proxies]] tables",
+                            hint='[[proxies]] hosts = ["*.example.com"] '
+                            'url = "socks5://127.0.0.1:1080"')
+    typed = "proxy" in getattr(args, "given", set()) and args.proxy is not None
+    try:
+        if typed and getattr(parse_proxy(args.proxy), "password", None):
+            sys.stderr.write(_PROXY_PASSWORD_WARNING)
+        args.proxy, args.proxies, args.proxy_credentials = recordable(args.proxy, rules)
+        crawl_routes(args.proxy, args.proxies, remote_dns=bool(args.proxy_remote_dns))
+    except EvidenceError as exc:
+        raise EvidenceError(f"{where}{exc}", hint=exc.hint) from None
+    if not args.proxies:
+        args.proxies = None  # not given: a resumed session keeps its recorded rules
+
+
+def _proxy(text: str) -> str:
+    from .._crawl.proxy import parse_proxy
+
+    try:
+        parse_proxy(text)
+    except EvidenceError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} ({exc.hint})") from None
+    return text
 
 
 def read_seeds(path: str) -> list[str]:
@@ -160,6 +205,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     from .._crawl.crawler import Crawler, CrawlOptions
 
     stderr = stderr or sys.stderr
+    if not hasattr(args, "proxy_credentials"):  # parsed without --config (the demo)
+        _configure_proxies(args, None)
     path = Path(args.store)
     postgres = is_server_database(args.store)  # a database: resuming is checked at open
     if args.urls:
@@ -217,7 +264,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             processes=args.processes, render=render, progress=progress,
             listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
             hosts=hosts, no_hosts_timeout=args.fail_when_no_hosts,
-            cross_check=args.cross_check or 0.0,
+            cross_check=args.cross_check or 0.0, proxy_credentials=args.proxy_credentials,
             progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public)
         crawler = Crawler(store, config, options)
 
@@ -327,7 +374,8 @@ def _lease(text: str) -> float:
 _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
                  "obey_robots", "user_agent", "max_body_bytes", "max_content_bytes",
                  "max_parse_bytes", "max_links", "recrawl", "rules", "render", "render_only",
-                 "requisites", "allow_network", "render_unsafe_anywhere")
+                 "requisites", "allow_network", "render_unsafe_anywhere", "proxy",
+                 "proxies", "proxy_remote_dns")
 
 
 def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
@@ -755,6 +803,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "(repeatable); by default loopback, private, link-local, unique-local, "
                    "multicast and other non-public addresses are refused and recorded, a "
                    "seed's own origin aside (see docs/security.md)")
+    p.add_argument("--proxy", type=_proxy, metavar="URL",
+                   help="fetch and render through this proxy: http://HOST:PORT (a CONNECT "
+                   "tunnel for every origin), socks5://HOST:PORT (the crawler resolves and "
+                   "checks each origin), socks5h://HOST:PORT (the proxy resolves names: needs "
+                   "--proxy-remote-dns), USER:PASSWORD@ before the host if it asks for them "
+                   "(never recorded); 'none' connects directly; per host pattern: [[proxies]] "
+                   "in --config (docs/crawling.md, \"Proxies\")")
+    p.add_argument("--proxy-remote-dns", action="store_true", default=None,
+                   help="accept a socks5h proxy, which resolves the origins' names itself: "
+                   "the network policy then cannot check where those connections go")
     p.add_argument("--include", action="append", metavar="REGEX",
                    help="only URLs matching one of these (repeatable)")
     p.add_argument("--exclude", action="append", metavar="REGEX",

@@ -169,6 +169,12 @@ def _format_connection(c) -> str:
     text = f"to {remote}:{c.remote_port} from {c.local_address}:{c.local_port}"
     if c.reused:
         text += " (kept alive)"
+    if c.proxy is not None:
+        p = c.proxy
+        host = f"[{p.host}]" if ":" in p.host else p.host
+        target = f"[{p.target}]" if ":" in p.target else p.target
+        text += (f"; through the {p.scheme} proxy {host}:{p.port}, to {target}:"
+                 f"{p.target_port}: {p.reply}" + ("" if p.established else " (refused)"))
     if c.dns is not None:
         text += (f"; {c.dns.host} resolved to {', '.join(c.dns.addresses)} by "
                  f"{c.dns.source} at {c.dns.resolved_at}")

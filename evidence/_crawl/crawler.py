@@ -35,7 +35,7 @@ import logging
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -68,6 +68,7 @@ from .incremental import Baseline, BaselineDoc, DueRule, sitemap_hint
 from .netpolicy import NetworkPolicy, Resolver
 from .pages import PageEffects, PageOrder, PageWorker, Settlement
 from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
+from .proxy import crawl_routes
 from .render import Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
@@ -129,6 +130,9 @@ class CrawlOptions:
     # How host names become addresses for the network policy (``_crawl.netpolicy``): the
     # system's resolver by default; a test gives its own answers. In this process only.
     resolver: Resolver | None = None
+    # The proxies' credentials (``_crawl.proxy``), by proxy URL: never in the recorded
+    # configuration; handed to worker processes and hosts in their setup.
+    proxy_credentials: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Prometheus metrics at http://HOST:PORT/metrics while the run goes (``_crawl.metrics``):
     # a loopback address, or any with ``metrics_public``.
     metrics: str | None = None
@@ -288,10 +292,15 @@ class Crawler:
         processes (on a Unix socket in a private temporary directory)."""
         limits = self.options.writer_limits or WriterLimits(max_batch_delay=0.002)
         connections = self.options.workers * 2
-        policy = NetworkPolicy(allow=self.config.allow_network, seeds=self.config.seeds,
+        proxies = crawl_routes(self.config.proxy, self.config.proxies,
+                               remote_dns=self.config.proxy_remote_dns,
+                               credentials=self.options.proxy_credentials)
+        policy = NetworkPolicy(allow=self.config.allow_network,
+                               seeds=[*self.config.seeds, *proxies.urls()],
                                resolver=self.options.resolver)
         client = await stack.enter_async_context(crawl_client(
-            connections=connections, timeout=self.options.timeout, policy=policy))
+            connections=connections, timeout=self.options.timeout, policy=policy,
+            proxies=proxies))
         in_process = not (self.options.processes > 0 or self.options.listen)
         if not in_process:
             if self.options.listen and not getattr(self.store.artifacts, "url", ""):
@@ -350,7 +359,8 @@ class Crawler:
                       artifacts=str(self.store.artifacts.root),  # a directory or s3:// URL
                       config=self.config.as_record(), session_id=self.session_id,
                       run_id=self.run_id, connections=self.options.workers * 2,
-                      timeout=self.options.timeout, deadline=self.options.deadline)
+                      timeout=self.options.timeout, deadline=self.options.deadline,
+                      proxy_credentials=self.options.proxy_credentials)
         # At least three beats per lease, so one late beat never expires a live host.
         heartbeat = min(self.options.heartbeat, self.options.lease_timeout / 3)
         async with WorkerPool(self.options.processes, setup, heartbeat=heartbeat,

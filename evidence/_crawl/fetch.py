@@ -19,6 +19,11 @@ connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.h
   answer they came from, and for TLS the negotiated parameters and the server's certificate
   chain, stored as one payload (its DER certificates, leaf first) in the ``certs``
   namespace: content-addressed, so a chain seen on a thousand connections is stored once.
+  Through a proxy (``_crawl.proxy``), the connection is the proxy's, and the tunnel's
+  facts (the proxy without its credentials, the target it was asked for, its answer) are
+  part of it; the bytes stored are those exchanged with the origin inside the tunnel. A
+  proxy that refused the tunnel leaves an attempt ``network_error`` (``ProxyError: ...``)
+  whose connection says which proxy refused and what it answered.
 
 A timeout, a connection cut short or a malformed response keeps what came: the attempt
 records the error and references the bytes read before it (``body_truncated``). A
@@ -196,7 +201,7 @@ def _connection(peer: Peer | None, reused: bool, named: dict[str, Any]) -> dict[
     return {"connection": Connection(
         remote_address=peer.remote_address, remote_port=peer.remote_port,
         local_address=peer.local_address, local_port=peer.local_port, dns=peer.dns, tls=tls,
-        reused=reused)}
+        reused=reused, proxy=None if peer.proxy is None else peer.proxy.record())}
 
 
 async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,

@@ -75,6 +75,13 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # A rendered page's requests other than GET and HEAD (a form's POST, a script's
     # fetch(PUT)...) may go outside the scope; by default they are refused and recorded.
     render_unsafe_anywhere: bool = False
+    # Proxies (_crawl.proxy; docs/crawling.md, "Proxies"): every host's (a URL, or "none"),
+    # and per host pattern ({"hosts": [patterns], "url": URL or "none"}, the first match
+    # wins), each URL without its credentials (they are never recorded); a socks5h proxy
+    # resolves names the network policy cannot check: only with proxy_remote_dns.
+    proxy: str | None = None
+    proxies: list[dict[str, object]] = []
+    proxy_remote_dns: bool = False
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)

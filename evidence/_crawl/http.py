@@ -45,13 +45,20 @@ presented it (DER, leaf first), and the verification result. The client verifies
 chain it accepts (a handshake that fails verification is a ``ConnectError`` that names
 why), so a recorded chain was verified against the trust store, host name included.
 
+Through a proxy (``_crawl.proxy``; ``Client(proxies=...)`` says which host goes through
+which), the connection is a tunnel the proxy opened to the origin, and the client speaks to
+the origin inside it exactly as it would directly: the exchange's bytes are the origin's,
+the tunnel's handshake is a fact of the ``Peer`` (``proxy``), and ``remote_address`` is the
+proxy's address. A proxy that refuses the tunnel is a ``ProxyError`` whose ``peer`` says
+what it answered.
+
 Errors: a request that got no response head the client accepts raises ``FetchError``,
 named as the step that failed (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
 ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError`` for a malformed or
-missing head, ``UnsupportedProtocol``, ``InvalidURL``; ``NetworkPolicy``, with ``refused``
-set, for a connection the policy refused before anything was sent); a failure while
-reading the body is the ``read_body`` outcome, with the bytes that came kept in the
-exchange.
+missing head, ``UnsupportedProtocol``, ``InvalidURL``, ``ProxyError``; ``NetworkPolicy``,
+with ``refused`` set, for a connection the policy refused before anything was sent); a
+failure while reading the body is the ``read_body`` outcome, with the bytes that came kept
+in the exchange.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ from .._model.http1 import (
 from .._model.messages import DnsAnswer, Outcome
 from .._net import Stream, acquire, connect_tcp
 from .netpolicy import NetworkPolicy, Origin, Refused
+from .proxy import ProxyFailed, Routes, Tunnel, open_tunnel
 
 __all__ = ["Client", "Exchange", "FetchError", "Headers", "Peer", "Response", "crawl_client"]
 
@@ -116,6 +124,7 @@ class Peer:
     sni: str | None = None
     chain: tuple[bytes, ...] = ()  # DER certificates, leaf first, as the server sent them
     verified: bool = False
+    proxy: Tunnel | None = None  # the tunnel it went through (``_crawl.proxy``)
 
 
 class Exchange:
@@ -186,21 +195,23 @@ class Headers:
 
 class FetchError(Exception):
     """No response head the client accepts: ``kind`` names the step that failed;
-    ``refused``: the network policy refused the connection (nothing was sent)."""
+    ``refused``: the network policy refused the connection (nothing was sent); ``peer``:
+    the connection as far as it went (a proxy that refused the tunnel), if any."""
 
     def __init__(self, kind: str, detail: str, *, timeout: bool = False,
-                 refused: bool = False) -> None:
+                 refused: bool = False, peer: Peer | None = None) -> None:
         super().__init__(detail if refused else f"{kind}: {detail}")
         self.kind = kind
         self.timeout = timeout
         self.refused = refused
+        self.peer = peer
 
 
 class _Connection:
     __slots__ = ("idle_since", "origin", "peer", "raw", "requests", "socket", "stream")
 
     def __init__(self, origin: Origin, stream: anyio.abc.ByteStream,
-                 dns: DnsAnswer | None = None) -> None:
+                 dns: DnsAnswer | None = None, tunnel: Tunnel | None = None) -> None:
         self.origin, self.stream = origin, stream
         self.requests = 0  # requests written over it so far
         inner = stream.transport_stream if isinstance(stream, TLSStream) else stream
@@ -210,7 +221,7 @@ class _Connection:
         self.socket: socket.socket | None = stream.extra(anyio.abc.SocketAttribute.raw_socket,
                                                          None)
         self.idle_since = 0.0
-        self.peer = _peer(self.socket, stream, origin, dns)
+        self.peer = _peer(self.socket, stream, origin, dns, tunnel)
 
     def readable(self) -> bool:
         """Whether a read would not block (the server closed it, or sent bytes unasked)."""
@@ -229,7 +240,7 @@ class _Connection:
 
 
 def _peer(sock: socket.socket | None, stream: anyio.abc.ByteStream, origin: Origin,
-          dns: DnsAnswer | None) -> Peer | None:
+          dns: DnsAnswer | None, tunnel: Tunnel | None = None) -> Peer | None:
     """What the socket and the TLS layer say of a connection just made (None if the socket
     cannot say whom it is connected to: then nothing is claimed)."""
     if sock is None:
@@ -240,7 +251,7 @@ def _peer(sock: socket.socket | None, stream: anyio.abc.ByteStream, origin: Orig
         return None
     tls = stream.extra(TLSAttribute.ssl_object, None)
     if tls is None:
-        return Peer(remote[0], remote[1], local[0], local[1], dns)
+        return Peer(remote[0], remote[1], local[0], local[1], dns, proxy=tunnel)
     cipher = tls.cipher()
     sni: str | None = origin.host
     with contextlib.suppress(ValueError):
@@ -249,7 +260,7 @@ def _peer(sock: socket.socket | None, stream: anyio.abc.ByteStream, origin: Orig
     return Peer(remote[0], remote[1], local[0], local[1], dns, tls_version=tls.version(),
                 tls_cipher=cipher[0] if cipher else None, alpn=tls.selected_alpn_protocol(),
                 sni=sni, chain=_chain(tls),
-                verified=tls.context.verify_mode == ssl.CERT_REQUIRED)
+                verified=tls.context.verify_mode == ssl.CERT_REQUIRED, proxy=tunnel)
 
 
 def _chain(tls: ssl.SSLObject) -> tuple[bytes, ...]:
@@ -416,7 +427,7 @@ class Client:
 
     def __init__(self, *, connections: int, timeout: float,
                  ssl_context: ssl.SSLContext | None = None,
-                 policy: NetworkPolicy | None = None) -> None:
+                 policy: NetworkPolicy | None = None, proxies: Routes | None = None) -> None:
         if connections < 1:
             raise ValueError("a client needs at least one connection")
         self.timeout = timeout
@@ -426,6 +437,7 @@ class Client:
         self._idle_count = 0
         self._ssl = ssl_context
         self.policy = policy  # None: connect wherever a URL says (the caller names them all)
+        self.proxies = proxies or Routes()  # which proxy each host goes through, if any
 
     async def __aenter__(self) -> Client:
         return self
@@ -470,9 +482,11 @@ class Client:
             exchange.sent += data
             head_end = await self._read_head(connection, exchange)
             response = Response(self, connection, exchange, head_end, method)
-        except BaseException:
+        except BaseException as exc:
             if connection is not None:
                 await connection.close()
+            elif isinstance(exc, FetchError) and exc.peer is not None:
+                exchange.peer = exc.peer  # a proxy's refusal: with whom it went that far
             self._slots.release()
             raise
         return response
@@ -538,33 +552,46 @@ class Client:
 
     async def _connect(self, origin: Origin) -> _Connection:
         where = f"{origin.host}:{origin.port}"
+        tunnel: Tunnel | None = None
         try:
             with anyio.fail_after(self.timeout):
-                stream, dns = await self._open(origin)
+                stream, dns, tunnel = await self._open(origin)
         except Refused as exc:
             raise FetchError("NetworkPolicy", str(exc), refused=True) from None
+        except ProxyFailed as exc:
+            peer = None
+            if exc.tunnel is not None and exc.remote is not None and exc.local is not None:
+                peer = Peer(exc.remote[0], exc.remote[1], exc.local[0], exc.local[1],
+                            exc.dns, proxy=exc.tunnel)
+            raise FetchError("ProxyError", exc.detail, peer=peer) from None
         except TimeoutError:
             raise FetchError("ConnectTimeout", f"no connection to {where} in "
                              f"{self.timeout:g} s", timeout=True) from None
         except (OSError, anyio.BrokenResourceError) as exc:
             raise FetchError("ConnectError", f"{where}: {exc or type(exc).__name__}") from None
-        return _Connection(origin, stream, dns)
+        return _Connection(origin, stream, dns, tunnel)
 
-    async def _open(self, origin: Origin) -> tuple[anyio.abc.ByteStream, DnsAnswer | None]:
+    async def _open(self, origin: Origin
+                    ) -> tuple[anyio.abc.ByteStream, DnsAnswer | None, Tunnel | None]:
         """A connection to ``origin``: with a policy, to each address it allows in turn
         (the name is never resolved again between the check and the connection), and the
-        resolver's answer those addresses came from."""
+        resolver's answer those addresses came from; through the host's proxy, if it has
+        one (``_crawl.proxy``: the tunnel's facts too)."""
         tls = self._tls() if origin.scheme == "https" else None
+        proxy = self.proxies.for_host(origin.host)
+        if proxy is not None:
+            return await open_tunnel(proxy, origin, policy=self.policy, timeout=self.timeout,
+                                     tls=tls)
         if self.policy is None:
             return await connect_tcp(origin.host, origin.port, timeout=self.timeout,
-                                     ssl_context=tls, tls_hostname=origin.host), None
+                                     ssl_context=tls, tls_hostname=origin.host), None, None
         addresses, dns = await self.policy.lookup(origin)
         for address in addresses[:-1]:
             with contextlib.suppress(OSError):
                 return await connect_tcp(address, origin.port, timeout=self.timeout,
-                                         ssl_context=tls, tls_hostname=origin.host), dns
+                                         ssl_context=tls, tls_hostname=origin.host), dns, None
         return await connect_tcp(addresses[-1], origin.port, timeout=self.timeout,
-                                 ssl_context=tls, tls_hostname=origin.host), dns
+                                 ssl_context=tls, tls_hostname=origin.host), dns, None
 
     async def _release(self, connection: _Connection, *, reuse: bool) -> None:
         try:
@@ -578,9 +605,10 @@ class Client:
             self._slots.release()
 
 
-def crawl_client(*, connections: int, timeout: float,
-                 policy: NetworkPolicy | None = None) -> Client:
+def crawl_client(*, connections: int, timeout: float, policy: NetworkPolicy | None = None,
+                 proxies: Routes | None = None) -> Client:
     """The crawler's client: ``connections`` kept alive at most, ``timeout`` seconds for
     connecting, writing a request, and each read; ``policy``: where it may connect
-    (``_crawl.netpolicy``; a crawl always gives its own)."""
-    return Client(connections=connections, timeout=timeout, policy=policy)
+    (``_crawl.netpolicy``; a crawl always gives its own); ``proxies``: which proxy each
+    host goes through (``_crawl.proxy``; none by default)."""
+    return Client(connections=connections, timeout=timeout, policy=policy, proxies=proxies)

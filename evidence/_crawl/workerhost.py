@@ -52,10 +52,20 @@ from .._write.wire import (
     gone_in_words,
 )
 from .frontier import CrawlConfig
-from .http import crawl_client
-from .netpolicy import NetworkPolicy
 from .pages import PageWorker
-from .workers import Beat, Bye, Done, Fetched, Order, Ready, Setup, _down, _read, failed
+from .workers import (
+    Beat,
+    Bye,
+    Done,
+    Fetched,
+    Order,
+    Ready,
+    Setup,
+    _down,
+    _read,
+    failed,
+    proxied_client,
+)
 
 __all__ = ["HostOptions", "HostStatistics", "serve_coordinator"]
 
@@ -192,9 +202,7 @@ async def _session(options: HostOptions, statistics: HostStatistics) -> None:
         config = msgspec.convert(setup.config, CrawlConfig)
         artifacts = await anyio.to_thread.run_sync(lambda: open_artifacts(
             setup.artifacts, local=Path(os.devnull), create=False, read_only=False))
-        http = crawl_client(connections=setup.connections, timeout=setup.timeout,
-                            policy=NetworkPolicy(allow=config.allow_network,
-                                                 seeds=config.seeds))
+        http = proxied_client(config, setup)
         address = f"{options.address[0]}:{options.address[1]}"
         try:
             async with AsyncClient(address=address, token=options.token, tls=options.tls,

@@ -71,9 +71,10 @@ from .._store.resync import SYNC_MARKER
 from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
 from .frontier import CrawlConfig
 from .hostauth import check_submission
-from .http import crawl_client
+from .http import Client, crawl_client
 from .netpolicy import NetworkPolicy
 from .pages import PageEffects, PageOrder, PageWorker
+from .proxy import crawl_routes
 
 __all__ = ["Handed", "Setup", "WorkerLost", "WorkerPool"]
 
@@ -99,6 +100,8 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
     artifacts: str = ""
     heartbeat: float = 0.0  # a worker host: seconds between beats (0: a local child)
     lease_timeout: float = 0.0  # a worker host: silence after which its leases expire
+    # the proxies' credentials by proxy URL (``_crawl.proxy``): kept out of ``config``
+    proxy_credentials: dict[str, tuple[str, str]] = {}
 
 
 class Order(msgspec.Struct, tag="order"):
@@ -632,6 +635,16 @@ class WorkerPool:
 
 # --- the child's side ------------------------------------------------------------------
 
+def proxied_client(config: CrawlConfig, setup: Setup) -> Client:
+    """A worker's HTTP client: the crawl's network policy and proxies (``_crawl.proxy``),
+    the proxies' credentials from the setup (the recorded configuration has none)."""
+    proxies = crawl_routes(config.proxy, config.proxies, remote_dns=config.proxy_remote_dns,
+                           credentials=setup.proxy_credentials)
+    policy = NetworkPolicy(allow=config.allow_network, seeds=[*config.seeds, *proxies.urls()])
+    return crawl_client(connections=setup.connections, timeout=setup.timeout, policy=policy,
+                        proxies=proxies)
+
+
 async def _child(fd: int) -> None:
     stream = await wrap_socket(socket.socket(fileno=fd))
     async with stream:
@@ -650,9 +663,7 @@ async def _child(fd: int) -> None:
         artifacts = open_artifacts(spec, local=local, create=False, read_only=False,
                                    store_marker=None if server
                                    else Path(setup.store) / SYNC_MARKER)
-        http = crawl_client(connections=setup.connections, timeout=setup.timeout,
-                            policy=NetworkPolicy(allow=config.allow_network,
-                                                 seeds=config.seeds))
+        http = proxied_client(config, setup)
         from ..client import AsyncClient  # here: the package imports this module
 
         try:

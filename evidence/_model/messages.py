@@ -43,6 +43,7 @@ __all__ = [
     "HostUpdate",
     "Message",
     "ObservedRef",
+    "Proxied",
     "QueuedUrl",
     "Render",
     "RuleEvaluated",
@@ -190,9 +191,36 @@ class Tls(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     verified: bool = False
 
 
+ProxyScheme = Literal["http", "socks5", "socks5h"]
+
+
+class Proxied(msgspec.Struct, **_STRUCT | {"tag_field": None}):
+    """The proxy a connection went through (issue 36), and what it was asked and answered.
+
+    ``scheme``, ``host``, ``port``: the proxy as configured, never its credentials.
+    ``target`` and ``target_port``: what the proxy was asked to connect to: the origin's
+    address the network policy checked (``http`` CONNECT, ``socks5``), or its name
+    (``socks5h``: the proxy resolves it, unchecked). ``reply``: the proxy's answer to the
+    handshake, in words (the CONNECT response's status line; the SOCKS reply); with
+    ``established`` false the tunnel was refused and the attempt never reached the origin.
+    ``dns``: the resolution of the proxy's own host name (absent for an address literal).
+    The connection's ``remote_address`` is the proxy's address, as the socket reports it.
+    """
+
+    scheme: ProxyScheme
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    port: Port
+    target: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    target_port: Port
+    reply: Annotated[str, msgspec.Meta(max_length=300)]
+    established: bool = True
+    dns: DnsAnswer | None = None
+
+
 class Connection(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     """The connection an attempt's request was written to: the addresses actually
-    connected (not the name), the resolution that gave the remote one, and TLS."""
+    connected (not the name), the resolution that gave the remote one, and TLS; through
+    a proxy (``proxy``), the remote address is the proxy's and ``dns`` the origin's."""
 
     remote_address: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     remote_port: Port
@@ -201,6 +229,7 @@ class Connection(msgspec.Struct, **_STRUCT | {"tag_field": None}):
     dns: DnsAnswer | None = None  # absent: the URL's host was an address literal
     tls: Tls | None = None
     reused: bool = False  # an earlier request went over it (a kept-alive connection)
+    proxy: Proxied | None = None  # absent: a direct connection
 
 
 class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
