@@ -46,12 +46,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise EvidenceError("--key, --new-key and --cert sign a WACZ export only",
                             hint="add --format wacz, or leave the key out")
     if args.format == "warc":  # request and response records, not a restorable archive
+        if args.checkpoint:
+            raise EvidenceError("a WARC file cannot carry a checkpoint",
+                                hint="carry it in an archive (--format sql) or a WACZ")
         return _cmd_export_warc(args)
+    from .._archive.carried import read_checkpoint_file
     from .._archive.remote import export_to
 
+    carried = read_checkpoint_file(args.checkpoint) if args.checkpoint else None
     with Progress() as progress:
         manifest = export_to(args.store, args.out, run_id=args.run, format=args.format,
-                             progress=progress)
+                             progress=progress, checkpoint=carried)
     if args.json:
         print_json(manifest)
     else:
@@ -166,6 +171,9 @@ def _format_manifest(path: Path | str, m: Manifest) -> str:
         f"log       tree size {m.log.tree_size}, root {m.log.root[:16]}…, "
         f"{'verified' if m.log.verified else 'NOT VERIFIED'}",
     ]
+    if "checkpoint" in m.files:
+        lines.append("carries   checkpoint" + (" and its timestamp checkpoint.tsr"
+                                               if "checkpoint.tsr" in m.files else ""))
     lines += [f"gap       {g.kind}: {g.subject}: {g.detail}" for g in m.gaps]
     return "\n".join(lines)
 
@@ -307,6 +315,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--new-key", metavar="FILE", type=local_path,
                    help="wacz: make an ECDSA P-384 key (FILE, mode 0600, and FILE.pub) and "
                    "sign with it")
+    p.add_argument("--checkpoint", metavar="CP", type=local_path,
+                   help="carry this signed checkpoint (evidence checkpoint --out CP), with "
+                   "its timestamp CP.tsr and its cosignatures, inside the export; the store "
+                   "must hold the log it signs (see docs/verify.md)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(func=_cmd_export)
 

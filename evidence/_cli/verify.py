@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
+from .._errors import ProofError
 from .._store.db import Store
 from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._archive.carried import ArchiveCheck
     from .._archive.waczcheck import WaczCheck
     from .._audit.proofs import SignedCheckpoint
     from .._audit.verify import VerifyReport
@@ -32,6 +34,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     if Path(args.store).is_file():
         return _cmd_verify_wacz(args)
+    if _is_archive(Path(args.store)):
+        return _cmd_verify_archive(args)
+    if args.tsa_root or args.witness_key:
+        raise ProofError("--tsa-root and --witness-key check the checkpoint an archive "
+                         "carries", hint="check a store's checkpoint with 'evidence "
+                         "check-proof', or give an archive")
 
     reclaimed = None
     signed = _signed_checkpoint(args)
@@ -72,6 +80,68 @@ def _cmd_verify(args: argparse.Namespace) -> int:
               "may be evidence of them", file=sys.stderr)
     failed = not report.ok or (args.strict and report.findings)
     return 1 if failed else 0
+
+
+def _is_archive(path: Path) -> bool:
+    return (path / "manifest.json").is_file() and not (path / "evidence.db").exists()
+
+
+def _cmd_verify_archive(args: argparse.Namespace) -> int:
+    """An archive: restored privately and verified against the checkpoint it carries."""
+    from .._archive.carried import verify_archive
+    from .._audit.proofs import VerifierKey
+    from .._audit.timestamp import load_certificates
+    from .._audit.witness import CosignerKey
+
+    for flag, given in (("--checkpoint", args.checkpoint),
+                        ("--reclaim-orphans", args.reclaim_orphans)):
+        if given:
+            raise ProofError(f"{flag} is for a store; an archive is checked against the "
+                             "checkpoint it carries", hint=f"evidence verify {args.store} "
+                             f"--public-key KEY.pub (without {flag})")
+    key = VerifierKey.from_text(_read(args.public_key)) if args.public_key else None
+    roots = [c for path in args.tsa_root or () for c in load_certificates(_read(path), path)]
+    witnesses = [CosignerKey.from_text(_read(path)) for path in args.witness_key or ()]
+    if args.witnesses is not None and not 1 <= args.witnesses <= len(witnesses):
+        raise ProofError(f"--witnesses {args.witnesses}: between 1 and the {len(witnesses)} "
+                         "--witness-key given", hint="name at least that many witness keys")
+    check = verify_archive(args.store, full=args.full, public_key=key, tsa_roots=roots,
+                           witness_keys=witnesses, witnesses=args.witnesses)
+    report = cast("VerifyReport", check.report)
+    if args.json:
+        print_json(msgspec.to_builtins(check) | {"report": msgspec.to_builtins(report)
+                                                 | {"ok": report.ok}, "ok": check.ok})
+    else:
+        print(f"archive  {args.store}  (restored into a private directory and verified)")
+        print(format_report(report).replace(
+            "FAILED:", "store FAILED:").replace("OK:", "store OK:"))
+        print(_format_carried(check))
+    failed = not check.ok or (args.strict and (report.findings or check.notes))
+    return 1 if failed else 0
+
+
+def _format_carried(c: ArchiveCheck) -> str:
+    if not c.carried:
+        lines = ["carries  no checkpoint: nothing signed says this is the operator's log"]
+    else:
+        lines = ["carries  a checkpoint" + (f", signed by {c.signed_by}" if c.signed_by
+                                            else "")]
+        if c.timestamped_at:
+            lines.append(f"time     timestamped at {c.timestamped_at} by {c.tsa}")
+        lines += [f"witness  cosigned by {name} at {when} (POSIX time)"
+                  for name, when in c.witnesses.items()]
+    lines += [f"error    {p}" for p in c.problems]
+    lines += [f"note     {n}" for n in c.notes]
+    lines.append("OK" if c.ok else "FAILED")
+    return "\n".join(lines)
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ProofError(f"cannot read {path}: {exc.strerror}", hint="check the path",
+                         path=str(path)) from None
 
 
 def _cmd_verify_wacz(args: argparse.Namespace) -> int:
@@ -177,7 +247,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "signature (pinned to --public-key), each WARC record's digests and every index "
         "line's offset. Exit 1 on any error.")
     p.add_argument("store", metavar="STORE", type=store_location,
-                   help="the store directory, or a WACZ file")
+                   help="the store directory, an archive directory (evidence export), or a WACZ "
+                   "file")
     p.add_argument("--public-key", metavar="KEY", type=local_path,
                    help="a store: the public key (KEY.pub) that signed --checkpoint; a WACZ: "
                    "the signer's public key (KEY.pub from export --new-key, or a certificate "
@@ -192,6 +263,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="also check the store still holds what this checkpoint signed "
                    "(every accepted message, commit time, quarantine record, the store's "
                    "identity); needs --public-key")
+    p.add_argument("--tsa-root", metavar="PEM", action="append", type=local_path,
+                   help="an archive: check its checkpoint's RFC 3161 timestamp against this "
+                   "TSA root certificate (repeatable); it fails without a valid timestamp")
+    p.add_argument("--witness-key", metavar="FILE", action="append", type=local_path,
+                   help="an archive: require a valid cosignature on its checkpoint by this "
+                   "witness (KEY.pub; repeatable)")
+    p.add_argument("--witnesses", type=int, metavar="N",
+                   help="how many of the --witness-key witnesses must have cosigned "
+                   "(default: all of them)")
     p.add_argument("--reclaim-orphans", action="store_true",
                    help="then delete orphaned artifact files older than --grace "
                    "(only if no errors were found)")
