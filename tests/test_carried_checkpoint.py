@@ -25,6 +25,7 @@ from evidence._archive.archive import restore
 from evidence._archive.carried import read_checkpoint_file, verify_archive
 from evidence._archive.export import export
 from evidence._audit.proofs import SigningKey
+from evidence._audit.witness import Cosigner, Witness, serve_witness
 from evidence._cli.main import main as cli_main
 from evidence._errors import CorruptStoreError, ProofError
 from evidence.testing.tsa import TestTSA
@@ -60,8 +61,19 @@ def handed_over(out: Path, tsa: TestTSA) -> dict[str, Path]:
     private, pub = key.write(out / "key")
     make_store(out / "st")
     cp = out / "cp"
-    assert cli_main(["checkpoint", str(out / "st"), "--key", str(private), "--out", str(cp),
-                     "--tsa", tsa.url]) == 0
+    witness = Cosigner.generate("witness.example/w1")
+    _, witness_pub = witness.write(out / "w1")
+    Cosigner.generate("witness.example/w2").write(out / "w2")
+    with Store.open(out / "st", read_only=True) as store:
+        origin = f"evidence/{store.store_id}"
+    held = Witness(witness, {origin: [key.public_key]}, out / "w1-state")
+    try:
+        with serve_witness(held) as url:
+            assert cli_main(["checkpoint", str(out / "st"), "--key", str(private), "--out",
+                             str(cp), "--witness", url, "--witness-key", str(witness_pub),
+                             "--tsa", tsa.url]) == 0
+    finally:
+        held.close()
     assert cli_main(["export", str(out / "st"), "--out", str(out / "archive"),
                      "--checkpoint", str(cp)]) == 0
     # Another store of the same operator, and its own checkpoint and timestamp.
@@ -94,6 +106,7 @@ def handed_over(out: Path, tsa: TestTSA) -> dict[str, Path]:
     shutil.copytree(out / "archive", out / "x-stamp")
     graft_file(out / "x-stamp", "checkpoint.tsr", (out / "other-cp.tsr").read_bytes())
     return {"archive": out / "archive", "cp": cp, "pub": pub, "root": tsa.root_pem,
+            "w1": out / "w1.pub", "w2": out / "w2.pub",
             "x-time": out / "x-time", "x-both": out / "x-both", "x-other": out / "x-other",
             "x-stamp": out / "x-stamp", "dir": out}
 
@@ -148,6 +161,14 @@ def test_the_genuine_archive_verifies_against_what_it_carries(handed, capsys) ->
     assert result["report"]["checkpoint"].startswith("the log through batch 13")
     assert cli_main(["verify", str(handed["archive"])]) == 0  # unpinned: a note says so
     assert "signature was not checked" in capsys.readouterr().out
+    # The cosignature travels too: the witness policy is the examiner's.
+    argv = ["verify", str(handed["archive"]), "--public-key", str(handed["pub"]),
+            "--witness-key", str(handed["w1"])]
+    assert cli_main(argv) == 0
+    assert "cosigned by witness.example/w1" in capsys.readouterr().out
+    assert cli_main([*argv, "--witness-key", str(handed["w2"])]) == 1
+    assert "1 of the 2 witness cosignatures needed" in capsys.readouterr().out
+    assert cli_main([*argv, "--witness-key", str(handed["w2"]), "--witnesses", "1"]) == 0
 
 
 @pytest.mark.parametrize(("name", "kinds"), [
