@@ -10,23 +10,37 @@ entries made true. tests/test_verifier.py runs ``evidence-verify`` on the same a
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import shutil
 import subprocess
+import warnings
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import blake3
 import msgspec
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from evidence import Store
+from evidence import CrawlConfig, Crawler, Store
 from evidence._archive.archive import restore
-from evidence._archive.carried import read_checkpoint_file, verify_archive
+from evidence._archive.carried import (
+    check_wacz_checkpoint,
+    read_checkpoint_file,
+    verify_archive,
+)
 from evidence._archive.export import export
+from evidence._archive.wacz import export_wacz
 from evidence._audit.proofs import SigningKey
 from evidence._audit.witness import Cosigner, Witness, serve_witness
 from evidence._cli.main import main as cli_main
+from evidence._demo.site import SiteConfig, TestSite
 from evidence._errors import CorruptStoreError, ProofError
 from evidence.testing.tsa import TestTSA
 
@@ -226,3 +240,97 @@ def _roots(handed):
     from evidence._audit.timestamp import load_certificates
 
     return load_certificates(handed["root"].read_bytes(), "root")
+
+
+# --- a WACZ carries it too ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def crawled(tmp_path_factory: pytest.TempPathFactory, tsa: TestTSA) -> Path:
+    """A crawled store, its key (key, key.pub) and a timestamped checkpoint cp beside it."""
+    out = tmp_path_factory.mktemp("crawled")
+    with TestSite(SiteConfig(pages=3)) as site, Store.create(out / "st") as store:
+        anyio.run(Crawler(store, CrawlConfig(seeds=[site.url])).run)
+    SigningKey.generate("example.com/crawl").write(out / "key")
+    assert cli_main(["checkpoint", str(out / "st"), "--key", str(out / "key"), "--out",
+                     str(out / "cp"), "--tsa", tsa.url]) == 0
+    return out
+
+
+def test_a_wacz_carries_the_checkpoint_its_timestamp_and_signs_them(
+        crawled: Path, handed, tmp_path: Path, capsys) -> None:
+    wacz = tmp_path / "x.wacz"
+    assert cli_main(["export", str(crawled / "st"), "--format", "wacz", "--out", str(wacz),
+                     "--new-key", str(tmp_path / "wk"), "--checkpoint",
+                     str(crawled / "cp")]) == 0
+    capsys.readouterr()
+    with zipfile.ZipFile(wacz) as zf:
+        listed = {r["path"] for r in json.loads(zf.read("datapackage.json"))["resources"]}
+        assert zf.read("evidence/checkpoint") == (crawled / "cp").read_bytes()
+        indexed = gzip.decompress(zf.read("archive/data.warc.gz")).count(
+            b"\r\nEvidence-Log-Index: ")
+    assert {"evidence/checkpoint", "evidence/checkpoint.tsr"} <= listed  # hashed, signed
+    argv = ["verify", str(wacz), "--public-key", str(tmp_path / "wk.pub"),
+            "--checkpoint-key", str(crawled / "key.pub"), "--tsa-root", str(handed["root"])]
+    assert cli_main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    proof = result["checkpoint"]
+    assert result["ok"] and proof["ok"] and proof["signed_by"].startswith("example.com/crawl")
+    assert proof["covered"] == indexed > 6 and proof["beyond"] == 0  # every record
+    assert proof["origin"] == "evidence/" + Store.open(crawled / "st", read_only=True).store_id
+    assert proof["timestamped_at"].endswith("Z")
+    # The operator's checkpoint key is not some other key; a WACZ without one is said so.
+    assert cli_main([*argv[:4], "--checkpoint-key", str(handed["pub"])]) == 1
+    assert "not signed by example.com/crawl" in capsys.readouterr().out
+    plain = tmp_path / "plain.wacz"
+    with Store.open(crawled / "st", read_only=True) as store:
+        export_wacz(store, plain)
+        assert not check_wacz_checkpoint(plain).carried
+        with pytest.raises(ProofError, match="does not hold what the checkpoint signs"):
+            export_wacz(store, tmp_path / "other.wacz",
+                        checkpoint=read_checkpoint_file(handed["dir"] / "other-cp"))
+    assert not (tmp_path / "other.wacz").exists()
+    assert cli_main(["verify", str(plain), "--checkpoint-key", str(crawled / "key.pub")]) == 1
+    assert "no checkpoint is carried" in capsys.readouterr().out
+
+
+def test_a_domain_signed_wacz_carries_an_rfc3161_timestamp_authsign_accepts(
+        crawled: Path, tsa: TestTSA, tmp_path: Path) -> None:
+    """export --format wacz --key --cert --tsa: timeSignature is the TSA's reply over the
+    signature text, timestampCert its chain; authsign (wacz validate --verify-auth's
+    verifier), trusting the domain's and the TSA's roots, accepts the file; so does
+    openssl."""
+    from .test_waczcheck import _certificates
+
+    key, chain, root = _certificates(tmp_path, ec.SECP384R1())
+    (tmp_path / "tsa-chain.pem").write_bytes(tsa.cert_pem.read_bytes()
+                                             + tsa.root_pem.read_bytes())
+    wacz = tmp_path / "d.wacz"
+    assert cli_main(["export", str(crawled / "st"), "--format", "wacz", "--out", str(wacz),
+                     "--key", str(key), "--cert", str(chain), "--tsa", tsa.url,
+                     "--tsa-cert", str(tmp_path / "tsa-chain.pem")]) == 0
+    with zipfile.ZipFile(wacz) as zf:
+        signed = json.loads(zf.read("datapackage-digest.json"))["signedData"]
+    (tmp_path / "sig.txt").write_text(signed["signature"])
+    (tmp_path / "sig.tsr").write_bytes(base64.b64decode(signed["timeSignature"]))
+    done = subprocess.run(["openssl", "ts", "-verify", "-data", "sig.txt", "-in", "sig.tsr",
+                           "-CAfile", str(tsa.root_pem)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "Verification: OK" in done.stdout, done.stderr
+
+    def fingerprint(path: Path) -> str:
+        return x509.load_pem_x509_certificate(path.read_bytes()).fingerprint(
+            hashes.SHA256()).hex()
+
+    (tmp_path / "roots.yaml").write_text(
+        f"domain_cert_roots:\n  - {fingerprint(root)}\n"
+        f"timestamp_cert_roots:\n  - {fingerprint(tsa.root_pem)}\n")
+    with warnings.catch_warnings():  # authsign's own deprecations
+        warnings.simplefilter("ignore")
+        from authsign.verifier import Verifier
+
+        verdict = Verifier(str(tmp_path / "roots.yaml"))(signed)
+    assert verdict and dict(verdict)["observer"] == "archive.example.org"
+    assert cli_main(["export", str(crawled / "st"), "--format", "wacz", "--out",
+                     str(tmp_path / "anon.wacz"), "--new-key", str(tmp_path / "k"),
+                     "--tsa", tsa.url]) == 2  # the anonymous form has no timestamp
+    assert not (tmp_path / "anon.wacz").exists() and not (tmp_path / "k").exists()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import apsw
@@ -49,9 +49,11 @@ from .._audit.proofs import (
 )
 from .._audit.timestamp import TSR_SUFFIX
 from .._errors import ProofError
+from .._store.db import Store
 
-__all__ = ["CHECKPOINT_FILE", "TIMESTAMP_FILE", "ArchiveCheck", "Carried", "bind",
-           "carried_in", "keep", "read_checkpoint_file", "restore_problems", "verify_archive"]
+__all__ = ["CHECKPOINT_FILE", "TIMESTAMP_FILE", "ArchiveCheck", "Carried", "CarriedCheck",
+           "WaczProof", "bind", "carried_in", "check_wacz_checkpoint", "keep", "reach",
+           "reached_by", "read_checkpoint_file", "restore_problems", "verify_archive"]
 
 CHECKPOINT_FILE = "checkpoint"
 TIMESTAMP_FILE = CHECKPOINT_FILE + TSR_SUFFIX
@@ -113,6 +115,28 @@ def bind(conn: apsw.Connection, carried: Carried) -> CheckpointMatch:
     return match_checkpoint(conn, carried.checkpoint())
 
 
+def reach(conn: apsw.Connection, carried: Carried) -> None:
+    """``ProofError`` unless the snapshot ``conn`` holds the log the checkpoint signs."""
+    matched = bind(conn, carried)
+    if not matched.ok:
+        raise ProofError("the store does not hold what the checkpoint signs: "
+                         + "; ".join(matched.problems),
+                         hint="give a checkpoint of this store ('evidence checkpoint STORE "
+                         "--key KEY --out CP'), or run 'evidence verify STORE --checkpoint CP "
+                         "--public-key KEY.pub' to see what changed")
+
+
+WACZ_DIR = "evidence/"  # where a WACZ keeps them: evidence/checkpoint, evidence/checkpoint.tsr
+
+
+def reached_by(store: Store, carried: Carried) -> dict[str, bytes]:
+    """The WACZ resources of a checkpoint the store's log holds (``reach``, in a snapshot
+    of its own: the log only grows, so the WACZ's later snapshot holds it too)."""
+    with store.snapshot() as conn:
+        reach(conn, carried)
+    return {WACZ_DIR + name: data for name, data in carried.files().items()}
+
+
 def carried_in(archive: str | os.PathLike[str], files: Sequence[str]) -> Carried | None:
     """The checkpoint an archive carries (``files``: the names its manifest lists), or
     None. Whether the files are the ones the manifest hashed is the caller's check."""
@@ -130,12 +154,11 @@ def carried_in(archive: str | os.PathLike[str], files: Sequence[str]) -> Carried
 
 # --- an archive, checked as a store ----------------------------------------------------
 
-class ArchiveCheck(msgspec.Struct, kw_only=True):
-    """``verify_archive``'s verdict: the restored store's report, and what the carried
-    checkpoint, its timestamp and its cosignatures say."""
+class CarriedCheck(msgspec.Struct, kw_only=True):
+    """What the checkpoint an export carries says, once checked: who signed it, when a TSA
+    saw it, which witnesses cosigned it; and what is wrong with it."""
 
-    report: object  # the VerifyReport of the restored copy
-    carried: bool  # the archive carries a checkpoint
+    carried: bool = False  # the export carries a checkpoint
     signed_by: str | None = None  # the key that signed it (checked against --public-key)
     timestamped_at: str | None = None
     tsa: str | None = None
@@ -145,7 +168,27 @@ class ArchiveCheck(msgspec.Struct, kw_only=True):
 
     @property
     def ok(self) -> bool:
+        return not self.problems
+
+
+class ArchiveCheck(CarriedCheck, kw_only=True):
+    """``verify_archive``'s verdict: the restored store's report, and the carried proof."""
+
+    report: object = None  # the VerifyReport of the restored copy
+
+    @property
+    def ok(self) -> bool:
         return not self.problems and bool(getattr(self.report, "ok", False))
+
+
+class WaczProof(CarriedCheck, kw_only=True):
+    """``check_wacz_checkpoint``'s verdict: the carried proof, and how far it covers the
+    WACZ's records (each names its ledger entry, ``Evidence-Log-Index``)."""
+
+    origin: str | None = None  # the log the WARC says it is part of (warcinfo isPartOf)
+    tree_size: int | None = None
+    covered: int = 0  # records naming an entry the checkpoint signs
+    beyond: int = 0  # records naming a later entry: not covered by it
 
 
 def verify_archive(archive: str | os.PathLike[str], *, full: bool = False,
@@ -159,33 +202,13 @@ def verify_archive(archive: str | os.PathLike[str], *, full: bool = False,
     (``public_key``), timestamp (``tsa_roots``) and cosignatures (``witness_keys``, at
     least ``witnesses`` of them, default all) are checked when the examiner names them."""
     from .._audit.verify import verify
-    from .._store.db import Store
     from .archive import restore
     from .export import read_manifest
 
     manifest = read_manifest(archive)
     carried = carried_in(archive, list(manifest.files))
-    check = ArchiveCheck(report=None, carried=carried is not None)
-    signed: SignedCheckpoint | None = None
-    if carried is None:
-        if public_key is not None or tsa_roots or witness_keys:
-            check.problems.append("the archive carries no checkpoint, and a key, TSA root or "
-                                  "witness was named to check one")
-    else:
-        try:
-            signed = carried.checkpoint()
-            if public_key is not None:
-                signed = open_checkpoint(signed, public_key)
-                check.signed_by = f"{public_key.name}+{public_key.key_id:08x}"
-            else:
-                check.notes.append("the carried checkpoint's signature was not checked: name "
-                                   "the operator's key (--public-key) to check it")
-        except ProofError as exc:
-            check.problems.append(f"checkpoint: {exc}")
-            signed = None
-        if signed is not None:
-            _check_carried_time(carried, tsa_roots, check)
-            _check_witnesses(signed, witness_keys, witnesses, check)
+    check = ArchiveCheck(carried=carried is not None)
+    signed = _check_carried(carried, check, public_key, tsa_roots, witness_keys, witnesses)
     with tempfile.TemporaryDirectory(prefix="evidence-verify-", dir=scratch) as tmp:
         where = Path(tmp) / "store"
         restore(archive, where, check_carried=False)
@@ -194,8 +217,35 @@ def verify_archive(archive: str | os.PathLike[str], *, full: bool = False,
     return check
 
 
+def _check_carried(carried: Carried | None, check: CarriedCheck,
+                   public_key: VerifierKey | None, tsa_roots: list[Certificate] | None,
+                   witness_keys: Sequence[VerifierKey], witnesses: int | None
+                   ) -> SignedCheckpoint | None:
+    """The carried checkpoint's signature, timestamp and cosignatures, as named; the
+    checkpoint (None: there is none, or it does not parse or verify)."""
+    if carried is None:
+        if public_key is not None or tsa_roots or witness_keys:
+            check.problems.append("no checkpoint is carried, and a key, TSA root or witness "
+                                  "was named to check one")
+        return None
+    try:
+        signed = carried.checkpoint()
+        if public_key is not None:
+            signed = open_checkpoint(signed, public_key)
+            check.signed_by = f"{public_key.name}+{public_key.key_id:08x}"
+        else:
+            check.notes.append("the carried checkpoint's signature was not checked: name "
+                               "the operator's key to check it")
+    except ProofError as exc:
+        check.problems.append(f"checkpoint: {exc}")
+        return None
+    _check_carried_time(carried, tsa_roots, check)
+    _check_witnesses(signed, witness_keys, witnesses, check)
+    return signed
+
+
 def _check_carried_time(carried: Carried, roots: list[Certificate] | None,
-                        check: ArchiveCheck) -> None:
+                        check: CarriedCheck) -> None:
     from .._audit.timestamp import check_timestamp
 
     if not roots:
@@ -216,7 +266,7 @@ def _check_carried_time(carried: Carried, roots: list[Certificate] | None,
 
 
 def _check_witnesses(cp: SignedCheckpoint, keys: Sequence[VerifierKey], need: int | None,
-                     check: ArchiveCheck) -> None:
+                     check: CarriedCheck) -> None:
     from .._audit.witness import CosignerKey, check_cosignatures
 
     if not keys:
@@ -231,7 +281,7 @@ def _check_witnesses(cp: SignedCheckpoint, keys: Sequence[VerifierKey], need: in
                               "witness cosignatures needed")
 
 
-def restore_problems(archive: str | os.PathLike[str], files: dict[str, object],
+def restore_problems(archive: str | os.PathLike[str], files: Mapping[str, object],
                      conn: apsw.Connection, *, against_log: bool = True) -> list[str]:
     """What ``restore`` finds wrong with the checkpoint an archive carries: a carried file
     that is not the one the manifest hashed, and (``against_log``) a checkpoint the loaded
@@ -264,3 +314,73 @@ def keep(archive: str | os.PathLike[str], files: Sequence[str], store_dir: Path)
     for name in (CHECKPOINT_FILE, TIMESTAMP_FILE):
         if name in files:
             (store_dir / name).write_bytes((Path(archive) / name).read_bytes())
+
+
+# --- a WACZ's checkpoint ---------------------------------------------------------------
+
+def check_wacz_checkpoint(path: str | os.PathLike[str], *,
+                          public_key: VerifierKey | None = None,
+                          tsa_roots: list[Certificate] | None = None,
+                          witness_keys: Sequence[VerifierKey] = (),
+                          witnesses: int | None = None) -> WaczProof:
+    """The checkpoint a WACZ carries (``evidence/checkpoint``, ``.tsr``): signed by
+    ``public_key``, timestamped, cosigned, of the log the WARC says it is part of, and how
+    many records name an entry it signs. A WACZ holds no ledger, so this is as far as it
+    goes: that each record's entry is in the log is an inclusion proof's job. Whether the
+    files are the ones the package lists and its signature covers is ``check_wacz``'s."""
+    import zipfile
+
+    check = WaczProof()
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            name = WACZ_DIR + CHECKPOINT_FILE
+            carried = None if name not in names else Carried(
+                note=zf.read(name), timestamp=zf.read(name + TSR_SUFFIX)
+                if name + TSR_SUFFIX in names else None)
+            check.carried = carried is not None
+            signed = _check_carried(carried, check, public_key, tsa_roots, witness_keys,
+                                    witnesses)
+            if signed is None:
+                return check
+            check.tree_size = signed.tree_size
+            for fields in _warc_heads(zf, "archive/data.warc.gz"):
+                if fields.get("warc-type") == "warcinfo":
+                    check.origin = check.origin or fields.get("ispartof")
+                index = fields.get("evidence-log-index")
+                if index is not None and index.isdigit():
+                    if int(index) < signed.tree_size:
+                        check.covered += 1
+                    else:
+                        check.beyond += 1
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+        check.problems.append(f"the WACZ cannot be read for its checkpoint: {exc}")
+        return check
+    if check.origin != signed.origin:
+        check.problems.append(f"the checkpoint is of log {signed.origin}, the WARC is part of "
+                              f"{check.origin}")
+    if check.beyond:
+        check.notes.append(f"{check.beyond} record(s) name a ledger entry after the "
+                           f"checkpoint's {signed.tree_size}: not covered by it")
+    return check
+
+
+def _warc_heads(zf: object, name: str) -> Iterator[dict[str, str]]:
+    """Each record's header fields (names lowercased; warcinfo's block fields too) of a
+    gzipped WARC in the zip, read one record at a time."""
+    import gzip
+
+    with zf.open(name) as raw, gzip.open(raw) as warc:  # type: ignore[attr-defined]
+        while line := warc.readline():
+            if not line.strip():
+                continue
+            fields: dict[str, str] = {}
+            while (line := warc.readline()).strip():
+                key, _, value = line.decode("utf-8", "replace").partition(":")
+                fields[key.strip().lower()] = value.strip()
+            block = warc.read(int(fields.get("content-length", "0")))
+            if fields.get("warc-type") == "warcinfo":
+                for text in block.decode("utf-8", "replace").splitlines():
+                    key, _, value = text.partition(":")
+                    fields.setdefault(key.strip().lower(), value.strip())
+            yield fields

@@ -38,7 +38,7 @@ from .._store.db import ARTIFACTS_DIR
 from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
 from .._store.sqlite import map_sqlite_errors
-from .carried import Carried, bind
+from .carried import Carried, reach
 from .snapshot import (
     MANIFEST,
     Gap,
@@ -538,7 +538,7 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
                 params: dict[str, object] = {"run": run_id}
                 info = describe(conn, where, params)
                 if checkpoint is not None:
-                    _reached(conn, checkpoint)
+                    reach(conn, checkpoint)
                 output = Output(tmp)
                 scope = f"run {_sql_text(run_id)}" if run_id else "store"
                 schema, sections = dump(conn, output, fmt=format, where=where, params=params,
@@ -569,13 +569,3 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
             os.fsync(handle.fileno())
     return manifest
 
-
-def _reached(conn: apsw.Connection, checkpoint: Carried) -> None:
-    """``ProofError`` unless the snapshot holds the log the checkpoint signs."""
-    matched = bind(conn, checkpoint)
-    if not matched.ok:
-        raise ProofError("the store does not hold what the checkpoint signs: "
-                         + "; ".join(matched.problems),
-                         hint="give a checkpoint of this store ('evidence checkpoint STORE "
-                         "--key KEY --out CP'), or run 'evidence verify STORE --checkpoint CP "
-                         "--public-key KEY.pub' to see what changed")

@@ -20,7 +20,7 @@ from .._store.db import Store
 from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
-    from .._archive.carried import ArchiveCheck
+    from .._archive.carried import CarriedCheck, WaczProof
     from .._archive.waczcheck import WaczCheck
     from .._audit.proofs import SignedCheckpoint
     from .._audit.verify import VerifyReport
@@ -90,8 +90,6 @@ def _cmd_verify_archive(args: argparse.Namespace) -> int:
     """An archive: restored privately and verified against the checkpoint it carries."""
     from .._archive.carried import verify_archive
     from .._audit.proofs import VerifierKey
-    from .._audit.timestamp import load_certificates
-    from .._audit.witness import CosignerKey
 
     for flag, given in (("--checkpoint", args.checkpoint),
                         ("--reclaim-orphans", args.reclaim_orphans)):
@@ -99,12 +97,12 @@ def _cmd_verify_archive(args: argparse.Namespace) -> int:
             raise ProofError(f"{flag} is for a store; an archive is checked against the "
                              "checkpoint it carries", hint=f"evidence verify {args.store} "
                              f"--public-key KEY.pub (without {flag})")
+    if args.checkpoint_key:
+        raise ProofError("--checkpoint-key is for a WACZ; an archive's checkpoint key is "
+                         "--public-key", hint=f"evidence verify {args.store} --public-key "
+                         "KEY.pub")
     key = VerifierKey.from_text(_read(args.public_key)) if args.public_key else None
-    roots = [c for path in args.tsa_root or () for c in load_certificates(_read(path), path)]
-    witnesses = [CosignerKey.from_text(_read(path)) for path in args.witness_key or ()]
-    if args.witnesses is not None and not 1 <= args.witnesses <= len(witnesses):
-        raise ProofError(f"--witnesses {args.witnesses}: between 1 and the {len(witnesses)} "
-                         "--witness-key given", hint="name at least that many witness keys")
+    roots, witnesses = _policy(args)
     check = verify_archive(args.store, full=args.full, public_key=key, tsa_roots=roots,
                            witness_keys=witnesses, witnesses=args.witnesses)
     report = cast("VerifyReport", check.report)
@@ -120,12 +118,17 @@ def _cmd_verify_archive(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _format_carried(c: ArchiveCheck) -> str:
+def _format_carried(c: CarriedCheck) -> str:
+    from .._archive.carried import WaczProof
+
     if not c.carried:
         lines = ["carries  no checkpoint: nothing signed says this is the operator's log"]
     else:
         lines = ["carries  a checkpoint" + (f", signed by {c.signed_by}" if c.signed_by
                                             else "")]
+        if isinstance(c, WaczProof) and c.tree_size is not None:
+            lines.append(f"covers   {c.covered} record(s) naming one of its {c.tree_size} "
+                         f"entries of {c.origin}; {c.beyond} after it")
         if c.timestamped_at:
             lines.append(f"time     timestamped at {c.timestamped_at} by {c.tsa}")
         lines += [f"witness  cosigned by {name} at {when} (POSIX time)"
@@ -154,11 +157,46 @@ def _cmd_verify_wacz(args: argparse.Namespace) -> int:
                                 hint=f"evidence verify {args.store} (without {flag})")
     pinned = load_public_key(args.public_key) if args.public_key else None
     check = check_wacz(args.store, public_key=pinned)
+    proof = _wacz_checkpoint(args)
     if args.json:
-        print_json(check)
+        print_json(msgspec.to_builtins(check) | (
+            {} if proof is None else {"checkpoint": msgspec.to_builtins(proof)
+                                      | {"ok": proof.ok}}))
     else:
         print(format_wacz_check(check))
-    return 1 if not check.ok or (args.strict and check.notes) else 0
+        if proof is not None:
+            print(_format_carried(proof))
+    failed = not check.ok or (proof is not None and not proof.ok)
+    notes = check.notes + (proof.notes if proof is not None else [])
+    return 1 if failed or (args.strict and notes) else 0
+
+
+def _wacz_checkpoint(args: argparse.Namespace) -> WaczProof | None:
+    """The checkpoint a WACZ carries, checked with ``--checkpoint-key``, ``--tsa-root`` and
+    ``--witness-key``; None when it carries none and none of them was named."""
+    from .._archive.carried import check_wacz_checkpoint
+    from .._audit.proofs import VerifierKey
+
+    key = (VerifierKey.from_text(_read(args.checkpoint_key)) if args.checkpoint_key
+           else None)
+    roots, witnesses = _policy(args)
+    proof = check_wacz_checkpoint(args.store, public_key=key, tsa_roots=roots,
+                                  witness_keys=witnesses, witnesses=args.witnesses)
+    named = key is not None or roots or witnesses
+    return proof if proof.carried or named else None
+
+
+def _policy(args: argparse.Namespace) -> tuple[list, list]:
+    """``--tsa-root`` certificates and ``--witness-key`` keys, ``--witnesses`` in range."""
+    from .._audit.timestamp import load_certificates
+    from .._audit.witness import CosignerKey
+
+    roots = [c for path in args.tsa_root or () for c in load_certificates(_read(path), path)]
+    witnesses = [CosignerKey.from_text(_read(path)) for path in args.witness_key or ()]
+    if args.witnesses is not None and not 1 <= args.witnesses <= len(witnesses):
+        raise ProofError(f"--witnesses {args.witnesses}: between 1 and the {len(witnesses)} "
+                         "--witness-key given", hint="name at least that many witness keys")
+    return roots, witnesses
 
 
 def format_wacz_check(c: WaczCheck) -> str:
@@ -263,12 +301,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="also check the store still holds what this checkpoint signed "
                    "(every accepted message, commit time, quarantine record, the store's "
                    "identity); needs --public-key")
+    p.add_argument("--checkpoint-key", metavar="KEY", type=local_path,
+                   help="a WACZ: the operator's checkpoint key (KEY.pub of evidence keygen), "
+                   "to check the signed checkpoint the WACZ carries")
     p.add_argument("--tsa-root", metavar="PEM", action="append", type=local_path,
-                   help="an archive: check its checkpoint's RFC 3161 timestamp against this "
-                   "TSA root certificate (repeatable); it fails without a valid timestamp")
+                   help="an archive or a WACZ: check the RFC 3161 timestamp of the checkpoint "
+                   "it carries against this TSA root certificate (repeatable); it fails "
+                   "without a valid timestamp")
     p.add_argument("--witness-key", metavar="FILE", action="append", type=local_path,
-                   help="an archive: require a valid cosignature on its checkpoint by this "
-                   "witness (KEY.pub; repeatable)")
+                   help="an archive or a WACZ: require a valid cosignature on the checkpoint "
+                   "it carries by this witness (KEY.pub; repeatable)")
     p.add_argument("--witnesses", type=int, metavar="N",
                    help="how many of the --witness-key witnesses must have cosigned "
                    "(default: all of them)")
