@@ -30,12 +30,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from evidence import CrawlConfig, Crawler, Store
 from evidence._archive.archive import restore
-from evidence._archive.carried import (
-    check_wacz_checkpoint,
-    read_checkpoint_file,
-    verify_archive,
-)
+from evidence._archive.carried import read_checkpoint_file
 from evidence._archive.export import export
+from evidence._archive.proofcheck import check_wacz_checkpoint, verify_archive
 from evidence._archive.wacz import export_wacz
 from evidence._audit.proofs import SigningKey
 from evidence._audit.witness import Cosigner, Witness, serve_witness

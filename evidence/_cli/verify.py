@@ -20,7 +20,7 @@ from .._store.db import Store
 from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
-    from .._archive.carried import CarriedCheck, WaczProof
+    from .._archive.proofcheck import CarriedCheck, WaczProof
     from .._archive.waczcheck import WaczCheck
     from .._audit.proofs import SignedCheckpoint
     from .._audit.verify import VerifyReport
@@ -88,7 +88,7 @@ def _is_archive(path: Path) -> bool:
 
 def _cmd_verify_archive(args: argparse.Namespace) -> int:
     """An archive: restored privately and verified against the checkpoint it carries."""
-    from .._archive.carried import verify_archive
+    from .._archive.proofcheck import verify_archive
     from .._audit.proofs import VerifierKey
 
     for flag, given in (("--checkpoint", args.checkpoint),
@@ -119,7 +119,7 @@ def _cmd_verify_archive(args: argparse.Namespace) -> int:
 
 
 def _format_carried(c: CarriedCheck) -> str:
-    from .._archive.carried import WaczProof
+    from .._archive.proofcheck import WaczProof
 
     if not c.carried:
         lines = ["carries  no checkpoint: nothing signed says this is the operator's log"]
@@ -174,7 +174,7 @@ def _cmd_verify_wacz(args: argparse.Namespace) -> int:
 def _wacz_checkpoint(args: argparse.Namespace) -> WaczProof | None:
     """The checkpoint a WACZ carries, checked with ``--checkpoint-key``, ``--tsa-root`` and
     ``--witness-key``; None when it carries none and none of them was named."""
-    from .._archive.carried import check_wacz_checkpoint
+    from .._archive.proofcheck import check_wacz_checkpoint
     from .._audit.proofs import VerifierKey
 
     key = (VerifierKey.from_text(_read(args.checkpoint_key)) if args.checkpoint_key
