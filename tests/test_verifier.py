@@ -20,6 +20,7 @@ import blake3
 import pytest
 
 from evidence import CrawlConfig, Crawler, Store
+from evidence._archive.carried import read_checkpoint_file
 from evidence._archive.export import export
 from evidence._archive.wacz import export_wacz, new_signing_key
 from evidence._archive.waczcheck import check_wacz as evidence_check_wacz
@@ -289,6 +290,26 @@ def test_an_archive_carries_its_proof_to_the_examiner(verifier: Path, carried) -
                           carried["w1"])
     assert code == 0 and report["facts"]["timestamped_at"] == facts["timestamped_at"], report
     assert report["facts"]["chain"]["batch"] == 13
+
+
+def test_a_wacz_carries_its_checkpoint_to_the_examiner(verifier: Path, handed, carried,
+                                                       tmp_path: Path) -> None:
+    wacz = tmp_path / "carried.wacz"
+    with Store.open(handed["dir"] / "s", read_only=True) as store:
+        export_wacz(store, wacz, key=new_signing_key(tmp_path / "k.pem"),
+                    checkpoint=read_checkpoint_file(handed["cp"]))
+    code, report = verify(verifier, "wacz", wacz, "--public-key", tmp_path / "k.pem.pub",
+                          "--checkpoint-key", handed["pub"])
+    assert code == 0 and report["facts"]["checkpoint_covers"] > 3, report
+    code, report = verify(verifier, "wacz", wacz, "--checkpoint-key", carried["pub"])
+    assert code == 1 and report["problems"][0].startswith("checkpoint: the checkpoint is "
+                                                          "not signed by example.com/crawl")
+    code, report = verify(verifier, "wacz", wacz, "--checkpoint-key", handed["pub"],
+                          "--tsa-root", carried["root"])
+    assert code == 1 and report["problems"] == [
+        "no RFC 3161 timestamp for the checkpoint, and a TSA root was named to check one"]
+    code, report = verify(verifier, "wacz", handed["wacz"], "--checkpoint-key", handed["pub"])
+    assert code == 1 and "carries no checkpoint" in report["problems"][0]
 
 
 @pytest.mark.parametrize(("name", "says"), [

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .archive import check_archive
+from .carried import check_wacz_checkpoint
 from .checkpoint import VerifierKey, check_checkpoint
 from .errors import VerifyError
 from .policy import Proofs, WitnessKey, load_roots
@@ -58,9 +59,13 @@ def _archive(args: argparse.Namespace) -> Verdict:
 
 def _wacz(args: argparse.Namespace) -> Verdict:
     pinned = load_public_key(args.public_key) if args.public_key else None
+    key = VerifierKey.read(args.checkpoint_key) if args.checkpoint_key else None
+    proofs = _proofs(args, None)
     if not Path(args.wacz).is_file():
         raise VerifyError(f"{args.wacz} is not a file", hint="give the .wacz file")
-    return check_wacz(args.wacz, public_key=pinned)
+    verdict = check_wacz(args.wacz, public_key=pinned)
+    check_wacz_checkpoint(args.wacz, verdict, key, proofs)
+    return verdict.finish()
 
 
 def _proof(args: argparse.Namespace) -> Verdict:
@@ -117,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("wacz", metavar="FILE")
     p.add_argument("--public-key", metavar="KEY",
                    help="the signer's key (KEY.pub, PEM) or a certificate of its chain")
+    p.add_argument("--checkpoint-key", metavar="KEY",
+                   help="the operator's checkpoint key (KEY.pub of evidence keygen): check "
+                   "the signed checkpoint the WACZ carries")
+    _policy_flags(p)
     p.set_defaults(run=_wacz)
     p = sub.add_parser("proof", help="an inclusion or consistency proof (evidence prove)",
                        description="Check a proof against a checkpoint signed by the key.")
