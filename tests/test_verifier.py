@@ -195,8 +195,10 @@ def test_a_tampered_archive_is_caught(verifier: Path, handed, tmp_path: Path) ->
     forged = tmp_path / "forged"
     shutil.copytree(handed["archive"], forged)
     _rewrite_ledger(forged)
-    code, report = verify(verifier, "archive", forged)  # consistent in itself ...
-    assert code == 0, report
+    code, report = verify(verifier, "archive", forged)  # a log consistent in itself ...
+    assert code == 1 and len(report["problems"]) == 1, report  # ... but not with its rows
+    assert re.fullmatch(r"crawl_session session-\S+: config is not its ledger entry's",
+                        report["problems"][0])
     assert any("nothing signed says it is the operator's log" in n for n in report["notes"])
     code, report = verify(verifier, "archive", forged, "--checkpoint", handed["cp"],
                           "--public-key", handed["pub"])  # ... but not the log signed
@@ -217,6 +219,23 @@ def test_the_commit_log_is_checked_without_a_checkpoint(verifier: Path, handed,
     assert code == 1
     assert "batch 3: the hash chain is broken" in report["problems"]
     assert any("commit times go back" in p for p in report["problems"]), report
+
+
+def test_a_row_that_disagrees_with_its_ledger_entry_is_caught(verifier: Path, handed,
+                                                              tmp_path: Path) -> None:
+    """An attempt's status edited in the dump, manifest hashes made true: the log is intact,
+    the row is not what its ledger entry says."""
+    edited = tmp_path / "edited"
+    shutil.copytree(handed["archive"], edited)
+    text = (edited / "dump.sql").read_text()
+    line = re.search(r"INSERT INTO fetch_attempt VALUES\(.*,'response',200,.*", text)[0]
+    text = text.replace(line, line.replace(",'response',200,", ",'response',404,", 1))
+    (edited / "dump.sql").write_text(text)
+    _resign_sections(edited)
+    code, report = verify(verifier, "archive", edited)
+    assert code == 1 and len(report["problems"]) == 1, report
+    assert re.fullmatch(r"fetch_attempt a-\S+: http_status is 404, its ledger entry says 200",
+                        report["problems"][0])
 
 
 def test_a_tampered_proof_or_checkpoint_is_caught(verifier: Path, handed,

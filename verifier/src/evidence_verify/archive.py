@@ -40,6 +40,7 @@ import blake3
 from .checkpoint import Checkpoint, VerifierKey, bound, check_checkpoint
 from .log import Log, rebuild
 from .policy import Proofs
+from .rows import check_rows
 from .verdict import Verdict
 
 _MANIFEST = "manifest.json"
@@ -171,6 +172,7 @@ def _check_log(root: Path, manifest: dict, verdict: Verdict, checkpoint: bytes |
             verdict.problem(f"dump.sql does not load into SQLite: {exc}")
             return
         log = rebuild(db, verdict)
+        check_rows(db, verdict)
     finally:
         db.close()
     roots, store_id = log.roots, log.store_id
