@@ -170,6 +170,7 @@ def test_the_genuine_archive_verifies_against_what_it_carries(handed, capsys) ->
     assert result["carried"] and result["signed_by"].startswith("example.com/crawl+")
     assert result["timestamped_at"].endswith("Z") and result["tsa"] == "CN=evidence test TSA"
     assert result["report"]["checkpoint"].startswith("the log through batch 13")
+    assert result["report"]["checks"]["checkpoint"] == 1  # a count, as every check's is
     assert cli_main(["verify", str(handed["archive"])]) == 0  # unpinned: a note says so
     assert "signature was not checked" in capsys.readouterr().out
     # The cosignature travels too: the witness policy is the examiner's.
