@@ -1,7 +1,8 @@
 """The ``verify`` command: check a store and locate anything changed, or check a WACZ.
 
 A few lines over ``_audit.verify`` (``verify``, ``reclaim_orphans``, ``unreadable`` for a
-database SQLite cannot open), and over ``_archive.waczcheck`` when the argument is a file.
+database SQLite cannot open), over ``_archive.waczcheck`` when the argument is a file, and
+over ``_archive.proofcheck`` for an archive directory and a WACZ's carried checkpoint.
 Exit status 0 when the store (or WACZ) verifies, 1 on an error finding (or, with
 ``--strict``, a notice), 2 for an error (printed by ``_cli.main`` as ``Error:`` / ``Try:``).
 """
@@ -281,9 +282,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "chain, that commit times never go back, every evidence row against its ledger "
         "entry, the url_current projection and the artifact files; list orphaned files. "
         "With --checkpoint, also that the store still matches a checkpoint signed earlier. "
+        "Given an archive directory (evidence export): restore it privately and run every "
+        "check on it, against the checkpoint it carries (its signature by --public-key, its "
+        "timestamp against --tsa-root, its cosignatures by --witness-key). "
         "Given a WACZ file instead: check the zip, every datapackage.json hash, the "
         "signature (pinned to --public-key), each WARC record's digests and every index "
-        "line's offset. Exit 1 on any error.")
+        "line's offset, and the checkpoint it carries (--checkpoint-key). Exit 1 on any "
+        "error.")
     p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory, an archive directory (evidence export), or a WACZ "
                    "file")
