@@ -6,7 +6,9 @@ in one file each, in packs, or in SeaweedFS; its home page rendered in Chromium 
 default behaviours, the other pages not), named by its location as a user names it.
 Its archive must hold every payload, restore into a store directory and into a PostgreSQL
 database, export again to the same bytes (so the same Merkle root), and compare equal to
-its source, payloads included; its backup too. A PostgreSQL store with its payloads in S3
+its source, payloads included; its backup too. The archive carries a checkpoint signed
+of its source (issue 32), which every restore checks and every export of a copy carries
+to the same bytes. A PostgreSQL store with its payloads in S3
 once exported an archive with none of them (the source's artifact store was closed before
 it was read) and said nothing.
 """
@@ -24,9 +26,11 @@ import pytest
 
 from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store, compare
 from evidence._archive.archive import backup, restore
+from evidence._archive.carried import Carried, read_checkpoint_file
 from evidence._archive.export import Manifest, export
 from evidence._archive.wacz import export_wacz
 from evidence._archive.warc import export_warc
+from evidence._audit.proofs import SigningKey, checkpoint
 from evidence._cli.main import main as cli_main
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.artifacts import ArtifactStore
@@ -95,10 +99,19 @@ def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return Source(f"{db}-{layout}", location, work, refs)
 
 
+def signed(source: Source) -> Carried:
+    """The checkpoint of the source (signed once per source), as export carries it."""
+    cp = source.work / "cp"
+    if not cp.exists():
+        with Store.open(source.location, read_only=True) as store:
+            cp.write_text(checkpoint(store, SigningKey.generate("example.com/crawl")).note())
+    return read_checkpoint_file(cp)
+
+
 @pytest.fixture(scope="module")
 def archive(source: Source) -> tuple[Path, Manifest]:
     out = source.work / "archive"
-    return out, export(source.location, out)
+    return out, export(source.location, out, checkpoint=signed(source))
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +120,7 @@ def restored(source: Source, archive: tuple[Path, Manifest], pg_cluster) -> dict
     database = new_pg_database(pg_cluster)
     restore(archive[0], source.work / "restored")
     restore(archive[0], database, artifacts=source.work / "restored-payloads")
+    assert (source.work / "restored" / "checkpoint").read_bytes() == signed(source).note
     return {"sqlite": str(source.work / "restored"), "postgresql": database}
 
 
@@ -142,8 +156,8 @@ def test_an_archive_restores_into_each_backend_and_exports_the_same_bytes(
         target: str) -> None:
     path, manifest = archive
     again = source.work / f"again-{target}"
-    remade = export(restored[target], again)
-    for name in ("dump.sql", "manifest.json"):
+    remade = export(restored[target], again, checkpoint=signed(source))
+    for name in ("dump.sql", "manifest.json", "checkpoint"):
         assert (again / name).read_bytes() == (path / name).read_bytes(), name
     assert (remade.log.tree_size, remade.log.root) == (manifest.log.tree_size, manifest.log.root)
     assert remade.log.verified and remade.gaps == []
@@ -167,8 +181,8 @@ def test_a_backup_holds_every_payload_and_exports_the_same_bytes(
     assert report.findings == []
     assert (report.artifacts, report.artifact_bytes) == (
         len(source.refs), sum(size for _ns, _d, size in source.refs))
-    export(copy, source.work / "backup-archive")
-    for name in ("dump.sql", "manifest.json"):
+    export(copy, source.work / "backup-archive", checkpoint=signed(source))
+    for name in ("dump.sql", "manifest.json", "checkpoint"):
         assert (source.work / "backup-archive" / name).read_bytes() == \
             (archive[0] / name).read_bytes(), name
     result = compare(source.location, copy, full=True)

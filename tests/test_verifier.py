@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -19,6 +20,7 @@ import blake3
 import pytest
 
 from evidence import CrawlConfig, Crawler, Store
+from evidence._archive.carried import read_checkpoint_file
 from evidence._archive.export import export
 from evidence._archive.wacz import export_wacz, new_signing_key
 from evidence._archive.waczcheck import check_wacz as evidence_check_wacz
@@ -32,7 +34,10 @@ from evidence._audit.proofs import (
 )
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.merkle import root as merkle_root
+from evidence._store.log import entry_hash
 
+from .test_carried_checkpoint import handed_over
+from .test_carried_checkpoint import tsa as tsa  # the module's TSA fixture, shared
 from .test_waczcheck import tamper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +49,8 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIR
 def verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``evidence-verify`` command of a new virtualenv holding only it and its two
     dependencies (pip from this interpreter installs into it: the verifier builds with the
-    standard library alone, so nothing but cryptography and blake3 is fetched)."""
+    standard library alone, so nothing but cryptography, blake3 and rfc3161-client is
+    fetched)."""
     home = tmp_path_factory.mktemp("verifier-venv")
     venv.create(home, with_pip=False)
     python = home / "bin" / "python"
@@ -124,7 +130,8 @@ def _resign_sections(archive: Path) -> None:
 
 def _rewrite_ledger(archive: Path) -> None:
     """One ledger entry's bytes changed (a URL's digit), its leaf and BLAKE3 recomputed,
-    every commit-log root and the manifest's root recomputed: consistent in itself."""
+    every commit-log root, the hash chain and the manifest's root recomputed: consistent
+    in itself."""
     text = (archive / "dump.sql").read_text()
     lines = text.split("\n")
     leaves, changed = [], False
@@ -146,12 +153,21 @@ def _rewrite_ledger(archive: Path) -> None:
         lines[i] = line
         leaves.append(leaf)
     assert changed
+    prev = None
     for i, line in enumerate(lines):
-        match = re.match(r"INSERT INTO commit_log VALUES\(\d+,'[^']*',\d+,(\d+),X'([0-9a-f]{64})'",
-                         line)
-        if match:
-            size, old_root = int(match.group(1)), match.group(2)
-            lines[i] = line.replace(old_root, merkle_root(leaves[:size]).hex(), 1)
+        match = re.match(r"INSERT INTO commit_log VALUES\((\d+),'([^']*)',(\d+),(\d+),"
+                         r"X'([0-9a-f]{64})',X'[0-9a-f]*',X'([0-9a-f]{64})',X'([0-9a-f]{64})',"
+                         r"(NULL|X'[0-9a-f]*')\);", line)
+        if match:  # the root recomputed, and the chain from it: what anyone can redo
+            seq, at, first, size = int(match[1]), match[2], int(match[3]), int(match[4])
+            new_root = merkle_root(leaves[:size])
+            prev = bytes.fromhex(match[6]) if prev is None else prev
+            record = None if match[8] == "NULL" else bytes.fromhex(match[8][2:-1])
+            chain = entry_hash(prev, seq, first, size, new_root, at, record)
+            lines[i] = (line.replace(match[5], new_root.hex(), 1)
+                        .replace(f"X'{match[6]}',X'{match[7]}'",
+                                 f"X'{prev.hex()}',X'{chain.hex()}'", 1))
+            prev = chain
     (archive / "dump.sql").write_text("\n".join(lines))
     manifest = json.loads((archive / "manifest.json").read_text())
     manifest["log"]["root"] = merkle_root(leaves).hex()
@@ -160,8 +176,6 @@ def _rewrite_ledger(archive: Path) -> None:
 
 
 def test_a_tampered_archive_is_caught(verifier: Path, handed, tmp_path: Path) -> None:
-    import shutil
-
     payload_edit = tmp_path / "payload"
     shutil.copytree(handed["archive"], payload_edit)
     victim = next(p for p in sorted((payload_edit / "artifacts").rglob("*"))
@@ -181,12 +195,47 @@ def test_a_tampered_archive_is_caught(verifier: Path, handed, tmp_path: Path) ->
     forged = tmp_path / "forged"
     shutil.copytree(handed["archive"], forged)
     _rewrite_ledger(forged)
-    code, report = verify(verifier, "archive", forged)  # consistent in itself ...
-    assert code == 0, report
+    code, report = verify(verifier, "archive", forged)  # a log consistent in itself ...
+    assert code == 1 and len(report["problems"]) == 1, report  # ... but not with its rows
+    assert re.fullmatch(r"crawl_session session-\S+: config is not its ledger entry's",
+                        report["problems"][0])
     assert any("nothing signed says it is the operator's log" in n for n in report["notes"])
     code, report = verify(verifier, "archive", forged, "--checkpoint", handed["cp"],
                           "--public-key", handed["pub"])  # ... but not the log signed
     assert code == 1 and any("the log was rewritten" in p for p in report["problems"]), report
+
+
+def test_the_commit_log_is_checked_without_a_checkpoint(verifier: Path, handed,
+                                                        tmp_path: Path) -> None:
+    """A commit time moved back in the dump (same length, manifest hashes made true): the
+    chain and the times catch it with nothing signed."""
+    moved = tmp_path / "moved"
+    shutil.copytree(handed["archive"], moved)
+    text = (moved / "dump.sql").read_text()
+    at = text.index("INSERT INTO commit_log VALUES(3,'") + len("INSERT INTO commit_log VALUES(3,'")
+    (moved / "dump.sql").write_text(text[:at] + "2024" + text[at + 4:])
+    _resign_sections(moved)
+    code, report = verify(verifier, "archive", moved)
+    assert code == 1
+    assert "batch 3: the hash chain is broken" in report["problems"]
+    assert any("commit times go back" in p for p in report["problems"]), report
+
+
+def test_a_row_that_disagrees_with_its_ledger_entry_is_caught(verifier: Path, handed,
+                                                              tmp_path: Path) -> None:
+    """An attempt's status edited in the dump, manifest hashes made true: the log is intact,
+    the row is not what its ledger entry says."""
+    edited = tmp_path / "edited"
+    shutil.copytree(handed["archive"], edited)
+    text = (edited / "dump.sql").read_text()
+    line = re.search(r"INSERT INTO fetch_attempt VALUES\(.*,'response',200,.*", text)[0]
+    text = text.replace(line, line.replace(",'response',200,", ",'response',404,", 1))
+    (edited / "dump.sql").write_text(text)
+    _resign_sections(edited)
+    code, report = verify(verifier, "archive", edited)
+    assert code == 1 and len(report["problems"]) == 1, report
+    assert re.fullmatch(r"fetch_attempt a-\S+: http_status is 404, its ledger entry says 200",
+                        report["problems"][0])
 
 
 def test_a_tampered_proof_or_checkpoint_is_caught(verifier: Path, handed,
@@ -233,6 +282,68 @@ def test_tampered_waczs_are_caught_and_both_checkers_agree(verifier: Path, hande
     code, report = verify(verifier, "wacz", tmp_path / "resigned.wacz")  # unpinned
     assert code == 0 and not report["facts"]["pinned"]
     assert report["notes"] == evidence_check_wacz(tmp_path / "resigned.wacz").notes
+
+
+@pytest.fixture(scope="module")
+def carried(tmp_path_factory: pytest.TempPathFactory, tsa) -> dict[str, Path]:
+    """An archive carrying a timestamped, witnessed checkpoint, and four tampered ones
+    (tests/test_carried_checkpoint.py makes them)."""
+    return handed_over(tmp_path_factory.mktemp("carried"), tsa)
+
+
+def test_an_archive_carries_its_proof_to_the_examiner(verifier: Path, carried) -> None:
+    code, report = verify(verifier, "archive", carried["archive"], "--public-key",
+                          carried["pub"], "--tsa-root", carried["root"], "--witness-key",
+                          carried["w1"])
+    assert code == 0 and report["ok"], report
+    facts = report["facts"]
+    assert facts["checkpoint"] == "carried by the archive" and facts["checkpoint_batch"] == 13
+    assert facts["timestamped_at"].endswith("Z") and facts["tsa"] == "CN=evidence test TSA"
+    assert list(facts["witnesses"]) == ["witness.example/w1"]
+    code, report = verify(verifier, "archive", carried["archive"], "--public-key",
+                          carried["pub"], "--witness-key", carried["w1"], "--witness-key",
+                          carried["w2"])
+    assert code == 1 and report["problems"] == ["1 of the 2 witness cosignatures needed"]
+    code, report = verify(verifier, "checkpoint", carried["cp"], "--public-key",
+                          carried["pub"], "--tsa-root", carried["root"], "--witness-key",
+                          carried["w1"])
+    assert code == 0 and report["facts"]["timestamped_at"] == facts["timestamped_at"], report
+    assert report["facts"]["chain"]["batch"] == 13
+
+
+def test_a_wacz_carries_its_checkpoint_to_the_examiner(verifier: Path, handed, carried,
+                                                       tmp_path: Path) -> None:
+    wacz = tmp_path / "carried.wacz"
+    with Store.open(handed["dir"] / "s", read_only=True) as store:
+        export_wacz(store, wacz, key=new_signing_key(tmp_path / "k.pem"),
+                    checkpoint=read_checkpoint_file(handed["cp"]))
+    code, report = verify(verifier, "wacz", wacz, "--public-key", tmp_path / "k.pem.pub",
+                          "--checkpoint-key", handed["pub"])
+    assert code == 0 and report["facts"]["checkpoint_covers"] > 3, report
+    code, report = verify(verifier, "wacz", wacz, "--checkpoint-key", carried["pub"])
+    assert code == 1 and report["problems"][0].startswith("checkpoint: the checkpoint is "
+                                                          "not signed by example.com/crawl")
+    code, report = verify(verifier, "wacz", wacz, "--checkpoint-key", handed["pub"],
+                          "--tsa-root", carried["root"])
+    assert code == 1 and report["problems"] == [
+        "no RFC 3161 timestamp for the checkpoint, and a TSA root was named to check one"]
+    code, report = verify(verifier, "wacz", handed["wacz"], "--checkpoint-key", handed["pub"])
+    assert code == 1 and "carries no checkpoint" in report["problems"][0]
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("x-time", ["commit times go back", "chain recomputed up to batch 13 is not the one"]),
+    ("x-both", ["commit times go back", "chain recomputed up to batch 13 is not the one"]),
+    ("x-other", ["the checkpoint is for log"]),
+    ("x-stamp", ["timestamp: the timestamp is over other bytes"]),
+])
+def test_a_tampered_archive_and_its_proof_are_refused_by_the_examiner(
+        verifier: Path, carried, name: str, says: list[str]) -> None:
+    code, report = verify(verifier, "archive", carried[name], "--public-key", carried["pub"],
+                          "--tsa-root", carried["root"])
+    assert code == 1
+    for words in says:
+        assert any(words in p for p in report["problems"]), (words, report["problems"])
 
 
 def test_the_verifier_refuses_what_it_cannot_read(verifier: Path, handed,

@@ -37,6 +37,7 @@ from .._store.location import database_kind, is_server_database, label, redact
 from .._store.log import check_log, load_head
 from .._store.packs import open_artifact_store
 from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
+from .carried import keep, restore_problems
 from .export import (
     FileEntry,
     Manifest,
@@ -266,7 +267,7 @@ def _mismatches(conn: apsw.Connection, manifest: Manifest, migrations: list,
 
 def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str, *,
             artifacts: os.PathLike[str] | str | None = None,
-            progress: Progress | None = None) -> RestoreReport:
+            progress: Progress | None = None, check_carried: bool = True) -> RestoreReport:
     """Build a store at ``store_path`` (new or empty) from an archive, and prove it.
 
     ``store_path`` may be a PostgreSQL connection string to an empty database; the
@@ -275,6 +276,9 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
 
     Raises ``StoreError`` for a non-empty target, ``CorruptStoreError`` when anything
     differs from the manifest (the partial store is removed: nothing appears at the target).
+    A checkpoint the archive carries must be one the loaded log holds (``check_carried``
+    False: only its files are checked, so that ``verify_archive`` reports the difference);
+    a store directory keeps it (``_archive.carried``).
     """
     archive = Path(archive)
     manifest = read_manifest(archive)
@@ -306,12 +310,15 @@ def restore(archive: os.PathLike[str] | str, store_path: os.PathLike[str] | str,
                 size, root, _ = check_log(conn)
                 problems, counts = _mismatches(conn, manifest, migrations, (size, root))
                 problems += _integrity(conn)
+                problems += restore_problems(archive, manifest.files, conn,
+                                             against_log=check_carried)
                 findings = _foreign_keys(conn)  # the source's, if any: the hashes matched
                 refs = artifact_refs(conn)
                 conn.execute("PRAGMA journal_mode = WAL").fetchall()
         finally:
             conn.close()
         fsync_file(db)
+        keep(archive, list(manifest.files), tmp)
         copied, gaps, new = _restore_payloads(
             archive, manifest, refs, open_artifact_store(tmp / ARTIFACTS_DIR,
                                                          max_payload=2**62), progress)
@@ -382,6 +389,7 @@ def _restore_postgres(archive: Path, manifest: Manifest, migrations: list, locat
                 size, root, _ = check_log(conn)
                 problems, counts = _mismatches(conn, manifest, migrations, (size, root))
                 problems += _integrity(conn)
+                problems += restore_problems(archive, manifest.files, conn)
                 findings = _foreign_keys(conn)
                 refs = artifact_refs(conn)
         finally:

@@ -32,12 +32,13 @@ import apsw
 import blake3
 import msgspec
 
-from .._errors import CorruptStoreError, StoreError
+from .._errors import CorruptStoreError, ProofError, StoreError
 from .._store.artifacts import ArtifactStore
 from .._store.db import ARTIFACTS_DIR
 from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
 from .._store.sqlite import map_sqlite_errors
+from .carried import Carried, reach
 from .snapshot import (
     MANIFEST,
     Gap,
@@ -508,7 +509,8 @@ def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, obj
 # --- export ----------------------------------------------------------------------------------
 
 def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
-           format: Format = "sql", progress: Progress | None = None) -> Manifest:
+           format: Format = "sql", progress: Progress | None = None,
+           checkpoint: Carried | None = None) -> Manifest:
     """Write an archive of ``source`` (a Store or a store directory) to the new directory ``out``.
 
     The archive holds the canonical dump (``dump.sql``; or ``schema.sql`` and
@@ -517,9 +519,15 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
     Missing or corrupt artifacts, runs not completed and log findings are recorded as
     gaps, not raised: an archive of a damaged store still says what it holds. A payload
     that cannot be read is no gap: ``ArtifactReadError``, and nothing is left at ``out``.
+    ``checkpoint``: a signed checkpoint (and its timestamp) the archive carries, which the
+    snapshot must reach (``_archive.carried``); ``ProofError`` if it does not.
     """
     if format not in ("sql", "jsonl", "csv"):
         raise StoreError(f"format must be 'sql', 'jsonl' or 'csv', not {format!r}")
+    if checkpoint is not None and run_id is not None:
+        raise ProofError("an archive of one run cannot carry a checkpoint: its ledger is a "
+                         "part of the log, not the tree the checkpoint signs",
+                         hint="export the whole store with --checkpoint, or leave out one")
     with open_source(source) as (backend, artifacts), building(out, "exporting") as tmp:
         scratch = tmp / SNAPSHOT
         backend.copy_snapshot(scratch, progress=progress)
@@ -529,10 +537,14 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
                 where, excluded = run_scope(conn, run_id) if run_id else ({}, [])
                 params: dict[str, object] = {"run": run_id}
                 info = describe(conn, where, params)
+                if checkpoint is not None:
+                    reach(conn, checkpoint)
                 output = Output(tmp)
                 scope = f"run {_sql_text(run_id)}" if run_id else "store"
                 schema, sections = dump(conn, output, fmt=format, where=where, params=params,
                                         header=f"-- scope: {scope}\n", progress=progress)
+                for name, data in (checkpoint.files() if checkpoint else {}).items():
+                    output.write(name, data)
                 files = output.finish()
                 refs = artifact_refs(conn, where.get("artifact", "1"), params)
             finally:
@@ -556,3 +568,4 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
             handle.flush()
             os.fsync(handle.fileno())
     return manifest
+

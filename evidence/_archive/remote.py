@@ -24,6 +24,7 @@ import msgspec
 from .._errors import StoreError
 from .._store.location import is_s3_url
 from .archive import BackupReport, RestoreReport, backup, restore
+from .carried import Carried
 from .export import Manifest, export
 from .snapshot import Progress, Source
 from .transfer import (
@@ -127,16 +128,19 @@ def backup_to(source: Source, out: os.PathLike[str] | str, *,
 
 def export_to(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
               format: Literal["sql", "jsonl", "csv"] = "sql",
-              progress: Progress | None = None) -> Manifest:
+              progress: Progress | None = None, checkpoint: Carried | None = None
+              ) -> Manifest:
     """``export`` to a new directory, or to an empty ``s3://`` prefix (built in a temporary
     directory, then uploaded, ``INDEX.json`` last)."""
     if not _here_or_s3(out, "an archive"):
-        return export(source, out, run_id=run_id, format=format, progress=progress)
+        return export(source, out, run_id=run_id, format=format, progress=progress,
+                      checkpoint=checkpoint)
     with Remote(str(out)) as remote:
         remote.require_empty()
         with tempfile.TemporaryDirectory(prefix="evidence-export-") as tmp:
             built = Path(tmp) / "archive"
-            manifest = export(source, built, run_id=run_id, format=format, progress=progress)
+            manifest = export(source, built, run_id=run_id, format=format, progress=progress,
+                              checkpoint=checkpoint)
             upload_tree(remote, built, "export")
     return manifest
 

@@ -85,11 +85,12 @@ from .._model.text import decode_document, is_html
 from .._store.db import Store
 from .._store.fsync import fsync_dir, fsync_file
 from . import warc as _warc
+from .carried import Carried, reached_by
 from .cdxj import compressed_index, index_line, method_query
 
 __all__ = ["TimeSignature", "Timestamper", "WaczExport", "WaczSigner", "chain_problem",
            "export_wacz", "load_certificate_chain", "load_signing_key", "new_signing_key",
-           "subject_name"]
+           "subject_name", "tsa_timestamper"]
 
 WACZ_VERSION = "1.1.1"
 WARC_NAME = "data.warc.gz"
@@ -205,6 +206,33 @@ class TimeSignature(msgspec.Struct, frozen=True, kw_only=True):
 Timestamper = Callable[[str], TimeSignature]
 
 
+def tsa_timestamper(url: str, tsa_cert: Sequence[x509.Certificate] = ()) -> Timestamper:
+    """The domain form's timestamper (``export --format wacz --tsa URL``): an RFC 3161
+    token from the TSA at ``url`` over the signature's base64 text, as authsign stamps it
+    (SHA-256 of its ASCII bytes), checked as ``checkpoint --tsa`` checks one
+    (``_audit.timestamp.request_timestamp``). ``timestampCert`` is ``tsa_cert`` (the TSA's
+    certificate, then its chain up to its root: authsign requires the chain to end at a
+    root it trusts), else the certificates the token embeds."""
+    from .._audit.timestamp import request_timestamp
+
+    def stamp(signature: str) -> TimeSignature:
+        token = request_timestamp(signature.encode("ascii"), url, tsa_cert=list(tsa_cert))
+        chain = list(tsa_cert) or _embedded(token.der)
+        return TimeSignature(
+            time_signature=base64.b64encode(token.der).decode(),
+            timestamp_cert="".join(c.public_bytes(serialization.Encoding.PEM).decode()
+                                   for c in chain))
+
+    return stamp
+
+
+def _embedded(der: bytes) -> list[x509.Certificate]:
+    from rfc3161_client import decode_timestamp_response
+
+    return [x509.load_der_x509_certificate(c)
+            for c in decode_timestamp_response(der).signed_data.certificates]
+
+
 @dataclass(frozen=True)
 class WaczSigner:
     """How a WACZ is signed: a key alone (anonymous form), or with the certificate chain
@@ -295,18 +323,23 @@ def chain_problem(chain: Sequence[x509.Certificate]) -> str | None:
 
 
 def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
-                key: ec.EllipticCurvePrivateKey | WaczSigner | None = None) -> WaczExport:
+                key: ec.EllipticCurvePrivateKey | WaczSigner | None = None,
+                checkpoint: Carried | None = None) -> WaczExport:
     """Write the store as a new WACZ file at ``out_path`` (see the module docstring).
 
     Unsigned when ``key`` is None (datapackage-digest.json then holds the hash only); a bare
     key signs in the anonymous form, a ``WaczSigner`` with a certificate chain in the domain
     form. An existing file is never overwritten; the file appears complete or not at all.
+    ``checkpoint``: a signed checkpoint (and its timestamp) of the store, which its log must
+    hold, carried as ``evidence/checkpoint`` (and ``.tsr``), package resources like the
+    others, so their hashes are signed (``_archive.carried``).
     """
     signer = WaczSigner(key) if isinstance(key, ec.EllipticCurvePrivateKey) else key
     out = Path(out_path)
     if out.exists():
         raise EvidenceError(f"{out} already exists; an export never overwrites a file",
                             hint="remove it or choose another name", path=str(out))
+    carried = {} if checkpoint is None else reached_by(store, checkpoint)
     warc_tmp = out.with_name(f".{out.name}.{os.getpid()}.warc.tmp")
     zip_tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -327,7 +360,8 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
         resources = [("archive/" + WARC_NAME, _file_digest(warc_tmp)),
                      (INDEX_NAME, _digest(index)),
                      (INDEX_IDX_NAME, _digest(index_idx)),
-                     ("pages/pages.jsonl", _digest(page_list))]
+                     ("pages/pages.jsonl", _digest(page_list)),
+                     *((name, _digest(data)) for name, data in carried.items())]
         package = {
             "profile": "data-package",
             "resources": [{"name": Path(path).name, "path": path, "hash": f"sha256:{sha}",
@@ -344,6 +378,8 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
             _add(zf, INDEX_NAME, index, stamp)
             _add(zf, INDEX_IDX_NAME, index_idx, stamp)
             _add(zf, "pages/pages.jsonl", page_list, stamp)
+            for name, data in carried.items():
+                _add(zf, name, data, stamp)
             _add(zf, "datapackage.json", package_bytes, stamp)
             _add(zf, "datapackage-digest.json", digest_doc, stamp)
         fsync_file(zip_tmp)

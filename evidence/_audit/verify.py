@@ -342,9 +342,9 @@ class _Steps:
             self.found.add("check_aborted", f"the {label} could not finish: "
                            f"{type(exc).__name__}: {exc}")
             return None
-        if name is not None:
-            self.checks[name] = result[0] if isinstance(result, tuple) else (
-                1 if result is None else result)
+        if name is not None:  # how many items it checked: a count, or one thing
+            count = result[0] if isinstance(result, tuple) else result
+            self.checks[name] = count if isinstance(count, int) else 1
         return result
 
 

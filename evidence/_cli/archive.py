@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only i
     from .._archive.archive import Comparison
     from .._archive.checkpoint import Checkpoint
     from .._archive.export import Manifest
+    from .._archive.wacz import Timestamper
 
 __all__ = ["add_commands"]
 
@@ -42,16 +43,21 @@ __all__ = ["add_commands"]
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "wacz":  # one file for replay tools: WARC, CDXJ, pages, signed
         return _cmd_export_wacz(args)
-    if args.key or args.new_key or args.cert:
-        raise EvidenceError("--key, --new-key and --cert sign a WACZ export only",
+    if args.key or args.new_key or args.cert or args.tsa or args.tsa_cert:
+        raise EvidenceError("--key, --new-key, --cert and --tsa sign a WACZ export only",
                             hint="add --format wacz, or leave the key out")
     if args.format == "warc":  # request and response records, not a restorable archive
+        if args.checkpoint:
+            raise EvidenceError("a WARC file cannot carry a checkpoint",
+                                hint="carry it in an archive (--format sql) or a WACZ")
         return _cmd_export_warc(args)
+    from .._archive.carried import read_checkpoint_file
     from .._archive.remote import export_to
 
+    carried = read_checkpoint_file(args.checkpoint) if args.checkpoint else None
     with Progress() as progress:
         manifest = export_to(args.store, args.out, run_id=args.run, format=args.format,
-                             progress=progress)
+                             progress=progress, checkpoint=carried)
     if args.json:
         print_json(manifest)
     else:
@@ -86,15 +92,19 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
     if args.new_key:
         _check_parent(Path(args.new_key), "the new key")
     chain = load_certificate_chain(args.cert) if args.cert else ()
-    signer = (WaczSigner(load_signing_key(args.key, domain=bool(chain)), chain) if args.key
-              else None)
+    stamper = _timestamper(args, chain)
+    signer = (WaczSigner(load_signing_key(args.key, domain=bool(chain)), chain, stamper)
+              if args.key else None)
+    from .._archive.carried import read_checkpoint_file
+
+    carried = read_checkpoint_file(args.checkpoint) if args.checkpoint else None
     made: list[Path] = []
     try:
         with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:
             if args.new_key:
                 signer = WaczSigner(new_signing_key(args.new_key))
                 made += [Path(args.new_key), Path(f"{args.new_key}.pub")]
-            report = export_wacz(store, out, key=signer)
+            report = export_wacz(store, out, key=signer, checkpoint=carried)
     except BaseException:
         for file in made:  # a command that failed leaves nothing behind, a new key neither
             file.unlink(missing_ok=True)
@@ -114,6 +124,30 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
                                f"yes, ECDSA public key {report.public_key}" if report.signed
                                else "no (give --key or --new-key to sign)"))
     return 0
+
+
+def _timestamper(args: argparse.Namespace, chain: tuple) -> Timestamper | None:
+    """``--tsa URL [--tsa-cert PEM]``: the domain form's RFC 3161 timestamp."""
+    from .._archive.wacz import tsa_timestamper
+    from .._audit.timestamp import load_certificates
+
+    if args.tsa_cert and not args.tsa:
+        raise EvidenceError("--tsa-cert names the certificate of the TSA given by --tsa",
+                            hint="add --tsa URL, or leave out --tsa-cert")
+    if not args.tsa:
+        return None
+    if not chain:
+        raise EvidenceError("--tsa timestamps a domain signature: it needs --key and --cert",
+                            hint="evidence export STORE --format wacz --key KEY.pem --cert "
+                            "CHAIN.pem --tsa URL --tsa-cert TSA-CHAIN.pem")
+    try:
+        certs = (load_certificates(Path(args.tsa_cert).read_bytes(), args.tsa_cert)
+                 if args.tsa_cert else [])
+    except OSError as exc:
+        raise EvidenceError(f"cannot read {args.tsa_cert}: {exc.strerror}",
+                            hint="give the TSA's certificate and its chain (PEM)",
+                            path=args.tsa_cert) from None
+    return tsa_timestamper(args.tsa, certs)
 
 
 def _cmd_export_warc(args: argparse.Namespace) -> int:
@@ -166,6 +200,9 @@ def _format_manifest(path: Path | str, m: Manifest) -> str:
         f"log       tree size {m.log.tree_size}, root {m.log.root[:16]}…, "
         f"{'verified' if m.log.verified else 'NOT VERIFIED'}",
     ]
+    if "checkpoint" in m.files:
+        lines.append("carries   checkpoint" + (" and its timestamp checkpoint.tsr"
+                                               if "checkpoint.tsr" in m.files else ""))
     lines += [f"gap       {g.kind}: {g.subject}: {g.detail}" for g in m.gaps]
     return "\n".join(lines)
 
@@ -304,9 +341,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--cert", metavar="PEM", type=local_path,
                    help="wacz: sign in the domain form with --key and this certificate chain "
                    "(PEM, leaf first): the WACZ names the certificate's domain")
+    p.add_argument("--tsa", metavar="URL",
+                   help="wacz, domain form: an RFC 3161 timestamp of the signature from the "
+                   "time-stamping authority at URL (timeSignature, as authsign checks it)")
+    p.add_argument("--tsa-cert", metavar="PEM", type=local_path,
+                   help="the --tsa's certificate, then its chain up to its root: the reply "
+                   "is checked against it, and it is the WACZ's timestampCert")
     p.add_argument("--new-key", metavar="FILE", type=local_path,
                    help="wacz: make an ECDSA P-384 key (FILE, mode 0600, and FILE.pub) and "
                    "sign with it")
+    p.add_argument("--checkpoint", metavar="CP", type=local_path,
+                   help="carry this signed checkpoint (evidence checkpoint --out CP), with "
+                   "its timestamp CP.tsr and its cosignatures, inside the export; the store "
+                   "must hold the log it signs (see docs/verify.md)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(func=_cmd_export)
 

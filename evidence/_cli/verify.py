@@ -1,7 +1,8 @@
 """The ``verify`` command: check a store and locate anything changed, or check a WACZ.
 
 A few lines over ``_audit.verify`` (``verify``, ``reclaim_orphans``, ``unreadable`` for a
-database SQLite cannot open), and over ``_archive.waczcheck`` when the argument is a file.
+database SQLite cannot open), over ``_archive.waczcheck`` when the argument is a file, and
+over ``_archive.proofcheck`` for an archive directory and a WACZ's carried checkpoint.
 Exit status 0 when the store (or WACZ) verifies, 1 on an error finding (or, with
 ``--strict``, a notice), 2 for an error (printed by ``_cli.main`` as ``Error:`` / ``Try:``).
 """
@@ -11,14 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
+from .._errors import ProofError
 from .._store.db import Store
 from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
+    from .._archive.proofcheck import CarriedCheck, WaczProof
     from .._archive.waczcheck import WaczCheck
     from .._audit.proofs import SignedCheckpoint
     from .._audit.verify import VerifyReport
@@ -32,6 +35,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     if Path(args.store).is_file():
         return _cmd_verify_wacz(args)
+    if _is_archive(Path(args.store)):
+        return _cmd_verify_archive(args)
+    if args.tsa_root or args.witness_key:
+        raise ProofError("--tsa-root and --witness-key check the checkpoint an archive "
+                         "carries", hint="check a store's checkpoint with 'evidence "
+                         "check-proof', or give an archive")
 
     reclaimed = None
     signed = _signed_checkpoint(args)
@@ -74,6 +83,71 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _is_archive(path: Path) -> bool:
+    return (path / "manifest.json").is_file() and not (path / "evidence.db").exists()
+
+
+def _cmd_verify_archive(args: argparse.Namespace) -> int:
+    """An archive: restored privately and verified against the checkpoint it carries."""
+    from .._archive.proofcheck import verify_archive
+    from .._audit.proofs import VerifierKey
+
+    for flag, given in (("--checkpoint", args.checkpoint),
+                        ("--reclaim-orphans", args.reclaim_orphans)):
+        if given:
+            raise ProofError(f"{flag} is for a store; an archive is checked against the "
+                             "checkpoint it carries", hint=f"evidence verify {args.store} "
+                             f"--public-key KEY.pub (without {flag})")
+    if args.checkpoint_key:
+        raise ProofError("--checkpoint-key is for a WACZ; an archive's checkpoint key is "
+                         "--public-key", hint=f"evidence verify {args.store} --public-key "
+                         "KEY.pub")
+    key = VerifierKey.from_text(_read(args.public_key)) if args.public_key else None
+    roots, witnesses = _policy(args)
+    check = verify_archive(args.store, full=args.full, public_key=key, tsa_roots=roots,
+                           witness_keys=witnesses, witnesses=args.witnesses)
+    report = cast("VerifyReport", check.report)
+    if args.json:
+        print_json(msgspec.to_builtins(check) | {"report": msgspec.to_builtins(report)
+                                                 | {"ok": report.ok}, "ok": check.ok})
+    else:
+        print(f"archive  {args.store}  (restored into a private directory and verified)")
+        print(format_report(report).replace(
+            "FAILED:", "store FAILED:").replace("OK:", "store OK:"))
+        print(_format_carried(check))
+    failed = not check.ok or (args.strict and (report.findings or check.notes))
+    return 1 if failed else 0
+
+
+def _format_carried(c: CarriedCheck) -> str:
+    from .._archive.proofcheck import WaczProof
+
+    if not c.carried:
+        lines = ["carries  no checkpoint: nothing signed says this is the operator's log"]
+    else:
+        lines = ["carries  a checkpoint" + (f", signed by {c.signed_by}" if c.signed_by
+                                            else "")]
+        if isinstance(c, WaczProof) and c.tree_size is not None:
+            lines.append(f"covers   {c.covered} record(s) naming one of its {c.tree_size} "
+                         f"entries of {c.origin}; {c.beyond} after it")
+        if c.timestamped_at:
+            lines.append(f"time     timestamped at {c.timestamped_at} by {c.tsa}")
+        lines += [f"witness  cosigned by {name} at {when} (POSIX time)"
+                  for name, when in c.witnesses.items()]
+    lines += [f"error    {p}" for p in c.problems]
+    lines += [f"note     {n}" for n in c.notes]
+    lines.append("OK" if c.ok else "FAILED")
+    return "\n".join(lines)
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ProofError(f"cannot read {path}: {exc.strerror}", hint="check the path",
+                         path=str(path)) from None
+
+
 def _cmd_verify_wacz(args: argparse.Namespace) -> int:
     from .._archive.waczcheck import check_wacz, load_public_key
     from .._errors import EvidenceError
@@ -84,11 +158,46 @@ def _cmd_verify_wacz(args: argparse.Namespace) -> int:
                                 hint=f"evidence verify {args.store} (without {flag})")
     pinned = load_public_key(args.public_key) if args.public_key else None
     check = check_wacz(args.store, public_key=pinned)
+    proof = _wacz_checkpoint(args)
     if args.json:
-        print_json(check)
+        print_json(msgspec.to_builtins(check) | (
+            {} if proof is None else {"checkpoint": msgspec.to_builtins(proof)
+                                      | {"ok": proof.ok}}))
     else:
         print(format_wacz_check(check))
-    return 1 if not check.ok or (args.strict and check.notes) else 0
+        if proof is not None:
+            print(_format_carried(proof))
+    failed = not check.ok or (proof is not None and not proof.ok)
+    notes = check.notes + (proof.notes if proof is not None else [])
+    return 1 if failed or (args.strict and notes) else 0
+
+
+def _wacz_checkpoint(args: argparse.Namespace) -> WaczProof | None:
+    """The checkpoint a WACZ carries, checked with ``--checkpoint-key``, ``--tsa-root`` and
+    ``--witness-key``; None when it carries none and none of them was named."""
+    from .._archive.proofcheck import check_wacz_checkpoint
+    from .._audit.proofs import VerifierKey
+
+    key = (VerifierKey.from_text(_read(args.checkpoint_key)) if args.checkpoint_key
+           else None)
+    roots, witnesses = _policy(args)
+    proof = check_wacz_checkpoint(args.store, public_key=key, tsa_roots=roots,
+                                  witness_keys=witnesses, witnesses=args.witnesses)
+    named = key is not None or roots or witnesses
+    return proof if proof.carried or named else None
+
+
+def _policy(args: argparse.Namespace) -> tuple[list, list]:
+    """``--tsa-root`` certificates and ``--witness-key`` keys, ``--witnesses`` in range."""
+    from .._audit.timestamp import load_certificates
+    from .._audit.witness import CosignerKey
+
+    roots = [c for path in args.tsa_root or () for c in load_certificates(_read(path), path)]
+    witnesses = [CosignerKey.from_text(_read(path)) for path in args.witness_key or ()]
+    if args.witnesses is not None and not 1 <= args.witnesses <= len(witnesses):
+        raise ProofError(f"--witnesses {args.witnesses}: between 1 and the {len(witnesses)} "
+                         "--witness-key given", hint="name at least that many witness keys")
+    return roots, witnesses
 
 
 def format_wacz_check(c: WaczCheck) -> str:
@@ -173,11 +282,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "chain, that commit times never go back, every evidence row against its ledger "
         "entry, the url_current projection and the artifact files; list orphaned files. "
         "With --checkpoint, also that the store still matches a checkpoint signed earlier. "
+        "Given an archive directory (evidence export): restore it privately and run every "
+        "check on it, against the checkpoint it carries (its signature by --public-key, its "
+        "timestamp against --tsa-root, its cosignatures by --witness-key). "
         "Given a WACZ file instead: check the zip, every datapackage.json hash, the "
         "signature (pinned to --public-key), each WARC record's digests and every index "
-        "line's offset. Exit 1 on any error.")
+        "line's offset, and the checkpoint it carries (--checkpoint-key). Exit 1 on any "
+        "error.")
     p.add_argument("store", metavar="STORE", type=store_location,
-                   help="the store directory, or a WACZ file")
+                   help="the store directory, an archive directory (evidence export), or a WACZ "
+                   "file")
     p.add_argument("--public-key", metavar="KEY", type=local_path,
                    help="a store: the public key (KEY.pub) that signed --checkpoint; a WACZ: "
                    "the signer's public key (KEY.pub from export --new-key, or a certificate "
@@ -192,6 +306,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="also check the store still holds what this checkpoint signed "
                    "(every accepted message, commit time, quarantine record, the store's "
                    "identity); needs --public-key")
+    p.add_argument("--checkpoint-key", metavar="KEY", type=local_path,
+                   help="a WACZ: the operator's checkpoint key (KEY.pub of evidence keygen), "
+                   "to check the signed checkpoint the WACZ carries")
+    p.add_argument("--tsa-root", metavar="PEM", action="append", type=local_path,
+                   help="an archive or a WACZ: check the RFC 3161 timestamp of the checkpoint "
+                   "it carries against this TSA root certificate (repeatable); it fails "
+                   "without a valid timestamp")
+    p.add_argument("--witness-key", metavar="FILE", action="append", type=local_path,
+                   help="an archive or a WACZ: require a valid cosignature on the checkpoint "
+                   "it carries by this witness (KEY.pub; repeatable)")
+    p.add_argument("--witnesses", type=int, metavar="N",
+                   help="how many of the --witness-key witnesses must have cosigned "
+                   "(default: all of them)")
     p.add_argument("--reclaim-orphans", action="store_true",
                    help="then delete orphaned artifact files older than --grace "
                    "(only if no errors were found)")

@@ -29,21 +29,22 @@ verify`` on a restored copy checks both; docs/verify.md says what that leaves to
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import blake3
 
-from .checkpoint import VerifierKey, check_checkpoint
-from .merkle import RootsAt
+from .checkpoint import Checkpoint, VerifierKey, bound, check_checkpoint
+from .log import Log, rebuild
+from .policy import Proofs
+from .rows import check_rows
 from .verdict import Verdict
 
 _MANIFEST = "manifest.json"
+CARRIED, CARRIED_TSR = "checkpoint", "checkpoint.tsr"  # what export --checkpoint adds
 _ARTIFACTS = "artifacts"
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
@@ -63,8 +64,11 @@ def _blake3_file(path: Path, start: int = 0, length: int | None = None) -> tuple
 
 
 def check_archive(directory: str | os.PathLike[str], *, checkpoint: bytes | str | None = None,
-                  key: VerifierKey | None = None) -> Verdict:
+                  key: VerifierKey | None = None, proofs: Proofs | None = None) -> Verdict:
+    """``checkpoint`` None: the one the archive carries, if any (with its timestamp).
+    ``proofs``: the timestamp and witness policy to check the checkpoint against."""
     root = Path(directory)
+    proofs = proofs or Proofs()
     verdict = Verdict("archive", str(directory))
     try:
         manifest = json.loads((root / _MANIFEST).read_bytes())
@@ -84,7 +88,7 @@ def check_archive(directory: str | os.PathLike[str], *, checkpoint: bytes | str 
     files_ok = _check_files(root, manifest, verdict)
     _check_payloads(root, manifest, verdict)
     if files_ok:
-        _check_log(root, manifest, verdict, checkpoint, key)
+        _check_log(root, manifest, verdict, checkpoint, key, proofs)
     else:
         verdict.notes.append("the log was not rebuilt: the dump is not the one the manifest "
                              "describes")
@@ -159,7 +163,7 @@ def _check_payloads(root: Path, manifest: dict, verdict: Verdict) -> None:
 
 
 def _check_log(root: Path, manifest: dict, verdict: Verdict, checkpoint: bytes | str | None,
-               key: VerifierKey | None) -> None:
+               key: VerifierKey | None, proofs: Proofs) -> None:
     db = sqlite3.connect(":memory:")
     try:
         try:
@@ -167,13 +171,15 @@ def _check_log(root: Path, manifest: dict, verdict: Verdict, checkpoint: bytes |
         except (sqlite3.Error, UnicodeDecodeError, OSError) as exc:
             verdict.problem(f"dump.sql does not load into SQLite: {exc}")
             return
-        roots = _rebuild(db, verdict)
-        store_id = _one(db, "SELECT value FROM store_meta WHERE key = 'store_id'")
+        log = rebuild(db, verdict)
+        check_rows(db, verdict)
     finally:
         db.close()
+    roots, store_id = log.roots, log.store_id
     head = manifest.get("log", {})
     size = len(roots) - 1
     verdict.facts["entries"] = size
+    verdict.facts["batches"] = len(log.heads)
     if head.get("tree_size") != size or head.get("root") != roots[-1].hex():
         verdict.problem(f"the ledger gives a tree of {size} entries with root "
                         f"{roots[-1].hex()}; the manifest says {head.get('tree_size')}, "
@@ -181,56 +187,70 @@ def _check_log(root: Path, manifest: dict, verdict: Verdict, checkpoint: bytes |
     if store_id != manifest.get("store_id"):
         verdict.problem(f"the dump is of store {store_id!r}, the manifest says "
                         f"{manifest.get('store_id')!r}")
+    carried = (root / CARRIED).read_bytes() if CARRIED in manifest.get("files", {}) else None
+    if checkpoint is None:
+        checkpoint = carried
+        if carried is not None and proofs.timestamp is None and CARRIED_TSR in manifest.get(
+                "files", {}):
+            proofs.timestamp = (root / CARRIED_TSR).read_bytes()
     if checkpoint is None or key is None:
-        verdict.notes.append("no checkpoint given: the archive is consistent with itself, "
-                             "but nothing signed says it is the operator's log")
+        verdict.notes.append("no checkpoint " + ("given" if checkpoint is None else
+                             "key given (--public-key)") + ": the archive is consistent with "
+                             "itself, but nothing signed says it is the operator's log")
+        if proofs.wanted():
+            verdict.problem("a TSA root or a witness was named, but there is no checkpoint "
+                            "(and its key) to check them on")
         return
     signed, cp = check_checkpoint(checkpoint, key)
     verdict.notes += signed.notes
     if cp is None:
         verdict.problems += [f"checkpoint: {p}" for p in signed.problems]
         return
-    verdict.facts |= {"checkpoint_size": cp.tree_size, "checkpoint_key": cp.verified_by}
+    verdict.facts |= {"checkpoint_size": cp.tree_size, "checkpoint_key": cp.verified_by,
+                      "checkpoint": "carried by the archive" if checkpoint is carried
+                      else "given"}
+    proofs.check(checkpoint if isinstance(checkpoint, bytes) else checkpoint.encode(), cp,
+                 verdict)
     if cp.origin != f"evidence/{store_id}":
         verdict.problem(f"the checkpoint is for log {cp.origin!r}, the archive is of store "
                         f"{store_id!r}")
-    elif cp.tree_size > size:
+        return
+    _against(cp, log, verdict)
+
+
+def _against(cp: Checkpoint, log: Log, verdict: Verdict) -> None:
+    """The signed size, root, chain head and pre-006 quarantine rows against the log."""
+    size = len(log.roots) - 1
+    if cp.tree_size > size:
         verdict.problem(f"the checkpoint signs {cp.tree_size} entries, the archive holds "
                         f"{size}: entries the operator signed are missing")
-    elif roots[cp.tree_size] != cp.root:
+        return
+    if log.roots[cp.tree_size] != cp.root:
         verdict.problem(f"the archive's first {cp.tree_size} entries do not give the root "
                         "the checkpoint signs: the log was rewritten")
-    elif cp.tree_size < size:
+    chain, legacy = bound(cp, "chain"), bound(cp, "legacy-quarantine")
+    if chain is None:
+        verdict.notes.append("the checkpoint was signed before checkpoints bound the "
+                             "commit-log chain: it vouches for the accepted messages only, "
+                             "not for commit times, quarantine records or the store's id")
+    else:
+        seq, digest = chain
+        found = log.heads.get(seq)
+        if found is None and seq != 0:
+            verdict.problem(f"the archive has no batch {seq}, the last one the checkpoint "
+                            "signs")
+        elif found is not None and (found.tree_size, found.root) != (cp.tree_size, cp.root):
+            verdict.problem(f"batch {seq} recomputes to size {found.tree_size}; the "
+                            f"checkpoint signs size {cp.tree_size} at that batch")
+        elif found is not None and found.chain != digest:
+            verdict.problem(f"the commit-log chain recomputed up to batch {seq} is not the "
+                            "one signed: a commit or receipt time, a quarantine record or "
+                            "the store's identity differs from what was signed")
+        else:
+            verdict.facts["checkpoint_batch"] = seq
+    if legacy is not None and legacy != log.legacy:
+        verdict.problem(f"the quarantine rows in the pre-006 layout are not the signed ones "
+                        f"({log.legacy[0]} in the archive, {legacy[0]} signed)")
+    if cp.tree_size < size:
         verdict.notes.append(f"the checkpoint covers the first {cp.tree_size} of the "
                              f"{size} entries; the rest are not covered by its signature")
-
-
-def _rebuild(db: sqlite3.Connection, verdict: Verdict) -> list[bytes]:
-    """The root after each size 0..n (roots[k]: the first k entries), checking each entry
-    and each commit-log row on the way."""
-    tree = RootsAt()
-    roots = [tree.root()]
-    for index, payload, leaf, payload_hash in db.execute(
-            "SELECT log_index, payload, leaf_hash, payload_hash FROM ingest_ledger "
-            "ORDER BY log_index"):
-        if index != tree.size:
-            verdict.problem(f"ledger entry {tree.size} is missing (next is {index})")
-            break
-        computed = hashlib.sha256(b"\x00" + payload).digest()
-        if computed != leaf:
-            verdict.problem(f"ledger entry {index}: its bytes do not hash to its leaf hash")
-        if blake3.blake3(payload).hexdigest() != payload_hash:
-            verdict.problem(f"ledger entry {index}: its bytes do not have its BLAKE3 hash")
-        tree.append(computed)
-        roots.append(tree.root())
-    for batch, size, recorded in db.execute(
-            "SELECT batch_seq, tree_size, root FROM commit_log ORDER BY batch_seq"):
-        if not 0 <= size < len(roots) or roots[size] != recorded:
-            verdict.problem(f"commit {batch} records root {bytes(recorded).hex()[:16]}... at "
-                            f"size {size}; the ledger gives another")
-    return roots
-
-
-def _one(db: sqlite3.Connection, sql: str) -> Any:
-    row = db.execute(sql).fetchone()
-    return row[0] if row else None

@@ -186,7 +186,40 @@ def _time_line(cp: Checkpoint, line: str, verdict: Verdict) -> None:
                          "not a trusted time")
 
 
-EXTENSION_CHECKS: dict[str, ExtensionCheck] = {"time": _time_line}
+def bound(cp: Checkpoint, name: str) -> tuple[int, bytes] | None:
+    """The extension line ``<name> <number> <base64(32 bytes)>`` (``chain``: the last batch
+    and its chain hash; ``legacy-quarantine``: a row count and their SHA-256), or None;
+    ``VerifyError`` when it is there more than once or malformed."""
+    found = [e for e in cp.extensions if e.split(" ", 1)[0] == name]
+    if not found:
+        return None
+    parts = found[0].split(" ")
+    if len(found) > 1 or len(parts) != 3 or not _SIZE.fullmatch(parts[1]):
+        raise VerifyError(f"malformed or repeated {name!r} line in the checkpoint")
+    try:
+        digest = base64.b64decode(parts[2], validate=True)
+    except (binascii.Error, ValueError):
+        raise VerifyError(f"the {name} hash does not decode") from None
+    if len(digest) != 32:
+        raise VerifyError(f"the {name} hash is {len(digest)} bytes, not 32")
+    return int(parts[1]), digest
+
+
+def _chain_line(cp: Checkpoint, line: str, verdict: Verdict) -> None:
+    seq, digest = bound(cp, "chain") or (0, b"")
+    verdict.facts["chain"] = {"batch": seq, "hash": digest.hex()}
+    verdict.notes.append(f"binds the commit-log chain through batch {seq} (every commit "
+                         "time, quarantine record and the store's id): checked against an "
+                         "archive of the store (evidence-verify archive)")
+
+
+def _legacy_line(cp: Checkpoint, line: str, verdict: Verdict) -> None:
+    count, digest = bound(cp, "legacy-quarantine") or (0, b"")
+    verdict.facts["legacy_quarantine"] = {"rows": count, "hash": digest.hex()}
+
+
+EXTENSION_CHECKS: dict[str, ExtensionCheck] = {"time": _time_line, "chain": _chain_line,
+                                               "legacy-quarantine": _legacy_line}
 COSIGNATURE_CHECKS: list[CosignatureCheck] = []
 
 
@@ -204,15 +237,18 @@ def check_checkpoint(data: bytes | str, key: VerifierKey, subject: str = "checkp
     for line in cp.extensions:
         check = EXTENSION_CHECKS.get(line.split(" ", 1)[0])
         if check is not None:
-            check(cp, line, verdict)
+            try:
+                check(cp, line, verdict)
+            except VerifyError as exc:
+                verdict.problem(str(exc))
         else:
             verdict.notes.append(f"extension line {line[:60]!r} is covered by the signature; "
                                  "this version does not interpret it")
     others = [s for s in cp.signatures if (s.name, s.key_id) != (key.name, key.key_id)]
     for signature in others:
         if not COSIGNATURE_CHECKS:
-            verdict.notes.append(f"another signature, by {signature.name}: not checked by "
-                                 "this version")
+            verdict.notes.append(f"another signature, by {signature.name}: checked only "
+                                 "when its key is named (--witness-key)")
         for cosign in COSIGNATURE_CHECKS:
             cosign(cp, signature, verdict)
     return verdict.finish(), cp

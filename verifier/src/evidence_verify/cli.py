@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .archive import check_archive
+from .carried import check_wacz_checkpoint
 from .checkpoint import VerifierKey, check_checkpoint
 from .errors import VerifyError
+from .policy import Proofs, WitnessKey, load_roots
 from .proof import check_proof
 from .verdict import Verdict
 from .wacz import check_wacz, load_public_key
@@ -25,23 +27,45 @@ def _read(path: str) -> bytes:
                           hint="check the file name") from None
 
 
+def _proofs(args: argparse.Namespace, checkpoint_path: str | None) -> Proofs:
+    """The examiner's policy from ``--tsa-root``, ``--timestamp``, ``--witness-key`` and
+    ``--witnesses``; the timestamp defaults to CP.tsr beside the checkpoint file."""
+    witnesses = [WitnessKey.read(path) for path in args.witness_key or ()]
+    if args.witnesses is not None and not 1 <= args.witnesses <= len(witnesses):
+        raise VerifyError(f"--witnesses {args.witnesses}: between 1 and the "
+                          f"{len(witnesses)} --witness-key given",
+                          hint="name at least that many witness keys")
+    token = None
+    if args.timestamp:
+        token = _read(args.timestamp)
+    elif checkpoint_path and checkpoint_path != "-" and Path(checkpoint_path + ".tsr").is_file():
+        token = _read(checkpoint_path + ".tsr")
+    return Proofs(tsa_roots=load_roots(args.tsa_root or []), timestamp=token,
+                  witnesses=witnesses, need=args.witnesses)
+
+
 def _archive(args: argparse.Namespace) -> Verdict:
-    if (args.checkpoint is None) != (args.public_key is None):
-        raise VerifyError("--checkpoint and --public-key go together",
-                          hint="give both: the checkpoint and the key that signed it")
+    if args.checkpoint is not None and args.public_key is None:
+        raise VerifyError("--checkpoint needs --public-key",
+                          hint="give the key that signed it (KEY.pub) too")
     key = VerifierKey.read(args.public_key) if args.public_key else None
     checkpoint = _read(args.checkpoint) if args.checkpoint else None
     if not Path(args.archive).is_dir():
         raise VerifyError(f"{args.archive} is not a directory",
                           hint="give the directory evidence export wrote")
-    return check_archive(args.archive, checkpoint=checkpoint, key=key)
+    return check_archive(args.archive, checkpoint=checkpoint, key=key,
+                         proofs=_proofs(args, args.checkpoint))
 
 
 def _wacz(args: argparse.Namespace) -> Verdict:
     pinned = load_public_key(args.public_key) if args.public_key else None
+    key = VerifierKey.read(args.checkpoint_key) if args.checkpoint_key else None
+    proofs = _proofs(args, None)
     if not Path(args.wacz).is_file():
         raise VerifyError(f"{args.wacz} is not a file", hint="give the .wacz file")
-    return check_wacz(args.wacz, public_key=pinned)
+    verdict = check_wacz(args.wacz, public_key=pinned)
+    check_wacz_checkpoint(args.wacz, verdict, key, proofs)
+    return verdict.finish()
 
 
 def _proof(args: argparse.Namespace) -> Verdict:
@@ -52,9 +76,27 @@ def _proof(args: argparse.Namespace) -> Verdict:
 
 
 def _checkpoint(args: argparse.Namespace) -> Verdict:
-    verdict, _cp = check_checkpoint(_read(args.checkpoint), VerifierKey.read(args.public_key),
-                                    args.checkpoint)
-    return verdict
+    data = _read(args.checkpoint)
+    proofs = _proofs(args, args.checkpoint)
+    verdict, cp = check_checkpoint(data, VerifierKey.read(args.public_key), args.checkpoint)
+    if cp is not None:
+        proofs.check(data, cp, verdict)
+    return verdict.finish()
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tsa-root", metavar="PEM", action="append",
+                   help="check the checkpoint's RFC 3161 timestamp against this TSA root "
+                   "certificate (repeatable); it fails without a valid timestamp")
+    p.add_argument("--timestamp", metavar="FILE",
+                   help="the timestamp (DER TimeStampResp; default: CHECKPOINT.tsr beside "
+                   "the checkpoint, or the one an archive carries)")
+    p.add_argument("--witness-key", metavar="FILE", action="append",
+                   help="require a valid cosignature on the checkpoint by this witness "
+                   "(KEY.pub; repeatable)")
+    p.add_argument("--witnesses", type=int, metavar="N",
+                   help="how many of the --witness-key witnesses must have cosigned "
+                   "(default: all of them)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,11 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     p = sub.add_parser("archive", help="an archive directory (evidence export)",
                        description="Check every file and payload of an archive against its "
-                       "manifest, rebuild its log from the ledger, and (with a checkpoint) "
-                       "compare it with the root the operator signed.")
+                       "manifest, rebuild its log from the ledger (leaves, roots, the "
+                       "commit-log chain from the store's identity, commit times, quarantine "
+                       "records), and compare it with the checkpoint the operator signed: "
+                       "the one the archive carries, or --checkpoint.")
     p.add_argument("archive", metavar="DIR")
-    p.add_argument("--checkpoint", metavar="FILE", help="a checkpoint of the store")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="a checkpoint of the store (default: the one the archive carries)")
     p.add_argument("--public-key", metavar="KEY", help="the operator's key (KEY.pub)")
+    _policy_flags(p)
     p.set_defaults(run=_archive)
     p = sub.add_parser("wacz", help="a WACZ file (evidence export --format wacz)",
                        description="Check the zip, every package hash, the signature, each "
@@ -76,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("wacz", metavar="FILE")
     p.add_argument("--public-key", metavar="KEY",
                    help="the signer's key (KEY.pub, PEM) or a certificate of its chain")
+    p.add_argument("--checkpoint-key", metavar="KEY",
+                   help="the operator's checkpoint key (KEY.pub of evidence keygen): check "
+                   "the signed checkpoint the WACZ carries")
+    _policy_flags(p)
     p.set_defaults(run=_wacz)
     p = sub.add_parser("proof", help="an inclusion or consistency proof (evidence prove)",
                        description="Check a proof against a checkpoint signed by the key.")
@@ -89,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check the operator's signature over the whole checkpoint.")
     p.add_argument("checkpoint", metavar="FILE")
     p.add_argument("--public-key", required=True, metavar="KEY")
+    _policy_flags(p)
     p.set_defaults(run=_checkpoint)
     for command in sub.choices.values():
         command.add_argument("--json", action="store_true", help="print JSON for scripts")

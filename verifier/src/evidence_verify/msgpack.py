@@ -111,3 +111,51 @@ def _map(r: _Reader, n: int, depth: int) -> dict[Any, Any]:
             raise ValueError("a msgpack map key that is a container")
         out[key] = _value(r, depth + 1)
     return out
+
+
+def pack(value: Any) -> bytes:
+    """The canonical (shortest-form) msgpack of None, an int, a str, bytes or a list of
+    them: what evidence hashes for a submitter's ledger entry, a quarantine record and a
+    pre-006 quarantine row."""
+    if value is None:
+        return b"\xc0"
+    if isinstance(value, bool):
+        return b"\xc3" if value else b"\xc2"
+    if isinstance(value, int):
+        return _pack_int(value)
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        n = len(data)
+        head = (bytes([0xA0 | n]) if n < 32 else b"\xd9" + n.to_bytes(1, "big") if n < 1 << 8
+                else b"\xda" + n.to_bytes(2, "big") if n < 1 << 16
+                else b"\xdb" + n.to_bytes(4, "big"))
+        return head + data
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        n = len(data)
+        head = (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else
+                b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xc6" + n.to_bytes(4, "big"))
+        return head + data
+    if isinstance(value, list | tuple):
+        n = len(value)
+        head = (bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
+                else b"\xdd" + n.to_bytes(4, "big"))
+        return head + b"".join(pack(v) for v in value)
+    raise TypeError(f"cannot pack {type(value).__name__}")
+
+
+def _pack_int(n: int) -> bytes:
+    if 0 <= n < 128:
+        return bytes([n])
+    if -32 <= n < 0:
+        return struct.pack(">b", n)
+    if n >= 0:
+        for code, fmt, limit in ((0xCC, ">B", 1 << 8), (0xCD, ">H", 1 << 16),
+                                 (0xCE, ">I", 1 << 32), (0xCF, ">Q", 1 << 64)):
+            if n < limit:
+                return bytes([code]) + struct.pack(fmt, n)
+    for code, fmt, bits in ((0xD0, ">b", 7), (0xD1, ">h", 15), (0xD2, ">i", 31),
+                            (0xD3, ">q", 63)):
+        if n >= -(1 << bits):
+            return bytes([code]) + struct.pack(fmt, n)
+    raise ValueError("integer out of msgpack's range")
