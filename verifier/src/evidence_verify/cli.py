@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .archive import check_archive
-from .carried import check_wacz_checkpoint
+from .carried import check_wacz_checkpoint, check_wacz_timestamp
 from .checkpoint import VerifierKey, check_checkpoint
 from .errors import VerifyError
 from .policy import Proofs, WitnessKey, load_roots
@@ -64,6 +64,7 @@ def _wacz(args: argparse.Namespace) -> Verdict:
     if not Path(args.wacz).is_file():
         raise VerifyError(f"{args.wacz} is not a file", hint="give the .wacz file")
     verdict = check_wacz(args.wacz, public_key=pinned)
+    check_wacz_timestamp(args.wacz, verdict, proofs)
     check_wacz_checkpoint(args.wacz, verdict, key, proofs)
     return verdict.finish()
 
