@@ -329,8 +329,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "to check the signed checkpoint the WACZ carries")
     p.add_argument("--tsa-root", metavar="PEM", action="append", type=local_path,
                    help="an archive or a WACZ: check the RFC 3161 timestamp of the checkpoint "
-                   "it carries against this TSA root certificate (repeatable); it fails "
-                   "without a valid timestamp")
+                   "it carries (it fails without a valid one) and of a WACZ's domain "
+                   "signature against this TSA root certificate (repeatable)")
     p.add_argument("--witness-key", metavar="FILE", action="append", type=local_path,
                    help="an archive or a WACZ: require a valid cosignature on the checkpoint "
                    "it carries by this witness (KEY.pub; repeatable)")

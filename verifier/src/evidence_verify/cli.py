@@ -87,8 +87,9 @@ def _checkpoint(args: argparse.Namespace) -> Verdict:
 
 def _policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tsa-root", metavar="PEM", action="append",
-                   help="check the checkpoint's RFC 3161 timestamp against this TSA root "
-                   "certificate (repeatable); it fails without a valid timestamp")
+                   help="check the checkpoint's RFC 3161 timestamp (it fails without a "
+                   "valid one) and a WACZ's domain signature's against this TSA root "
+                   "certificate (repeatable)")
     p.add_argument("--timestamp", metavar="FILE",
                    help="the timestamp (DER TimeStampResp; default: CHECKPOINT.tsr beside "
                    "the checkpoint, or the one an archive carries)")
