@@ -191,14 +191,15 @@ def test_a_backup_holds_every_payload_and_exports_the_same_bytes(
 
 def test_wacz_and_warc_exports_are_the_same_bytes_from_every_backend(
         source: Source, restored: dict[str, str]) -> None:
-    """The WARC and the WACZ (its compressed index too) depend only on the evidence: the
-    source and its restored copies in either backend give the same bytes (issue 33)."""
+    """The WARC and the WACZ (its compressed index too, and the checkpoint it carries)
+    depend only on the evidence: the source and its restored copies in either backend give
+    the same bytes (issues 32, 33)."""
     made: dict[str, tuple[bytes, bytes]] = {}
     for name, location in [("source", source.location), *restored.items()]:
         out = source.work / f"wacz-{name}"
         out.mkdir()
         with Store.open(location, read_only=True) as store:
-            wacz = export_wacz(store, out / "x.wacz")
+            wacz = export_wacz(store, out / "x.wacz", checkpoint=signed(source))
             warc = export_warc(store, out / "x.warc.gz")
         assert wacz.revisits == warc.revisits  # (tests/test_revisits.py makes some)
         made[name] = ((out / "x.wacz").read_bytes(), (out / "x.warc.gz").read_bytes())

@@ -292,7 +292,7 @@ def test_a_wacz_carries_the_checkpoint_its_timestamp_and_signs_them(
 
 
 def test_a_domain_signed_wacz_carries_an_rfc3161_timestamp_authsign_accepts(
-        crawled: Path, tsa: TestTSA, tmp_path: Path) -> None:
+        crawled: Path, tsa: TestTSA, tmp_path: Path, capsys) -> None:
     """export --format wacz --key --cert --tsa: timeSignature is the TSA's reply over the
     signature text, timestampCert its chain; authsign (wacz validate --verify-auth's
     verifier), trusting the domain's and the TSA's roots, accepts the file; so does
@@ -328,6 +328,13 @@ def test_a_domain_signed_wacz_carries_an_rfc3161_timestamp_authsign_accepts(
 
         verdict = Verifier(str(tmp_path / "roots.yaml"))(signed)
     assert verdict and dict(verdict)["observer"] == "archive.example.org"
+    # evidence verify checks it against the TSA root the examiner names, and no other.
+    argv = ["verify", str(wacz), "--public-key", str(root), "--tsa-root"]
+    assert cli_main([*argv, str(tsa.root_pem)]) == 0
+    assert "the signature timestamped at " in capsys.readouterr().out
+    assert cli_main([*argv, str(root)]) == 1  # the domain's root did not issue the TSA
+    assert "the signature's timestamp: the timestamp's signer does not chain to the TSA root" in \
+        capsys.readouterr().out
     assert cli_main(["export", str(crawled / "st"), "--format", "wacz", "--out",
                      str(tmp_path / "anon.wacz"), "--new-key", str(tmp_path / "k"),
                      "--tsa", tsa.url]) == 2  # the anonymous form has no timestamp

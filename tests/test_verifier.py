@@ -331,6 +331,34 @@ def test_a_wacz_carries_its_checkpoint_to_the_examiner(verifier: Path, handed, c
     assert code == 1 and "carries no checkpoint" in report["problems"][0]
 
 
+def test_a_domain_signatures_timestamp_is_checked_by_the_examiner(verifier: Path, handed,
+                                                                  tsa, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from evidence._archive.wacz import (
+        WaczSigner,
+        load_certificate_chain,
+        load_signing_key,
+        tsa_timestamper,
+    )
+    from evidence._audit.timestamp import load_certificates
+
+    from .test_waczcheck import _certificates
+
+    key, chain, root = _certificates(tmp_path, ec.SECP384R1())
+    stamper = tsa_timestamper(tsa.url, load_certificates(
+        tsa.cert_pem.read_bytes() + tsa.root_pem.read_bytes(), "the TSA's chain"))
+    with Store.open(handed["dir"] / "s", read_only=True) as store:
+        export_wacz(store, tmp_path / "d.wacz", key=WaczSigner(
+            load_signing_key(key, domain=True), load_certificate_chain(chain), stamper))
+    code, report = verify(verifier, "wacz", tmp_path / "d.wacz", "--public-key", root,
+                          "--tsa-root", tsa.root_pem)
+    assert code == 0 and report["facts"]["signature_tsa"] == "CN=evidence test TSA", report
+    code, report = verify(verifier, "wacz", tmp_path / "d.wacz", "--public-key", root,
+                          "--tsa-root", root)  # a root that did not issue the TSA
+    assert code == 1 and report["problems"][0].startswith("the signature's timestamp: ")
+
+
 @pytest.mark.parametrize(("name", "says"), [
     ("x-time", ["commit times go back", "chain recomputed up to batch 13 is not the one"]),
     ("x-both", ["commit times go back", "chain recomputed up to batch 13 is not the one"]),

@@ -30,7 +30,7 @@ from .carried import CHECKPOINT_FILE, WACZ_DIR, Carried, carried_in
 from .export import read_manifest
 
 __all__ = ["ArchiveCheck", "CarriedCheck", "WaczProof", "check_wacz_checkpoint",
-           "verify_archive"]
+           "check_wacz_timestamp", "verify_archive"]
 
 
 class CarriedCheck(msgspec.Struct, kw_only=True):
@@ -226,3 +226,31 @@ def _warc_heads(zf: object, name: str) -> Iterator[dict[str, str]]:
                     key, _, value = text.partition(":")
                     fields.setdefault(key.strip().lower(), value.strip())
             yield fields
+
+
+def check_wacz_timestamp(path: str | os.PathLike[str], roots: list[Certificate]
+                         ) -> tuple[str | None, str | None, list[str]]:
+    """The domain form's RFC 3161 timestamp (``timeSignature``: the TSA's reply over the
+    signature's base64 text, as authsign makes it) against the examiner's TSA roots: (its
+    time, its TSA, problems); (None, None, []) when the WACZ has none."""
+    import base64
+    import binascii
+    import json
+    import zipfile
+
+    from .._audit.timestamp import check_timestamp
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            signed = json.loads(zf.read("datapackage-digest.json")).get("signedData") or {}
+        if not isinstance(signed, dict) or "timeSignature" not in signed:
+            return None, None, []
+        token = base64.b64decode(str(signed["timeSignature"]), validate=True)
+        stamp = check_timestamp(str(signed.get("signature", "")).encode("ascii"), token,
+                                roots)
+    except ProofError as exc:
+        return None, None, [f"the signature's timestamp: {exc}"]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, binascii.Error,
+            UnicodeEncodeError, AttributeError) as exc:
+        return None, None, [f"the signature's timestamp cannot be read: {exc}"]
+    return stamp.time, stamp.tsa, []

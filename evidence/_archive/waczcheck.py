@@ -37,8 +37,9 @@ Steps 5 and 6 matter even though the package hashes cover the files: a WACZ whos
 was altered and whose hashes were recomputed fails at step 4 (if pinned) but passes 1-3;
 the per-record digests then still say *which* record changed, unless the attacker
 recomputed them too. ``check_wacz`` never raises on bad input: everything wrong is a
-problem in the result. The timestamp of the domain form (``timeSignature``) is reported,
-not checked yet (``_check_time_signature``: the seam for an RFC 3161 verifier).
+problem in the result. The timestamp of the domain form (``timeSignature``) is reported
+here; it is checked against the TSA roots the examiner names by
+``_archive.proofcheck.check_wacz_timestamp``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class WaczCheck(msgspec.Struct, kw_only=True):
     pinned: bool = False  # the signing key (or a certificate of the chain) is the one given
     domain: str | None = None
     created: str | None = None
-    timestamp: str | None = None  # "present, not checked" until an RFC 3161 verifier plugs in
+    timestamp: str | None = None  # "present": checked apart, against the examiner's roots
     files: int = 0  # package resources checked
     records: int = 0  # WARC records whose digests were checked
     indexed: int = 0  # index lines checked against their records
@@ -355,13 +356,12 @@ def _verify(key: ec.EllipticCurvePublicKey, signature: Any, text: str) -> bool:
 
 
 def _check_time_signature(signed: dict, result: WaczCheck) -> None:
-    """The domain form's RFC 3161 timestamp of the signature: the place where its check
-    (message imprint, TSA signature, TSA chain to a root the examiner names) goes once an
-    RFC 3161 verifier is in the project. Until then it is reported, never claimed."""
-    result.timestamp = "present, not checked"
-    result.notes.append("the signature carries an RFC 3161 timestamp (timeSignature); this "
-                        "version does not check it: until it does, the signing time is the "
-                        "signer's word")
+    """The domain form's RFC 3161 timestamp of the signature: checked against the TSA roots
+    the examiner names (``--tsa-root``), apart from this check, which has no roots."""
+    result.timestamp = "present"
+    result.notes.append("the signature carries an RFC 3161 timestamp (timeSignature): it "
+                        "is checked only against a TSA root you name (--tsa-root); without "
+                        "one, the signing time is the signer's word")
 
 
 def _spki(key: Any) -> bytes:

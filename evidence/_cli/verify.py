@@ -159,15 +159,21 @@ def _cmd_verify_wacz(args: argparse.Namespace) -> int:
     pinned = load_public_key(args.public_key) if args.public_key else None
     check = check_wacz(args.store, public_key=pinned)
     proof = _wacz_checkpoint(args)
+    stamped = _wacz_timestamp(args, check)
     if args.json:
-        print_json(msgspec.to_builtins(check) | (
-            {} if proof is None else {"checkpoint": msgspec.to_builtins(proof)
-                                      | {"ok": proof.ok}}))
+        print_json(msgspec.to_builtins(check) | ({} if stamped is None else {
+            "signature_timestamp": stamped}) | ({} if proof is None else {
+                "checkpoint": msgspec.to_builtins(proof) | {"ok": proof.ok}}))
     else:
         print(format_wacz_check(check))
+        if stamped is not None:
+            print(f"time     the signature timestamped at {stamped['time']} by "
+                  f"{stamped['tsa']}" if stamped["ok"] else
+                  "error    " + "\n         ".join(stamped["problems"]))
         if proof is not None:
             print(_format_carried(proof))
-    failed = not check.ok or (proof is not None and not proof.ok)
+    failed = (not check.ok or (proof is not None and not proof.ok)
+              or (stamped is not None and not stamped["ok"]))
     notes = check.notes + (proof.notes if proof is not None else [])
     return 1 if failed or (args.strict and notes) else 0
 
@@ -183,8 +189,20 @@ def _wacz_checkpoint(args: argparse.Namespace) -> WaczProof | None:
     roots, witnesses = _policy(args)
     proof = check_wacz_checkpoint(args.store, public_key=key, tsa_roots=roots,
                                   witness_keys=witnesses, witnesses=args.witnesses)
-    named = key is not None or roots or witnesses
-    return proof if proof.carried or named else None
+    # A TSA root alone asks for no checkpoint: it may be for the signature's timestamp.
+    return proof if proof.carried or key is not None or witnesses else None
+
+
+def _wacz_timestamp(args: argparse.Namespace, check: WaczCheck) -> dict | None:
+    """With ``--tsa-root``: the domain form's timestamp checked (None: no root named, or
+    the signature carries none)."""
+    from .._archive.proofcheck import check_wacz_timestamp
+
+    roots, _ = _policy(args)
+    if not roots or check.timestamp is None:
+        return None
+    time, tsa, problems = check_wacz_timestamp(args.store, roots)
+    return {"ok": not problems, "time": time, "tsa": tsa, "problems": problems}
 
 
 def _policy(args: argparse.Namespace) -> tuple[list, list]:
@@ -311,8 +329,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "to check the signed checkpoint the WACZ carries")
     p.add_argument("--tsa-root", metavar="PEM", action="append", type=local_path,
                    help="an archive or a WACZ: check the RFC 3161 timestamp of the checkpoint "
-                   "it carries against this TSA root certificate (repeatable); it fails "
-                   "without a valid timestamp")
+                   "it carries (it fails without a valid one) and of a WACZ's domain "
+                   "signature against this TSA root certificate (repeatable)")
     p.add_argument("--witness-key", metavar="FILE", action="append", type=local_path,
                    help="an archive or a WACZ: require a valid cosignature on the checkpoint "
                    "it carries by this witness (KEY.pub; repeatable)")

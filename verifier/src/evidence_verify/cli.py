@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .archive import check_archive
-from .carried import check_wacz_checkpoint
+from .carried import check_wacz_checkpoint, check_wacz_timestamp
 from .checkpoint import VerifierKey, check_checkpoint
 from .errors import VerifyError
 from .policy import Proofs, WitnessKey, load_roots
@@ -64,6 +64,7 @@ def _wacz(args: argparse.Namespace) -> Verdict:
     if not Path(args.wacz).is_file():
         raise VerifyError(f"{args.wacz} is not a file", hint="give the .wacz file")
     verdict = check_wacz(args.wacz, public_key=pinned)
+    check_wacz_timestamp(args.wacz, verdict, proofs)
     check_wacz_checkpoint(args.wacz, verdict, key, proofs)
     return verdict.finish()
 
@@ -86,8 +87,9 @@ def _checkpoint(args: argparse.Namespace) -> Verdict:
 
 def _policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tsa-root", metavar="PEM", action="append",
-                   help="check the checkpoint's RFC 3161 timestamp against this TSA root "
-                   "certificate (repeatable); it fails without a valid timestamp")
+                   help="check the checkpoint's RFC 3161 timestamp (it fails without a "
+                   "valid one) and a WACZ's domain signature's against this TSA root "
+                   "certificate (repeatable)")
     p.add_argument("--timestamp", metavar="FILE",
                    help="the timestamp (DER TimeStampResp; default: CHECKPOINT.tsr beside "
                    "the checkpoint, or the one an archive carries)")
