@@ -291,7 +291,8 @@ class Crawler:
         policy = NetworkPolicy(allow=self.config.allow_network, seeds=self.config.seeds,
                                resolver=self.options.resolver)
         client = await stack.enter_async_context(crawl_client(
-            connections=connections, timeout=self.options.timeout, policy=policy))
+            connections=connections, timeout=self.options.timeout, policy=policy,
+            http1_only=self.config.http1_only))
         in_process = not (self.options.processes > 0 or self.options.listen)
         if not in_process:
             if self.options.listen and not getattr(self.store.artifacts, "url", ""):

@@ -79,6 +79,7 @@ import h2.settings
 from anyio.streams.tls import TLSAttribute, TLSStream
 from hyperframe.frame import GoAwayFrame
 
+from .._model import http2
 from .._model.http1 import (
     ChunkedBody,
     Split,
@@ -87,10 +88,9 @@ from .._model.http1 import (
     head_length,
     head_problem,
     parse_head,
-    split_response,
 )
-from .._model import http2
 from .._model.messages import DnsAnswer, Outcome
+from .._model.wire import wire_format
 from .._net import Stream, acquire, connect_tcp
 from .netpolicy import NetworkPolicy, Origin, Refused
 
@@ -153,13 +153,11 @@ class Exchange:
     def split(self) -> Split:
         """The response's head, body and surplus (computed once the exchange is over)."""
         if self._split is None:
-            if self.protocol == http2.NAME:
-                try:
-                    self._split = http2.split_response(self.received)
-                except ValueError:  # the frames are stored; no head is derived from them
-                    self._split = Split(b"", b"", b"", "h2", False)
-            else:
-                self._split = split_response(bytes(self.received), self.method)
+            try:
+                self._split = wire_format(self.protocol).split_response(self.received,
+                                                                        self.method)
+            except ValueError:  # frames stored as read, from which no head is derived
+                self._split = Split(b"", b"", b"", self.protocol, False)
         return self._split
 
     def close(self) -> None:

@@ -194,7 +194,8 @@ async def _session(options: HostOptions, statistics: HostStatistics) -> None:
             setup.artifacts, local=Path(os.devnull), create=False, read_only=False))
         http = crawl_client(connections=setup.connections, timeout=setup.timeout,
                             policy=NetworkPolicy(allow=config.allow_network,
-                                                 seeds=config.seeds))
+                                                 seeds=config.seeds),
+                            http1_only=config.http1_only)
         address = f"{options.address[0]}:{options.address[1]}"
         try:
             async with AsyncClient(address=address, token=options.token, tls=options.tls,

@@ -652,7 +652,8 @@ async def _child(fd: int) -> None:
                                    else Path(setup.store) / SYNC_MARKER)
         http = crawl_client(connections=setup.connections, timeout=setup.timeout,
                             policy=NetworkPolicy(allow=config.allow_network,
-                                                 seeds=config.seeds))
+                                                 seeds=config.seeds),
+                            http1_only=config.http1_only)
         from ..client import AsyncClient  # here: the package imports this module
 
         try:

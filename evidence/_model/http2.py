@@ -26,6 +26,9 @@ head this way as it comes, and fails the attempt if one does not stand alone).
 - ``request_message(frames)``: the request as an HTTP/1-style message (``GET /path
   HTTP/2``, ``host`` from ``:authority``, the fields, a blank line, the body), which is what
   WARC request records and ``replay`` show;
+- ``as_http11(message)``: the same with HTTP/1.1 start lines (``HTTP/1.1 200 OK``), for
+  the WARC records of an h2 exchange (which say ``WARC-Protocol: h2``: pywb reads only
+  HTTP/1.x heads);
 - the content is derived from the head and body as for HTTP/1.1 (``_model.http1.
   derive_content``: HTTP/2 forbids Transfer-Encoding, so only content codings apply).
 
@@ -34,6 +37,7 @@ Everything here is a pure function of bytes, as in ``_model.http1``.
 
 from __future__ import annotations
 
+import http
 from typing import NamedTuple
 
 import hpack
@@ -49,7 +53,7 @@ from hyperframe.frame import (
 
 from .http1 import Split
 
-__all__ = ["FRAME_HEADER", "NAME", "Frame", "RawFrame", "decode_block", "frames",
+__all__ = ["FRAME_HEADER", "NAME", "Frame", "RawFrame", "as_http11", "decode_block", "frames",
            "render_head", "request_message", "split_response"]
 
 NAME = "h2"  # the protocol, as ALPN names it and an attempt records it
@@ -209,6 +213,28 @@ def request_message(data: bytes | bytearray) -> bytes:
         lines.append(b"host: " + authority)
     lines += [name + b": " + value for name, value in regular]
     return b"\r\n".join(lines) + b"\r\n\r\n" + message.body
+
+
+_REASONS = {code.value: code.phrase.encode() for code in http.HTTPStatus}
+
+
+def as_http11(message: bytes) -> bytes:
+    """A head (or a request message) rendered from frames, with HTTP/1.1 start lines: each
+    ``HTTP/2 NNN`` status line becomes ``HTTP/1.1 NNN Reason``, a request line's ``HTTP/2``
+    becomes ``HTTP/1.1``; the fields and body are unchanged. For readers that take only
+    HTTP/1.x messages (pywb, in a WARC record that says ``WARC-Protocol: h2``)."""
+    end = message.find(b"\r\n\r\n")
+    head, rest = (message, b"") if end < 0 else (message[:end + 4], message[end + 4:])
+    lines = head.split(b"\r\n")
+    if lines and lines[0].endswith(b" HTTP/2") and not lines[0].startswith(b"HTTP/"):
+        lines[0] = lines[0][:-len(b"HTTP/2")] + b"HTTP/1.1"
+        return b"\r\n".join(lines) + rest
+    for index, line in enumerate(lines):
+        if line.startswith(b"HTTP/2 ") and (index == 0 or not lines[index - 1]):
+            status = line[7:10]
+            reason = _REASONS.get(int(status), b"") if status.isdigit() else b""
+            lines[index] = b"HTTP/1.1 " + status + b" " + reason
+    return b"\r\n".join(lines) + rest
 
 
 def goaway_code(data: bytes | bytearray) -> int | None:
