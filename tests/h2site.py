@@ -5,6 +5,7 @@
     /data       64 KiB of text (more than one DATA frame)
     /gz         a gzip-coded text (the content is derived from the body)
     /post       POST: ``posted <body>``
+    /scripted   a page whose script loads /data by fetch() and writes its length
 
 ``h2_only``: the TLS layer offers ALPN ``h2`` only and the app refuses any other protocol
 with 505 (HTTP Version Not Supported), as a server that speaks only HTTP/2 does. Otherwise
@@ -29,6 +30,10 @@ from .testca import make_authority
 PAGE = b"<!doctype html><title>Over h2</title><a href='/data'>data</a> <a href='/gz'>gz</a>"
 DATA = b"".join(b"line %05d of the data\n" % i for i in range(2979))  # 68,517 bytes
 TEXT = b"gzip-coded text, " * 64
+SCRIPTED = (b"<!doctype html><title>Rendered over h2</title><p id='out'>waiting</p><script>"
+            b"fetch('/data').then(r => r.text()).then(t => {"
+            b"document.getElementById('out').textContent = 'loaded ' + t.length; });"
+            b"</script>")
 
 
 class H2Site:
@@ -77,6 +82,8 @@ class H2Site:
             status, answer = 505, b"HTTP/2 only"
         elif path == "/":
             status, answer = 200, PAGE
+        elif path == "/scripted":
+            status, answer = 200, SCRIPTED
         elif path == "/data":
             status, answer = 200, DATA
             headers = [(b"content-type", b"text/plain")]

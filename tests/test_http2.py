@@ -36,16 +36,18 @@ from evidence._model import http2
 from evidence._model.http1 import derive_content
 from evidence._model.messages import FetchAttempt, decode_message
 
+from .conftest import Factory, submit_all
 from .h2site import DATA, PAGE, TEXT, H2Site
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def crawl(site: H2Site, path: Path, **config: object) -> Path:
+    config.setdefault("seeds", [site.url])
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SSL_CERT_FILE", str(site.ca_file))  # the crawler trusts the test CA
         with Store.create(path) as store:
-            crawler = Crawler(store, CrawlConfig(seeds=[site.url], **config),  # type: ignore[arg-type]
+            crawler = Crawler(store, CrawlConfig(**config),  # type: ignore[arg-type]
                               CrawlOptions(workers=2))
             assert anyio.run(crawler.run).session_completed
     return path
@@ -193,6 +195,27 @@ def test_streams_share_one_connection_per_origin(both: H2Site) -> None:
                                                         PAGE]
 
 
+def test_a_body_over_the_cap_resets_its_stream_not_the_connection(both: H2Site) -> None:
+    async def main() -> tuple[Exchange, Exchange, tuple[object, ...]]:
+        cut, after = Exchange("GET"), Exchange("GET")
+        async with crawl_client(connections=2, timeout=20) as client:
+            response = await client.send("GET", both.url + "data", {}, cut)
+            outcome = await response.read_body(1000)
+            response = await client.send("GET", both.url + "gz", {}, after)
+            assert (await response.read_body(1 << 20))[0] == "response"
+        return cut, after, outcome
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SSL_CERT_FILE", str(both.ca_file))
+        cut, after, outcome = anyio.run(main)
+    assert outcome[0] == "too_large" and outcome[2] is True
+    assert not cut.split().complete and DATA.startswith(cut.split().body)
+    sent, _ = http2.frames(cut.sent)
+    assert type(sent[-1].frame).__name__ == "RstStreamFrame"  # the client's CANCEL, recorded
+    assert after.reused and after.peer.local_port == cut.peer.local_port  # type: ignore[union-attr]
+    assert after.split().complete
+
+
 def test_the_warc_has_h2_records_warcio_and_pywb_read(h2_store: Path, both: H2Site,
                                                       tmp_path: Path) -> None:
     from warcio.archiveiterator import ArchiveIterator
@@ -257,6 +280,53 @@ def test_the_wacz_validates_and_replays_in_pywb(h2_store: Path, both: H2Site,
     finally:
         proc.kill()
         proc.communicate(timeout=30)
+
+
+def test_the_render_proxy_speaks_h2_to_the_server(both: H2Site, tmp_path: Path,
+                                                  chromium: str) -> None:
+    before = len(both.seen)
+    path = crawl(both, tmp_path / "store", render=True, max_depth=0,
+                 seeds=[both.url + "scripted"])
+    with Store.open(path, read_only=True) as store:
+        (outcome, dom_ns, dom_digest, dom_size), = store.connection.execute(
+            "SELECT r.outcome, a.namespace, a.digest, a.size FROM render r "
+            "JOIN artifact a ON a.artifact_id = r.dom_id").fetchall()
+        assert outcome == "rendered"
+        from evidence import ArtifactRef
+
+        dom = store.artifacts.read(ArtifactRef(dom_ns, dom_digest, dom_size)).decode()
+        assert f"loaded {len(DATA)}" in dom  # the script's fetch was answered over h2
+        made = store.connection.execute(
+            "SELECT url, protocol, tls_alpn, http_status FROM fetch_attempt "
+            "WHERE render_seq IS NOT NULL").fetchall()
+        assert (both.url + "data", "h2", "h2", 200) in made
+        assert verify(store, full=True).ok
+    assert ("2", "/data") in both.seen[before:]
+
+
+def test_verify_full_finds_a_head_its_frames_do_not_give(h2_store: Path, both: H2Site,
+                                                        tmp_path: Path) -> None:
+    page = recorded(h2_store)[both.url]
+    with Store.create(tmp_path / "s") as store:
+        with Store.open(h2_store, read_only=True) as source:
+            frames = store.artifacts.put("frames", source.artifacts.read(page.frames))  # type: ignore[arg-type]
+            head = source.artifacts.read(page.response_headers)  # type: ignore[arg-type]
+            body = store.artifacts.put("body", source.artifacts.read(page.body))  # type: ignore[arg-type]
+        make = Factory(store)
+        honest = make.attempt(both.url, capture="wire", protocol="h2", frames=frames,
+                              body=body, response_headers=store.artifacts.put("headers", head))
+        forged = make.attempt(both.url, sequence=1, capture="wire", protocol="h2",
+                              frames=frames, body=body, response_headers=store.artifacts.put(
+                                  "headers", head.replace(b"HTTP/2 200", b"HTTP/2 404")))
+        # Frames go with h2, and h2 with a wire capture: else the writer refuses them.
+        wrong = [make.attempt(both.url, sequence=2, capture="wire", frames=frames),
+                 make.attempt(both.url, sequence=3, protocol="h2")]
+        acks = submit_all(store, [make.session(), make.run(), honest, forged, *wrong])
+        assert [a.status for a in acks] == ["committed"] * 4 + ["rejected"] * 2
+        report = verify(store, full=True)
+        assert [(f.kind, f.location.row_id) for f in report.findings] == [
+            ("content_mismatch", 2)]
+        assert forged.attempt_id in report.findings[0].message
 
 
 # Any header list and any body, cut into any DATA frames and encoded by an encoder that

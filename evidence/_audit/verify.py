@@ -12,7 +12,9 @@ In one read snapshot of the database it runs, in order:
   6. quarantined payloads against their hashes.
 
 With ``full``, every attempt captured from the wire has its content derived again from its
-stored head and body (``_model.http1.derive_content``) and compared with the content it records
+stored head and body (``_model.http1.derive_content``; an HTTP/2 attempt's head and body
+are first derived again from its stored frames, ``_model.wire``, and compared with them)
+and compared with the content it records
 (its ``content`` artifact, or its body), and the codings it says were removed.
 
 Then, outside that snapshot (artifact rows are append-only, so paging them by id sees the
@@ -85,6 +87,7 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
+from .._model.wire import wire_format
 from .._store import quarantine as _quarantine
 from .._store.artifacts import Removal
 from .._store.db import DB_NAME, Store
@@ -1195,11 +1198,12 @@ def _check_facts(found: Findings, conn: apsw.Connection, table: str, key: str,
 _CONTENT_SQL = """
 SELECT f.attempt_seq, f.attempt_id, f.transfer_coding, f.content_coding, f.content_truncated,
        h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
-       c.namespace, c.digest, c.size
+       c.namespace, c.digest, c.size, f.protocol, fr.namespace, fr.digest, fr.size
 FROM fetch_attempt f
 JOIN artifact h ON h.artifact_id = f.response_headers_id
 JOIN artifact b ON b.artifact_id = f.body_id
 LEFT JOIN artifact c ON c.artifact_id = f.content_id
+LEFT JOIN artifact fr ON fr.artifact_id = f.frames_id
 WHERE f.capture = 'wire' AND f.attempt_seq > ? ORDER BY f.attempt_seq LIMIT ?
 """
 
@@ -1216,11 +1220,17 @@ def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int
             n, after = n + 1, seq
             head_ref, body_ref = ArtifactRef(*refs[0:3]), ArtifactRef(*refs[3:6])
             content_ref = None if refs[6] is None else ArtifactRef(*refs[6:9])
+            protocol, frames_ref = refs[9], None if refs[10] is None else ArtifactRef(*refs[10:13])
             try:  # a missing or damaged file is the artifact check's finding
                 head, body = store.artifacts.read(head_ref), store.artifacts.read(body_ref)
                 stored = body if content_ref is None else store.artifacts.read(content_ref)
+                frames = None if frames_ref is None else store.artifacts.read(frames_ref)
             except ArtifactError:
                 continue
+            if frames is not None and not _frames_give(protocol, frames, head, body):
+                found.add("content_mismatch", f"attempt {attempt_id}: its head and body are "
+                          f"not what its stored {protocol} frames derive to",
+                          table="fetch_attempt", row_id=seq, digest=frames_ref.digest)  # type: ignore[union-attr]
             limit = len(stored) if truncated else len(stored) + 1
             derived = derive_content(head, body, limit)
             same = derived.data == stored and (derived.transfer_coding, derived.content_coding) \
@@ -1231,6 +1241,16 @@ def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int
                           f"{transfer}/{coding}, derived {derived.transfer_coding}/"
                           f"{derived.content_coding})", table="fetch_attempt", row_id=seq,
                           digest=(content_ref or body_ref).digest)
+
+
+def _frames_give(protocol: str, frames: bytes, head: bytes, body: bytes) -> bool:
+    """Whether the frames a capture read derive to its stored head and body (the body as
+    stored: cut at the cap, so a prefix of the derived one)."""
+    try:
+        split = wire_format(protocol).split_response(frames, "GET")
+    except (KeyError, ValueError):
+        return False
+    return split.head == head and split.body[:len(body)] == body
 
 
 # --- orphans -------------------------------------------------------------------------

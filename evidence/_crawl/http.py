@@ -511,14 +511,27 @@ class _H2Connection:
         self.closing = False  # the server sent GOAWAY: no new streams
         self.idle_since = time.monotonic()
 
-    def usable(self) -> bool:
-        """Whether a new request may go over it."""
-        if self.failure is not None or self.closing:
+    async def usable(self) -> bool:
+        """Whether a new request may go over it. An idle one first reads what came while
+        no request read it (frames of a stream it reset, SETTINGS, PING, a GOAWAY, the
+        close): those are the connection's, never a request's."""
+        if not self.streams and time.monotonic() - self.idle_since >= KEEPALIVE:
             return False
-        if self.streams:
-            return True  # its requests read it: what came is theirs to read
-        idle = time.monotonic() - self.idle_since < KEEPALIVE
-        return idle and not self.connection.readable()
+        for _ in range(64):  # bounded: a server streaming frames unasked is dropped
+            if self.streams or self.failure is not None or self.closing \
+                    or not self.connection.readable():
+                break
+            self._reading = True
+            try:
+                self._feed(await self._read())
+                await self.flush()
+            except FetchError:
+                return False
+            finally:
+                self._reading = False
+        else:
+            return False
+        return self.failure is None and not self.closing
 
     async def request(self, prepared: _Prepared, exchange: Exchange) -> H2Response:
         """Open a stream, write the request on it and read the response head."""
@@ -864,7 +877,7 @@ class Client:
         async with lock:
             shared = self._h2.get(origin)
             if shared is not None:
-                if shared.usable():
+                if await shared.usable():
                     return shared, None
                 del self._h2[origin]
                 if not shared.streams:
