@@ -26,7 +26,9 @@ from hyperframe.frame import DataFrame, HeadersFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
+from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store, verify
+from evidence._archive.archive import restore
+from evidence._archive.export import export
 from evidence._archive.wacz import export_wacz
 from evidence._archive.warc import export_warc
 from evidence._audit.replay import replay
@@ -36,7 +38,7 @@ from evidence._model import http2
 from evidence._model.http1 import derive_content
 from evidence._model.messages import FetchAttempt, decode_message
 
-from .conftest import Factory, submit_all
+from .conftest import Factory, new_pg_database, submit_all
 from .h2site import DATA, PAGE, TEXT, H2Site
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,8 +294,6 @@ def test_the_render_proxy_speaks_h2_to_the_server(both: H2Site, tmp_path: Path,
             "SELECT r.outcome, a.namespace, a.digest, a.size FROM render r "
             "JOIN artifact a ON a.artifact_id = r.dom_id").fetchall()
         assert outcome == "rendered"
-        from evidence import ArtifactRef
-
         dom = store.artifacts.read(ArtifactRef(dom_ns, dom_digest, dom_size)).decode()
         assert f"loaded {len(DATA)}" in dom  # the script's fetch was answered over h2
         made = store.connection.execute(
@@ -327,6 +327,37 @@ def test_verify_full_finds_a_head_its_frames_do_not_give(h2_store: Path, both: H
         assert [(f.kind, f.location.row_id) for f in report.findings] == [
             ("content_mismatch", 2)]
         assert forged.attempt_id in report.findings[0].message
+
+
+def test_h2_attempts_export_restore_and_export_again_on_both_backends(
+        h2_store: Path, tmp_path: Path, pg_cluster: object) -> None:
+    first = export(h2_store, tmp_path / "a")
+    copies = {"sqlite": str(tmp_path / "restored"),
+              "postgresql": new_pg_database(pg_cluster)}  # type: ignore[arg-type]
+    for name, target in copies.items():
+        restore(tmp_path / "a", target, artifacts=None if name == "sqlite"
+                else tmp_path / "pg-payloads")
+        again = export(target, tmp_path / f"again-{name}")
+        assert {k: v.blake3 for k, v in again.tables.items()} == {
+            k: v.blake3 for k, v in first.tables.items()}, name
+        with Store.open(target, read_only=True) as store:
+            assert store.connection.execute(
+                "SELECT count(*), count(DISTINCT a.namespace) FROM fetch_attempt f JOIN "
+                "artifact a ON a.artifact_id = f.frames_id WHERE f.protocol = 'h2'"
+            ).fetchall() == [(4, 1)]
+            assert verify(store, full=True).ok, name
+    # A run's archive holds its attempts' frames.
+    with Store.open(h2_store, read_only=True) as store:
+        (run_id,), = store.connection.execute("SELECT run_id FROM crawl_run").fetchall()
+    export(h2_store, tmp_path / "run", run_id=run_id)
+    restore(tmp_path / "run", tmp_path / "run-restored")
+    with Store.open(tmp_path / "run-restored", read_only=True) as store:
+        rows = store.connection.execute(
+            "SELECT a.namespace, a.digest, a.size FROM fetch_attempt f "
+            "JOIN artifact a ON a.artifact_id = f.frames_id").fetchall()
+        assert len(rows) == 4
+        assert all(http2.split_response(store.artifacts.read(ArtifactRef(*row))).complete
+                   for row in rows)
 
 
 # Any header list and any body, cut into any DATA frames and encoded by an encoder that
