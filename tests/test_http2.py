@@ -11,6 +11,7 @@ pywb's indexer read; the WACZ validates; ``replay --serve`` (pywb) replays the p
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import subprocess
 import sys
@@ -265,7 +266,13 @@ def test_the_wacz_validates_and_replays_in_pywb(h2_store: Path, both: H2Site,
     assert done.returncode == 0 and "Validation succeeded" in done.stdout, done.stderr
     with zipfile.ZipFile(tmp_path / "site.wacz") as zf:
         index = gzip.decompress(zf.read("indexes/index.cdx.gz")).decode()
+        warc = zf.read("archive/data.warc.gz")
     assert '"status": "200"' in index
+    from warcio.archiveiterator import ArchiveIterator
+
+    protocols = {r.rec_headers.get_header("WARC-Protocol")
+                 for r in ArchiveIterator(io.BytesIO(warc)) if r.rec_type == "response"}
+    assert protocols == {"h2"}  # what the replay below serves was captured over h2
     proc = subprocess.Popen([sys.executable, "-m", "evidence", "replay", str(h2_store),
                              "--serve", "--port", "0", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=ROOT)
