@@ -1,5 +1,6 @@
-"""The crawler's HTTP/1.1 client: it writes each request and reads each response itself,
-so what it stores is what crossed the connection, and no second HTTP parser reads it.
+"""The crawler's HTTP client (HTTP/1.1, and HTTP/2 where the server picks it): it writes
+each request and reads each response itself, so what it stores is what crossed the
+connection, and no second HTTP parser reads it.
 
     async with crawl_client(connections=8, timeout=30.0) as client:
         exchange = Exchange("GET")
@@ -14,7 +15,20 @@ bytes that came in the same read after the body's end (``surplus``). Where the h
 body end is decided by ``_model.http1``, the same rules that split the stored bytes again
 later (``split_response``), so the client and every reader of the evidence agree.
 
-The client is deliberately small: HTTP/1.1 only, one request at a time per connection (no
+HTTP/2 (issue 33): TLS offers ALPN ``h2, http/1.1`` (``http1_only``: ``http/1.1`` alone),
+and a server that picks h2 gets one connection per origin (``_H2Connection``, the ``h2``
+package's state machine), each request on a stream of its own, as many at once as the
+server's SETTINGS_MAX_CONCURRENT_STREAMS allows within the client's slots. Its exchange
+(``Exchange.protocol`` "h2") records the frames written and read with its stream's id,
+each as it crossed the connection, and each GOAWAY read while it was open; the head and
+body are derived from them by ``_model.http2`` (``Exchange.split``), which also derives
+the head the client acts on, so the client and every reader agree. The client sends
+SETTINGS_HEADER_TABLE_SIZE 0 and keeps no HPACK table itself: each stored header block
+decodes on its own (``_model.http2``), and a response block that does not is a
+``RemoteProtocolError``. Requests to an origin whose protocol is not known yet connect one
+at a time, so they share the one h2 connection; plain ``http:`` is always HTTP/1.1.
+
+The client is deliberately small: over HTTP/1.1 one request at a time per connection (no
 pipelining), no redirects followed, no retries (a retry would be a request the evidence does
 not record: the crawler retries through its frontier, each attempt recorded), no cookies
 (a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
