@@ -574,11 +574,10 @@ class _H2Connection:
             raise
 
     async def _write_request(self, stream: _H2Stream, prepared: _Prepared) -> None:
-        target = prepared.target if prepared.method != "OPTIONS" or prepared.target != "*" \
-            else "*"
         fields = [(b":method", prepared.method.encode()),
                   (b":scheme", prepared.origin.scheme.encode()),
-                  (b":authority", prepared.authority.encode()), (b":path", target.encode())]
+                  (b":authority", prepared.authority.encode()),
+                  (b":path", prepared.target.encode())]
         fields += [(key.lower().encode(), value.encode("latin-1"))
                    for key, value in prepared.fields if key.lower() not in _H2_DROPPED]
         body = prepared.content or b""
