@@ -95,7 +95,7 @@ def authority(directory: Path) -> tuple[Path, ssl.SSLContext, bytes]:
         pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(directory / "chain.pem", directory / "leaf.key")
-    context.set_alpn_protocols(["h2", "http/1.1"])
+    context.set_alpn_protocols(["http/1.1"])  # the handler speaks HTTP/1.1 only
     return directory / "root.pem", context, leaf.public_bytes(der) + middle.public_bytes(der)
 
 
@@ -163,7 +163,7 @@ def attempts(store: Store) -> list[tuple]:
 def test_a_tls_crawl_records_the_peer_the_handshake_and_the_chain(tls_store) -> None:
     path, site = tls_store
     sni, version, cipher, alpn = site.seen[-1]
-    assert (sni, alpn) == ("localhost", "http/1.1")  # the client offers http/1.1 only
+    assert (sni, alpn) == ("localhost", "http/1.1")  # the server offers http/1.1 only
     with Store.open(path, read_only=True) as store:
         rows = attempts(store)
         assert [r[0] for r in rows] == [site.url + "robots.txt", site.url]

@@ -331,6 +331,7 @@ _RUN_SCOPE = {
                 "UNION SELECT content_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT tls_chain_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT frames_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
                 "UNION SELECT dom_id FROM render WHERE run_id = :run "
                 "UNION SELECT screenshot_id FROM render WHERE run_id = :run "

@@ -81,6 +81,7 @@ import msgspec
 from .._audit.replay import ConnectionFacts, DnsFacts, connection_facts
 from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
 from .._model.refs import ArtifactRef
+from .._model.wire import wire_format
 from .._store.artifacts import CHUNK_SIZE
 from .._store.db import Store
 from .._store.fsync import fsync_dir
@@ -101,8 +102,9 @@ _ATTEMPTS = """
 SELECT f.attempt_seq, f.attempt_id, f.run_id, f.url, f.method, f.started_at, f.http_status,
        f.body_truncated, f.log_index,
        q.namespace, q.digest, q.size, h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
-       c.digest
+       c.digest, f.protocol, fr.digest
 FROM fetch_attempt f
+LEFT JOIN artifact fr ON fr.artifact_id = f.frames_id
 LEFT JOIN artifact q ON q.artifact_id = f.request_headers_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
@@ -296,11 +298,15 @@ def attempt_records(store: Store, store_id: str, row: tuple,
     """A response (or revisit) and a request record; the same attempt in the same export
     always gives the same bytes."""
     (_seq, attempt_id, run_id, url, method, started_at, status, truncated, log_index,
-     q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size, c_digest) = row
+     q_ns, q_digest, q_size, h_ns, h_digest, h_size, b_ns, b_digest, b_size, c_digest,
+     protocol, frames_digest) = row
+    wire = wire_format(protocol)
     original = revisits.original(row) if revisits is not None else None
     response_id = record_uri(store_id, attempt_id,
                              "response" if original is None else "revisit")
     common = [("WARC-Date", started_at), ("WARC-Target-URI", header_value(url))]
+    if wire.warc_protocol is not None:
+        common.append(("WARC-Protocol", wire.warc_protocol))
     evidence = [("Evidence-Attempt-ID", header_value(attempt_id)),
                 ("Evidence-Run-ID", header_value(run_id)),
                 ("Evidence-Log-Index", str(log_index))]
@@ -314,6 +320,7 @@ def attempt_records(store: Store, store_id: str, row: tuple,
                    ("WARC-Refers-To-Target-URI", original.target_uri),
                    ("WARC-Refers-To-Date", original.date)]
     fields.append(("Content-Type", "application/http;msgtype=response"))
+    head = wire.warc_message(head)
     if not _STATUS_LINE.match(head):
         head = f"HTTP/1.1 {status} {_reason(status)}".encode() + _CRLF + head
         fields.append(("Evidence-Reconstructed", "status-line"))
@@ -326,6 +333,8 @@ def attempt_records(store: Store, store_id: str, row: tuple,
         fields.append(("Evidence-Body-BLAKE3", b_digest))
     if c_digest is not None:
         fields.append(("Evidence-Content-BLAKE3", c_digest))
+    if frames_digest is not None:
+        fields.append(("Evidence-Frames-BLAKE3", frames_digest))
     if original is None:
         response = WarcRecord([*fields, *evidence], _terminated(head), body,
                               payload_digest=True)
@@ -339,6 +348,16 @@ def attempt_records(store: Store, store_id: str, row: tuple,
               ("WARC-Record-ID", record_uri(store_id, attempt_id, "request")), *common,
               ("WARC-Concurrent-To", response_id),
               ("Content-Type", "application/http;msgtype=request")]
+    if wire.received is not None and q_ns is not None:  # stored as frames: its message
+        try:
+            request = wire.warc_message(wire.request_message(request))
+        except ValueError as exc:
+            raise ArtifactCorruptError(
+                f"the request frames {q_ns}/{q_digest} of attempt {attempt_id} do not "
+                f"decode: {exc}", digest=q_digest,
+                hint="run 'evidence verify --full' and restore the payload from a backup"
+            ) from None
+        fields.append(("Evidence-Frames-BLAKE3", q_digest))
     if not _REQUEST_LINE.match(request):
         request = f"{method} {_target(url)} HTTP/1.1".encode() + _CRLF + request
         fields.append(("Evidence-Reconstructed", "request-line"))

@@ -19,7 +19,11 @@ spot by removing the content codings its head names. An attempt that got no resp
 
 ``connection`` says with whom and how the bytes were exchanged (issue 33; None for an
 attempt recorded before that, or one that never connected): ``connection_facts``, which
-``show`` uses too. Through a proxy (issue 36) its ``proxy`` says which one (never its
+``show`` uses too; its TLS facts name the ALPN protocol the server picked. ``protocol``
+is the one spoken ("http/1.1" or "h2"); for h2 the head and body are derived from the
+frames read on the request's stream (``frames_ref``, ``_model.http2``): the head is the
+decoded one rendered HTTP/1-style (``HTTP/2 200``), the body the DATA payloads.
+Through a proxy (issue 36) its ``proxy`` says which one (never its
 credentials), what it was asked to connect to and what it answered: those facts live in
 the attempt's ledger entry only (the message its Merkle leaf covers), where they are read.
 """
@@ -161,6 +165,8 @@ class ReplayedResponse(msgspec.Struct, frozen=True, kw_only=True):
     content_truncated: bool = False
     content: bytes | None = None  # only when asked for (``replay(..., content=True)``)
     connection: ConnectionFacts | None = None  # with whom and how (``connection_facts``)
+    protocol: str = "http/1.1"  # "h2": the head and body are derived from ``frames_ref``
+    frames_ref: ArtifactRef | None = None  # h2: the frames read on the request's stream
 
     def http_message(self) -> bytes:
         """Head then body, as received. Only if the stored head lacks its closing blank line
@@ -199,8 +205,9 @@ SELECT f.attempt_id, f.run_id, f.url, f.sequence, f.method, f.started_at, f.outc
        f.http_status, f.content_type, f.body_truncated, f.log_index,
        h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
        f.capture, c.namespace, c.digest, c.size, f.transfer_coding, f.content_coding,
-       f.content_truncated
+       f.content_truncated, f.protocol, fr.namespace, fr.digest, fr.size
 FROM fetch_attempt f
+LEFT JOIN artifact fr ON fr.artifact_id = f.frames_id
 LEFT JOIN artifact h ON h.artifact_id = f.response_headers_id
 LEFT JOIN artifact b ON b.artifact_id = f.body_id
 LEFT JOIN artifact c ON c.artifact_id = f.content_id
@@ -219,7 +226,8 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
         connection = connection_facts(conn, seq)
     (attempt_id, run, requested, sequence, method, started_at, outcome, status, content_type,
      truncated, log_index, h_ns, h_digest, h_size, b_ns, b_digest, b_size, capture, c_ns,
-     c_digest, c_size, transfer_coding, content_coding, content_truncated) = row
+     c_digest, c_size, transfer_coding, content_coding, content_truncated, protocol, f_ns,
+     f_digest, f_size) = row
     head_ref = None if h_ns is None else ArtifactRef(h_ns, h_digest, h_size)
     body_ref = None if b_ns is None else ArtifactRef(b_ns, b_digest, b_size)
     content_ref = None if c_ns is None else ArtifactRef(c_ns, c_digest, c_size)
@@ -240,7 +248,8 @@ def replay(store: Store, url: str, *, run_id: str | None = None,
         response_headers_ref=head_ref, body_ref=body_ref, response_headers=head, body=body,
         capture=capture, content_ref=content_ref, transfer_coding=transfer_coding,
         content_coding=content_coding, content_truncated=bool(content_truncated),
-        content=decoded, connection=connection)
+        content=decoded, connection=connection, protocol=protocol,
+        frames_ref=None if f_ns is None else ArtifactRef(f_ns, f_digest, f_size))
 
 
 def locate(conn: apsw.Connection, url: str, *, run_id: str | None = None,

@@ -12,7 +12,9 @@ In one read snapshot of the database it runs, in order:
   6. quarantined payloads against their hashes.
 
 With ``full``, every attempt captured from the wire has its content derived again from its
-stored head and body (``_model.http1.derive_content``) and compared with the content it records
+stored head and body (``_model.http1.derive_content``; an HTTP/2 attempt's head and body
+are first derived again from its stored frames, ``_model.wire``, and compared with them)
+and compared with the content it records
 (its ``content`` artifact, or its body), and the codings it says were removed.
 
 Then, outside that snapshot (artifact rows are append-only, so paging them by id sees the
@@ -85,6 +87,7 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
+from .._model.wire import wire_format
 from .._store import quarantine as _quarantine
 from .._store.artifacts import Removal
 from .._store.db import DB_NAME, Store
@@ -714,8 +717,10 @@ SELECT f.log_index, f.attempt_seq, f.attempt_id, f.run_id, f.url, f.sequence, f.
        f.remote_address, f.remote_port, f.local_address, f.local_port, f.connection_reused,
        f.resolution_seq, d.resolution_id, d.host, d.port, d.resolved_at, d.source,
        d.addresses, d.ttl, f.tls_version, f.tls_cipher, f.tls_sni, f.tls_alpn,
-       f.tls_chain_id, t.namespace, t.digest, t.size, f.tls_verified
+       f.tls_chain_id, t.namespace, t.digest, t.size, f.tls_verified,
+       f.protocol, f.frames_id, fr.namespace, fr.digest, fr.size
 FROM fetch_attempt f
+LEFT JOIN artifact fr ON fr.artifact_id = f.frames_id
 LEFT JOIN render rr ON rr.render_seq = f.render_seq
 LEFT JOIN dns_resolution d ON d.resolution_seq = f.resolution_seq
 LEFT JOIN artifact t ON t.artifact_id = f.tls_chain_id
@@ -931,7 +936,8 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
      q_id, q_ns, q_digest, q_size, h_id, h_ns, h_digest, h_size, b_id, b_ns, b_digest, b_size,
      truncated, content_type, error, version, key, capture, c_id, c_ns, c_digest, c_size,
      transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
-     text_encoding, text_source, render_id, *connection) = rows[0]
+     text_encoding, text_source, render_id, *connection, protocol, f_id, f_ns, f_digest,
+     f_size) = rows[0]
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
@@ -943,7 +949,8 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "content": _ref_text(m.content), "transfer_coding": m.transfer_coding,
         "content_coding": m.content_coding, "content_truncated": int(m.content_truncated),
         "surplus": _ref_text(m.surplus), "text_encoding": m.text_encoding,
-        "text_encoding_source": m.text_encoding_source, "render_id": m.render_id}
+        "text_encoding_source": m.text_encoding_source, "render_id": m.render_id,
+        "protocol": m.protocol, "frames": _ref_text(m.frames)}
     actual = {
         "attempt_id": attempt_id, "run_id": run_id, "url": url, "sequence": sequence,
         "method": method, "started_at": started_at, "elapsed_ms": elapsed_ms,
@@ -956,7 +963,8 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "transfer_coding": transfer_coding, "content_coding": content_coding,
         "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
         "text_encoding": text_encoding, "text_encoding_source": text_source,
-        "render_id": render_id}
+        "render_id": render_id, "protocol": protocol,
+        "frames": _row_ref(f_id, f_ns, f_digest, f_size)}
     expected.update(_connection_expected(m))
     actual.update(_connection_actual(connection))
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
@@ -1190,11 +1198,12 @@ def _check_facts(found: Findings, conn: apsw.Connection, table: str, key: str,
 _CONTENT_SQL = """
 SELECT f.attempt_seq, f.attempt_id, f.transfer_coding, f.content_coding, f.content_truncated,
        h.namespace, h.digest, h.size, b.namespace, b.digest, b.size,
-       c.namespace, c.digest, c.size
+       c.namespace, c.digest, c.size, f.protocol, fr.namespace, fr.digest, fr.size
 FROM fetch_attempt f
 JOIN artifact h ON h.artifact_id = f.response_headers_id
 JOIN artifact b ON b.artifact_id = f.body_id
 LEFT JOIN artifact c ON c.artifact_id = f.content_id
+LEFT JOIN artifact fr ON fr.artifact_id = f.frames_id
 WHERE f.capture = 'wire' AND f.attempt_seq > ? ORDER BY f.attempt_seq LIMIT ?
 """
 
@@ -1211,11 +1220,17 @@ def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int
             n, after = n + 1, seq
             head_ref, body_ref = ArtifactRef(*refs[0:3]), ArtifactRef(*refs[3:6])
             content_ref = None if refs[6] is None else ArtifactRef(*refs[6:9])
+            protocol, frames_ref = refs[9], None if refs[10] is None else ArtifactRef(*refs[10:13])
             try:  # a missing or damaged file is the artifact check's finding
                 head, body = store.artifacts.read(head_ref), store.artifacts.read(body_ref)
                 stored = body if content_ref is None else store.artifacts.read(content_ref)
+                frames = None if frames_ref is None else store.artifacts.read(frames_ref)
             except ArtifactError:
                 continue
+            if frames is not None and not _frames_give(protocol, frames, head, body):
+                found.add("content_mismatch", f"attempt {attempt_id}: its head and body are "
+                          f"not what its stored {protocol} frames derive to",
+                          table="fetch_attempt", row_id=seq, digest=frames_ref.digest)  # type: ignore[union-attr]
             limit = len(stored) if truncated else len(stored) + 1
             derived = derive_content(head, body, limit)
             same = derived.data == stored and (derived.transfer_coding, derived.content_coding) \
@@ -1226,6 +1241,16 @@ def _check_contents(store: Store, conn: apsw.Connection, found: Findings) -> int
                           f"{transfer}/{coding}, derived {derived.transfer_coding}/"
                           f"{derived.content_coding})", table="fetch_attempt", row_id=seq,
                           digest=(content_ref or body_ref).digest)
+
+
+def _frames_give(protocol: str, frames: bytes, head: bytes, body: bytes) -> bool:
+    """Whether the frames a capture read derive to its stored head and body (the body as
+    stored: cut at the cap, so a prefix of the derived one)."""
+    try:
+        split = wire_format(protocol).split_response(frames, "GET")
+    except (KeyError, ValueError):
+        return False
+    return split.head == head and split.body[:len(body)] == body
 
 
 # --- orphans -------------------------------------------------------------------------
@@ -1244,7 +1269,7 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
         named: tuple[ArtifactRef | None, ...]
         if isinstance(message, FetchAttempt):
             named = (message.request_headers, message.response_headers, message.body,
-                     message.content, message.surplus)
+                     message.content, message.surplus, message.frames)
         elif isinstance(message, Discovery):
             named = (message.source_artifact,)
         elif isinstance(message, Render):

@@ -375,7 +375,7 @@ _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "si
                  "obey_robots", "user_agent", "max_body_bytes", "max_content_bytes",
                  "max_parse_bytes", "max_links", "recrawl", "rules", "render", "render_only",
                  "requisites", "allow_network", "render_unsafe_anywhere", "proxy",
-                 "proxies", "proxy_remote_dns")
+                 "proxies", "proxy_remote_dns", "http1_only")
 
 
 def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
@@ -827,6 +827,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="also fetch each page's requisites within the scope: images "
                    "(src, srcset, icons), scripts, stylesheets, CSS url()s, media (default: "
                    "recorded as edges of their own kinds, not fetched)")
+    p.add_argument("--http1-only", action="store_true", default=None,
+                   help="speak HTTP/1.1 only: TLS offers ALPN http/1.1 alone (default: it "
+                   "offers h2 and http/1.1 and the server picks; each attempt records the "
+                   "protocol used; recorded in the session configuration)")
     p.add_argument("--ignore-robots", dest="obey_robots", action="store_false", default=None,
                    help="do not obey robots.txt (recorded in the session configuration)")
     p.add_argument("--user-agent", metavar="TEXT",

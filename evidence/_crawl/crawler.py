@@ -300,7 +300,7 @@ class Crawler:
                                resolver=self.options.resolver)
         client = await stack.enter_async_context(crawl_client(
             connections=connections, timeout=self.options.timeout, policy=policy,
-            proxies=proxies))
+            proxies=proxies, http1_only=self.config.http1_only))
         in_process = not (self.options.processes > 0 or self.options.listen)
         if not in_process:
             if self.options.listen and not getattr(self.store.artifacts, "url", ""):

@@ -52,7 +52,7 @@ from .._model.messages import Connection, FetchAttempt, Outcome, Tls, new_id, ut
 from .._model.refs import ArtifactRef
 from .._model.text import Sniffed, charset_param, is_html, sniff
 from .._store.backend import ArtifactBackend
-from .http import Client, Exchange, FetchError, Headers, Peer, Response
+from .http import Client, Exchange, FetchError, H2Response, Headers, Peer, Response
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]
 
@@ -62,6 +62,7 @@ HEADERS_NS = "headers"
 BODY_NS = "body"
 CONTENT_NS = "content"
 CERTS_NS = "certs"
+FRAMES_NS = "frames"  # an HTTP/2 stream's frames, as read (``_model.http2``)
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,12 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
     extra: dict[str, Any] = {"capture": "wire"}
     body = content = b""
     sniffed: Sniffed | None = None
-    if exchange.received:
+    if exchange.protocol != "http/1.1":
+        extra["protocol"] = exchange.protocol
+        if exchange.received:  # the frames as read: the head and body derive from them
+            items.append((FRAMES_NS, bytes(exchange.received)))
+            fields.append("frames")
+    if exchange.received and split.head:
         items.append((HEADERS_NS, split.head))
         fields.append("response_headers")
     if head_length(split.head) is not None:  # a whole head: the rest is the body
@@ -239,7 +245,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
     if not isinstance(client, Client):
         raise EvidenceError("this HTTP client does not record what crosses its connections",
                             hint="make the client with evidence._crawl.http.crawl_client()")
-    response: Response | None = None
+    response: Response | H2Response | None = None
     outcome: Outcome = "response"
     error: str | None = None
     cut = False
@@ -259,8 +265,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
         if response is None:
             came = "no response head had come"
         else:
-            head = head_length(bytes(exchange.received)) or 0
-            came = f"{len(exchange.received) - head} bytes of the body had come"
+            came = f"{len(exchange.split().body)} bytes of the body had come"
         outcome, error, cut = "timeout", \
             f"deadline: the fetch took longer than {deadline:g} s; {came}", False
     if response is None:
@@ -322,7 +327,7 @@ async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: O
     peer = _connection(exchange.peer, exchange.reused, named)
     extra = {k: v for k, v in wire.extra.items() if k != "content_problem"}
     if named.get("body") is None:  # no whole head: nothing was derived from it
-        extra = {"capture": "wire"}
+        extra = {k: v for k, v in wire.extra.items() if k in ("capture", "protocol")}
     attempt = FetchAttempt(**common, elapsed_ms=round(elapsed * 1000, 3), outcome=outcome,
                            error=error[:2000], body_truncated="body" in named,
                            **named, **extra, **peer)

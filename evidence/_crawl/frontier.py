@@ -82,6 +82,9 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     proxy: str | None = None
     proxies: list[dict[str, object]] = []
     proxy_remote_dns: bool = False
+    # Speak HTTP/1.1 only: TLS offers ALPN http/1.1 alone, as before HTTP/2 (by default
+    # it offers h2 and http/1.1, and the server picks; _crawl.http).
+    http1_only: bool = False
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)

@@ -1,5 +1,6 @@
-"""The crawler's HTTP/1.1 client: it writes each request and reads each response itself,
-so what it stores is what crossed the connection, and no second HTTP parser reads it.
+"""The crawler's HTTP client (HTTP/1.1, and HTTP/2 where the server picks it): it writes
+each request and reads each response itself, so what it stores is what crossed the
+connection, and no second HTTP parser reads it.
 
     async with crawl_client(connections=8, timeout=30.0) as client:
         exchange = Exchange("GET")
@@ -14,7 +15,20 @@ bytes that came in the same read after the body's end (``surplus``). Where the h
 body end is decided by ``_model.http1``, the same rules that split the stored bytes again
 later (``split_response``), so the client and every reader of the evidence agree.
 
-The client is deliberately small: HTTP/1.1 only, one request at a time per connection (no
+HTTP/2 (issue 33): TLS offers ALPN ``h2, http/1.1`` (``http1_only``: ``http/1.1`` alone),
+and a server that picks h2 gets one connection per origin (``_H2Connection``, the ``h2``
+package's state machine), each request on a stream of its own, as many at once as the
+server's SETTINGS_MAX_CONCURRENT_STREAMS allows within the client's slots. Its exchange
+(``Exchange.protocol`` "h2") records the frames written and read with its stream's id,
+each as it crossed the connection, and each GOAWAY read while it was open; the head and
+body are derived from them by ``_model.http2`` (``Exchange.split``), which also derives
+the head the client acts on, so the client and every reader agree. The client sends
+SETTINGS_HEADER_TABLE_SIZE 0 and keeps no HPACK table itself: each stored header block
+decodes on its own (``_model.http2``), and a response block that does not is a
+``RemoteProtocolError``. Requests to an origin whose protocol is not known yet connect one
+at a time, so they share the one h2 connection; plain ``http:`` is always HTTP/1.1.
+
+The client is deliberately small: over HTTP/1.1 one request at a time per connection (no
 pipelining), no redirects followed, no retries (a retry would be a request the evidence does
 not record: the crawler retries through its frontier, each attempt recorded), no cookies
 (a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
@@ -70,15 +84,23 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import quote, urlsplit
 
 import anyio
 import anyio.abc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
 from anyio.streams.tls import TLSAttribute, TLSStream
+from hyperframe.frame import GoAwayFrame
 
+from .._model import http2
 from .._model.http1 import (
     ChunkedBody,
     Split,
@@ -87,14 +109,15 @@ from .._model.http1 import (
     head_length,
     head_problem,
     parse_head,
-    split_response,
 )
 from .._model.messages import DnsAnswer, Outcome
+from .._model.wire import wire_format
 from .._net import Stream, acquire, connect_tcp
 from .netpolicy import NetworkPolicy, Origin, Refused
 from .proxy import ProxyFailed, Routes, Tunnel, open_tunnel
 
-__all__ = ["Client", "Exchange", "FetchError", "Headers", "Peer", "Response", "crawl_client"]
+__all__ = ["Client", "Exchange", "FetchError", "H2Response", "Headers", "Peer", "Response",
+           "crawl_client"]
 
 KEEPALIVE = 5.0  # seconds an idle connection is kept
 MAX_HEAD = 256 * 1024  # bytes of response heads (interim ones included) the client reads
@@ -106,6 +129,12 @@ _TARGET_SAFE = "!$&'()*+,-./:;=?@_~%"  # kept by quote(): the rest is percent-en
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a field name (RFC 9110 section 5.1)
+# HTTP/2: the stream window the client grants (a response of up to this many bytes needs
+# no WINDOW_UPDATE: fewer frames of the client's in a stream's record), and the fields
+# HTTP/2 forbids (RFC 9113 section 8.2.2: connection-specific; Host becomes :authority).
+H2_WINDOW = 16 * 1024 * 1024
+_H2_DROPPED = frozenset({"host", "connection", "keep-alive", "proxy-connection",
+                         "transfer-encoding", "upgrade", "te"})
 
 
 @dataclass(frozen=True)
@@ -131,10 +160,13 @@ class Exchange:
     """The bytes one request wrote to its connection and read from it, in order, and the
     connection it went over (``peer``; ``reused``: an earlier request went over it)."""
 
-    __slots__ = ("_split", "method", "peer", "received", "reused", "sent")
+    __slots__ = ("_split", "method", "peer", "protocol", "received", "reused", "sent")
 
     def __init__(self, method: str) -> None:
         self.method = method
+        # "http/1.1": ``sent`` and ``received`` are the bytes of the connection; "h2": the
+        # frames of the request's stream (``_model.http2``).
+        self.protocol = "http/1.1"
         self.sent = bytearray()
         self.received = bytearray()
         self._split: Split | None = None
@@ -144,7 +176,11 @@ class Exchange:
     def split(self) -> Split:
         """The response's head, body and surplus (computed once the exchange is over)."""
         if self._split is None:
-            self._split = split_response(bytes(self.received), self.method)
+            try:
+                self._split = wire_format(self.protocol).split_response(self.received,
+                                                                        self.method)
+            except ValueError:  # frames stored as read, from which no head is derived
+                self._split = Split(b"", b"", b"", self.protocol, False)
         return self._split
 
     def close(self) -> None:
@@ -208,7 +244,8 @@ class FetchError(Exception):
 
 
 class _Connection:
-    __slots__ = ("idle_since", "origin", "peer", "raw", "requests", "socket", "stream")
+    __slots__ = ("alpn", "idle_since", "origin", "peer", "raw", "requests", "socket",
+                 "stream")
 
     def __init__(self, origin: Origin, stream: anyio.abc.ByteStream,
                  dns: DnsAnswer | None = None, tunnel: Tunnel | None = None) -> None:
@@ -222,6 +259,8 @@ class _Connection:
                                                          None)
         self.idle_since = 0.0
         self.peer = _peer(self.socket, stream, origin, dns, tunnel)
+        tls = stream.extra(TLSAttribute.ssl_object, None)
+        self.alpn: str | None = None if tls is None else tls.selected_alpn_protocol()
 
     def readable(self) -> bool:
         """Whether a read would not block (the server closed it, or sent bytes unasked)."""
@@ -287,9 +326,22 @@ def _readable(sock: socket.socket | None) -> bool:
     return bool(poller.poll(0))
 
 
-def _request(method: str, url: str, headers: Mapping[str, str],
-             content: bytes | None) -> tuple[Origin, bytes]:
-    """Where to connect and the request's bytes (head, then body)."""
+@dataclass(frozen=True)
+class _Prepared:
+    """A request checked and laid out, before any protocol writes it."""
+
+    origin: Origin
+    method: str
+    target: str  # the path and query, as sent
+    authority: str  # the host and port (the port only if not the scheme's default)
+    fields: list[tuple[str, str]]  # in the order sent: Host first, then defaults, caller's
+    content: bytes | None
+
+
+def _prepare(method: str, url: str, headers: Mapping[str, str],
+             content: bytes | None) -> _Prepared:
+    """Where to connect and what to send, checked (FetchError ``InvalidURL`` if it cannot
+    be sent as it is)."""
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -326,16 +378,30 @@ def _request(method: str, url: str, headers: Mapping[str, str],
     if content is not None or method in _BODY_METHODS:
         fields.pop("transfer-encoding", None)
         fields["content-length"] = ("Content-Length", str(len(content or b"")))
-    lines = [f"{method} {target} HTTP/1.1"]
     for key, value in fields.values():
         if not _TOKEN.fullmatch(key) or _BAD_VALUE.search(value):
             raise FetchError("InvalidURL", f"header {key[:80]!r} cannot be sent as it is")
-        lines.append(f"{key}: {value}")
-    try:
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    except UnicodeEncodeError as exc:
-        raise FetchError("InvalidURL", f"a header that is not Latin-1: {exc}") from None
-    return Origin(scheme, host, port), head + (content or b"")
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise FetchError("InvalidURL", f"a header that is not Latin-1: {exc}") from None
+    return _Prepared(Origin(scheme, host, port), method, target, authority,
+                     list(fields.values()), content)
+
+
+def _request(method: str, url: str, headers: Mapping[str, str],
+             content: bytes | None) -> tuple[Origin, bytes]:
+    """Where to connect and the request's HTTP/1.1 bytes (head, then body)."""
+    prepared = _prepare(method, url, headers, content)
+    return prepared.origin, _http1(prepared)
+
+
+def _http1(prepared: _Prepared) -> bytes:
+    """The request's HTTP/1.1 bytes (head, then body)."""
+    lines = [f"{prepared.method} {prepared.target} HTTP/1.1"]
+    lines += [f"{key}: {value}" for key, value in prepared.fields]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + (prepared.content or b"")
 
 
 class Response:
@@ -422,12 +488,334 @@ class Response:
         await self._client._release(connection, reuse=whole and self._keep_alive)
 
 
+class _H2Stream:
+    """One request's stream on an HTTP/2 connection, and what has come for it."""
+
+    __slots__ = ("body", "ended", "error", "exchange", "final", "id", "reset")
+
+    def __init__(self, stream_id: int, exchange: Exchange) -> None:
+        self.id, self.exchange = stream_id, exchange
+        self.final = False  # the final (non-1xx) response head came
+        self.ended = False  # the server ended the stream (END_STREAM)
+        self.reset: int | None = None  # the server reset it: the error code
+        self.error: FetchError | None = None  # it cannot go on (the connection failed)
+        self.body = 0  # DATA bytes received
+
+
+class _H2Connection:
+    """An HTTP/2 connection to one origin, shared by the requests to it, each on a stream
+    of its own (at most as many at once as the server's SETTINGS_MAX_CONCURRENT_STREAMS;
+    the client's slots bound them all). No task of its own reads it: a request waiting for
+    its stream reads the connection for all of them (one at a time; the others wait for
+    what it read), so nothing runs when no request waits. Every frame read or written with
+    a stream's id is recorded in that stream's exchange, and each GOAWAY read in every open
+    one (``_model.http2``)."""
+
+    def __init__(self, client: Client, connection: _Connection) -> None:
+        self.client, self.connection = client, connection
+        self.origin = connection.origin
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None,
+                                           normalize_outbound_headers=False,
+                                           normalize_inbound_headers=False)
+        self.h2 = h2.connection.H2Connection(config=config)
+        codes = h2.settings.SettingCodes
+        # A table size of 0: each header block stands alone (``_model.http2``).
+        self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
+            codes.HEADER_TABLE_SIZE: 0, codes.ENABLE_PUSH: 0,
+            codes.INITIAL_WINDOW_SIZE: H2_WINDOW, codes.MAX_HEADER_LIST_SIZE: MAX_HEAD})
+        self.h2.encoder.header_table_size = 0
+        self.h2.initiate_connection()
+        self.h2.increment_flow_control_window(H2_WINDOW)
+        self.streams: dict[int, _H2Stream] = {}
+        self._pending = bytearray()  # bytes read that are not a whole frame yet
+        self._preface = True  # the next write starts with the client's preface
+        self._reading = False
+        self._changed = anyio.Event()
+        self._writing = anyio.Lock()
+        self.failure: FetchError | None = None  # the connection is gone, and why
+        self.closing = False  # the server sent GOAWAY: no new streams
+        self.idle_since = time.monotonic()
+
+    async def usable(self) -> bool:
+        """Whether a new request may go over it. An idle one first reads what came while
+        no request read it (frames of a stream it reset, SETTINGS, PING, a GOAWAY, the
+        close): those are the connection's, never a request's."""
+        if not self.streams and time.monotonic() - self.idle_since >= KEEPALIVE:
+            return False
+        for _ in range(64):  # bounded: a server streaming frames unasked is dropped
+            if self.streams or self.failure is not None or self.closing \
+                    or not self.connection.readable():
+                break
+            self._reading = True
+            try:
+                self._feed(await self._read())
+                await self.flush()
+            except FetchError:
+                return False
+            finally:
+                self._reading = False
+        else:
+            return False
+        return self.failure is None and not self.closing
+
+    async def request(self, prepared: _Prepared, exchange: Exchange) -> H2Response:
+        """Open a stream, write the request on it and read the response head."""
+        exchange.protocol = http2.NAME
+        await self._wait(lambda: self.h2.open_outbound_streams
+                         < self.h2.remote_settings.max_concurrent_streams)
+        if self.closing:
+            raise FetchError("ConnectError", "the server is closing the connection (GOAWAY)")
+        stream = _H2Stream(self.h2.get_next_available_stream_id(), exchange)
+        self.streams[stream.id] = stream
+        exchange.peer, exchange.reused = self.connection.peer, self.connection.requests > 0
+        self.connection.requests += 1
+        try:
+            await self._write_request(stream, prepared)
+            await self._wait(lambda: stream.final or stream.ended or stream.reset is not None
+                             or stream.error is not None)
+            if stream.error is not None:
+                raise stream.error
+            if not stream.final:
+                raise FetchError("RemoteProtocolError", "the server reset the stream (error "
+                                 f"code {stream.reset}) before a response" if stream.reset
+                                 is not None else "the stream ended without a response")
+            return H2Response(self, stream, prepared.method)
+        except BaseException:
+            await self.release(stream)
+            raise
+
+    async def _write_request(self, stream: _H2Stream, prepared: _Prepared) -> None:
+        fields = [(b":method", prepared.method.encode()),
+                  (b":scheme", prepared.origin.scheme.encode()),
+                  (b":authority", prepared.authority.encode()),
+                  (b":path", prepared.target.encode())]
+        fields += [(key.lower().encode(), value.encode("latin-1"))
+                   for key, value in prepared.fields if key.lower() not in _H2_DROPPED]
+        body = prepared.content or b""
+        try:
+            self.h2.send_headers(stream.id, fields, end_stream=not body)
+            while body:
+                window = min(self.h2.local_flow_control_window(stream.id),
+                             self.h2.max_outbound_frame_size)
+                if window <= 0:
+                    await self.flush()
+                    await self._wait(lambda: self.h2.local_flow_control_window(stream.id) > 0
+                                     or stream.reset is not None or stream.ended)
+                    if stream.reset is not None or stream.ended:
+                        break  # the server answered (or refused) before the whole body
+                    continue
+                self.h2.send_data(stream.id, body[:window], end_stream=len(body) <= window)
+                body = body[window:]
+        except h2.exceptions.H2Error as exc:
+            raise FetchError("WriteError", f"HTTP/2: {exc}") from None
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write what the protocol has to send, recording each stream's frames in its
+        exchange once written."""
+        async with self._writing:
+            data = self.h2.data_to_send()
+            if not data:
+                return
+            try:
+                with self.connection.bounded(self.client.timeout):
+                    await self.connection.stream.send(data)
+            except TimeoutError:
+                self._fail(FetchError("WriteTimeout", f"the request was not written in "
+                                      f"{self.client.timeout:g} s", timeout=True))
+                raise self.failure from None  # type: ignore[misc]
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                self._fail(FetchError("WriteError", str(exc) or type(exc).__name__))
+                raise self.failure from None  # type: ignore[misc]
+            start = len(_PREFACE) if self._preface else 0
+            self._preface = False
+            for item in http2.frames(data, start)[0]:
+                stream = self.streams.get(item.frame.stream_id)
+                if stream is not None:
+                    stream.exchange.sent += item.raw
+
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        """Read the connection (or wait for the request reading it) until ``done()``."""
+        timeout = self.client.timeout
+        while not done():
+            if self.failure is not None:
+                raise self.failure
+            if self._reading:
+                changed = self._changed
+                try:
+                    with anyio.fail_after(timeout):
+                        await changed.wait()
+                except TimeoutError:
+                    raise FetchError("ReadTimeout", f"nothing came for {timeout:g} s",
+                                     timeout=True) from None
+                continue
+            self._reading = True
+            try:
+                data = await self._read()
+                self._feed(data)
+                await self.flush()  # acknowledgements, window updates
+            finally:
+                self._reading = False
+                self._changed.set()
+                self._changed = anyio.Event()
+
+    async def _read(self) -> bytes:
+        try:
+            with self.connection.bounded(self.client.timeout):
+                return await self.connection.stream.receive(READ_SIZE)
+        except anyio.EndOfStream:
+            self._fail(FetchError("ReadError", "the server closed the connection"))
+        except TimeoutError:
+            raise FetchError("ReadTimeout", f"nothing came for {self.client.timeout:g} s",
+                             timeout=True) from None
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._fail(FetchError("ReadError", str(exc) or type(exc).__name__))
+        raise self.failure  # type: ignore[misc]
+
+    def _feed(self, data: bytes) -> None:
+        """Record and hand to the protocol the whole frames read so far."""
+        self._pending += data
+        try:
+            parsed, end = http2.frames(self._pending)
+        except ValueError as exc:
+            self._fail(FetchError("RemoteProtocolError", str(exc)))
+            raise self.failure from None  # type: ignore[misc]
+        del self._pending[:end]
+        for item in parsed:
+            stream = self.streams.get(item.frame.stream_id)
+            if stream is not None:
+                stream.exchange.received += item.raw
+            elif isinstance(item.frame, GoAwayFrame):
+                for open_stream in self.streams.values():
+                    open_stream.exchange.received += item.raw
+            try:
+                events = self.h2.receive_data(item.raw)
+            except h2.exceptions.H2Error as exc:
+                self._fail(FetchError("RemoteProtocolError", f"HTTP/2: {exc}"))
+                raise self.failure from None  # type: ignore[misc]
+            for event in events:
+                self._event(event)
+
+    def _event(self, event: h2.events.Event) -> None:
+        stream = self.streams.get(getattr(event, "stream_id", 0) or 0)
+        if isinstance(event, h2.events.DataReceived):
+            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if stream is not None:
+                stream.body += len(event.data)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            # The server's table size is what the client's encoder may use: it keeps none,
+            # so each block it sends stands alone too (``_model.http2``).
+            if self.h2.encoder.header_table_size != 0:
+                self.h2.encoder.header_table_size = 0
+        elif stream is None:
+            if isinstance(event, h2.events.ConnectionTerminated):
+                self.closing = True
+                last = event.last_stream_id if event.last_stream_id is not None else 0
+                for other in self.streams.values():
+                    if other.id > last:  # never processed: it may be asked again
+                        other.error = FetchError("ReadError", "the server sent GOAWAY (error "
+                                                 f"code {event.error_code}) before "
+                                                 "processing the request")
+        elif isinstance(event, h2.events.ResponseReceived):
+            stream.final = True
+        elif isinstance(event, h2.events.StreamEnded):
+            stream.ended = True
+        elif isinstance(event, h2.events.StreamReset):
+            stream.reset = int(event.error_code) if event.error_code is not None else 0
+
+    def _fail(self, error: FetchError) -> None:
+        if self.failure is None:
+            self.failure = error
+        for stream in self.streams.values():
+            if stream.error is None:
+                stream.error = error
+
+    async def release(self, stream: _H2Stream) -> None:
+        """The request is done with its stream: reset it if it is still open (its unread
+        frames are the server's to stop sending), then forget it."""
+        with anyio.CancelScope(shield=True):
+            if not stream.ended and stream.reset is None and self.failure is None:
+                with contextlib.suppress(h2.exceptions.H2Error, FetchError):
+                    self.h2.reset_stream(stream.id, h2.errors.ErrorCodes.CANCEL)
+                    await self.flush()
+            self.streams.pop(stream.id, None)
+            self.idle_since = time.monotonic()
+            if not self.streams and (self.failure is not None or self.closing):
+                await self.client._forget(self)
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self.failure is None:
+                with contextlib.suppress(h2.exceptions.H2Error, FetchError):
+                    self.h2.close_connection()
+                    await self.flush()
+            await self.connection.close()
+
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+class H2Response:
+    """A response read over HTTP/2 whose head came; as ``Response``: ``read_body`` reads
+    the rest and releases the stream (call it, or ``aclose``, exactly once)."""
+
+    __slots__ = ("_connection", "_stream", "exchange", "headers", "status_code")
+
+    def __init__(self, connection: _H2Connection, stream: _H2Stream, method: str) -> None:
+        self._connection: _H2Connection | None = connection
+        self._stream, self.exchange = stream, stream.exchange
+        try:  # the head as every reader derives it from the frames (``_model.http2``)
+            head = http2.split_response(stream.exchange.received).head
+        except ValueError as exc:
+            raise FetchError("RemoteProtocolError", str(exc)) from None
+        status, fields = parse_head(final_head(head))
+        self.status_code: int = status or 0
+        self.headers = Headers(fields)
+
+    async def read_body(self, cap: int) -> tuple[Outcome, str | None, bool]:
+        """As ``Response.read_body``: the DATA of the stream, up to its end or ``cap``."""
+        stream, connection = self._stream, self._connection
+        assert connection is not None
+        try:
+            try:
+                await connection._wait(lambda: stream.ended or stream.reset is not None
+                                       or stream.error is not None or stream.body > cap)
+            except FetchError as exc:
+                return ("timeout" if exc.timeout else "network_error"), f"body read: {exc}", \
+                    False
+            if stream.body > cap:
+                return "too_large", f"body cut at the cap of {cap} bytes", True
+            if stream.error is not None:
+                return "network_error", f"body read: {stream.error}", False
+            if not stream.ended:
+                return "network_error", ("body read: the server reset the stream (error "
+                                         f"code {stream.reset})"), False
+            return "response", None, False
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the stream (reset if the response did not end) and the request's slot."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        try:
+            await connection.release(self._stream)
+        finally:
+            connection.client._slots.release()
+
+
 class Client:
-    """Keep-alive HTTP/1.1 connections, at most ``connections`` open; use ``async with``."""
+    """Keep-alive HTTP/1.1 connections and HTTP/2 ones (one per origin, its requests on
+    streams), at most ``connections`` requests at once; use ``async with``.
+
+    ``http1_only``: TLS offers ALPN ``http/1.1`` only, as before HTTP/2 (else ``h2,
+    http/1.1``: the server picks; plain http is always HTTP/1.1)."""
 
     def __init__(self, *, connections: int, timeout: float,
                  ssl_context: ssl.SSLContext | None = None,
-                 policy: NetworkPolicy | None = None, proxies: Routes | None = None) -> None:
+                 policy: NetworkPolicy | None = None, proxies: Routes | None = None,
+                 http1_only: bool = False) -> None:
         if connections < 1:
             raise ValueError("a client needs at least one connection")
         self.timeout = timeout
@@ -436,6 +824,10 @@ class Client:
         self._idle: dict[Origin, list[_Connection]] = {}
         self._idle_count = 0
         self._ssl = ssl_context
+        self.http1_only = http1_only
+        self._h2: dict[Origin, _H2Connection] = {}
+        self._http1: set[Origin] = set()  # origins whose server chose HTTP/1.1
+        self._opening: dict[Origin, anyio.Lock] = {}  # one connection at a time to learn
         self.policy = policy  # None: connect wherever a URL says (the caller names them all)
         self.proxies = proxies or Routes()  # which proxy each host goes through, if any
 
@@ -452,25 +844,38 @@ class Client:
         self._idle_count = 0
         for connection in idle:
             await connection.close()
+        shared = list(self._h2.values())
+        self._h2.clear()
+        for h2_connection in shared:
+            await h2_connection.close()
 
     def _tls(self) -> ssl.SSLContext:
         if self._ssl is None:
             context = ssl.create_default_context()
-            context.set_alpn_protocols(["http/1.1"])
+            context.set_alpn_protocols(["http/1.1"] if self.http1_only
+                                       else [http2.NAME, "http/1.1"])
             self._ssl = context
         return self._ssl
 
     async def send(self, method: str, url: str, headers: Mapping[str, str],
-                   exchange: Exchange, content: bytes | None = None) -> Response:
+                   exchange: Exchange, content: bytes | None = None
+                   ) -> Response | H2Response:
         """Write the request and read the response's head (FetchError if none came that
-        the client accepts); the body is read by ``Response.read_body``."""
-        origin, data = _request(method, url, headers, content)
+        the client accepts); the body is read by ``read_body`` of the response."""
+        prepared = _prepare(method, url, headers, content)
+        origin = prepared.origin
         await acquire(self._slots)
         connection: _Connection | None = None
         try:
-            connection = await self._connection(origin)
+            if origin.scheme == "https" and not self.http1_only and origin not in self._http1:
+                shared, connection = await self._shared(origin)
+                if shared is not None:
+                    return await shared.request(prepared, exchange)  # releases the slot
+            if connection is None:
+                connection = await self._connection(origin)
             exchange.peer, exchange.reused = connection.peer, connection.requests > 0
             connection.requests += 1
+            data = _http1(prepared)
             try:
                 with connection.bounded(self.timeout):
                     await connection.stream.send(data)
@@ -490,6 +895,36 @@ class Client:
             self._slots.release()
             raise
         return response
+
+    async def _shared(self, origin: Origin) -> tuple[_H2Connection | None, _Connection | None]:
+        """The origin's HTTP/2 connection (made if none is open and the server picks h2),
+        or a connection to use for HTTP/1.1 (None: take one from the pool). Connections to
+        an origin whose protocol is not known yet are made one at a time, so its requests
+        share one HTTP/2 connection."""
+        lock = self._opening.setdefault(origin, anyio.Lock())
+        async with lock:
+            shared = self._h2.get(origin)
+            if shared is not None:
+                if await shared.usable():
+                    return shared, None
+                del self._h2[origin]
+                if not shared.streams:
+                    await shared.close()
+            if origin in self._http1:
+                return None, None
+            connection = await self._connection(origin)
+            if connection.alpn != http2.NAME:
+                self._http1.add(origin)
+                return None, connection
+            shared = _H2Connection(self, connection)
+            self._h2[origin] = shared
+            return shared, None
+
+    async def _forget(self, shared: _H2Connection) -> None:
+        """An HTTP/2 connection that is done (failed, or the server is going away)."""
+        if self._h2.get(shared.origin) is shared:
+            del self._h2[shared.origin]
+        await shared.close()
 
     async def _read_head(self, connection: _Connection, exchange: Exchange) -> int:
         received = exchange.received
@@ -606,9 +1041,10 @@ class Client:
 
 
 def crawl_client(*, connections: int, timeout: float, policy: NetworkPolicy | None = None,
-                 proxies: Routes | None = None) -> Client:
+                 proxies: Routes | None = None, http1_only: bool = False) -> Client:
     """The crawler's client: ``connections`` kept alive at most, ``timeout`` seconds for
     connecting, writing a request, and each read; ``policy``: where it may connect
     (``_crawl.netpolicy``; a crawl always gives its own); ``proxies``: which proxy each
-    host goes through (``_crawl.proxy``; none by default)."""
-    return Client(connections=connections, timeout=timeout, policy=policy, proxies=proxies)
+    host goes through (``_crawl.proxy``; none by default); ``http1_only``: never HTTP/2."""
+    return Client(connections=connections, timeout=timeout, policy=policy, proxies=proxies,
+                  http1_only=http1_only)

@@ -11,7 +11,9 @@ client, through the tap that records the wire (``_crawl.http.record_exchange``),
 request of a render is a ``FetchAttempt`` with exact wire bytes, like every other attempt.
 The browser then gets exactly those bytes back (head and body as read, chunk framing and
 content coding included), and the connection is closed after each answer, so framing
-never depends on what a keep-alive connection carried before.
+never depends on what a keep-alive connection carried before. A response read over
+HTTP/2 (the client speaks it to servers that offer it) reaches the browser as its decoded
+head with an HTTP/1.1 status line and its DATA as the body (``_for_browser``).
 
 - The first GET of the page being rendered is answered from the store: the source
   capture's response head and body as they were read, so the DOM is the rendering of the
@@ -35,6 +37,7 @@ sent anywhere). ``in_flight`` and ``last_activity`` drive the settle rule.
 from __future__ import annotations
 
 import contextlib
+import http
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -171,10 +174,10 @@ class RecordingProxy:
     async def _answer(self, request: BrowserRequest) -> bytes:
         if not self.source_served and request.method == "GET" and self._is_source(request.url):
             self.source_served = True
-            return self.source.head + self.source.body
+            return _for_browser(self.source.head) + self.source.body
         result = await self.forward(request)
         self.results.append(result)
-        return result.head + result.raw_body if result.head else b""
+        return _for_browser(result.head) + result.raw_body if result.head else b""
 
     def _is_source(self, url: str) -> bool:
         try:
@@ -234,3 +237,19 @@ class RecordingProxy:
         headers["Accept-Encoding"] = "gzip, deflate"
         return BrowserRequest(method=method, url=target, headers=headers,
                               body=bytes(body) if body else None)
+
+
+def _for_browser(head: bytes) -> bytes:
+    """A response head as the browser gets it over its HTTP/1.1 connection to the proxy: a
+    head read over HTTP/2 (``HTTP/2 200``, rendered from its frames: ``_model.http2``) gets
+    an HTTP/1.1 status line; its fields are sent as they were decoded. The attempt keeps
+    the frames; this is only the browser's copy (its body ends where the connection does)."""
+    if not head.startswith(b"HTTP/2 "):
+        return head
+    line, _, rest = head.partition(b"\r\n")
+    status = line[7:10]
+    try:
+        reason = http.HTTPStatus(int(status)).phrase.encode()
+    except ValueError:
+        reason = b""
+    return b"HTTP/1.1 " + status + b" " + reason + b"\r\n" + rest

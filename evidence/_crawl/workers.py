@@ -642,7 +642,7 @@ def proxied_client(config: CrawlConfig, setup: Setup) -> Client:
                            credentials=setup.proxy_credentials)
     policy = NetworkPolicy(allow=config.allow_network, seeds=[*config.seeds, *proxies.urls()])
     return crawl_client(connections=setup.connections, timeout=setup.timeout, policy=policy,
-                        proxies=proxies)
+                        proxies=proxies, http1_only=config.http1_only)
 
 
 async def _child(fd: int) -> None:

@@ -139,6 +139,11 @@ Outcome = Literal[
 ]
 
 
+# The protocol an attempt's request went over (issue 33): "http/1.1" (every attempt recorded
+# before HTTP/2 says so by default), "h2" (its request and response are the frames of
+# its stream: ``evidence._model.http2``).
+Protocol = Literal["http/1.1", "h2"]
+
 Capture = Literal[
     "rebuilt",  # recorded before wire capture: heads rebuilt from parsed headers, body de-chunked
     "wire",  # the request and response exactly as they crossed the connection
@@ -244,6 +249,12 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     cut (at the size cap, or because the body is). ``text_encoding`` and its
     ``text_encoding_source`` say how an HTML document's text was read (``evidence._model.text``).
     ``connection`` says with whom and how the request was exchanged (``Connection``).
+
+    ``protocol`` "h2" (HTTP/2, ``evidence._model.http2``): ``request_headers`` holds the
+    frames written on the request's stream, ``frames`` the frames read on it (and each
+    GOAWAY read while it was open), exactly; ``response_headers`` and ``body`` are derived
+    from ``frames`` (the decoded head rendered HTTP/1-style, the DATA payloads), and
+    ``content`` from them as for HTTP/1.1.
     """
 
     message_id: Id
@@ -276,6 +287,8 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     # Where the request went and how (issue 33): absent on attempts recorded before it,
     # and on those that never connected.
     connection: Connection | None = None
+    protocol: Protocol = "http/1.1"
+    frames: ArtifactRef | None = None  # "h2": the frames read on the request's stream
 
 
 # A page requisite (an image, script, stylesheet, CSS url(), media) has its own kind

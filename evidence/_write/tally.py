@@ -70,7 +70,8 @@ class Tally:
             if body is not None:
                 self.fetched_bytes += body.size
             self.recorded_bytes += _sizes(message.request_headers, message.response_headers,
-                                          body, message.content, message.surplus)
+                                          body, message.content, message.surplus,
+                                          message.frames)
         elif isinstance(message, Render):
             self.renders[message.outcome] += 1
             self.render_seconds.observe(message.elapsed_ms / 1000)
