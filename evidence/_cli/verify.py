@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .._store.db import Store
 from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
@@ -29,6 +28,7 @@ __all__ = ["add_commands", "format_report", "format_wacz_check"]
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .._audit.verify import reclaim_orphans, unreadable, verify
     from .._errors import CorruptStoreError
+    from .._store.db import Store
 
     if Path(args.store).is_file():
         return _cmd_verify_wacz(args)
