@@ -161,9 +161,6 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     Everything a mistake could be caught by (the seeds, the rules file, resuming a store
     that does not exist) is checked before the store is created or opened for writing.
     """
-    import anyio
-
-    from .._crawl.crawler import Crawler, CrawlOptions
     from .._crawl.frontier import check_seeds
     from .._store.db import DB_NAME, Store
     from .._store.location import is_server_database
@@ -209,6 +206,10 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
         check_destination(args.checkpoint,
                           new_store=not postgres and not (path / DB_NAME).exists())
+    import anyio  # the crawl itself: after every check, so a mistake costs no more
+
+    from .._crawl.crawler import Crawler, CrawlOptions
+
     log_to(stderr)
     with _s3_outage_deadline(args.s3_outage_deadline), Store.create(
             args.store if postgres else path, sync=args.sync, artifacts=args.artifacts,
