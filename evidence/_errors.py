@@ -91,6 +91,20 @@ class StoreError(EvidenceError):
     """Opening, configuring or migrating a store failed."""
 
 
+class DatabaseUnreachable(StoreError):
+    """No connection to the store's database server could be made."""
+
+
+class OutageTooLong(DatabaseUnreachable):
+    """The database server stayed out of reach longer than the outage deadline: a command
+    gives up (a crawl stops, its session open, to be resumed)."""
+
+
+class WriterLockLost(StoreError):
+    """The writer's connection to its PostgreSQL store was lost, and with it its lock, which
+    another writer (a standby) holds now: this writer must not write again, and stops."""
+
+
 class SQLiteVersionError(StoreError):
     """The linked SQLite library is older than the WAL-reset fix."""
 

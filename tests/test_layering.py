@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -45,12 +46,23 @@ def stage_of(module: str) -> int:
     return best
 
 
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree. Each check reads every module (and the lending check reads a
+    module again for each name imported from it): parsed once per content, not per read."""
+    return _parse(str(path), path.read_text())
+
+
+@functools.cache
+def _parse(name: str, text: str) -> ast.Module:
+    return ast.parse(text, name)
+
+
 def imports_of(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in the file, relative ones resolved."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -117,7 +129,7 @@ def module_edges(paths: list[Path]) -> dict[str, set[str]]:
         here = module_name(path)
         package = here if path.name == "__init__.py" else here.rpartition(".")[0]
         needed: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 needed |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
@@ -203,7 +215,7 @@ def kind_questions(paths: list[Path]) -> list[str]:
     found = []
     for path in paths:
         where = path.relative_to(PACKAGE).as_posix()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if not isinstance(node, ast.Call):
                 continue
             called = node.func
@@ -284,7 +296,7 @@ CLI = PACKAGE / "_cli"
 
 def top_level_names(path: Path) -> set[str]:
     """The functions and classes a module defines at its top level."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     return {node.name for node in tree.body
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
 
@@ -395,7 +407,7 @@ def names_imported(path: Path) -> list[tuple[int, str, str]]:
     inside = path.is_relative_to(PACKAGE)
     found = []
     modules_by_alias: dict[str, str] = {}
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
@@ -425,7 +437,7 @@ def all_of(module: str) -> set[str] | None:
     path = PACKAGE.parent.joinpath(*module.split(".")).with_suffix(".py")
     if not path.is_file():
         return None
-    for node in ast.parse(path.read_text(), str(path)).body:
+    for node in parsed(path).body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             return set(ast.literal_eval(node.value))

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._errors import EvidenceError
-from .._store.db import Store
 from .common import (
     Progress,
     archive_location,
@@ -73,6 +72,7 @@ def _cmd_export_wacz(args: argparse.Namespace) -> int:
         load_signing_key,
         new_signing_key,
     )
+    from .._store.db import Store
 
     if args.run:
         raise EvidenceError("a WACZ export holds the whole store; --run is not supported",
@@ -152,6 +152,7 @@ def _timestamper(args: argparse.Namespace, chain: tuple) -> Timestamper | None:
 
 def _cmd_export_warc(args: argparse.Namespace) -> int:
     from .._archive.warc import export_warc
+    from .._store.db import Store
 
     _check_parent(args.out, "the WARC file")
     with Store.open(args.store, read_only=True) as store, _one_file(args.out) as out:

@@ -2,7 +2,8 @@
 
 - ``Parser`` and its help formatter: every option's default shown, usage errors as
   ``Error:`` / ``Try:`` lines with exit status 2 (``error_text`` is that form, for
-  ``main``'s boundary too);
+  ``main``'s boundary too); ``show_default``, for a default the library holds, read only
+  when the help is printed;
 - ``print_json`` (the one JSON printer), ``write_output``, ``format_bytes``, ``confirm``;
 - the argument types (whole numbers, seconds, durations), so ``--workers 0`` or
   ``--grace 1x`` is a usage error in the same words in every command; and the location
@@ -28,13 +29,14 @@ never from another group.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import re
 import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
@@ -49,7 +51,7 @@ __all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "add_log
            "config_toml", "configure_logs", "confirm", "error_text", "format_bytes", "integer",
            "listen_options", "local_directory", "local_path", "log_to", "logs_are_json",
            "non_negative", "note_given", "parse_duration", "positive", "positive_seconds",
-           "print_json", "seconds", "store_location", "write_output"]
+           "print_json", "seconds", "show_default", "store_location", "write_output"]
 
 
 # --- the parser's form ----------------------------------------------------------------
@@ -61,7 +63,15 @@ def error_text(message: str, hint: str | None) -> str:
 
 class _Help(argparse.HelpFormatter):
     """Shows every option's default: "(default X)" after its help, unless the help already
-    says what happens without the option."""
+    says what happens without the option. A default given by ``show_default`` is read
+    here, when the help is printed, not when the parser is built."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        read = getattr(action, "shown_default", None)
+        if read is not None:
+            action = copy.copy(action)
+            action.default = read()
+        return super()._expand_help(action)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -105,12 +115,27 @@ class Parser(argparse.ArgumentParser):
             args = self._location.resolve(self, list(sys.argv[1:] if args is None else args))
         return super().parse_known_args(args, namespace)
 
+    def _check_help(self, action: argparse.Action) -> None:
+        # Python 3.13+ expands each help text as it is added, to check it: a default shown
+        # by ``show_default`` is read when the help is printed, not then.
+        if getattr(action, "shown_default", None) is None:
+            super()._check_help(action)  # type: ignore[misc]
+
     def error(self, message: str) -> NoReturn:
         # A location type's refusal carries its own hint: argparse raises its usage error
         # while handling the type's ``LocationError``, which is that error's context.
         cause = getattr(sys.exc_info()[1], "__context__", None)
         hint = cause.hint if isinstance(cause, LocationError) else f"{self.prog} --help"
         self.exit(2, error_text(message, hint))
+
+
+def show_default(action: argparse.Action, read: Callable[[], object]) -> argparse.Action:
+    """Show ``read()`` as ``action``'s default in the help (``%(default)s``), reading it
+    only when the help is printed, so that building the parser imports nothing heavy: a
+    limit the writer or the crawl configuration defines, say. The option's value when it is
+    not given stays ``action.default`` (None: the library's own default applies)."""
+    action.shown_default = read  # type: ignore[attr-defined]
+    return action
 
 
 _PASSWORD_WARNING = (

@@ -21,14 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
 
-from .._audit.status import RunStatus, StoreStatus, status
-from .._crawl.frontier import CrawlConfig, check_seeds, last_session
 from .._errors import EvidenceError
-from .._store.db import DB_NAME, Store, stop_writer
-from .._store.location import is_server_database
 from .common import (
     Parser,
     add_listen_options,
@@ -51,12 +46,16 @@ from .common import (
     positive_seconds,
     print_json,
     seconds,
+    show_default,
     store_location,
 )
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.checkpoint import Checkpointer
+    from .._audit.status import RunStatus, StoreStatus
     from .._crawl.crawler import CrawlProgress, CrawlResult
+    from .._crawl.frontier import CrawlConfig
+    from .._store.db import Store
 
 __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
 
@@ -64,6 +63,8 @@ log = logging.getLogger("evidence.crawl")
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
+    from .._store.db import Store
+
     with Store.create(args.store, sync=args.sync, artifacts=args.artifacts) as store:
         where = getattr(store.artifacts, "url", None)  # an object store's, if not artifacts/
         print(f"store {store.store_id} ready at {store.location} "
@@ -72,6 +73,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from .._audit.status import status
+    from .._store.db import Store
+
     with Store.open(args.store, read_only=True) as store:
         report = status(store)
     if args.json:
@@ -202,7 +206,9 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     Everything a mistake could be caught by (the seeds, the rules file, resuming a store
     that does not exist) is checked before the store is created or opened for writing.
     """
-    from .._crawl.crawler import Crawler, CrawlOptions
+    from .._crawl.frontier import check_seeds
+    from .._store.db import DB_NAME, Store
+    from .._store.location import is_server_database
 
     stderr = stderr or sys.stderr
     if not hasattr(args, "proxy_credentials"):  # parsed without --config (the demo)
@@ -247,6 +253,10 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
 
         check_destination(args.checkpoint,
                           new_store=not postgres and not (path / DB_NAME).exists())
+    import anyio  # the crawl itself: after every check, so a mistake costs no more
+
+    from .._crawl.crawler import Crawler, CrawlOptions
+
     log_to(stderr)
     with _s3_outage_deadline(args.s3_outage_deadline), Store.create(
             args.store if postgres else path, sync=args.sync, artifacts=args.artifacts,
@@ -426,6 +436,8 @@ def _behavior_list(text: str) -> tuple[str, ...]:
 def _crawl_config(args: argparse.Namespace, store: Store,
                   rules: list[dict[str, object]] | None) -> CrawlConfig:
     """The arguments given, over the open session's recorded configuration when resuming."""
+    from .._crawl.frontier import CrawlConfig, last_session
+
     given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
     if "recrawl" in given:
         given["recrawl"] = dict(given["recrawl"])
@@ -439,6 +451,16 @@ def _crawl_config(args: argparse.Namespace, store: Store,
         raise EvidenceError("no URL given and no open session to resume",
                             hint="give the seed URLs: evidence crawl URL --store STORE")
     return msgspec.convert({**last.config, **given}, CrawlConfig)
+
+
+def _config_default(field: str):  # -> Callable[[], object]
+    """Reads ``CrawlConfig``'s default for ``field`` when ``crawl --help`` is printed (the
+    crawl's configuration is imported by the commands that crawl, not by every start)."""
+    def read() -> object:
+        from .._crawl.frontier import CrawlConfig
+
+        return getattr(CrawlConfig(seeds=[]), field)
+    return read
 
 
 def _network(text: str) -> str:
@@ -461,6 +483,8 @@ def _recrawl_rule(text: str) -> tuple[str, str]:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    from .._store.db import Store
+
     if len(args.session) != 2:
         raise EvidenceError("diff takes exactly two --session options",
                             hint="evidence diff STORE --session A --session B")
@@ -580,6 +604,8 @@ class _CrawlProgressLog:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
+    from .._store.db import stop_writer
+
     pid = stop_writer(args.store)
     if pid is None:
         print(f"no crawl is running on {args.store}")
@@ -591,6 +617,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .._demo.site import SiteConfig, TestSite
+    from .._store.db import Store
 
     config = SiteConfig(pages=args.pages)
     with TestSite(config) as site:
@@ -833,22 +860,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "protocol used; recorded in the session configuration)")
     p.add_argument("--ignore-robots", dest="obey_robots", action="store_false", default=None,
                    help="do not obey robots.txt (recorded in the session configuration)")
-    p.add_argument("--user-agent", metavar="TEXT",
-                   help=f"the User-Agent header (default {CrawlConfig(seeds=[]).user_agent!r})")
-    p.add_argument("--max-body-bytes", type=positive, metavar="N",
-                   help="bodies are cut at this size and recorded as truncated (default "
-                   f"{CrawlConfig(seeds=[]).max_body_bytes}, 10 MiB)")
-    p.add_argument("--max-content-bytes", type=positive, metavar="N",
-                   help="content decoded from a body (gzip, deflate, chunks) is cut at this "
-                   "size and recorded as truncated; the body is kept whole (default "
-                   f"{CrawlConfig(seeds=[]).max_content_bytes}, 8 MiB)")
-    p.add_argument("--max-parse-bytes", type=positive, metavar="N",
-                   help="links are found in this much of a page's content at most, and rules "
-                   "read no larger document; past it the discovery is recorded as truncated "
-                   f"(default {CrawlConfig(seeds=[]).max_parse_bytes}, 2 MiB)")
-    p.add_argument("--max-links", type=positive, metavar="N",
-                   help="references taken from one page; past it the discovery is recorded "
-                   f"as truncated (default {CrawlConfig(seeds=[]).max_links})")
+    show_default(p.add_argument("--user-agent", metavar="TEXT",
+                                help="the User-Agent header (default %(default)r)"),
+                 _config_default("user_agent"))
+    show_default(p.add_argument("--max-body-bytes", type=positive, metavar="N",
+                                help="bodies are cut at this size and recorded as truncated "
+                                "(default %(default)s, 10 MiB)"),
+                 _config_default("max_body_bytes"))
+    show_default(p.add_argument("--max-content-bytes", type=positive, metavar="N",
+                                help="content decoded from a body (gzip, deflate, chunks) is "
+                                "cut at this size and recorded as truncated; the body is kept "
+                                "whole (default %(default)s, 8 MiB)"),
+                 _config_default("max_content_bytes"))
+    show_default(p.add_argument("--max-parse-bytes", type=positive, metavar="N",
+                                help="links are found in this much of a page's content at "
+                                "most, and rules read no larger document; past it the "
+                                "discovery is recorded as truncated (default %(default)s, "
+                                "2 MiB)"),
+                 _config_default("max_parse_bytes"))
+    show_default(p.add_argument("--max-links", type=positive, metavar="N",
+                                help="references taken from one page; past it the discovery "
+                                "is recorded as truncated (default %(default)s)"),
+                 _config_default("max_links"))
     p.add_argument("--recrawl", action="append", type=_recrawl_rule, metavar="REGEX=FREQ",
                    help="incremental sessions: do not refetch documents whose fetch key "
                    "matches REGEX (or type:MEDIA/TYPE) more often than FREQ (daily, weekly, "

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import argparse
 
-import anyio
-
-from .._write.tls import client_context, make_self_signed, parse_connect
-from .._write.wire import read_token
 from .common import add_metrics_options, local_path
 
 __all__ = ["add_commands"]
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    import anyio
+
     from .._crawl.workerhost import HostOptions, serve_coordinator
+    from .._write.tls import client_context, parse_connect
+    from .._write.wire import read_token
 
     tls = client_context(args.tls_ca) if args.tls_ca or not args.no_tls else None
     address = parse_connect(args.connect, tls=tls is not None)
@@ -37,6 +37,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_tls_cert(args: argparse.Namespace) -> int:
+    from .._write.tls import make_self_signed
+
     cert, key = make_self_signed(args.host, args.out, days=args.days)
     print(f"wrote {cert} (give it to the workers: --tls-ca {cert}) and {key} (mode 600; "
           f"for the coordinator: --tls-cert {cert} --tls-key {key})")

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._errors import ProofError
-from .._store.db import Store
 from .common import local_directory, local_path, print_json, store_location, write_output
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
@@ -52,6 +51,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from .._audit.proofs import SigningKey, checkpoint
     from .._audit.timestamp import TSR_SUFFIX, load_certificates, request_timestamp
+    from .._store.db import Store
 
     tsa_cert, tsr = None, None
     witnesses = _witnesses(args)
@@ -161,6 +161,7 @@ def _cmd_witness_serve(args: argparse.Namespace) -> int:
 def _cmd_prove(args: argparse.Namespace) -> int:
     from .._audit.proofs import encode_proof, parse_checkpoint, prove_consistency, prove_inclusion
     from .._audit.timestamp import TSR_SUFFIX
+    from .._store.db import Store
 
     size = args.to_size
     cp, note, token = None, None, None

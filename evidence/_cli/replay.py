@@ -22,13 +22,14 @@ from pathlib import Path
 import msgspec
 
 from .._errors import EvidenceError
-from .._store.db import Store
 from .common import local_path, print_json, store_location
 
 __all__ = ["add_commands"]
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from .._store.db import Store
+
     if args.serve:
         return _cmd_replay_serve(args)
     if args.public_key or args.unverified:
@@ -108,6 +109,7 @@ def _cmd_replay_serve(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from .._audit.show import PART_NAMES, extract, page_evidence
+    from .._store.db import Store
 
     wanted = {part: getattr(args, part) for part in PART_NAMES if getattr(args, part)}
     targets = [Path(f) for f in wanted.values()]

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .._store.db import Store
 from .common import local_path, print_json, store_location, write_output
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
@@ -46,6 +45,7 @@ def format_rules(rows: list[tuple[str, str, str]]) -> str:
 def _cmd_rules_evaluate(args: argparse.Namespace) -> int:
     from .._crawl.rules import evaluate_stored
     from .._crawl.rulesfile import load_rules
+    from .._store.db import Store
 
     rules = load_rules(args.rules)
     with Store.open(args.store) as store:
@@ -71,6 +71,7 @@ def format_summary(s: EvaluationSummary) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from .._audit.report import render_html, render_json, render_text, report
+    from .._store.db import Store
 
     with Store.open(args.store, read_only=True) as store:
         data = report(store, args.run, max_failures=args.max_failures)

@@ -13,16 +13,9 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from .._errors import EvidenceError
-from .._store.db import Store
-from .._store.location import is_server_database
-from .._store.runlock import crawl_lock, running_pid
-from .._write.service import Service, ServiceLimits
-from .._write.wire import ServiceError, ServiceStatistics
-from .._write.writer import WriterLimits
+from .._errors import EvidenceError, ServiceError
 from .common import (
     add_listen_options,
     add_metrics_options,
@@ -32,8 +25,13 @@ from .common import (
     local_path,
     log_to,
     print_json,
+    show_default,
     store_location,
 )
+
+if TYPE_CHECKING:  # the command imports what it runs: a CLI start loads only its own
+    from .._write.service import Service
+    from .._write.wire import ServiceStatistics
 
 __all__ = ["add_commands"]
 
@@ -41,6 +39,14 @@ log = logging.getLogger("evidence.service")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from .._store.db import Store
+    from .._store.location import is_server_database
+    from .._store.runlock import crawl_lock, running_pid
+    from .._write.service import Service, ServiceLimits
+    from .._write.writer import WriterLimits
+
     if args.socket is None and args.listen is None:
         raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
                            "--listen 127.0.0.1:PORT --token-file FILE")
@@ -56,19 +62,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         service = Service(
             store, socket_path=args.socket, listen=listen, token=token, tls=tls,
             metrics=args.metrics, metrics_public=args.metrics_public,
-            limits=ServiceLimits(max_frame_bytes=args.max_frame_bytes,
-                                 max_in_flight=args.max_in_flight,
-                                 max_pending_bytes=args.max_pending_bytes,
-                                 connection_in_flight=args.connection_in_flight,
-                                 max_connections=args.max_connections,
-                                 max_connections_per_peer=args.max_connections_per_peer,
-                                 max_unauthenticated=args.max_unauthenticated,
-                                 send_timeout=args.send_timeout,
-                                 handshake_timeout=args.handshake_timeout,
-                                 body_timeout=args.body_timeout,
-                                 idle_timeout=args.idle_timeout),
-            writer_limits=WriterLimits(queue_size=args.queue_size,
-                                       max_batch_messages=args.batch_messages,
+            limits=ServiceLimits(**_given(args, _SERVICE_LIMITS)),
+            writer_limits=WriterLimits(**_given(args, _WRITER_LIMITS),
                                        max_batch_delay=args.batch_delay))
         if server:  # a second service waits as a standby and takes over when this one ends
             with store.writer_lock(wait=True, on_wait=lambda holder: log.info(
@@ -86,6 +81,36 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return _stopped(stats, args)
 
 
+# The limits ``serve`` takes, by option dest: ServiceLimits' fields, and WriterLimits' (an
+# option left out keeps the library's default, which --help shows: ``_limit_default``).
+_SERVICE_LIMITS = {name: name for name in (
+    "max_frame_bytes", "max_in_flight", "max_pending_bytes", "connection_in_flight",
+    "max_connections", "max_connections_per_peer", "max_unauthenticated", "send_timeout",
+    "handshake_timeout", "body_timeout", "idle_timeout")}
+_WRITER_LIMITS = {"queue_size": "queue_size", "batch_messages": "max_batch_messages"}
+
+
+def _given(args: argparse.Namespace, fields: dict[str, str]) -> dict[str, Any]:
+    """The limits the command line gave, under their fields' names."""
+    return {field: getattr(args, dest) for dest, field in fields.items()
+            if getattr(args, dest) is not None}
+
+
+def _limit_default(dest: str):  # -> Callable[[], object]
+    """Reads the default of the limit option ``dest`` from the library, when the help is
+    printed: the writer and the service are imported by ``serve`` itself, not by every
+    ``evidence`` start."""
+    def read() -> object:
+        if dest in _WRITER_LIMITS:
+            from .._write.writer import WriterLimits
+
+            return getattr(WriterLimits(), _WRITER_LIMITS[dest])
+        from .._write.service import ServiceLimits
+
+        return getattr(ServiceLimits(), _SERVICE_LIMITS[dest])
+    return read
+
+
 def _stopped(stats: ServiceStatistics, args: argparse.Namespace) -> int:
     w = stats.writer
     summary = (f"stopped: {stats.connections_total} connections, {w.committed} committed, "
@@ -98,6 +123,8 @@ def _stopped(stats: ServiceStatistics, args: argparse.Namespace) -> int:
 
 
 async def _serve(service: Service, args: argparse.Namespace) -> ServiceStatistics:
+    import anyio
+
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with service:
             where = []
@@ -148,53 +175,48 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--sync", choices=("full", "normal"), default="full",
                    help="durability of commits (see 'evidence init --help')")
     add_outage_option(p, "the service")
-    limits, writer = ServiceLimits(), WriterLimits()
-    p.add_argument("--max-frame-bytes", metavar="N", type=int, default=limits.max_frame_bytes,
+    p.add_argument("--max-frame-bytes", metavar="N", type=int,
                    help="largest request (one message or group) accepted, in bytes "
                    "(default %(default)s)")
-    p.add_argument("--max-in-flight", metavar="N", type=int, default=limits.max_in_flight,
+    p.add_argument("--max-in-flight", metavar="N", type=int,
                    help="requests read and not yet acknowledged, all clients together; at "
                    "the bound reads pause (default %(default)s)")
     p.add_argument("--connection-in-flight", metavar="N", type=int,
-                   default=limits.connection_in_flight,
                    help="the same bound for one client (default %(default)s)")
     p.add_argument("--max-pending-bytes", metavar="N", type=int,
-                   default=limits.max_pending_bytes,
                    help="bytes read from clients and not yet committed, all clients together, "
                    "counted as they arrive; at the bound reads pause (default %(default)s)")
-    p.add_argument("--max-connections", metavar="N", type=int, default=limits.max_connections,
+    p.add_argument("--max-connections", metavar="N", type=int,
                    help="clients connected after a valid hello; more are refused, retryably "
                    "(default %(default)s)")
     p.add_argument("--max-connections-per-peer", metavar="N", type=int,
-                   default=limits.max_connections_per_peer,
                    help="of those, from one process on the Unix socket (as the kernel names it) "
                    "or one address over TCP; more are refused, retryably, so one peer cannot "
                    "take every connection (default %(default)s)")
     p.add_argument("--max-unauthenticated", metavar="N", type=int,
-                   default=limits.max_unauthenticated,
                    help="connections that have not said hello yet; a newer one drops the oldest "
                    "(they never take a client's slot) (default %(default)s)")
-    p.add_argument("--send-timeout", metavar="SECONDS", type=float, default=limits.send_timeout,
+    p.add_argument("--send-timeout", metavar="SECONDS", type=float,
                    help="seconds a client may leave its acknowledgements unread before it is "
                    "disconnected (default %(default)s)")
     p.add_argument("--handshake-timeout", metavar="SECONDS", type=float,
-                   default=limits.handshake_timeout,
                    help="seconds from connecting to a valid hello (default %(default)s)")
     p.add_argument("--body-timeout", metavar="SECONDS", type=float,
-                   default=limits.body_timeout,
                    help="seconds of sending time a client has for one frame, from its length "
                    "prefix to its last byte; a slower one is disconnected (default %(default)s)")
     p.add_argument("--idle-timeout", metavar="SECONDS", type=float,
-                   default=limits.idle_timeout,
                    help="seconds a client with nothing in flight may stay connected without "
                    "sending; then it is disconnected and reconnects when it needs to "
                    "(default %(default)s)")
-    p.add_argument("--queue-size", metavar="N", type=int, default=writer.queue_size,
+    p.add_argument("--queue-size", metavar="N", type=int,
                    help="the writer's queue, in submissions (default %(default)s)")
-    p.add_argument("--batch-messages", metavar="N", type=int, default=writer.max_batch_messages,
+    p.add_argument("--batch-messages", metavar="N", type=int,
                    help="messages per batch at most (default %(default)s)")
     p.add_argument("--batch-delay", metavar="SECONDS", type=float, default=0.002,
                    help="seconds a batch waits for more messages (default %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON line when ready (with the ports) and one when stopped")
+    for action in p._actions:
+        if action.dest in _SERVICE_LIMITS or action.dest in _WRITER_LIMITS:
+            show_default(action, _limit_default(action.dest))
     p.set_defaults(func=_cmd_serve)

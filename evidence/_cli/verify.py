@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, cast
 import msgspec
 
 from .._errors import ProofError
-from .._store.db import Store
 from .common import format_bytes, local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
@@ -32,6 +31,7 @@ __all__ = ["add_commands", "format_report", "format_wacz_check"]
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .._audit.verify import reclaim_orphans, unreadable, verify
     from .._errors import CorruptStoreError
+    from .._store.db import Store
 
     if Path(args.store).is_file():
         return _cmd_verify_wacz(args)
@@ -242,7 +242,6 @@ def _signed_checkpoint(args: argparse.Namespace) -> SignedCheckpoint | None:
     """``--checkpoint`` opened with ``--public-key``: one not signed by that key is an
     error (exit 2): nothing could be compared with it."""
     from .._audit.proofs import open_checkpoint
-    from .._errors import ProofError
 
     if (args.checkpoint is None) != (args.public_key is None):
         raise ProofError("--checkpoint and --public-key go together",

@@ -22,7 +22,7 @@ from typing import Literal
 
 import apsw
 
-from .._errors import EvidenceError, StoreError
+from .._errors import EvidenceError, OutageTooLong, StoreError
 from .._model.messages import (
     FrontierUpdate,
     Message,
@@ -37,7 +37,6 @@ from .._model.messages import (
     utc_now,
 )
 from .._model.urls import resolve_reference
-from .._store.postgresql import OutageTooLong
 from . import frontier
 from .frontier import CrawlConfig
 from .incremental import session_records

@@ -39,7 +39,14 @@ from typing import Any, TypeVar
 
 import apsw
 
-from .._errors import EvidenceError, MigrationError, StoreError
+from .._errors import (
+    DatabaseUnreachable,
+    EvidenceError,
+    MigrationError,
+    OutageTooLong,
+    StoreError,
+    WriterLockLost,
+)
 from .._model.messages import new_id, now_text
 from .backend import Dialect, Progress
 from .location import redact
@@ -104,18 +111,7 @@ def _error_classes() -> tuple[type[Exception], ...]:
 _Error, _BusyError, _ConstraintError = _error_classes()
 
 
-class _Unreachable(StoreError):
-    """No connection could be made (``Outage.retry`` retries these)."""
-
-
-class OutageTooLong(_Unreachable):
-    """The server stayed out of reach longer than the outage deadline: a command gives up
-    (a crawl stops, its session open, to be resumed)."""
-
-
-class WriterLockLost(StoreError):
-    """The writer's connection was lost, and with it its lock, which another writer (a
-    standby) holds now: this writer must not write again, and stops."""
+_Unreachable = DatabaseUnreachable  # (``Outage.retry`` retries these)
 
 
 def is_disconnect(exc: BaseException) -> bool:

@@ -65,6 +65,7 @@ from .._errors import (
     MessageError,
     SyncError,
     WriterClosedError,
+    WriterLockLost,
 )
 from .._model.acks import Ack, WriterStatistics
 from .._model.merkle import CompactTree, leaf_hash
@@ -81,7 +82,6 @@ from .._store import quarantine as _quarantine
 from .._store.backend import Connection
 from .._store.db import Store
 from .._store.log import LogHead, entry_hash, load_head
-from .._store.postgresql import WriterLockLost
 from . import apply as _apply
 from .tally import COMMIT_SECONDS, Histogram, Tally
 

@@ -1,0 +1,79 @@
+"""What a start of the ``evidence`` command imports (issue 34): only what its command needs.
+
+Every ``evidence`` process used to import the whole library before reading its arguments
+(the writer, the PostgreSQL driver, the crawler's HTTP client): 0.6 to 0.7 s of CPU for
+``evidence --help``, paid again by every script and test that starts one. The command
+groups (``evidence/_cli/``) now build their parsers from light modules and import what a
+command runs inside the command; a default the library holds is read only when the help
+is printed (``_cli/common.py`` ``show_default``). Each test starts the real command in a
+subprocess and reads the modules it loaded from ``python -X importtime``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from evidence import Store
+
+# Nothing of the store, the writer, the crawler, the audit or the archives, and none of
+# the libraries they bring (the PostgreSQL driver, the HTTP client, TLS, the event loop).
+LIBRARY = ("evidence._store", "evidence._write", "evidence._crawl", "evidence._audit",
+           "evidence._archive", "apsw", "psycopg", "httpx", "anyio", "cryptography")
+
+# What only a crawl or a writer needs: a command reading a store on this machine (SQLite)
+# loads none of it.
+WRITER_AND_CLIENTS = ("psycopg", "httpx", "evidence._write.writer", "evidence._crawl.crawler",
+                      "evidence._store.postgresql")
+
+
+def imported(*argv: str, cwd: Path | None = None) -> tuple[int, set[str]]:
+    """The exit status of ``evidence ARGV`` and the modules it imported."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "evidence", *argv],
+                          capture_output=True, text=True, cwd=cwd, timeout=120)
+    modules = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
+               if line.startswith("import time:")}
+    assert "evidence._cli.main" in modules, done.stderr[-2000:]
+    return done.returncode, modules
+
+
+def among(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    """The modules that are one of ``names`` or inside one of them."""
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_evidence_help_imports_none_of_the_library() -> None:
+    code, modules = imported("--help")
+    assert code == 0
+    assert among(modules, LIBRARY) == []
+
+
+def test_no_command_s_help_but_serve_s_imports_the_writer_or_a_client() -> None:
+    """Every command's parser is built and its help printed in one process; only ``serve``
+    shows the writer's own limits, and only ``crawl`` reads the crawl configuration's
+    defaults (``evidence._crawl.frontier``: no writer, no HTTP client)."""
+    probe = ("import argparse, io, sys, contextlib\n"
+             "from evidence._cli.main import build_parser\n"
+             "[sub] = [a for a in build_parser()._actions\n"
+             "         if isinstance(a, argparse._SubParsersAction)]\n"
+             "names = [n for n in sub.choices if n != 'serve']\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    for name in names:\n"
+             "        sub.choices[name].print_help()\n"
+             "print(len(names)); print('\\n'.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=120)
+    count, *modules = done.stdout.split()
+    assert int(count) >= 20  # every command of docs/cli.md but serve (23 now)
+    assert among(set(modules), WRITER_AND_CLIENTS) == []
+    assert among(set(modules), ("evidence._store.db", "evidence._write")) == []
+
+
+def test_a_command_on_a_sqlite_store_imports_no_postgresql_driver_writer_or_client(
+        tmp_path: Path) -> None:
+    Store.create(tmp_path / "store").close()
+    code, modules = imported("status", "store", cwd=tmp_path)
+    assert code == 0
+    assert "evidence._audit.status" in modules  # the command ran
+    assert among(modules, WRITER_AND_CLIENTS) == []
