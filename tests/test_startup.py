@@ -77,3 +77,15 @@ def test_a_command_on_a_sqlite_store_imports_no_postgresql_driver_writer_or_clie
     assert code == 0
     assert "evidence._audit.status" in modules  # the command ran
     assert among(modules, WRITER_AND_CLIENTS) == []
+
+
+def test_a_crawl_on_sqlite_loads_the_writer_and_crawler_but_no_postgresql_driver() -> None:
+    """The errors a PostgreSQL store raises (a lost writer lock, an outage past its
+    deadline) live in ``_errors``, so catching them loads no driver."""
+    probe = ("import sys, evidence._crawl.crawler, evidence._write.writer\n"
+             "print('\\n'.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=120)
+    modules = set(done.stdout.split())
+    assert {"evidence._crawl.crawler", "evidence._write.writer"} <= modules
+    assert among(modules, ("psycopg", "evidence._store.postgresql")) == []
