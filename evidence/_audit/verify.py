@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -668,13 +669,16 @@ def _check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_i
                 (after, max_id, _PAGE)).fetchall()
         if not page:
             break
-        for artifact_id, namespace, digest, size in page:
+        checked = _checked_page(store, page, full)
+        for (artifact_id, namespace, digest, size), (ref, error) in zip(page, checked,
+                                                                        strict=True):
             n, after = n + 1, artifact_id
             where = {"table": "artifact", "row_id": artifact_id, "digest": digest}
             try:
-                ref = ArtifactRef(namespace, digest, size)
-                where["path"] = store.artifacts.location(ref)
-                (store.artifacts.verify if full else store.artifacts.check)(ref)
+                if ref is not None:
+                    where["path"] = store.artifacts.location(ref)
+                if error is not None:
+                    raise error
             except ArtifactMissingError:
                 found.add("artifact_missing", f"artifact {namespace}/{digest} ({size} bytes) "
                           "is referenced but not on disk", **where)
@@ -685,10 +689,42 @@ def _check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_i
             except ArtifactError as exc:
                 found.add("artifact_unreadable", str(exc), **where)
                 continue
-            if store.artifacts.is_writable(ref):
+            if ref is not None and store.artifacts.is_writable(ref):
                 found.add("artifact_writable", f"artifact {where['path']} is writable (the "
                           "store makes every payload read-only)", **where)
     return n
+
+
+def _checked_page(store: Store, page: list[tuple], full: bool
+                  ) -> list[tuple[ArtifactRef | None, ArtifactError | None]]:
+    """(ref, what its check raised) of each artifact row of a page: quick, one
+    ``check_each`` (a pack stat once, an object store's HEADs overlapped); full, each
+    re-hashed. A row that is no valid reference has no ref, and its error."""
+    refs: list[ArtifactRef | None] = []
+    results: list[ArtifactError | None] = []
+    for _id, namespace, digest, size in page:
+        try:
+            refs.append(ArtifactRef(namespace, digest, size))
+            results.append(None)
+        except ArtifactError as exc:
+            refs.append(None)
+            results.append(exc)
+    valid = [ref for ref in refs if ref is not None]
+    checked: list[ArtifactError | None] | None = None
+    if not full:
+        with contextlib.suppress(ArtifactError):  # one unreadable: each by itself, below
+            checked = store.artifacts.check_each(valid)
+    if checked is None:
+        checked = []
+        for ref in valid:
+            try:
+                (store.artifacts.verify if full else store.artifacts.check)(ref)
+                checked.append(None)
+            except ArtifactError as exc:
+                checked.append(exc)
+    each = iter(checked)
+    return [(ref, error if ref is None else next(each))
+            for ref, error in zip(refs, results, strict=True)]
 
 
 # --- rows against the ledger -----------------------------------------------------------
@@ -883,6 +919,8 @@ def _unlogged(found: Findings, kind: str, row: tuple, what: str) -> None:
 def _compare(found: Findings, table: str, row_id: object, label: str,
              expected: Mapping[str, object], actual: Mapping[str, object],
              log_index: int | dict[str, int]) -> None:
+    if expected == actual:  # the common case, compared in C: nothing to locate
+        return
     for field, want in expected.items():
         have = actual[field]
         if have != want:
@@ -1001,12 +1039,17 @@ _CONNECTION_FIELDS = ("remote_address", "remote_port", "local_address", "local_p
                       "tls_sni", "tls_alpn", "tls_chain", "tls_verified")
 
 
+_EDGE_FIELDS = ("run_id", "source_attempt_id", "source_artifact", "target_fetch_key",
+                "edge_kind", "tag", "attr", "rel", "render_id")
+
+
 def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index: int,
                      rows: list[tuple]) -> None:
     wanted: dict[tuple[int, str], ObservedRef] = {}
     for observed_ref in m.refs:  # ON CONFLICT DO NOTHING: the first equal anchor is kept
         wanted.setdefault((observed_ref.position, observed_ref.observed), observed_ref)
     seen: set[tuple[int, str]] = set()
+    source_text = _ref_text(m.source_artifact)
     for row in rows:
         (_, edge_id, run_id, attempt_id, _seq, s_id, s_ns, s_digest, s_size, position,
          observed, version, key, edge_kind, tag, attr, rel, render_id) = row
@@ -1017,16 +1060,15 @@ def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index
                       f"index {index})", table="discovery_edge", row_id=edge_id, log_index=index)
             continue
         seen.add((position, observed))
-        expected = {"run_id": m.run_id, "source_attempt_id": m.source_attempt_id,
-                    "source_artifact": _ref_text(m.source_artifact),
-                    "target_fetch_key": _fetch_key(ref.url), "edge_kind": ref.edge_kind,
-                    "tag": ref.tag, "attr": ref.attr, "rel": ref.rel, "render_id": m.render_id}
-        actual = {"run_id": run_id, "source_attempt_id": attempt_id,
-                  "source_artifact": _row_ref(s_id, s_ns, s_digest, s_size),
-                  "target_fetch_key": _row_key(ref.url, version, key), "edge_kind": edge_kind,
-                  "tag": tag, "attr": attr, "rel": rel, "render_id": render_id}
-        _compare(found, "discovery_edge", edge_id, f"discovery {m.message_id}", expected,
-                 actual, index)
+        # Tuples first (most edges of most pages agree); the fields named only when not.
+        expected = (m.run_id, m.source_attempt_id, source_text, _fetch_key(ref.url),
+                    ref.edge_kind, ref.tag, ref.attr, ref.rel, m.render_id)
+        actual = (run_id, attempt_id, _row_ref(s_id, s_ns, s_digest, s_size),
+                  _row_key(ref.url, version, key), edge_kind, tag, attr, rel, render_id)
+        if expected != actual:
+            _compare(found, "discovery_edge", edge_id, f"discovery {m.message_id}",
+                     dict(zip(_EDGE_FIELDS, expected, strict=True)),
+                     dict(zip(_EDGE_FIELDS, actual, strict=True)), index)
     missing = [anchor for anchor in wanted if anchor not in seen]
     if not missing:
         return
@@ -1259,24 +1301,29 @@ def _orphan_files(store: Store, conn: apsw.Connection) -> list[tuple[ArtifactRef
     return list(_orphans(store, conn))
 
 
-def _referenced(conn: apsw.Connection, ref: ArtifactRef) -> bool:
-    return bool(conn.execute("SELECT 1 FROM artifact WHERE namespace = ? AND digest = ?",
-                             (ref.namespace, ref.digest)).fetchall())
+def _referenced(conn: apsw.Connection, refs: list[ArtifactRef]) -> set[tuple[str, str]]:
+    """Which of ``refs`` an artifact row names: one query for the lot (by its unique key)."""
+    names = _JSON.encode([[ref.namespace, ref.digest] for ref in refs]).decode()
+    return set(conn.execute(
+        "SELECT namespace, digest FROM artifact WHERE (namespace, digest) IN "
+        "(SELECT value ->> 0, value ->> 1 FROM json_each(?))", (names,)))
 
 
 def _orphans(store: Store, conn: apsw.Connection) -> Iterator[tuple[ArtifactRef, float]]:
     """(ref, age in seconds) of each file no row and no quarantined message references."""
     with store.errors():
         quarantined, _ = _quarantined_refs(conn)
-    for ref in store.artifacts.iter_refs():
-        if (ref.namespace, ref.digest) in quarantined:
-            continue
+    held = (ref for ref in store.artifacts.iter_refs()
+            if (ref.namespace, ref.digest) not in quarantined)
+    while page := list(itertools.islice(held, _PAGE)):
         with store.errors():
-            if _referenced(conn, ref):
+            referenced = _referenced(conn, page)
+        for ref in page:
+            if (ref.namespace, ref.digest) in referenced:
                 continue
-        age = store.artifacts.age(ref)
-        if age is not None:
-            yield ref, age
+            age = store.artifacts.age(ref)
+            if age is not None:
+                yield ref, age
 
 
 def _age(seconds: float) -> str:
@@ -1371,7 +1418,7 @@ def _reclaim_one(store: Store, conn: apsw.Connection, removal: Removal,
         refresh()  # puts again by other processes (touches) since the plan was made
     keep = False
     for ref in removal.refs:
-        if (ref.namespace, ref.digest) in quarantined or _referenced(conn, ref):
+        if (ref.namespace, ref.digest) in quarantined or _referenced(conn, [ref]):
             report.kept_referenced += 1
             keep = True
             continue
