@@ -13,6 +13,12 @@ the payloads (``export``, ``backup``, ``restore`` and ``compare`` share these).
                corrupt one reported as a ``Gap`` (the manifest's list of what is lacking);
                ``payload_states``: whether each is held (``compare``).
 
+Every exporter holds one snapshot, by the store's own two means: ``export``, ``backup``
+and ``compare`` copy it into a private file (``copy_snapshot``: the store's WAL can grow
+only while pages are copied, never while a dump is formatted); the WARC and WACZ exports
+read inside one read transaction (``Store.snapshot``; on PostgreSQL, REPEATABLE READ),
+streaming payloads as they go.
+
 Invariants: a target directory is never half-written: it holds nothing, or a finished and
 fsynced build. A payload the source cannot read (a closed or unreachable object store, a
 timeout, a 5xx, credentials, a file's permissions) is never a gap: a gap says what the
