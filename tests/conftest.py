@@ -421,3 +421,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
         held.callback(fcntl.flock, room, fcntl.LOCK_UN)
         return (yield)
+
+
+def as_format_1(archive: Path) -> None:
+    """Rewrite an archive as evidence wrote it before format 2: one file per payload under
+    ``artifacts/`` (the store's files layout), no index or segments, format_version 1. What
+    an archive made by an older evidence holds, for the tests that it is still read."""
+    import json
+
+    from evidence._archive.segments import INDEX, ArchivePayloads
+    from evidence._store.artifacts import ArtifactStore
+
+    directory = archive / "artifacts"
+    held = ArchivePayloads(directory)
+    payloads = {ref: held.open(ref).read() for ref in held.refs()}
+    held.close()
+    for path in directory.iterdir():
+        path.unlink()
+    directory.rmdir()
+    files = ArtifactStore(directory, max_payload=2**62)
+    for ref, data in payloads.items():
+        assert files.put(ref.namespace, data) == ref
+    files.close()
+    manifest = json.loads((archive / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    manifest["files"] = {name: entry for name, entry in manifest["files"].items()
+                         if not name.startswith("artifacts/")}
+    assert INDEX not in manifest["files"]
+    (archive / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -50,10 +50,13 @@ from evidence._archive.export import (
     read_manifest,
     sql_literal,
 )
+from evidence._archive.segments import ArchivePayloads, write_payloads
+from evidence._audit.verify import verify
 from evidence._cli.archive import add_commands
+from evidence._store.artifacts import ArtifactStore
 from evidence._store.sqlite import copy_snapshot
 
-from .conftest import Factory, lose_payload, submit_all
+from .conftest import Factory, as_format_1, flip_payload_byte, lose_payload, submit_all
 
 TRICKY = "it's\ttab\r\nnew\x00nul\x7fdel é \u2028 ''"
 
@@ -172,12 +175,23 @@ def test_manifest_counts_section_hashes_root_and_artifacts_are_correct(
                                                                       ("s2", None)]
     assert {(g.kind, g.subject) for g in manifest.gaps} == {("session_open", "s2"),
                                                             ("run_not_completed", "r2")}
-    rows = {(ns, d) for ns, d in conn.execute("SELECT namespace, digest FROM artifact")}
+    rows = sorted(conn.execute("SELECT namespace, digest, size FROM artifact"))
     artifacts = tmp_path / "a" / "artifacts"
-    files = [p.relative_to(artifacts).parts for p in artifacts.rglob("*") if p.is_file()]
-    on_disk = {(parts[0], parts[-1]) for parts in files if parts != ("LAYOUT",)}
-    assert on_disk == rows and manifest.artifacts == len(rows) == 3
-    assert len(files) == len(rows) + 1  # and the layout record, nothing else
+    assert sorted(p.name for p in artifacts.iterdir()) == ["index.tsv", "segment-000000"]
+    lines = (artifacts / "index.tsv").read_text().splitlines()
+    assert lines[0] == "namespace\tdigest\tsize\tsegment\toffset"
+    indexed = [tuple(line.split("\t")) for line in lines[1:]]
+    assert [(ns, d, int(n)) for ns, d, n, _s, _o in indexed] == rows  # sorted, each once
+    segment, offset = (artifacts / "segment-000000").read_bytes(), 0
+    for _ns, digest, size, _segment, at in indexed:  # back to back, each its own digest
+        assert int(at) == offset and blake3.blake3(
+            segment[offset:offset + int(size)]).hexdigest() == digest
+        offset += int(size)
+    assert offset == len(segment) and manifest.artifacts == len(rows) == 3
+    for name in ("artifacts/index.tsv", "artifacts/segment-000000"):  # the manifest vouches
+        assert manifest.files[name].blake3 == blake3.blake3(
+            (tmp_path / "a" / name).read_bytes()).hexdigest()
+    assert manifest.format_version == 2
 
 
 def test_jsonl_and_csv_exports_have_the_same_rows_in_the_same_order_as_sql(
@@ -417,12 +431,75 @@ def test_restore_refuses_an_archive_that_does_not_match_its_manifest(
 def test_restore_checks_artifacts_against_their_digests(
         populated_store: Store, tmp_path: Path) -> None:
     export(populated_store, tmp_path / "a")
-    (file,) = [p for p in (tmp_path / "a" / "artifacts").rglob("*")
-             if p.is_file() and p.name != "LAYOUT"]
-    file.chmod(0o644)
-    file.write_bytes(b"<html>HELLO</html>")  # same size, other bytes
+    segment = tmp_path / "a" / "artifacts" / "segment-000000"
+    data = segment.read_bytes()
+    assert data.count(b"<html>hello</html>") == 1
+    segment.write_bytes(data.replace(b"<html>hello</html>", b"<html>HELLO</html>"))
     with pytest.raises(CorruptStoreError, match="artifact_corrupt"):
         restore(tmp_path / "a", tmp_path / "restored")
+
+
+def test_an_archive_of_format_1_still_restores_and_compares_equal(
+        populated_store: Store, tmp_path: Path) -> None:
+    """An archive an older evidence wrote (one file per payload) is read as before."""
+    export(populated_store, tmp_path / "a")
+    as_format_1(tmp_path / "a")
+    assert read_manifest(tmp_path / "a").format_version == 1
+    assert not (tmp_path / "a" / "artifacts" / "index.tsv").exists()
+    report = restore(tmp_path / "a", tmp_path / "restored")
+    assert report.artifacts == 1 and "1 artifacts re-hashed" in report.checks
+    assert compare(populated_store, tmp_path / "a", full=True).equal
+    with Store.open(tmp_path / "restored") as restored:
+        assert verify(restored, full=True).ok
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bodies=st.lists(st.binary(max_size=40), max_size=12),
+       namespaces=st.lists(st.sampled_from(["body", "headers", "dom"]), min_size=12,
+                           max_size=12),
+       limit=st.integers(1, 120), seed=st.randoms(use_true_random=False))
+def test_any_set_of_payloads_in_any_order_writes_the_same_segments_and_reads_back(
+        bodies: list[bytes], namespaces: list[str], limit: int, seed) -> None:
+    """Segments depend on the set of payloads and the limit alone (never on the order the
+    rows name them); every payload reads back from them; no segment passes the limit
+    unless one payload alone does; the ranges tile the segments."""
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        source = ArtifactStore(work / "src", max_payload=2**20)
+        refs = [source.put(ns, body) for ns, body in zip(namespaces, bodies, strict=False)]
+        shuffled = refs + refs[:2]  # a payload named twice is written once
+        seed.shuffle(shuffled)
+        outputs = []
+        for name, order in (("a", refs), ("b", shuffled)):
+            files, gaps = write_payloads(order, source, work / name, segment_bytes=limit)
+            assert gaps == []
+            outputs.append({n: (work / name / n).read_bytes() for n in sorted(files)})
+        assert outputs[0] == outputs[1]
+        held = ArchivePayloads(work / "a")
+        assert held.refs() == sorted(set(refs), key=lambda r: (r.namespace, r.digest))
+        for ref in refs:
+            held.verify(ref)
+            with held.open(ref) as handle:
+                assert handle.read() == source.read(ref)
+        held.close()
+        segments = {n: d for n, d in outputs[0].items() if n.startswith("segment-")}
+        assert sum(map(len, segments.values())) == sum(r.size for r in set(refs))
+        sizes = {r.size for r in refs}
+        assert all(len(d) <= max(limit, *sizes) for d in segments.values())
+        source.close()
+
+
+def test_export_records_a_corrupt_payload_as_a_gap_and_leaves_it_out(
+        populated_store: Store, tmp_path: Path) -> None:
+    (body,) = [r for r in populated_store.artifacts.iter_refs() if r.namespace == "body"]
+    flip_payload_byte(populated_store, body)
+    manifest = export(populated_store, tmp_path / "a")
+    assert [(g.kind, g.subject) for g in manifest.gaps if g.kind.startswith("artifact")] == [
+        ("artifact_corrupt", f"body/{body.digest}")]
+    artifacts = tmp_path / "a" / "artifacts"  # its only payload left out: no segment
+    assert [p.name for p in artifacts.iterdir()] == ["index.tsv"]
+    assert (artifacts / "index.tsv").read_text() == "namespace\tdigest\tsize\tsegment\toffset\n"
 
 
 # --- compare ---------------------------------------------------------------------------------

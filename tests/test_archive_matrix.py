@@ -28,6 +28,7 @@ from evidence import ArtifactRef, CrawlConfig, Crawler, CrawlOptions, Store, com
 from evidence._archive.archive import backup, restore
 from evidence._archive.carried import Carried, read_checkpoint_file
 from evidence._archive.export import Manifest, export
+from evidence._archive.segments import ArchivePayloads
 from evidence._archive.wacz import export_wacz
 from evidence._archive.warc import export_warc
 from evidence._audit.proofs import SigningKey, checkpoint
@@ -125,8 +126,12 @@ def restored(source: Source, archive: tuple[Path, Manifest], pg_cluster) -> dict
 
 
 def archived_payloads(archive: Path) -> set[tuple[str, str, int]]:
-    return {(p.parent.parent.name, p.name, p.stat().st_size)
-            for p in (archive / "artifacts").glob("*/*/*") if p.is_file()}
+    """(namespace, digest, size) of each payload the archive's index lists."""
+    held = ArchivePayloads(archive / "artifacts")
+    try:
+        return {(r.namespace, r.digest, r.size) for r in held.refs()}
+    finally:
+        held.close()
 
 
 def test_an_archive_holds_every_payload_its_store_references(
@@ -135,9 +140,10 @@ def test_an_archive_holds_every_payload_its_store_references(
     assert manifest.gaps == []
     assert manifest.artifacts == len(source.refs)
     assert archived_payloads(path) == source.refs
-    files = ArtifactStore(path / "artifacts", create=False, read_only=True)
-    for namespace, digest, size in source.refs:  # every file re-hashes to its name
-        files.verify(ArtifactRef(namespace, digest, size))
+    held = ArchivePayloads(path / "artifacts")
+    for namespace, digest, size in source.refs:  # every payload re-hashes to its name
+        held.verify(ArtifactRef(namespace, digest, size))
+    held.close()
 
 
 def test_the_command_compares_a_store_and_its_archive_equal_payloads_re_hashed(

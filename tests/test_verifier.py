@@ -36,6 +36,7 @@ from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.merkle import root as merkle_root
 from evidence._store.log import entry_hash
 
+from .conftest import as_format_1
 from .test_carried_checkpoint import handed_over
 from .test_carried_checkpoint import tsa as tsa  # the module's TSA fixture, shared
 from .test_waczcheck import tamper
@@ -178,10 +179,10 @@ def _rewrite_ledger(archive: Path) -> None:
 def test_a_tampered_archive_is_caught(verifier: Path, handed, tmp_path: Path) -> None:
     payload_edit = tmp_path / "payload"
     shutil.copytree(handed["archive"], payload_edit)
-    victim = next(p for p in sorted((payload_edit / "artifacts").rglob("*"))
-                  if p.is_file() and len(p.name) == 64)
-    victim.chmod(0o644)
-    victim.write_bytes(victim.read_bytes() + b" ")
+    victim = payload_edit / "artifacts" / "segment-000000"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1  # one bit of some payload, in the middle of the segment
+    victim.write_bytes(bytes(data))
     code, report = verify(verifier, "archive", payload_edit)
     assert code == 1 and any("does not hash to its name" in p for p in report["problems"])
 
@@ -236,6 +237,49 @@ def test_a_row_that_disagrees_with_its_ledger_entry_is_caught(verifier: Path, ha
     assert code == 1 and len(report["problems"]) == 1, report
     assert re.fullmatch(r"fetch_attempt a-\S+: http_status is 404, its ledger entry says 200",
                         report["problems"][0])
+
+
+def _vouch_for(archive: Path, name: str) -> None:
+    """The manifest's size and BLAKE3 of one file made true again (an attacker's edit)."""
+    manifest = json.loads((archive / "manifest.json").read_text())
+    data = (archive / name).read_bytes()
+    manifest["files"][name] = {"bytes": len(data), "blake3": blake3.blake3(data).hexdigest()}
+    (archive / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def test_the_verifier_reads_both_payload_layouts_and_every_byte_of_a_segment(
+        verifier: Path, handed, tmp_path: Path) -> None:
+    """Format 2 (segments and a sorted index) and format 1 (a file per payload) both
+    verify; a segment's bytes that no payload accounts for, and an index out of order,
+    are caught even with the manifest made to vouch for them."""
+    import shutil
+
+    code, report = verify(verifier, "archive", handed["archive"])
+    payloads = report["facts"]["payloads"]
+    assert code == 0 and payloads >= 3, report
+    old = tmp_path / "format-1"
+    shutil.copytree(handed["archive"], old)
+    as_format_1(old)
+    code, report = verify(verifier, "archive", old)
+    assert code == 0 and report["facts"]["payloads"] == payloads, report
+
+    padded = tmp_path / "padded"
+    shutil.copytree(handed["archive"], padded)
+    with open(padded / "artifacts" / "segment-000000", "ab") as segment:
+        segment.write(b"a note no payload accounts for")
+    _vouch_for(padded, "artifacts/segment-000000")
+    code, report = verify(verifier, "archive", padded)
+    assert code == 1 and any("bytes no payload accounts for" in p
+                             for p in report["problems"]), report
+
+    shuffled = tmp_path / "shuffled"
+    shutil.copytree(handed["archive"], shuffled)
+    index = shuffled / "artifacts" / "index.tsv"
+    head, first, second, *rest = index.read_text().splitlines(keepends=True)
+    index.write_text(head + second + first + "".join(rest))
+    _vouch_for(shuffled, "artifacts/index.tsv")
+    code, report = verify(verifier, "archive", shuffled)
+    assert code == 1 and any("out of order" in p for p in report["problems"]), report
 
 
 def test_a_tampered_proof_or_checkpoint_is_caught(verifier: Path, handed,

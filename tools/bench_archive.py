@@ -28,7 +28,20 @@ usual high-water mark between autocheckpoints); a control row runs no dumper at 
 ``BEGIN IMMEDIATE`` and so blocks the writer for the whole dump. Every timed operation
 starts after ``sync``, so none pays for the previous one's dirty pages.
 
+Side by side (``--side-by-side``, issue 35 point 4): on each store (``--store PATH``, any
+number; by default a generated store of ``--attempts`` and the store of a real crawl of
+``--crawl-pages`` pages of tools/bench_crawl.py's site, served on 127.0.0.1), ``--reps``
+rounds, each running in alternating order (ABAB, then BABA):
+
+  export        ``evidence export`` (payloads included), against ``sqlite3_dbdump`` of the
+                database plus ``cp -r`` of the payload directory
+  verify        ``evidence verify`` (quick) in-process, against ``PRAGMA quick_check``
+
+Reported per store: the median wall seconds of each with min-max, the ratio (median of the
+per-round ratios, min-max), and the 1-minute load average at the start and the end.
+
 Examples:
+  python tools/bench_archive.py --side-by-side --attempts 100000 --crawl-pages 5000
   python tools/bench_archive.py --quick               # well under a minute
   python tools/bench_archive.py                       # 20,000 attempts, ~1 min
   python tools/bench_archive.py --attempts 100000     # the figures in docs/archives.md
@@ -46,6 +59,7 @@ import platform
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -323,10 +337,128 @@ def progress_line(enabled: bool) -> Callable:
     return show
 
 
+# --- side by side (issue 35 point 4) ---------------------------------------------------
+
+def crawl_store(work: Path, pages: int) -> Path:
+    """The store of a real crawl: tools/bench_crawl.py's site on 127.0.0.1, crawled by
+    ``evidence crawl --workers 8`` (three payloads a page: request head, response head,
+    body)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_crawl import Server, evidence_command, generate_site
+
+    site, store = work / "site", work / "crawl-store"
+    generate_site(site, pages)
+    server = Server(work, site, "auto")
+    try:
+        subprocess.run([*evidence_command(), "crawl", server.url, "--store", str(store),
+                        "--workers", "8", "--per-host", "8", "--json"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        server.close()
+    return store
+
+
+def quick_check(db: Path) -> None:
+    conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+    conn.close()
+
+
+def quick_verify(store: Path) -> None:
+    from evidence._audit.verify import verify
+
+    with Store.open(store, read_only=True) as opened:
+        assert verify(opened).ok
+
+
+def dump_and_copy(store: Path, out: Path) -> None:
+    out.mkdir()
+    run_dbdump(store / "evidence.db", out / "dump.sql")
+    subprocess.run(["cp", "-r", str(store / "artifacts"), str(out / "artifacts")], check=True)
+    os.sync()  # as export's fsyncs: both end with their bytes on the disk
+
+
+def side_by_side(stores: list[Path], work: Path, reps: int, show: Callable) -> dict:
+    pairs: list[tuple[str, Callable[[Path, Path], object], str,
+                      Callable[[Path, Path], object]]] = [
+        ("export", lambda st, out: export(st, out), "sqlite3_dbdump + cp -r artifacts",
+         dump_and_copy),
+        ("verify (quick)", lambda st, out: quick_verify(st), "PRAGMA quick_check",
+         lambda st, out: quick_check(st / "evidence.db")),
+    ]
+    results: dict = {}
+    for store in stores:
+        entry: dict = {"store": str(store), "db_bytes": (store / "evidence.db").stat().st_size,
+                       "payload_bytes": sum(p.stat().st_size for p in
+                                            (store / "artifacts").rglob("*") if p.is_file()),
+                       "load_start": os.getloadavg()[0]}
+        for ours, fn, base, base_fn in pairs:
+            times: dict[str, list[float]] = {ours: [], base: []}
+            for rep in range(reps):
+                order = [(ours, fn), (base, base_fn)]
+                for name, run in order if rep % 2 == 0 else order[::-1]:
+                    out = work / f"out-{time.time_ns()}"
+                    os.sync()
+                    started = time.perf_counter()
+                    run(store, out)
+                    times[name].append(time.perf_counter() - started)
+                    shutil.rmtree(out, ignore_errors=True)
+                    show(f"{store.name}: {name}", rep + 1, reps)
+            ratios = [a / b for a, b in zip(times[ours], times[base], strict=True)]
+            entry[ours] = {"ours": times[ours], "baseline": base, "base": times[base],
+                           "ratios": ratios}
+        entry["load_end"] = os.getloadavg()[0]
+        results[store.name] = entry
+    return results
+
+
+def render_side_by_side(results: dict, reps: int) -> str:
+    def spread(values: list[float], unit: str = "") -> str:
+        return (f"{statistics.median(values):.2f}{unit} "
+                f"({min(values):.2f}-{max(values):.2f})")
+
+    lines = [f"# side by side, {reps} interleaved rounds (ABAB), medians (min-max); "
+             f"rerun: {rerun_command()}"]
+    for name, entry in results.items():
+        lines += ["", f"{name}: {entry['db_bytes'] / MIB:.1f} MiB database, "
+                  f"{entry['payload_bytes'] / MIB:.1f} MiB of payload files; load average "
+                  f"{entry['load_start']:.1f} at the start, {entry['load_end']:.1f} at the end",
+                  f"  {'operation':<16} {'seconds':>20}   {'baseline':<34} {'seconds':>20}"
+                  f"  {'ratio':>20}"]
+        for op in ("export", "verify (quick)"):
+            o = entry[op]
+            lines.append(f"  {op:<16} {spread(o['ours']):>20}   {o['baseline']:<34} "
+                         f"{spread(o['base']):>20}  {spread(o['ratios'], 'x'):>20}")
+    return "\n".join(lines)
+
+
+def run_side_by_side(args: argparse.Namespace, work: Path, show: Callable) -> dict:
+    stores = [p.resolve() for p in args.store]
+    if not stores:
+        generate(work / "store", args.attempts, args.artifacts, show)
+        stores.append(work / "store")
+        if args.crawl_pages:
+            stores.append(crawl_store(work, args.crawl_pages))
+    return side_by_side(stores, work, args.reps, show)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.live_writer:
         return live_writer(args.live_writer, args.live_rate)
+    if args.side_by_side:
+        work = Path(tempfile.mkdtemp(prefix="bench-archive-", dir=args.workdir)).resolve()
+        try:
+            results = run_side_by_side(args, work, progress_line(sys.stderr.isatty()))
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+        print(render_side_by_side(results, args.reps))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"environment": environment(args),
+                                        "side_by_side": results}, indent=2) + "\n")
+        print(f"\nwrote {args.out}")
+        return 0
     if args.quick:
         args.attempts, args.artifacts, args.live_rate = 2_000, 100, 1_000
     show = progress_line(sys.stderr.isatty())
@@ -521,6 +653,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--out", type=Path, default=Path("bench-out/bench_archive.json"),
                         help="JSON results (default bench-out/bench_archive.json)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="export and quick verify against sqlite3_dbdump + cp -r and "
+                        "PRAGMA quick_check, interleaved, on each --store")
+    parser.add_argument("--store", type=Path, action="append", default=[],
+                        help="a store to compare on (repeatable; default: a generated store "
+                        "of --attempts and a crawl of --crawl-pages)")
+    parser.add_argument("--crawl-pages", type=int, default=5000,
+                        help="pages of the crawled store of --side-by-side (default 5,000; "
+                        "0: none)")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="interleaved rounds of --side-by-side (default 3)")
     parser.add_argument("--live-writer", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

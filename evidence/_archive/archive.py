@@ -49,10 +49,12 @@ from .export import (
     sql_literal,
     tables,
 )
+from .segments import archive_payloads
 from .snapshot import (
     HELD,
     MANIFEST,
     Gap,
+    PayloadSource,
     Progress,
     Source,
     artifact_refs,
@@ -338,12 +340,12 @@ def _restore_payloads(archive: Path, manifest: Manifest, refs: list[ArtifactRef]
                       ) -> tuple[int, list[Gap], list[str]]:
     """Copy the archive's payloads into ``restored`` (closed after), re-hashed: (bytes
     copied, every gap, the gaps its manifest did not list, as problems)."""
+    payloads = archive_payloads(archive, manifest.format_version)
     try:
-        copied, gaps = copy_artifacts(
-            refs, ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True),
-            restored, progress)
+        copied, gaps = copy_artifacts(refs, payloads, restored, progress)
     finally:
         restored.close()
+        payloads.close()
     known = {(g.kind, g.subject) for g in manifest.gaps}
     return copied, gaps, [f"{g.kind}: {g.subject}: {g.detail}" for g in gaps
                           if (g.kind, g.subject) not in known]
@@ -517,7 +519,7 @@ def compare(a: Source, b: Source, *, full: bool = False, rows_per_table: int = 2
 
 def _summarize(source: Source, path: Path, full: bool, progress: Progress | None
                ) -> tuple[dict, list[Difference]]:
-    payloads: ArtifactBackend | None
+    payloads: PayloadSource
     notes: list[Difference] = []
     with contextlib.ExitStack() as stack:
         if isinstance(source, Store) or is_server_database(source) or not (
@@ -530,9 +532,9 @@ def _summarize(source: Source, path: Path, full: bool, progress: Progress | None
             assert not isinstance(source, Store)
             conn, notes = _load_archive(Path(source), path, progress)
             summary = _summarize_copy(source, "archive", conn, path, progress)
-            payloads = _archive_payloads(Path(source))
-            if payloads is not None:
-                stack.callback(payloads.close)
+            held = archive_payloads(Path(source), read_manifest(Path(source)).format_version)
+            stack.callback(held.close)
+            payloads = held
         states = payload_states(summary.pop("refs"), payloads, full=full, progress=progress)
     side = msgspec.structs.replace(summary["side"], payloads=len(states), payloads_held=sum(
         state == HELD for state in states.values()))
@@ -555,13 +557,6 @@ def _load_archive(archive: Path, path: Path, progress: Progress | None
         notes.append(Difference(what="archive", name=str(archive), key="dump.sql",
                                 a="does not match its manifest (size or BLAKE3)"))
     return load_dump(dump_file, path, progress), notes
-
-
-def _archive_payloads(archive: Path) -> ArtifactStore | None:
-    """An archive's payload files, read-only; None when it has no ``artifacts/``."""
-    if not (archive / ARTIFACTS_DIR).is_dir():
-        return None
-    return ArtifactStore(archive / ARTIFACTS_DIR, create=False, read_only=True)
 
 
 def _summarize_copy(source: Source, kind: str, conn: apsw.Connection, path: Path,

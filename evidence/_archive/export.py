@@ -33,12 +33,12 @@ import blake3
 import msgspec
 
 from .._errors import CorruptStoreError, ProofError, StoreError
-from .._store.artifacts import ArtifactStore
 from .._store.db import ARTIFACTS_DIR
 from .._store.fsync import fsync_dir
 from .._store.log import check_log, load_head
 from .._store.sqlite import map_sqlite_errors
 from .carried import Carried, reach
+from .segments import write_payloads
 from .snapshot import (
     MANIFEST,
     Gap,
@@ -46,14 +46,16 @@ from .snapshot import (
     Source,
     artifact_refs,
     building,
-    copy_artifacts,
     open_source,
 )
 
-__all__ = ["FORMAT_VERSION", "TABLE_ORDER", "FileEntry", "Manifest", "Output", "Section",
-           "dump", "export", "ident", "read_manifest", "schema_sql", "sql_literal", "tables"]
+__all__ = ["DUMP_FORMAT", "FORMAT_VERSION", "READS_FORMATS", "TABLE_ORDER", "FileEntry",
+           "Manifest", "Output", "Section", "dump", "export", "ident", "read_manifest",
+           "schema_sql", "sql_literal", "tables"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the archive's: 2 keeps payloads in segments (_archive/segments.py)
+READS_FORMATS = (1, 2)  # 1: one file per payload, still restored and compared
+DUMP_FORMAT = 1  # the dump's own, in its first line (docs/archives.md, "The dump format")
 SNAPSHOT = ".snapshot.db"
 Format = Literal["sql", "jsonl", "csv"]
 
@@ -246,7 +248,7 @@ def dump(conn: apsw.Connection, out: Output, *, fmt: Format = "sql",
     version = conn.execute("PRAGMA user_version").fetchall()[0][0]
     statements = [f"PRAGMA user_version={version};", *(s + ";" for s in schema_sql(conn, order))]
     if fmt == "sql":
-        out.write(main, (f"-- evidence canonical dump, format {FORMAT_VERSION}\n{header}"
+        out.write(main, (f"-- evidence canonical dump, format {DUMP_FORMAT}\n{header}"
                          "PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\n").encode())
     schema = _section(out, main, "-- @section schema\n", statements, len(statements) - 1)
     counts = {t.name: conn.execute(f"SELECT count(*) FROM {ident(t.name)} WHERE "
@@ -462,9 +464,10 @@ def read_manifest(archive: os.PathLike[str] | str) -> Manifest:
                          path=str(archive)) from exc
     except (OSError, msgspec.DecodeError) as exc:
         raise CorruptStoreError(f"{path}: unreadable manifest ({exc})", path=str(path)) from exc
-    if manifest.format_version != FORMAT_VERSION:
+    if manifest.format_version not in READS_FORMATS:
         raise StoreError(f"{archive}: archive format {manifest.format_version}, this program "
-                         f"reads format {FORMAT_VERSION}", hint="use a matching evidence")
+                         f"reads formats {', '.join(map(str, READS_FORMATS))}",
+                         hint="use a matching evidence")
     return manifest
 
 
@@ -552,13 +555,12 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
                 conn.close()
         for name in (SNAPSHOT, SNAPSHOT + "-wal", SNAPSHOT + "-shm"):
             (tmp / name).unlink(missing_ok=True)
-        # An archive keeps one file per payload (layout 2), whatever the store uses: its
-        # format does not change with the store's (docs/archives.md).
-        archived = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
-        try:
-            _copied, gaps = copy_artifacts(refs, artifacts, archived, progress)
-        finally:
-            archived.close()
+        # An archive keeps its payloads in segments, whatever the store uses: its format
+        # does not change with the store's (docs/archives.md).
+        written, gaps = write_payloads(refs, artifacts, tmp / ARTIFACTS_DIR, progress)
+        files = dict(sorted({**files, **{
+            f"{ARTIFACTS_DIR}/{name}": FileEntry(bytes=size, blake3=digest)
+            for name, (size, digest) in written.items()}}.items()))
         manifest = Manifest(
             format_version=FORMAT_VERSION, format=format, run_id=run_id,
             excluded_tables=excluded, schema=schema, tables=sections, files=files,

@@ -13,6 +13,12 @@ the payloads (``export``, ``backup``, ``restore`` and ``compare`` share these).
                corrupt one reported as a ``Gap`` (the manifest's list of what is lacking);
                ``payload_states``: whether each is held (``compare``).
 
+Every exporter holds one snapshot, by the store's own two means: ``export``, ``backup``
+and ``compare`` copy it into a private file (``copy_snapshot``: the store's WAL can grow
+only while pages are copied, never while a dump is formatted); the WARC and WACZ exports
+read inside one read transaction (``Store.snapshot``; on PostgreSQL, REPEATABLE READ),
+streaming payloads as they go.
+
 Invariants: a target directory is never half-written: it holds nothing, or a finished and
 fsynced build. A payload the source cannot read (a closed or unreachable object store, a
 timeout, a 5xx, credentials, a file's permissions) is never a gap: a gap says what the
@@ -34,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Protocol, TypeVar
 
 import apsw
 import msgspec
@@ -52,9 +58,9 @@ from .._store.backend import ArtifactBackend, StoreBackend
 from .._store.db import Store
 from .._store.fsync import fsync_dir
 
-__all__ = ["CORRUPT", "HELD", "MANIFEST", "MISSING", "READ_TRIES", "Gap", "Progress", "Source",
-           "artifact_refs", "building", "copy_artifacts", "open_source", "payload_states",
-           "stale_builds"]
+__all__ = ["CORRUPT", "HELD", "MANIFEST", "MISSING", "READ_TRIES", "Gap", "PayloadSource",
+           "Progress", "Source", "artifact_refs", "building", "chunks_of", "copy_artifacts",
+           "from_source", "open_source", "payload_states", "reading", "stale_builds"]
 
 log = logging.getLogger("evidence.archive")
 
@@ -69,6 +75,19 @@ class Gap(msgspec.Struct, frozen=True, kw_only=True, order=True):
     kind: str  # run_not_completed, session_open, artifact_missing, artifact_corrupt, log
     subject: str
     detail: str
+
+
+class PayloadSource(Protocol):
+    """What a copy or a check reads payloads from: a store's artifact backend, or an
+    archive's payloads (``_archive/segments.py``: its segment files, or one file each)."""
+
+    def open(self, ref: ArtifactRef, *, verify: bool = False) -> BinaryIO: ...
+
+    def check(self, ref: ArtifactRef) -> None: ...
+
+    def verify(self, ref: ArtifactRef) -> None: ...
+
+    def location(self, ref: ArtifactRef) -> str: ...
 
 
 # --- the source: a store, read-only, never an archive ------------------------------
@@ -188,7 +207,7 @@ class _ReadFailed(Exception):
         self.cause = cause
 
 
-def _from_source(read: Callable[[], T]) -> T:
+def from_source(read: Callable[[], T]) -> T:
     try:
         return read()
     except (ArtifactError, OSError) as exc:
@@ -198,13 +217,13 @@ def _from_source(read: Callable[[], T]) -> T:
 _CHUNK = 1 << 20
 
 
-def _chunks_of(handle: BinaryIO) -> Iterator[bytes]:
+def chunks_of(handle: BinaryIO) -> Iterator[bytes]:
     """A source payload's bytes as a destination's ``put`` streams them."""
-    while chunk := _from_source(lambda: handle.read(_CHUNK)):
+    while chunk := from_source(lambda: handle.read(_CHUNK)):
         yield chunk
 
 
-def _reading(src: ArtifactBackend, ref: ArtifactRef, work: Callable[[], T],
+def reading(src: PayloadSource, ref: ArtifactRef, work: Callable[[], T],
              stop: threading.Event) -> T | ArtifactMissingError | ArtifactCorruptError:
     """``work()``, whose reads of ``ref`` from ``src`` raise ``_ReadFailed``; the verdict
     on a payload the store lacks (``ArtifactMissingError``, ``ArtifactCorruptError``) is
@@ -254,7 +273,7 @@ def _in_order(refs: list[ArtifactRef], one: Callable[[ArtifactRef], T],
                 future.cancel()
 
 
-def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactBackend,
+def copy_artifacts(refs: list[ArtifactRef], src: PayloadSource, dst: ArtifactBackend,
                    progress: Progress | None = None, *, workers: int = 8
                    ) -> tuple[int, list[Gap]]:
     """Copy each ref, re-hashed as it is written (``put``); (bytes copied, what the source
@@ -270,15 +289,15 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactB
     stop = threading.Event()
 
     def put(ref: ArtifactRef) -> ArtifactRef:
-        handle = _from_source(lambda: src.open(ref))
+        handle = from_source(lambda: src.open(ref))
         with handle:
-            return dst.put(ref.namespace, _chunks_of(handle))
+            return dst.put(ref.namespace, chunks_of(handle))
 
     def one(ref: ArtifactRef) -> Gap | None:
         if stop.is_set():
             return None  # an earlier error ends the copy: never looked at
         subject = f"{ref.namespace}/{ref.digest}"
-        got = _reading(src, ref, lambda: put(ref), stop)
+        got = reading(src, ref, lambda: put(ref), stop)
         if isinstance(got, ArtifactMissingError):
             return Gap(kind="artifact_missing", subject=subject, detail=str(got))
         if isinstance(got, ArtifactCorruptError):
@@ -311,7 +330,7 @@ def copy_artifacts(refs: list[ArtifactRef], src: ArtifactBackend, dst: ArtifactB
 HELD, MISSING, CORRUPT = "held", "missing", "corrupt"
 
 
-def payload_states(refs: list[ArtifactRef], src: ArtifactBackend | None, *, full: bool,
+def payload_states(refs: list[ArtifactRef], src: PayloadSource | None, *, full: bool,
                    progress: Progress | None = None, workers: int = 8
                    ) -> dict[ArtifactRef, str]:
     """Whether ``src`` holds each payload: ``held`` (there with its size; ``full``: its
@@ -326,7 +345,7 @@ def payload_states(refs: list[ArtifactRef], src: ArtifactBackend | None, *, full
     def one(ref: ArtifactRef) -> str:
         if stop.is_set():
             return ""  # an earlier error ends the check: never looked at
-        got = _reading(src, ref, lambda: _from_source(lambda: check(ref)), stop)
+        got = reading(src, ref, lambda: from_source(lambda: check(ref)), stop)
         if isinstance(got, ArtifactMissingError):
             return MISSING
         return CORRUPT if isinstance(got, ArtifactCorruptError) else HELD

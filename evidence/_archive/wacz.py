@@ -343,14 +343,13 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
     warc_tmp = out.with_name(f".{out.name}.{os.getpid()}.warc.tmp")
     zip_tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        with store.reader() as conn, store.errors():
-            conn.execute("BEGIN")  # one snapshot: the WARC, the index and the pages agree
-            try:
-                created, store_id, records, lines, renders, revisits = _write_warc(
-                    store, conn, warc_tmp)
-                pages = _pages(store, conn)
-            finally:
-                conn.execute("COMMIT")
+        # One snapshot, held as the WARC export holds it (``Store.snapshot``: on PostgreSQL
+        # a REPEATABLE READ transaction, where a plain BEGIN would read each statement's
+        # own): the WARC, the index and the pages agree.
+        with store.snapshot() as conn:
+            created, store_id, records, lines, renders, revisits = _write_warc(
+                store, conn, warc_tmp)
+            pages = _pages(store, conn)
         lines.sort()
         if signer is not None and signer.cert_chain:  # authsign: created = signing time
             created = _signing_time(signer)

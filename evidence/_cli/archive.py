@@ -320,9 +320,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "export", help="write a canonical archive (dump, artifacts, manifest)",
         description="Write an archive of STORE to the new directory ARCHIVE: dump.sql (the "
         "same logical content always gives the same bytes), artifacts/ with every payload "
-        "its rows reference, and manifest.json (counts, a BLAKE3 hash per section, the "
-        "Merkle root, the gaps). Reads one snapshot taken with SQLite's backup API: the "
-        "writer is never blocked. See docs/archives.md.")
+        "its rows reference (in segment files and a sorted index), and manifest.json "
+        "(counts, a BLAKE3 hash per section, the Merkle root, the gaps). Reads one "
+        "snapshot taken with SQLite's backup API: the writer is never blocked. See "
+        "docs/archives.md.")
     p.add_argument("store", metavar="STORE", type=store_location,
                    help="the store directory (or a backup of one)")
     p.add_argument("--out", required=True, type=archive_location, metavar="ARCHIVE",

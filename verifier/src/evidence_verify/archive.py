@@ -3,15 +3,20 @@ and then as a log.
 
     manifest.json   counts, a BLAKE3 hash and size per file and per section, the log head
     dump.sql        the canonical dump: the schema, then every table, rows in key order
-    artifacts/      one file per payload, named by its BLAKE3: <namespace>/<aa>/<digest>
+    artifacts/      format 2: index.tsv (namespace, digest, size, segment, offset per
+                    payload, sorted) and segment-NNNNNN files holding the payloads back to
+                    back; format 1: one file per payload, <namespace>/<aa>/<BLAKE3>
 
 What is checked, in order:
 
 1. every file the manifest lists has its size and BLAKE3; every section of the dump (a
    byte range of a file) has its BLAKE3; nothing but the manifest, its files and the
    payloads is in the directory;
-2. every payload file hashes to its name, and their count and bytes are the manifest's
-   (less the gaps it declares: payloads the store had lost before the export);
+2. every payload hashes to its name (format 2: each range of a segment the index gives
+   hashes to its digest; the index is sorted, and the ranges of each segment follow each
+   other from its start to its end, so a segment holds nothing else), and their count and
+   bytes are the manifest's (less the gaps it declares: payloads the store had lost
+   before the export);
 3. the dump is loaded into an in-memory SQLite database (Python's own ``sqlite3``) and the
    ledger is rebuilt as a log: entries contiguous from 0, each entry's leaf hash
    SHA-256(0x00 || entry) and BLAKE3 payload hash as stored, and the RFC 9162 root at
@@ -46,6 +51,8 @@ from .verdict import Verdict
 _MANIFEST = "manifest.json"
 CARRIED, CARRIED_TSR = "checkpoint", "checkpoint.tsr"  # what export --checkpoint adds
 _ARTIFACTS = "artifacts"
+_INDEX_HEADER = "namespace\tdigest\tsize\tsegment\toffset"
+_SEGMENT = re.compile(r"segment-[0-9]{6}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 
@@ -85,8 +92,12 @@ def check_archive(directory: str | os.PathLike[str], *, checkpoint: bytes | str 
     verdict.facts |= {"store_id": manifest.get("store_id"),
                       "tree_size": manifest.get("log", {}).get("tree_size"),
                       "root": manifest.get("log", {}).get("root")}
-    files_ok = _check_files(root, manifest, verdict)
-    _check_payloads(root, manifest, verdict)
+    segmented = manifest.get("format_version", 1) >= 2
+    files_ok = _check_files(root, manifest, verdict, segmented)
+    if segmented:
+        _check_segments(root, manifest, verdict)
+    else:
+        _check_payloads(root, manifest, verdict)
     if files_ok:
         _check_log(root, manifest, verdict, checkpoint, key, proofs)
     else:
@@ -95,7 +106,7 @@ def check_archive(directory: str | os.PathLike[str], *, checkpoint: bytes | str 
     return verdict.finish()
 
 
-def _check_files(root: Path, manifest: dict, verdict: Verdict) -> bool:
+def _check_files(root: Path, manifest: dict, verdict: Verdict, segmented: bool) -> bool:
     ok = True
     files = manifest.get("files", {})
     for name, entry in sorted(files.items()):
@@ -122,8 +133,8 @@ def _check_files(root: Path, manifest: dict, verdict: Verdict) -> bool:
             ok = False
     for path in sorted(root.rglob("*")):
         name = path.relative_to(root).as_posix()
-        if path.is_file() and name != _MANIFEST and name not in files and not name.startswith(
-                _ARTIFACTS + "/"):
+        if path.is_file() and name != _MANIFEST and name not in files and (
+                segmented or not name.startswith(_ARTIFACTS + "/")):
             verdict.problem(f"{name} is in the archive but not in the manifest: nothing "
                             "vouches for it")
     verdict.facts["files"] = len(files)
@@ -149,10 +160,98 @@ def _check_payloads(root: Path, manifest: dict, verdict: Verdict) -> None:
         if digest != parts[2]:
             verdict.problem(f"payload {parts[0]}/{parts[2]} does not hash to its name "
                             f"(BLAKE3 {digest}): its bytes were changed")
+    _compare_counts(manifest, verdict, count, total)
+
+
+def _check_segments(root: Path, manifest: dict, verdict: Verdict) -> None:
+    """Format 2: the index, sorted and well formed, and each payload's range of its
+    segment hashing to its digest; the ranges tile each segment exactly."""
+    base = root / _ARTIFACTS
+    try:
+        lines = (base / "index.tsv").read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        verdict.problem(f"{_ARTIFACTS}/index.tsv cannot be read: {exc}")
+        return
+    if lines[0] != _INDEX_HEADER or lines[-1] != "":
+        verdict.problem(f"{_ARTIFACTS}/index.tsv is not a payload index (its header, or its "
+                        "last line, is not the format's)")
+        return
+    ends: dict[str, int] = {}  # segment -> where its next payload must start
+    handles: dict[Path, int] = {}
+    try:
+        count, total = _check_index(base, lines, ends, handles, verdict)
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+    on_disk = {p.name for p in base.iterdir() if _SEGMENT.fullmatch(p.name)} \
+        if base.is_dir() else set()
+    for segment in sorted(on_disk | set(ends)):
+        path = base / segment
+        size = path.stat().st_size if path.is_file() else None
+        if size is None:
+            verdict.problem(f"{_ARTIFACTS}/{segment} is named by the index but missing")
+        elif size != ends.get(segment, 0):
+            verdict.problem(f"{_ARTIFACTS}/{segment} holds {size} bytes, its payloads "
+                            f"{ends.get(segment, 0)}: bytes no payload accounts for")
+    _compare_counts(manifest, verdict, count, total)
+
+
+def _check_index(base: Path, lines: list[str], ends: dict[str, int],
+                 handles: dict[Path, int], verdict: Verdict) -> tuple[int, int]:
+    """Each index line: well formed, in order, its range right after the one before it in
+    its segment and hashing to its digest; (payloads, bytes)."""
+    count = total = 0
+    previous = ("", "")
+    for number, line in enumerate(lines[1:-1], 2):
+        fields = line.split("\t")
+        if (len(fields) != 5 or not _DIGEST.fullmatch(fields[1]) or not fields[2].isdigit()
+                or not fields[4].isdigit() or not _SEGMENT.fullmatch(fields[3])):
+            verdict.problem(f"{_ARTIFACTS}/index.tsv line {number} is not "
+                            "namespace, digest, size, segment, offset")
+            continue
+        namespace, digest, size, segment, offset = (fields[0], fields[1], int(fields[2]),
+                                                    fields[3], int(fields[4]))
+        if (namespace, digest) <= previous:
+            verdict.problem(f"{_ARTIFACTS}/index.tsv line {number} is out of order or "
+                            "repeats a payload")
+        previous = (namespace, digest)
+        if offset != ends.get(segment, 0):
+            verdict.problem(f"payload {namespace}/{digest} starts at byte {offset} of "
+                            f"{segment}, not where the one before it ends")
+        ends[segment] = offset + size
+        got, length = _blake3_range(base / segment, offset, size, handles)
+        count, total = count + 1, total + size
+        if length != size:
+            verdict.problem(f"payload {namespace}/{digest}: {segment} ends before its "
+                            f"{size} bytes do")
+        elif got != digest:
+            verdict.problem(f"payload {namespace}/{digest} does not hash to its name "
+                            f"(BLAKE3 {got}): its bytes were changed")
+    return count, total
+
+
+def _blake3_range(path: Path, offset: int, size: int, handles: dict[Path, int]
+                  ) -> tuple[str, int]:
+    """(BLAKE3, bytes read) of ``size`` bytes at ``offset``; a missing file reads none."""
+    if path not in handles:
+        try:
+            handles[path] = os.open(path, os.O_RDONLY)
+        except OSError:
+            return "", 0
+    hasher, done = blake3.blake3(max_threads=1), 0
+    while done < size:
+        chunk = os.pread(handles[path], min(_CHUNK, size - done), offset + done)
+        if not chunk:
+            break
+        hasher.update(chunk)
+        done += len(chunk)
+    return hasher.hexdigest(), done
+
+
+def _compare_counts(manifest: dict, verdict: Verdict, count: int, total: int) -> None:
     gaps = manifest.get("gaps", [])
-    missing = sum(1 for g in gaps if isinstance(g, dict) and "artifact" in str(g.get("kind")))
-    if count + missing != manifest.get("artifacts") and not gaps:
-        verdict.problem(f"{count} payload files, the manifest says {manifest.get('artifacts')}")
+    if count != manifest.get("artifacts") and not gaps:
+        verdict.problem(f"{count} payloads, the manifest says {manifest.get('artifacts')}")
     if not gaps and total != manifest.get("artifact_bytes"):
         verdict.problem(f"{total} payload bytes, the manifest says "
                         f"{manifest.get('artifact_bytes')}")
