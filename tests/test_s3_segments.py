@@ -52,6 +52,7 @@ def test_the_segment_format_round_trips_and_names_its_bytes() -> None:
     items = [("body", blake3.blake3(b"x" * n).hexdigest(), b"x" * n) for n in (0, 1, 70_000)]
     body, entries, name = build_segment(items)
     assert name == blake3.blake3(body).hexdigest()
+    assert [(e.namespace, e.digest) for e in entries] == sorted(i[:2] for i in items)
     start, length, check = parse_trailer(body[-64:], len(body))
     index = parse_index(body[start:start + length], check, start)
     for namespace, digest, data in items:

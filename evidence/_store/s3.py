@@ -579,10 +579,17 @@ class S3ArtifactStore:
     # --- reading -------------------------------------------------------------------------
 
     def check_each(self, refs: Sequence[ArtifactRef]) -> list[ArtifactError | None]:
-        return check_one_by_one(self.check, refs)
+        """``check`` of each, asking for each segment once (a HEAD per segment, not per
+        payload: verify's quick pass over a store of segments)."""
+        confirmed: set[str] = set()
+        return check_one_by_one(lambda ref: self._check(ref, confirmed), refs)
 
     def check(self, ref: ArtifactRef) -> None:
-        """Raise ArtifactMissingError, or ArtifactCorruptError if the size differs.
+        """Raise ArtifactMissingError, or ArtifactCorruptError if the size differs."""
+        self._check(ref, set())
+
+    def _check(self, ref: ArtifactRef, confirmed: set[str]) -> None:
+        """``check``, where the segments in ``confirmed`` are known to be there.
 
         A payload held here passes (the writer's sync stores it before its COMMIT); one in
         a segment this process stored within ``_TOUCH_AFTER`` seconds passes without a
@@ -600,9 +607,11 @@ class S3ArtifactStore:
                 segment, entry = found
                 if entry.size != ref.size:
                     raise self._wrong_size(ref, entry.size)
-                if time.time() - segment.modified < _TOUCH_AFTER:
+                if (segment.key in confirmed
+                        or time.time() - segment.modified < _TOUCH_AFTER):
                     return
                 if self.client.head(segment.key) is not None:
+                    confirmed.add(segment.key)
                     return
                 with self._lock:
                     self._forget(segment.key)
