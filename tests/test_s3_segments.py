@@ -101,6 +101,46 @@ def test_a_batch_of_puts_is_one_segment_put_at_the_sync_and_reads_back_anywhere(
         assert fresh.client.get(fresh._base + "LAYOUT") == b"evidence-s3-artifacts 2\n"
 
 
+def test_a_payload_stored_before_is_stored_again_only_when_the_writer_names_it(
+        tmp_path: Path, seaweed: SeaweedS3, s3_env: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dedup across segments: a body put again after its segment's first minute (here at
+    once) is held as a copy; the writer names only payloads no row references, so a copy
+    of a referenced body is dropped, not stored twice, and an orphan about to be
+    referenced is stored again (young, as reclaim's grace period needs)."""
+    import evidence._store.s3 as s3_module
+
+    monkeypatch.setattr(s3_module, "_TOUCH_AFTER", 0.0)
+    with Store.create(tmp_path / "s", artifacts=new_s3_url(seaweed, "dedup")) as store:
+        s3 = _s3(store)
+        make = Factory(store)
+        twice = s3.put("body", b"a body fetched twice")
+        submit_all(store, [make.session(), make.run(),
+                           make.attempt("http://example.com/1", body=twice)])
+        [first] = s3.segment_keys()
+        assert s3.put("body", b"a body fetched twice") == twice
+        other = s3.put("body", b"another page")
+        acks = submit_all(store, [make.attempt("http://example.com/2", body=twice),
+                                  make.attempt("http://example.com/3", body=other)])
+        assert {a.status for a in acks} == {"committed"}
+        [second] = set(s3.segment_keys()) - {first}
+        assert set(s3._segments[second].entries) == {("body", other.digest)}
+        orphan = s3.put("body", b"stored, then its crawl died before the commit")
+        s3.sync([orphan])
+        [third] = set(s3.segment_keys()) - {first, second}
+        assert s3.put("body", b"stored, then its crawl died before the commit") == orphan
+        last = s3.put("body", b"a last page")
+        acks = submit_all(store, [make.attempt("http://example.com/4", body=orphan),
+                                  make.attempt("http://example.com/5", body=last)])
+        assert {a.status for a in acks} == {"committed"}
+        [fourth] = set(s3.segment_keys()) - {first, second, third}
+        assert set(s3._segments[fourth].entries) == {("body", orphan.digest),
+                                                     ("body", last.digest)}
+        assert [r.digest for r in s3.iter_refs()] == sorted(
+            r.digest for r in (twice, other, orphan, last))
+        assert verify(store, full=True).ok
+
+
 def test_reclaim_rewrites_a_segment_without_its_orphans_and_keeps_the_rest(
         tmp_path: Path, seaweed: SeaweedS3, s3_env: None) -> None:
     url = new_s3_url(seaweed, "reclaim")

@@ -2,32 +2,53 @@
 
 This module owns everything under the store's prefix in the bucket::
 
-    <prefix>/LAYOUT                  "evidence-s3-artifacts 1": the layout below
-    <prefix>/<namespace>/<digest>    one immutable object per payload (layout 1)
+    <prefix>/LAYOUT                  "evidence-s3-artifacts 2": the layout below
+    <prefix>/SEGMENTS/<blake3>       a segment: the payloads of one group commit, with
+                                     their index (``s3segment``), read by range
+    <prefix>/<namespace>/<digest>    one immutable object per payload (a worker
+                                     process's put; all of layout 1)
 
-Upper-case names cannot be namespaces (``[a-z0-9_-]``), so ``LAYOUT`` and any later
-upper-case name (sealed pack segments, say, as ``<prefix>/PACKS/<segment>``, each one
-immutable object read by range: ``S3Client.get(start=, end=)``) can never collide with a
-payload. A layout this program does not know is refused, as for a store directory.
+Upper-case names cannot be namespaces (``[a-z0-9_-]``), so ``LAYOUT`` and ``SEGMENTS/``
+can never collide with a payload. A layout this program does not know is refused, as for
+a store directory; a layout-1 store is read as it is, and a writer that opens it sets its
+``LAYOUT`` to 2 first (so that a program of layout 1 refuses it rather than miss the
+segments).
 
-The durability point is the put's answer. A put is one ``PUT`` with ``If-None-Match: *``
-(a conditional create) carrying the body's MD5 and SHA-256, which the server recomputes and
-refuses on a mismatch (``s3client``); its 200 means the object is stored whole, so ``put``
-returns the ref only then, and ``sync`` has nothing left to do. A 412 means the key exists:
-a racing put of the same digest, an earlier try of this put whose answer was lost, or an
-older copy. The put then reads what is there (HEAD: size and ETag, the MD5 of a single-part
-object) and returns the ref only if it is the same content; an object of the same key with
-other bytes is damaged, and is replaced (``If-Match`` on its ETag, so a concurrent repair
-is not undone). A put waits out an outage of the object store (``s3client``: retried until
-``EVIDENCE_S3_OUTAGE_DEADLINE``), so a crawl pauses on it; a put that fails even so
-raises, and no message names its ref: the writer checks every new reference with a HEAD
-(``check``) before the COMMIT that records it, so a reference never names an object that
-is not there (design rule 6).
+Why segments: a crawl into an object store paid a signed request, and the server's work,
+per payload (three a page) and a ``HEAD`` per new reference at the writer; it ran at 0.43x
+the pages/s of the same crawl into local packs at 2.1x its CPU per page. The store opened
+beside the writer (``hold``) keeps each put in memory (hashed, its ref returned at once)
+until the writer's ``sync``, before the COMMIT that first references one of them; the
+sync seals every held payload into one segment and puts it: one request per group
+commit (docs/benchmarks.md, "The object-store path").
 
-Reclaim's grace period reads ``age`` from the object's Last-Modified. A put that finds its
-object already there and older than ``_TOUCH_AFTER`` refreshes that time with a copy of the
-object onto itself, conditional on its ETag (the same bytes; S3 has no touch), so an orphan
-that is about to be referenced again counts as young, as a file put again does.
+The durability point is an object's PUT answer. Every object is created by one ``PUT``
+with ``If-None-Match: *`` (a conditional create) carrying the body's MD5 and SHA-256,
+which the server recomputes and refuses on a mismatch (``s3client``); its 200 means the
+object is stored whole. Held payloads are acknowledged by nobody until their segment's
+200: ``sync`` returns only then, and a failed sync fails the writer's batch (nothing of it
+commits; the payloads stay held for the next try). Without ``hold`` (a worker process,
+whose references another process's writer checks) each put is its own object and returns
+the ref only once it is stored. A 412 means the key exists: a racing put of the same
+content, an earlier try whose answer was lost (a segment's name is the BLAKE3 of its
+bytes, so a retry names the same object), or an older copy. The put then reads what is
+there (HEAD: size and ETag, the MD5 of a single-part object) and goes on only if it is
+the same content; an object of the same key with other bytes is damaged, and is replaced
+(``If-Match`` on its ETag, so a concurrent repair is not undone). A put waits out an
+outage of the object store (``s3client``: retried until ``EVIDENCE_S3_OUTAGE_DEADLINE``);
+one that fails even so raises. The writer checks every new reference (``check_each``)
+before the COMMIT that records it, so a reference never names an object that is not there
+(design rule 6): a payload held here, or in a segment this process stored less than
+``_TOUCH_AFTER`` ago, needs no request (reclaim leaves anything that young); any other is
+asked for with a HEAD of its segment or of its own object.
+
+Reclaim's grace period reads ``age`` from the youngest copy's Last-Modified. A holding
+store stores a payload again (in its next segment) when its only copy it knows is older
+than ``_TOUCH_AFTER``; a put of its own object that finds it already there and older
+refreshes that time with a copy of the object onto itself, conditional on its ETag (the
+same bytes; S3 has no touch). Either way an orphan that is about to be referenced again
+counts as young, as a file put again does. Reclaim rewrites a segment without its orphans
+(``_SegmentRemoval``): the new segment first, the old one deleted under the write lock.
 """
 
 from __future__ import annotations
@@ -251,6 +272,11 @@ class S3ArtifactStore:
         self._lock = threading.Lock()  # the held payloads and the segment index
         self._sealing = threading.Lock()  # one segment PUT at a time
         self._held: dict[tuple[str, str], bytes] = {}
+        # Held payloads that a known segment already holds (stored over a minute ago), and
+        # since when: stored again only if a sync names them (the writer names a payload
+        # that no row references yet: an orphan about to be referenced, kept young so);
+        # else dropped after ``_TOUCH_AFTER`` (a page whose body a row already names).
+        self._copies: dict[tuple[str, str], float] = {}
         self._held_bytes = 0
         # Segments known, by key, and where each payload of them is. A holding store
         # remembers only its recent puts (bounded); a full listing (``refresh``) loads all.
@@ -402,33 +428,48 @@ class S3ArtifactStore:
         with self._lock:
             if name in self._held:
                 return False
+            stored = False
             for key in self._where.get(name, ()):
                 segment = self._segments[key]
-                if (now - segment.modified < _TOUCH_AFTER
-                        and segment.entries[name].size == ref.size):
-                    return False
+                if segment.entries[name].size == ref.size:
+                    if now - segment.modified < _TOUCH_AFTER:
+                        return False
+                    stored = True
             self._held[name] = body
             self._held_bytes += len(body)
+            if stored:
+                self._copies[name] = now
             return (self._held_bytes >= SEGMENT_BYTES
                     or len(self._held) >= SEGMENT_RECORDS)
 
-    def _seal(self) -> None:
-        """Store every payload held now as one segment; they are released (and known
-        where they are) only once the object store answered the PUT."""
+    def _seal(self, names: set[tuple[str, str]] | None = None) -> None:
+        """Store the payloads held now as one segment: all but the copies of payloads a
+        known segment holds, which go in only if ``names`` names them (and are dropped
+        once held ``_TOUCH_AFTER`` unnamed). They are released (and known where they are)
+        only once the object store answered the PUT."""
         with self._sealing:
             with self._lock:
-                items = [(ns, digest, body) for (ns, digest), body in self._held.items()]
+                now, items = time.time(), []
+                for name, body in list(self._held.items()):
+                    since = self._copies.get(name)
+                    if since is None or (names is not None and name in names):
+                        items.append((name[0], name[1], body))
+                    elif now - since > _TOUCH_AFTER:
+                        del self._held[name], self._copies[name]
+                        self._held_bytes -= len(body)
             if not items:
                 return
-            body, entries, name = build_segment(items)
-            key = f"{self._base}{SEGMENTS}{name}"
+            body, entries, digest = build_segment(items)
+            key = f"{self._base}{SEGMENTS}{digest}"
             self._put_object(key, body)
             segment = Segment(key, len(body), time.time(),
                               {(e.namespace, e.digest): e for e in entries})
             with self._lock:
-                for ns, digest, payload in items:
-                    if self._held.get((ns, digest)) is payload:
-                        del self._held[(ns, digest)]
+                for namespace, held_digest, payload in items:
+                    name = (namespace, held_digest)
+                    if self._held.get(name) is payload:
+                        del self._held[name]
+                        self._copies.pop(name, None)
                         self._held_bytes -= len(payload)
                 self._know(segment)
 
@@ -520,7 +561,7 @@ class S3ArtifactStore:
             with self._lock:
                 if names.isdisjoint(self._held):
                     return
-            self._seal()
+            self._seal(names)
 
     # --- finding a payload ---------------------------------------------------------------
 
@@ -613,14 +654,13 @@ class S3ArtifactStore:
                 if self.client.head(segment.key) is not None:
                     confirmed.add(segment.key)
                     return
-                with self._lock:
-                    self._forget(segment.key)
-                continue
-            head = self.client.head(self.key(ref))
-            if head is not None:
-                if head.size != ref.size:
-                    raise self._wrong_size(ref, head.size)
-                return
+                # Gone: reclaim rewrote it (the payload may be in the new segment).
+            else:
+                head = self.client.head(self.key(ref))
+                if head is not None:
+                    if head.size != ref.size:
+                        raise self._wrong_size(ref, head.size)
+                    return
             if attempt == 0:
                 self.refresh()
         raise self._missing(ref)
@@ -650,17 +690,15 @@ class S3ArtifactStore:
                                        end=entry.offset + last)
                 if data is not None:
                     return data
-                with self._lock:
-                    self._forget(segment.key)  # rewritten by reclaim: look again
-                continue
-            if start == 0 and end is None:
+                # Gone: reclaim rewrote it (the payload may be in the new segment).
+            elif start == 0 and end is None:
                 data = self.client.get(self.key(ref))
             else:
                 data = self.client.get(self.key(ref), start=start, end=end)
             if data is not None:
                 return data
             if attempt == 0:
-                self.refresh()
+                self.refresh()  # forgets the segments gone, learns the new ones
         return None
 
     def read(self, ref: ArtifactRef, *, verify: bool = False) -> bytes:
@@ -833,6 +871,7 @@ class _HeldRemoval(_OneRemoval):
         store, ref = self.store, self.refs[0]
         with store._lock:
             body = store._held.pop((ref.namespace, ref.digest), None)
+            store._copies.pop((ref.namespace, ref.digest), None)
             if body is not None:
                 store._held_bytes -= len(body)
         return (0 if body is None else len(body)) + store._remove_object(ref)
