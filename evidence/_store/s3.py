@@ -38,17 +38,18 @@ the same content; an object of the same key with other bytes is damaged, and is 
 outage of the object store (``s3client``: retried until ``EVIDENCE_S3_OUTAGE_DEADLINE``);
 one that fails even so raises. The writer checks every new reference (``check_each``)
 before the COMMIT that records it, so a reference never names an object that is not there
-(design rule 6): a payload held here, or in a segment this process stored less than
-``_TOUCH_AFTER`` ago, needs no request (reclaim leaves anything that young); any other is
-asked for with a HEAD of its segment or of its own object.
+(design rule 6): a payload held here needs no request; any other is asked for with a HEAD
+of its segment (once per segment per batch) or of its own object.
 
 Reclaim's grace period reads ``age`` from the youngest copy's Last-Modified. A holding
-store stores a payload again (in its next segment) when its only copy it knows is older
-than ``_TOUCH_AFTER``; a put of its own object that finds it already there and older
-refreshes that time with a copy of the object onto itself, conditional on its ETag (the
-same bytes; S3 has no touch). Either way an orphan that is about to be referenced again
-counts as young, as a file put again does. Reclaim rewrites a segment without its orphans
-(``_SegmentRemoval``): the new segment first, the old one deleted under the write lock.
+store holds a payload that a segment it knows stored over ``_TOUCH_AFTER`` ago as a
+*copy*, stored again only if the writer's sync names it (no row references it yet: an
+orphan about to be referenced, which must count as young) and else dropped; a put of its
+own object that finds it already there and older refreshes that time with a copy of the
+object onto itself, conditional on its ETag (the same bytes; S3 has no touch). Either way
+an orphan that is about to be referenced again counts as young, as a file put again does.
+Reclaim rewrites a segment without its orphans (``_SegmentRemoval``): the new segment
+first, the old one deleted under the write lock.
 """
 
 from __future__ import annotations
@@ -632,10 +633,10 @@ class S3ArtifactStore:
     def _check(self, ref: ArtifactRef, confirmed: set[str]) -> None:
         """``check``, where the segments in ``confirmed`` are known to be there.
 
-        A payload held here passes (the writer's sync stores it before its COMMIT); one in
-        a segment this process stored within ``_TOUCH_AFTER`` seconds passes without a
-        request (reclaim leaves a payload that young); else its segment (or its own
-        object) is asked for with a HEAD."""
+        A payload held here passes (the writer's sync stores it before its COMMIT);
+        else its segment (once per ``check_each``) or its own object is asked for with a
+        HEAD: what this process knows says where to look, never that it is there (a
+        reclaim elsewhere may have rewritten a segment since)."""
         with self._lock:
             held = self._held.get((ref.namespace, ref.digest))
         if held is not None:
@@ -648,8 +649,7 @@ class S3ArtifactStore:
                 segment, entry = found
                 if entry.size != ref.size:
                     raise self._wrong_size(ref, entry.size)
-                if (segment.key in confirmed
-                        or time.time() - segment.modified < _TOUCH_AFTER):
+                if segment.key in confirmed:
                     return
                 if self.client.head(segment.key) is not None:
                     confirmed.add(segment.key)
