@@ -254,9 +254,10 @@ def test_a_damaged_object_is_replaced_by_the_next_put_of_its_content(
 
 def test_a_server_killed_mid_put_leaves_no_object_and_no_reference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SIGKILL while the server is receiving a put's body: the put raises at its outage
-    deadline (1 s here), the restarted server has no object, and the writer refuses a message
-    that names it. Once the server is back, the put and the message go through."""
+    """SIGKILL while the server is receiving a put's body (a worker process's put: one
+    object, durable when it returns): the put raises at its outage deadline (1 s here),
+    the restarted server has no object, and the writer refuses a message that names it.
+    Once the server is back, the put and the message go through."""
     server = SeaweedS3.start(tmp_path / "s3")
     try:
         for name, value in server.environ.items():
@@ -274,14 +275,17 @@ def test_a_server_killed_mid_put_leaves_no_object_and_no_reference(
             url = server.url("killed").replace(server.endpoint, proxy.endpoint)
             with Store.create(tmp_path / "store", artifacts=url) as store:
                 assert isinstance(store.artifacts, S3ArtifactStore)
+                worker = open_s3(url, create=False, read_only=False)  # hold=False
                 data = bytes(range(256)) * 4096  # 1 MiB
                 outcome: list[object] = []
 
                 def put() -> None:
                     try:
-                        outcome.append(store.artifacts.put("body", data))
+                        outcome.append(worker.put("body", data))
                     except S3Error as exc:
                         outcome.append(exc)
+                    finally:
+                        worker.close()
 
                 thread = threading.Thread(target=put)
                 thread.start()
@@ -308,6 +312,73 @@ def test_a_server_killed_mid_put_leaves_no_object_and_no_reference(
         server.close()
 
 
+def test_a_server_killed_mid_segment_put_fails_the_batch_and_its_redelivery_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's store holds its puts until the batch's sync, which seals them into one
+    segment object. SIGKILL of the server while it receives that segment: the batch fails
+    with a CommitError (nothing written, nothing quarantined), the restarted server has
+    no segment, and the same messages, redelivered, commit with their payloads readable."""
+    from evidence import CommitError
+
+    server = SeaweedS3.start(tmp_path / "s3")
+    try:
+        for name, value in server.environ.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("EVIDENCE_S3_OUTAGE_DEADLINE", "1")
+        held, sent = threading.Event(), threading.Event()
+
+        def rule(seen, index):
+            if seen.method == "PUT" and "/SEGMENTS/" in seen.path and not held.is_set():
+                return Action("partial", hold=held, sent=sent)
+            return Action()
+
+        with S3Proxy(upstream=("127.0.0.1", server.ports["s3"]), rule=rule) as proxy:
+            url = server.url("segment").replace(server.endpoint, proxy.endpoint)
+            with Store.create(tmp_path / "store", artifacts=url) as store:
+                s3 = store.artifacts
+                assert isinstance(s3, S3ArtifactStore)
+                make = Factory(store)
+                assert [a.status for a in submit_all(store, [make.session(), make.run()])
+                        ] == ["committed", "committed"]
+                bodies = [bytes([i]) * (300_000 + i) for i in range(3)]
+                refs = [s3.put("body", body) for body in bodies]
+                assert s3.segment_keys() == [], "held until the batch's sync"
+                attempts = [make.attempt(f"http://example.com/{i}", body=ref)
+                            for i, ref in enumerate(refs)]
+                outcome: list[object] = []
+
+                def commit() -> None:
+                    try:
+                        outcome.append(submit_all(store, attempts))
+                    except CommitError as exc:
+                        outcome.append(exc)
+
+                thread = threading.Thread(target=commit)
+                thread.start()
+                assert sent.wait(30), "the segment never reached the server"
+                server.kill()  # part of the segment is on the server's socket
+                held.set()
+                thread.join(60)
+                assert len(outcome) == 1 and isinstance(outcome[0], CommitError), outcome
+                assert "could not be made durable" in str(outcome[0])
+                for table in ("fetch_attempt", "quarantine", "artifact"):
+                    assert store.connection.execute(
+                        f"SELECT count(*) FROM {table}").fetchall() == [(0,)]
+                server.restart()
+                assert s3.segment_keys() == []
+                acks = submit_all(store, attempts)
+                assert [a.status for a in acks] == ["committed"] * 3, [a.reason for a in acks]
+                [segment] = s3.segment_keys()
+        with Store.open(tmp_path / "store", read_only=True,
+                        artifacts=server.url("segment")) as reader:
+            for ref, body in zip(refs, bodies, strict=True):
+                assert reader.artifacts.read(ref, verify=True) == body
+            assert reader.artifacts.location(refs[0]).startswith(
+                f"s3://{server.bucket}/{segment}@")
+    finally:
+        server.close()
+
+
 def test_a_reference_check_the_object_store_cannot_answer_fails_the_batch_not_the_message(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store is down when the writer checks a new reference: that is not the message's
@@ -322,7 +393,11 @@ def test_a_reference_check_the_object_store_cannot_answer_fails_the_batch_not_th
         monkeypatch.setenv("EVIDENCE_S3_OUTAGE_DEADLINE", "1")  # (tests/test_s3_outages.py)
         with Store.create(tmp_path / "store", artifacts=server.url("down")) as store:
             make = Factory(store)
-            ref = store.artifacts.put("body", b"stored while the server was up")
+            worker = open_s3(server.url("down"), create=False, read_only=False)
+            try:  # a worker process's put: its own object, which the writer must ask for
+                ref = worker.put("body", b"stored while the server was up")
+            finally:
+                worker.close()
             assert [a.status for a in submit_all(store, [make.session(), make.run()])] == [
                 "committed", "committed"]
             attempt = make.attempt(body=ref)

@@ -17,6 +17,7 @@ import pytest
 from evidence import CrawlConfig, Store, reclaim_orphans, verify
 from evidence._archive.export import export
 from evidence._demo.site import SiteConfig, TestSite
+from evidence._model.refs import ArtifactRef
 from evidence._store.s3 import S3ArtifactStore
 from evidence.testing.seaweed import SeaweedS3
 
@@ -74,11 +75,9 @@ def test_verify_reports_a_missing_and_a_corrupted_object_like_a_file(
         s3 = store.artifacts
         assert isinstance(s3, S3ArtifactStore)
         gone, bad = sorted(s3.iter_refs(), key=lambda r: r.digest)[:2]
-        s3.client.delete(s3.key(gone))
-        data = bytearray(s3.read(bad))
-        data[0] ^= 0xFF  # the same size, other bytes: only a re-hash finds it
-        s3.client._send("PUT", s3.key(bad), body=bytes(data), ok=(200,), headers={
-            "content-md5": base64.b64encode(hashlib.md5(data).digest()).decode()})
+        _damage_segment_byte(s3, bad)  # the same size, other bytes: only a re-hash finds it
+        s3.refresh()
+        s3.remove(gone)  # its segment rewritten without it (as reclaim does)
     quick = _evidence("verify", str(store_path), "--json", env=s3_env)
     full = _evidence("verify", str(store_path), "--full", "--json", env=s3_env)
     assert quick.returncode == 1 and full.returncode == 1
@@ -88,6 +87,19 @@ def test_verify_reports_a_missing_and_a_corrupted_object_like_a_file(
     assert f"s3://{seaweed.bucket}/" in corrupt and bad.digest in corrupt
     quick_kinds = {f["kind"] for f in json.loads(quick.stdout)["findings"]}
     assert "artifact_missing" in quick_kinds and "artifact_corrupt" not in quick_kinds
+
+
+def _damage_segment_byte(s3: S3ArtifactStore, ref: ArtifactRef) -> None:
+    """Flip the first byte of ``ref``'s payload inside its segment object, in place (the
+    object keeps its key: damage in the bucket, not a new segment)."""
+    s3.refresh()
+    found = s3._entry(ref)
+    assert found is not None, "the crawl's payloads are in segments"
+    segment, entry = found
+    data = bytearray(s3.client.get(segment.key) or b"")
+    data[entry.offset] ^= 0xFF
+    s3.client._send("PUT", segment.key, body=bytes(data), ok=(200,), headers={
+        "content-md5": base64.b64encode(hashlib.md5(data).digest()).decode()})
 
 
 def test_an_s3_store_exports_the_same_bytes_as_a_directory_store_holding_its_copy(

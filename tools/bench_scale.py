@@ -20,8 +20,12 @@ Configurations alternate, ``--reps`` times. Reported per run: pages/s over the
 coordinator's wall time (spawn to exit; worker hosts are started right after it, so their
 start-up is inside the window), and CPU per page (each process's own rusage, by
 ``os.wait4``): the coordinator (scheduler + writer), the worker hosts together, and the
-object store (SeaweedFS's utime+stime from /proc over the run). Checks: every page answered
-200 once by the server, and the store's count agrees.
+object store (SeaweedFS's utime+stime from /proc over the run), and the objects the
+crawl left in the bucket per page (one per payload in layout 1; a segment per group
+commit in layout 2: ``_store/s3.py``). Checks: every page answered 200 once by the
+server, and the store's count agrees. The summary gives each configuration's medians with
+their min-max over the repetitions, and the 1-minute load average seen at each run's
+start (the machine may be shared: read the load before the ratios).
 
 On this machine every "host" shares the same two cores, so more hosts cannot buy more
 pages/s here: the figures to read are the CPU per page of each part (docs/benchmarks.md,
@@ -82,6 +86,7 @@ class Run:
     s3_cpu_s: float
     exit_status: int
     load_1m: float
+    s3_objects: int = 0  # objects under the run's prefix once it ended (LAYOUT included)
 
     @property
     def pages_per_s(self) -> float:
@@ -131,8 +136,9 @@ def run_one(config: str, rep: int, *, server: Server, s3: SeaweedS3, work: Path,
     hosts = int(config.split("-")[1]) if config.startswith("hosts-") else 0
     cmd = [*evidence_command(), "crawl", server.url, "--store", str(store), "--workers",
            str(n), "--per-host", str(n), "--json"]
+    prefix = f"bench-{config}-{rep}-{secrets.token_hex(4)}"
     if config != "local":
-        cmd += ["--artifacts", s3.url(f"bench-{config}-{rep}-{secrets.token_hex(4)}")]
+        cmd += ["--artifacts", s3.url(prefix)]
     port = 0
     if hosts:
         port = _free_port(COORDINATOR)
@@ -169,8 +175,27 @@ def run_one(config: str, rep: int, *, server: Server, s3: SeaweedS3, work: Path,
     _all, store_pages = evidence_counts(store) if (store / "evidence.db").exists() else (0, 0)
     if status != 0:
         print((work / f"{config}-{rep}.err").read_text()[-3000:], file=sys.stderr)
+    objects = _count_objects(s3, prefix) if config != "local" else 0
     return Run(config, rep, wall, pages, store_pages, dups, coordinator_cpu, hosts_cpu,
-               s3_cpu if config != "local" else 0.0, status, load)
+               s3_cpu if config != "local" else 0.0, status, load, objects)
+
+
+def _count_objects(s3: SeaweedS3, prefix: str) -> int:
+    """How many objects the run left under its prefix (after the crawl's process ended)."""
+    from evidence._store.s3 import open_s3
+    from evidence._store.s3client import ListedObject
+
+    store = open_s3(s3.url(prefix), create=False, read_only=True, environ=s3.environ)
+    try:
+        return sum(isinstance(item, ListedObject) for item in store.client.list(prefix + "/"))
+    finally:
+        store.close()
+
+
+def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """``median [min-max]`` of a configuration's runs."""
+    return (fmt.format(statistics.median(values)) + " [" + fmt.format(min(values)) + "-"
+            + fmt.format(max(values)) + "]")
 
 
 def main() -> int:
@@ -214,7 +239,7 @@ def main() -> int:
         print(f"{server.name}; SeaweedFS weed mini; {args.pages + 1} documents, "
               f"--workers {args.workers}; {os.cpu_count()} cores")
         print(f"{'config':10} {'rep':>3} {'pages/s':>8} {'coord ms/p':>10} "
-              f"{'hosts ms/p':>10} {'s3 ms/p':>8} {'load':>5}  checks")
+              f"{'hosts ms/p':>10} {'s3 ms/p':>8} {'obj/p':>6} {'load':>5}  checks")
         for rep in range(args.reps):
             order = configs if rep % 2 == 0 else list(reversed(configs))
             for config in order:
@@ -228,7 +253,8 @@ def main() -> int:
                 print(f"{config:10} {rep:>3} {run.pages_per_s:8.1f} "
                       f"{run.per_page_ms(run.coordinator_cpu_s):10.2f} "
                       f"{run.per_page_ms(run.hosts_cpu_s):10.2f} "
-                      f"{run.per_page_ms(run.s3_cpu_s):8.2f} {run.load_1m:5.1f}  {check}",
+                      f"{run.per_page_ms(run.s3_cpu_s):8.2f} "
+                      f"{run.s3_objects / max(run.pages, 1):6.3f} {run.load_1m:5.1f}  {check}",
                       flush=True)
         print("\nmedians (x: against local, the one-process crawl of the same run)")
         base = [r for r in runs if r.config == "local"]
@@ -245,10 +271,16 @@ def main() -> int:
 
             ratio = (f" (x{rate / base_rate:.2f} pages/s, x{cpu / base_cpu:.2f} CPU)"
                      if base_rate and base_cpu else "")
-            print(f"{config:10} {rate:8.1f} pages/s, crawler CPU {cpu:.2f} ms/page "
-                  f"(coordinator {median('coordinator_cpu_s'):.2f}, "
+            rates = [r.pages_per_s for r in mine]
+            cpus = [r.per_page_ms(r.coordinator_cpu_s + r.hosts_cpu_s) for r in mine]
+            loads = [r.load_1m for r in mine]
+            objects = [r.s3_objects / max(r.pages, 1) for r in mine]
+            print(f"{config:10} {_spread(rates, '{:.1f}')} pages/s, crawler CPU "
+                  f"{_spread(cpus)} ms/page (coordinator {median('coordinator_cpu_s'):.2f}, "
                   f"hosts {median('hosts_cpu_s'):.2f}), "
-                  f"object store {median('s3_cpu_s'):.2f}{ratio}")
+                  f"object store {median('s3_cpu_s'):.2f}, "
+                  f"objects/page {statistics.median(objects):.3f}, "
+                  f"load {min(loads):.1f}-{max(loads):.1f}{ratio}")
         if args.json:
             Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=1))
     finally:

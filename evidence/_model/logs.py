@@ -111,7 +111,9 @@ EVENTS: dict[str, str] = {
     "s3.outage": "the object store has been unreachable or failing for a second; requests "
                  "wait, up to the outage deadline",
     "s3.reachable": "the object store answers again after an outage",
+    "s3.held_dropped": "payloads held for a segment could not be stored at close",
     "s3.object_replaced": "an S3 object held other bytes than its digest; replaced",
+    "s3.segment_unreadable": "an S3 segment's trailer or index is damaged; not read",
     "s3.touch_failed": "an S3 object's time could not be refreshed",
     "archive.partial_removed": "a partial build left by a killed export or restore was "
                                "removed",

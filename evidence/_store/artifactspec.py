@@ -116,15 +116,16 @@ def open_artifacts(spec: str | None, *, local: os.PathLike[str] | str, create: b
                    read_only: bool, max_payload: int | None = None,
                    file_ops: FileOps | None = None,
                    environ: Mapping[str, str] | None = None, layout: Layout | None = None,
-                   store_marker: Path | None = None) -> ArtifactBackend:
+                   store_marker: Path | None = None, hold: bool = False) -> ArtifactBackend:
     """The artifact store at ``spec`` (an s3:// URL), or the directory ``local`` in the
     layout it has (packs, or one file per payload; a new one gets ``layout``, packs by
-    default)."""
+    default). ``hold``: an object store's puts wait for this process's sync (a store
+    whose writer runs here), which seals them into one segment object (``s3.py``)."""
     if spec is not None and is_s3_url(spec):
         from .s3 import open_s3
 
         return open_s3(spec, create=create, read_only=read_only, max_payload=max_payload,
-                       environ=environ)
+                       environ=environ, hold=hold)
     if read_only:
         return open_artifact_store(Path(local), create=False, read_only=True,
                                    max_payload=max_payload)

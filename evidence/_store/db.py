@@ -191,7 +191,7 @@ class Store(StoreBase):
             payloads = artifactspec.open_artifacts(
                 spec, local=root / ARTIFACTS_DIR, create=True, read_only=False,
                 max_payload=max_payload, file_ops=ops, layout=artifact_layout,
-                store_marker=root / SYNC_MARKER)
+                store_marker=root / SYNC_MARKER, hold=True)
         except BaseException:
             conn.close()
             raise

@@ -61,12 +61,13 @@ HOLDER_BACK_SECONDS = 10.0  # a standby that reconnected waits this long for the
 
 
 def open_artifacts(spec: str, *, create: bool, read_only: bool, max_payload: int | None,
-                   layout: Layout | None = None) -> ArtifactBackend:
+                   layout: Layout | None = None, hold: bool = True) -> ArtifactBackend:
     """The artifact store a PostgreSQL store names: an ``s3://`` location (what several
     hosts share), or a local directory (packs for a new one, or the layout it has)."""
     if is_s3_url(spec):
         return artifactspec.open_artifacts(spec, local=os.devnull, create=create,
-                                           read_only=read_only, max_payload=max_payload)
+                                           read_only=read_only, max_payload=max_payload,
+                                           hold=hold)
     if "://" in spec:
         raise StoreError(f"artifacts at {spec!r}: a directory path or an s3:// URL",
                          hint="give --artifacts DIR or --artifacts s3://BUCKET/PREFIX")

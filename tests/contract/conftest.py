@@ -146,13 +146,14 @@ class _S3Medium:
     """A private SeaweedFS (the session's is shared): crash() SIGKILLs it and starts it
     again on the same data directory."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, hold: bool) -> None:
         self.server = SeaweedS3.start(root / "s3")
         self.stores: list[S3ArtifactStore] = []
+        self.hold = hold
 
     def open(self) -> ArtifactBackend:
         store = open_s3(self.server.url("crash"), create=True, read_only=False,
-                        environ=self.server.environ)
+                        environ=self.server.environ, hold=self.hold)
         self.stores.append(store)
         return store
 
@@ -161,9 +162,13 @@ class _S3Medium:
         self.server.restart()
 
 
+def _s3_medium(hold: bool) -> Callable[[Path], AbstractContextManager[Medium]]:
+    return functools.partial(_s3_medium_at, hold=hold)
+
+
 @contextlib.contextmanager
-def _s3_medium(root: Path) -> Iterator[Medium]:
-    medium = _S3Medium(root)
+def _s3_medium_at(root: Path, *, hold: bool) -> Iterator[Medium]:
+    medium = _S3Medium(root, hold)
     try:
         yield medium
     finally:
@@ -172,15 +177,18 @@ def _s3_medium(root: Path) -> Iterator[Medium]:
         medium.server.close()
 
 
-def _s3_kind(server: SeaweedS3, opened: list[S3ArtifactStore]) -> ArtifactKind:
+def _s3_kind(server: SeaweedS3, opened: list[S3ArtifactStore], *,
+             hold: bool = False) -> ArtifactKind:
+    """One object per payload (``hold=False``: a worker process's store), or the
+    writer's store, whose puts wait for a sync that seals them into a segment."""
     def open_at(root: Path) -> ArtifactBackend:
         # One prefix per directory name: opening the same root twice is the same store.
-        prefix = "c-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
+        prefix = "c-" + hashlib.sha256(f"{root}{hold}".encode()).hexdigest()[:16]
         store = open_s3(server.url(prefix), create=True, read_only=False,
-                        environ=server.environ)
+                        environ=server.environ, hold=hold)
         opened.append(store)
         return store
-    return ArtifactKind(open=open_at, crashable=_s3_medium)
+    return ArtifactKind(open=open_at, crashable=_s3_medium(hold))
 
 
 ARTIFACT_STORES = {
@@ -190,6 +198,9 @@ ARTIFACT_STORES = {
                                           crashable=_disk_medium(PackStore)),
     "s3": lambda request: _s3_kind(request.getfixturevalue("seaweed"),
                                    request.getfixturevalue("_s3_opened")),
+    "s3-segments": lambda request: _s3_kind(request.getfixturevalue("seaweed"),
+                                            request.getfixturevalue("_s3_opened"),
+                                            hold=True),
 }
 
 
