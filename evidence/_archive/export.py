@@ -330,6 +330,7 @@ _RUN_SCOPE = {
                 "UNION SELECT content_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT tls_chain_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT request_secrets_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
                 "UNION SELECT dom_id FROM render WHERE run_id = :run "
                 "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
@@ -507,8 +508,13 @@ def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, obj
 
 # --- export ----------------------------------------------------------------------------------
 
+SECRETS_NS = "secrets"  # the openings of sealed requests (evidence/_crawl/secrets.py)
+WITHHELD = ("the opening of a sealed request (its secrets in clear), left out of the "
+            "export: export --include-secrets keeps it")
+
 def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
-           format: Format = "sql", progress: Progress | None = None) -> Manifest:
+           format: Format = "sql", progress: Progress | None = None,
+           include_secrets: bool = False) -> Manifest:
     """Write an archive of ``source`` (a Store or a store directory) to the new directory ``out``.
 
     The archive holds the canonical dump (``dump.sql``; or ``schema.sql`` and
@@ -517,6 +523,8 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
     Missing or corrupt artifacts, runs not completed and log findings are recorded as
     gaps, not raised: an archive of a damaged store still says what it holds. A payload
     that cannot be read is no gap: ``ArtifactReadError``, and nothing is left at ``out``.
+    The openings of sealed requests (namespace ``secrets``, ``_crawl.secrets``) are left
+    out unless ``include_secrets``: each is a gap that says so, so a restore knows it.
     """
     if format not in ("sql", "jsonl", "csv"):
         raise StoreError(f"format must be 'sql', 'jsonl' or 'csv', not {format!r}")
@@ -542,10 +550,14 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
         # An archive keeps one file per payload (layout 2), whatever the store uses: its
         # format does not change with the store's (docs/archives.md).
         archived = ArtifactStore(tmp / ARTIFACTS_DIR, max_payload=2**62)
+        withheld = [] if include_secrets else [r for r in refs if r.namespace == SECRETS_NS]
         try:
-            _copied, gaps = copy_artifacts(refs, artifacts, archived, progress)
+            _copied, gaps = copy_artifacts([r for r in refs if r.namespace != SECRETS_NS]
+                                           if withheld else refs, artifacts, archived, progress)
         finally:
             archived.close()
+        gaps += [Gap(kind="artifact_missing", subject=f"{r.namespace}/{r.digest}",
+                     detail=WITHHELD) for r in withheld]
         manifest = Manifest(
             format_version=FORMAT_VERSION, format=format, run_id=run_id,
             excluded_tables=excluded, schema=schema, tables=sections, files=files,

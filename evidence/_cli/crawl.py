@@ -105,7 +105,12 @@ def _configure(args: argparse.Namespace) -> None:
     wins), the seeds from ``--seeds`` and the file's ``seeds``, and a store to crawl into."""
     extra = {}
     if args.config is not None:
-        extra = apply_config(args, args.crawl_parser, args.config, extra=("seeds",))
+        extra = apply_config(args, args.crawl_parser, args.config, extra=("seeds", "hosts"))
+    args.request_hosts = None
+    if "hosts" in extra:  # [[hosts]] tables: what requests to matching hosts carry
+        from .._crawl.secrets import host_tables
+
+        args.request_hosts = host_tables(extra["hosts"], str(args.config))
     seeds = list(args.urls)
     if args.seeds is not None:
         seeds += read_seeds(args.seeds)
@@ -182,6 +187,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError("--fail-when-no-hosts is for a crawl that takes worker hosts",
                             hint="add --listen HOST:PORT")
     listen, tls, token = listen_options(args, hosts=hosts is not None)  # before the store
+    request = _request_options(args)
     if args.metrics is not None:
         from .._write.metrics import metrics_address
 
@@ -205,7 +211,12 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             args.store if postgres else path, sync=args.sync, artifacts=args.artifacts,
             db_outage_deadline=args.db_outage_deadline) as store, store.writer_lock(), \
             _checkpoints(args, store) as checkpointer:
-        config = _crawl_config(args, store, rules)
+        config = _crawl_config(args, store, rules, request)
+        if config.request and request is None:
+            raise EvidenceError("the open session's requests carry headers, cookies or "
+                                "credentials, and none were given",
+                                hint="give the same --header, --cookies, --secrets and "
+                                "[[hosts]] as the run that started it")
         render = _render_options(args, config)
         progress: _CrawlProgressLine | _CrawlProgressLog = (
             _CrawlProgressLog() if logs_are_json() else _CrawlProgressLine(
@@ -218,7 +229,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
             hosts=hosts, no_hosts_timeout=args.fail_when_no_hosts,
             cross_check=args.cross_check or 0.0,
-            progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public)
+            progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public,
+            request=request)
         crawler = Crawler(store, config, options)
 
         async def main() -> CrawlResult:
@@ -375,10 +387,38 @@ def _behavior_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _request_options(args: argparse.Namespace):  # -> RequestOptions | None
+    """Headers, cookies and credentials for the crawl's requests (``_crawl.secrets``), or
+    None; checked before the store is touched."""
+    hosts = getattr(args, "request_hosts", None) or []
+    if not (args.header or args.cookies or args.secrets or hosts):
+        return None
+    from .._crawl.cookies import parse_netscape
+    from .._crawl.secrets import RequestOptions, Secrets, load_secrets
+
+    if args.processes or args.listen:
+        raise EvidenceError("headers, cookies and credentials are sent by this process only, "
+                            "and its session's cookie jar lives here",
+                            hint="leave out --processes and --listen for this crawl")
+    cookies = []
+    if args.cookies is not None:
+        try:
+            text = Path(args.cookies).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EvidenceError(f"cannot read the cookies file {args.cookies}: {exc}",
+                                hint="a Netscape cookies.txt file, in UTF-8") from None
+        cookies = parse_netscape(text, source=args.cookies)
+    secrets = Secrets() if args.secrets is None else load_secrets(args.secrets)
+    return RequestOptions.build(headers=args.header or (), hosts=hosts, cookies=cookies,
+                                secrets=secrets)
+
+
 def _crawl_config(args: argparse.Namespace, store: Store,
-                  rules: list[dict[str, object]] | None) -> CrawlConfig:
+                  rules: list[dict[str, object]] | None, request=None) -> CrawlConfig:
     """The arguments given, over the open session's recorded configuration when resuming."""
     given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
+    if request is not None:
+        given["request"] = request.as_record()
     if "recrawl" in given:
         given["recrawl"] = dict(given["recrawl"])
     if rules is not None:
@@ -750,6 +790,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="what the crawl may leave the seeds for: host, the seeds' origins "
                    "(scheme, host and port; the default); domain, any host under a seed's "
                    "registrable domain (Public Suffix List); prefix, under a seed URL")
+    p.add_argument("--header", action="append", metavar="'NAME: VALUE'",
+                   help="add this header to every request, the browser's too (repeatable); "
+                   "per host: [[hosts]] in the --config file; a credential or a cookie is "
+                   "refused here (--secrets, --cookies; see docs/crawling.md)")
+    p.add_argument("--cookies", metavar="FILE", type=local_path,
+                   help="start the session's cookie jar with these cookies (Netscape "
+                   "cookies.txt); their values are secrets: sealed in the stored requests "
+                   "and left out of exports (docs/security.md)")
+    p.add_argument("--secrets", metavar="FILE", type=local_path,
+                   help="credentials (HTTP basic), secret headers and cookies per host "
+                   "pattern, from a TOML file of [[hosts]] tables that only its owner may "
+                   "read (mode 600); sealed in the stored requests (docs/crawling.md)")
     p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
                    help="let the crawl and its renders connect to addresses in CIDR too "
                    "(repeatable); by default loopback, private, link-local, unique-local, "

@@ -72,6 +72,7 @@ from .render import Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
+from .secrets import RequestOptions
 from .session import (
     Outcome,
     documents,
@@ -133,6 +134,10 @@ class CrawlOptions:
     # a loopback address, or any with ``metrics_public``.
     metrics: str | None = None
     metrics_public: bool = False
+    # Headers, cookies and credentials added to every request (``_crawl.secrets``), with
+    # the session's cookie jar; what was configured is recorded as ``CrawlConfig.request``,
+    # without the secret values, which stay in this process.
+    request: RequestOptions | None = None
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -325,7 +330,8 @@ class Crawler:
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
                                  deadline=self.options.deadline,
-                                 url_keys=self._writer.url_keys, submit_last=last)
+                                 url_keys=self._writer.url_keys, submit_last=last,
+                                 request=self.options.request)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -338,7 +344,8 @@ class Crawler:
                 artifacts=self.store.artifacts, client=client, run_id=self.run_id,
                 user_agent=self.config.user_agent, max_body_bytes=self.config.max_body_bytes,
                 options=self.options.render, unsafe_refusal=None
-                if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of))
+                if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of,
+                request=self.options.request))
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:
@@ -382,6 +389,11 @@ class Crawler:
                                skip=self._skip)
         self.session_id = self._pages.session_id = opening.session_id
         await self._commit(opening.messages)
+        if opening.resumed and self.options.request is not None:
+            heads = self.options.request.restore(self._reader, self.store.artifacts,
+                                                 self.session_id)
+            log.info("cookie jar of session %s rebuilt from %d recorded response heads",
+                     self.session_id, heads, extra={"event": "crawl.cookies_restored"})
         if self._pages.rules is not None:
             check_rules(self._reader, self._pages.rules.rules)
         baseline_id = opening.baseline_id

@@ -75,6 +75,10 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # A rendered page's requests other than GET and HEAD (a form's POST, a script's
     # fetch(PUT)...) may go outside the scope; by default they are refused and recorded.
     render_unsafe_anywhere: bool = False
+    # What requests carry beyond the defaults (issue 36, ``_crawl.secrets``): one record
+    # per host table (``--header`` is the table ``*``), naming every header, cookie and
+    # credential, with no secret value.
+    request: list[dict[str, object]] = []
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)

@@ -74,6 +74,7 @@ from .links import REQUISITE_KINDS, extract_links
 from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import RuleSet, evaluate_page
+from .secrets import RequestOptions
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 
@@ -146,8 +147,12 @@ class PageWorker:
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
                  artifacts: ArtifactBackend, client: Client, submit: Submit,
                  deadline: float | None = None, url_keys: dict[str, str] | None = None,
-                 submit_last: Submit | None = None) -> None:
+                 submit_last: Submit | None = None,
+                 request: RequestOptions | None = None) -> None:
         self.config = config
+        # Headers, cookies and credentials added to requests, and the session's cookie jar
+        # (``_crawl.secrets``, ``_crawl.cookies``); None: requests carry none.
+        self.request_options = request
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
         self.render_scope = RenderScope(config)
@@ -278,16 +283,22 @@ class PageWorker:
         """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
         holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
         config = self.config
+        secrets: list[str] = []
+        if self.request_options is not None:
+            added = self.request_options.for_url(url)
+            headers, secrets = {**added.headers, **(headers or {})}, added.secrets
         result = await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
                              sequence=sequence, user_agent=config.user_agent,
                              max_body_bytes=config.max_body_bytes,
                              max_content_bytes=config.max_content_bytes,
                              keep_content=keep_content,
-                             extra_headers=headers,
+                             extra_headers=headers or None, secrets=secrets,
                              parse=functools.partial(_page_links, url,
                                                      max_bytes=config.max_parse_bytes,
                                                      max_links=config.max_links),
                              deadline=self.deadline)
+        if self.request_options is not None and result.headers is not None:
+            self.request_options.update(url, result.head)
         attempt = result.attempt
         log.debug("%s: %s%s", url, attempt.outcome,
                   f", HTTP {attempt.http_status}" if attempt.http_status else "",

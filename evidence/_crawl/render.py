@@ -60,6 +60,7 @@ from .fetch import FetchResult, fetch
 from .http import Client
 from .links import extract_links
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
+from .secrets import RequestOptions
 
 __all__ = ["RENDER_SEQUENCE", "RenderOptions", "Rendered", "Renderer", "SourceCapture"]
 
@@ -110,8 +111,12 @@ class Renderer:
     def __init__(self, *, artifacts: ArtifactBackend, client: Client, run_id: str,
                  user_agent: str, max_body_bytes: int,
                  options: RenderOptions | None = None,
-                 unsafe_refusal: Callable[[str], str | None] | None = None) -> None:
+                 unsafe_refusal: Callable[[str], str | None] | None = None,
+                 request: RequestOptions | None = None) -> None:
         self.artifacts = artifacts
+        # The crawl's headers, cookies and credentials: added to the browser's requests as
+        # to the crawler's own, and the browser's answers update the same jar.
+        self.request = request
         self.client = client
         # Why a request other than GET or HEAD to a URL is not made (the crawl's scope),
         # or None to make it; no function: every such request is made.
@@ -215,10 +220,17 @@ class Renderer:
             if why is not None:
                 return self._refused(render_id, request, f"render: a {request.method} "
                                      f"outside the crawl's scope is not made ({why})")
-        return await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
-                           sequence=next(self._sequence), user_agent=self.user_agent,
-                           max_body_bytes=self.max_body_bytes, extra_headers=request.headers,
-                           method=request.method, content=request.body, render_id=render_id)
+        headers, secrets = request.headers, list[str]()
+        if self.request is not None:
+            headers, secrets = self.request.merge(request.url, request.headers)
+        result = await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
+                             sequence=next(self._sequence), user_agent=self.user_agent,
+                             max_body_bytes=self.max_body_bytes, extra_headers=headers,
+                             method=request.method, content=request.body,
+                             render_id=render_id, secrets=secrets)
+        if self.request is not None and result.headers is not None:
+            self.request.update(request.url, result.head)
+        return result
 
     def _refused(self, render_id: str, request: BrowserRequest, reason: str) -> FetchResult:
         """A request not made: an attempt that says why (the browser gets no answer)."""

@@ -247,6 +247,10 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     # Where the request went and how (issue 33): absent on attempts recorded before it,
     # and on those that never connected.
     connection: Connection | None = None
+    # The opening of ``request_headers`` when secrets in it were sealed (issue 36,
+    # ``_crawl.secrets``): the exact request and each commitment's salt, in the
+    # ``secrets`` namespace, which exports leave out unless asked.
+    request_secrets: ArtifactRef | None = None
 
 
 # A page requisite (an image, script, stylesheet, CSS url(), media) has its own kind

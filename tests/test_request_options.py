@@ -1,0 +1,277 @@
+"""Request options (issue 36 point 1): headers, cookies and credentials a crawl sends, to
+its fetches and its renders alike, with every secret sealed in the stored request.
+
+The site (tests/authsite.py) answers only requests that carry what the crawl was told to
+send: basic credentials, a cookie the user supplied, a cookie it set itself, a header. The
+evidence must show each request was made with them (the opening of its commitment gives
+the exact bytes sent) while the stored request, WARC and replay hold no secret in clear.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
+from evidence._archive.export import export
+from evidence._cli.main import main
+from evidence._crawl.cookies import Cookie, CookieJar, parse_netscape
+from evidence._crawl.render import RenderOptions
+from evidence._crawl.secrets import (
+    HostOptions,
+    RequestOptions,
+    Secrets,
+    commitments,
+    load_secrets,
+    open_request,
+    redact,
+)
+from evidence._model.refs import ArtifactRef
+
+from .authsite import BASIC, PASSWORD, SID, AuthSite
+
+SECRET_BYTES = (PASSWORD.encode(), BASIC.split()[1].encode(), SID.encode())
+
+
+def _options(site: AuthSite) -> RequestOptions:
+    secrets = Secrets((HostOptions(match="127.0.0.1", username="alice", password=PASSWORD),))
+    jar = [Cookie(name="sid", value=SID, domain="127.0.0.1", path="/members", secret=True)]
+    return RequestOptions.build(headers=["Accept-Language: fr"], cookies=jar,
+                                secrets=secrets)
+
+
+def _crawl(path: Path, site: AuthSite, *, render: RenderOptions | None = None,
+           config: dict | None = None) -> None:
+    request = _options(site)
+    with Store.create(path) as store:
+        crawler = Crawler(store, CrawlConfig(seeds=[site.url + "/"], request=request.as_record(),
+                                             **(config or {})),
+                          CrawlOptions(workers=2, render=render, request=request))
+        anyio.run(crawler.run)
+
+
+def _attempts(path: Path) -> list[tuple[str, int | None, bytes, bytes | None, bool]]:
+    """(url, status, stored request, its opening, requested by the browser) per attempt."""
+    out = []
+    with Store.open(path) as store:
+        rows = store.connection.execute(
+            "SELECT f.url, f.http_status, q.namespace, q.digest, q.size, o.namespace, "
+            "o.digest, o.size, f.render_seq IS NOT NULL FROM fetch_attempt f "
+            "JOIN artifact q ON q.artifact_id = f.request_headers_id "
+            "LEFT JOIN artifact o ON o.artifact_id = f.request_secrets_id").fetchall()
+        for url, status, *ref, o_ns, o_digest, o_size, rendered in rows:
+            opening = None if o_ns is None else store.artifacts.read(
+                ArtifactRef(o_ns, o_digest, o_size), verify=True)
+            out.append((url, status, store.artifacts.read(ArtifactRef(*ref), verify=True),
+                        opening, bool(rendered)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def crawled(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("request") / "st"
+    with AuthSite() as site:
+        _crawl(path, site)
+    return path, site
+
+
+def test_every_request_carries_the_headers_cookies_and_credentials_configured(crawled) -> None:
+    path, site = crawled
+    statuses = {url.rsplit("/", 1)[1]: status for url, status, *_ in _attempts(path)
+                if "robots" not in url}
+    assert statuses == {"": 200, "private": 200, "members": 200, "next": 200, "lang": 200}
+    assert site.seen["/members"][0]["cookie"].count(f"sid={SID}") == 1
+    # the cookie the site set on / came back on /next: the session's jar
+    assert "srv=from-server" in site.seen["/next"][0]["cookie"]
+    assert all(h.get("accept-language") == "fr" for seen in site.seen.values() for h in seen)
+
+
+def test_secrets_are_sealed_in_the_stored_request_and_the_opening_gives_what_was_sent(
+        crawled) -> None:
+    path, _ = crawled
+    for url, _status, stored, opening, _ in _attempts(path):
+        assert not any(s in stored for s in SECRET_BYTES), stored
+        if url.endswith(("/private", "/members")):
+            assert opening is not None and commitments(stored)
+            exact = open_request(stored, opening)  # checks it gives the stored bytes
+            assert BASIC.encode() in exact
+            if url.endswith("/members"):
+                assert f"sid={SID}".encode() in exact
+        if url.endswith("/lang"):  # a public header is stored as it was sent
+            assert b"Accept-Language: fr" in stored
+    with pytest.raises(Exception, match="does not give the stored request"):
+        url, _, stored, opening, _ = next(a for a in _attempts(path) if a[3] is not None)
+        open_request(stored.replace(b"GET", b"PUT", 1), opening)
+    with Store.open(path) as store:
+        report = verify(store)
+    assert report.ok, report
+
+
+def test_exports_leave_the_openings_out_unless_asked_and_a_restore_knows_why(
+        crawled, tmp_path: Path) -> None:
+    path, _ = crawled
+    manifest = export(path, tmp_path / "plain")
+    held = [g for g in manifest.gaps if g.subject.startswith("secrets/")]
+    assert held and all("--include-secrets" in g.detail for g in held)
+    assert not (tmp_path / "plain" / "artifacts" / "secrets").exists()
+    every = b"".join(p.read_bytes() for p in (tmp_path / "plain").rglob("*") if p.is_file())
+    assert not any(s in every for s in SECRET_BYTES)
+    assert main(["restore", str(tmp_path / "plain"), "--store", str(tmp_path / "back")]) == 0
+    full = export(path, tmp_path / "full", include_secrets=True)
+    assert not [g for g in full.gaps if g.subject.startswith("secrets/")]
+    assert (tmp_path / "full" / "artifacts" / "secrets").exists()
+    for fmt in ("warc", "wacz"):
+        out = tmp_path / f"out.{fmt}"
+        assert main(["export", str(path), "--out", str(out), "--format", fmt]) == 0
+        data = out.read_bytes()
+        if fmt == "wacz":
+            import zipfile
+            with zipfile.ZipFile(out) as z:
+                data = b"".join(z.read(n) for n in z.namelist())
+        assert b"[secret sha256:" in data or fmt == "wacz"
+        assert not any(s in data for s in SECRET_BYTES), fmt
+
+
+def test_replay_and_show_print_no_secret(crawled, capsysbinary) -> None:
+    path, site = crawled
+    assert main(["show", str(path), site.url + "/members", "--json"]) == 0
+    assert main(["replay", str(path), site.url + "/private"]) == 0
+    out = capsysbinary.readouterr().out
+    assert b"private ok" in out and not any(s in out for s in SECRET_BYTES)
+
+
+def test_a_rendered_page_and_its_subrequests_carry_them_too(tmp_path: Path,
+                                                           chromium: str) -> None:
+    with AuthSite() as site:
+        _crawl(tmp_path / "st", site, render=RenderOptions(timeout=120.0),
+               config={"render_only": [r"/private$"], "max_depth": 1})
+    browser = [a for a in _attempts(tmp_path / "st") if a[4]]
+    pixel = [a for a in browser if a[0].endswith("/private/pixel.png")]
+    assert pixel and pixel[0][1] == 200, browser
+    for _url, _status, stored, opening, _ in browser:
+        assert not any(s in stored for s in SECRET_BYTES)
+        if opening is not None:
+            assert BASIC.encode() in open_request(stored, opening)
+    assert all(h.get("authorization") == BASIC for h in site.seen["/private/pixel.png"])
+
+
+# --- the parts ------------------------------------------------------------------------------
+
+
+def test_redaction_seals_only_header_values_and_each_commitment_has_its_own_salt() -> None:
+    sent = (b"GET /pw?x=pw HTTP/1.1\r\nHost: h\r\nAuthorization: Basic pw\r\n"
+            b"Cookie: a=pw; b=pw\r\n\r\nbody pw")
+    stored, opening = redact(sent, ["pw"])
+    assert stored.startswith(b"GET /pw?x=pw HTTP/1.1\r\n") and stored.endswith(b"body pw")
+    marks = commitments(stored)
+    assert len(marks) == 3 and len(set(marks)) == 3  # same value, different salts
+    assert opening is not None and open_request(stored, opening) == sent
+    assert redact(sent, []) == (sent, None)
+
+
+def test_the_jar_follows_domain_path_secure_and_expiry() -> None:
+    now = [1000.0]
+    jar = CookieJar(clock=lambda: now[0])
+    jar.update("https://a.example/x/y", ["s=1; Secure", "d=2; Domain=example; Path=/",
+                                         "bad=3; Domain=other.example", "m=4; Max-Age=10",
+                                         "p=5; Path=/x"])
+    # the default path is the request's directory (/x); longer paths first, then older
+    assert jar.header_for("https://a.example/x/z")[0] == "s=1; m=4; p=5; d=2"
+    assert jar.header_for("http://a.example/x")[0] == "m=4; p=5; d=2"  # not Secure
+    assert jar.header_for("https://a.example/xy")[0] == "d=2"  # /xy is not under /x
+    assert jar.header_for("http://b.example/")[0] == "d=2"  # the domain's, not host-only
+    now[0] += 11
+    assert "m=4" not in (jar.header_for("https://a.example/x/")[0] or "")
+    jar.update("https://a.example/", ["d=; Domain=example; Path=/; Max-Age=0"])
+    assert jar.header_for("http://b.example/") == (None, [])
+
+
+def test_netscape_cookies_are_read_and_a_bad_line_is_named() -> None:
+    text = ("# Netscape HTTP Cookie File\n"
+            ".example.com\tTRUE\t/\tFALSE\t0\tsid\tabc\n"
+            "#HttpOnly_host.example\tFALSE\t/app\tTRUE\t4102444800\ttok\txyz\n")
+    a, b = parse_netscape(text, source="c.txt")
+    assert (a.domain, a.host_only, a.secret, a.expires) == ("example.com", False, True, None)
+    assert (b.domain, b.path, b.secure, b.expires) == ("host.example", "/app", True,
+                                                       4102444800.0)
+    with pytest.raises(Exception, match="c.txt, line 2: expected 7"):
+        parse_netscape("# x\nexample.com\tTRUE\t/\n", source="c.txt")
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def _cli_error(args: list[str], capsys) -> str:
+    assert main(args) == 2
+    return capsys.readouterr().err
+
+
+def test_a_credential_is_refused_on_the_command_line_and_in_the_config(
+        tmp_path: Path, capsys) -> None:
+    store = tmp_path / "st"
+    err = _cli_error(["crawl", "http://127.0.0.1:9/", "--store", str(store), "--header",
+                      "Authorization: Basic eA=="], capsys)
+    assert "Error: --header: Authorization carries a credential" in err and "Try:" in err
+    config = tmp_path / "c.toml"
+    config.write_text('[[hosts]]\nmatch = "*"\npassword = "x"\nusername = "u"\n')
+    err = _cli_error(["crawl", "http://127.0.0.1:9/", "--store", str(store), "--config",
+                      str(config)], capsys)
+    assert "belongs in the secrets file" in err
+    secrets = tmp_path / "s.toml"
+    secrets.write_text('[[hosts]]\nmatch = "*"\nusername = "u"\npassword = "hunter2"\n')
+    os.chmod(secrets, 0o644)
+    err = _cli_error(["crawl", "http://127.0.0.1:9/", "--store", str(store), "--secrets",
+                      str(secrets)], capsys)
+    assert "can be read by other users" in err and "hunter2" not in err
+    assert not store.exists()  # nothing created
+
+
+def test_the_secrets_file_is_checked_and_its_content_never_echoed(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[[hosts]]\nmatch = "*"\nusername = "u"\npassword = "hunter2"\n'
+                    'auth = "ntlm"\n')
+    os.chmod(path, 0o600)
+    with pytest.raises(Exception, match="not supported") as caught:
+        load_secrets(str(path))
+    assert "hunter2" not in str(caught.value)
+    path.write_text('[[hosts]]\nmatch = "*.example"\nusername = "u"\npassword = "hunter2"\n'
+                    '[hosts.cookies]\nsid = "v"\n')
+    loaded = load_secrets(str(path))
+    record = RequestOptions.build(secrets=loaded).as_record()
+    assert "hunter2" not in json.dumps(record) and '"v"' not in json.dumps(record)
+    assert record == [{"match": "*.example", "cookies": {"sid": None}, "username": "u",
+                       "auth": "basic"}]
+
+
+def test_the_options_are_recorded_and_a_resume_without_them_is_refused(
+        tmp_path: Path, capsys) -> None:
+    store = tmp_path / "st"
+    secrets = tmp_path / "s.toml"
+    secrets.write_text('[[hosts]]\nmatch = "127.0.0.1"\nusername = "alice"\n'
+                       f'password = "{PASSWORD}"\n')
+    os.chmod(secrets, 0o600)
+    with AuthSite() as site:
+        given = ["--header", "Accept-Language: fr", "--secrets", str(secrets)]
+        assert main(["crawl", site.url + "/", "--store", str(store), "--max-documents", "1",
+                     *given]) == 0
+        with Store.open(store) as st:
+            (config,), = st.connection.execute("SELECT config FROM crawl_session").fetchall()
+        recorded = msgspec.json.decode(config)["request"]
+        assert recorded == [{"match": "*", "headers": {"Accept-Language": "fr"}},
+                            {"match": "127.0.0.1", "username": "alice", "auth": "basic"}]
+        assert PASSWORD not in config
+        capsys.readouterr()
+        err = _cli_error(["crawl", "--store", str(store)], capsys)
+        assert "give the same --header, --cookies, --secrets" in err
+        err = _cli_error(["crawl", "--store", str(store), "--header", "Accept-Language: de",
+                          "--secrets", str(secrets)], capsys)
+        assert "request" in err  # another configuration: refused (design rule 19)
+        assert main(["crawl", "--store", str(store), *given]) == 0  # the same: resumed
+        assert site.seen["/private"][-1]["authorization"] == BASIC
+        # the cookie the site set in the first run is in the resumed run's jar
+        assert "srv=from-server" in site.seen["/next"][-1].get("cookie", "")
