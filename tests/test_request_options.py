@@ -45,12 +45,17 @@ def _options(site: AuthSite) -> RequestOptions:
                                 secrets=secrets)
 
 
+def _digest_options() -> RequestOptions:
+    return RequestOptions.build(secrets=Secrets((HostOptions(
+        match="127.0.0.1", username="alice", password=PASSWORD, auth="digest"),)))
+
+
 def _crawl(path: Path, site: AuthSite, *, render: RenderOptions | None = None,
-           config: dict | None = None) -> None:
-    request = _options(site)
+           config: dict | None = None, request: RequestOptions | None = None) -> None:
+    request = request or _options(site)
     with Store.create(path) as store:
-        crawler = Crawler(store, CrawlConfig(seeds=[site.url + "/"], request=request.as_record(),
-                                             **(config or {})),
+        crawler = Crawler(store, CrawlConfig(**{"seeds": [site.url + "/"], **(config or {})},
+                                             request=request.as_record()),
                           CrawlOptions(workers=2, render=render, request=request))
         anyio.run(crawler.run)
 
@@ -82,9 +87,10 @@ def crawled(tmp_path_factory: pytest.TempPathFactory):
 
 def test_every_request_carries_the_headers_cookies_and_credentials_configured(crawled) -> None:
     path, site = crawled
-    statuses = {url.rsplit("/", 1)[1]: status for url, status, *_ in _attempts(path)
+    statuses = {url.split("/", 3)[3]: status for url, status, *_ in _attempts(path)
                 if "robots" not in url}
-    assert statuses == {"": 200, "private": 200, "members": 200, "next": 200, "lang": 200}
+    assert statuses == {"": 200, "private": 200, "members": 200, "next": 200, "lang": 200,
+                        **{f"private/{n}": 200 for n in range(1, 5)}}
     assert site.seen["/members"][0]["cookie"].count(f"sid={SID}") == 1
     # the cookie the site set on / came back on /next: the session's jar
     assert "srv=from-server" in site.seen["/next"][0]["cookie"]
@@ -160,6 +166,40 @@ def test_a_rendered_page_and_its_subrequests_carry_them_too(tmp_path: Path,
     assert all(h.get("authorization") == BASIC for h in site.seen["/private/pixel.png"])
 
 
+@pytest.mark.parametrize("rendered", [False, True], ids=["fetched", "rendered"])
+def test_digest_credentials_answer_the_challenge_and_a_stale_nonce(
+        tmp_path: Path, rendered: bool, request: pytest.FixtureRequest) -> None:
+    """The first request gets the challenge (recorded), the page's next attempt answers
+    it; the nonce goes stale after NONCE_USES requests and the new one is answered."""
+    render = None
+    if rendered:
+        request.getfixturevalue("chromium")
+        render = RenderOptions(timeout=120.0)
+    with AuthSite(digest=True) as site:
+        _crawl(tmp_path / "st", site, request=_digest_options(), render=render,
+               config={"seeds": [site.url + "/private"], "max_depth": 1, "max_attempts": 3,
+                       **({"render_only": [r"/private$"]} if rendered else {})})
+    attempts = [a for a in _attempts(tmp_path / "st") if "robots" not in a[0]]
+    with Store.open(tmp_path / "st") as store:
+        current = dict(store.connection.execute(
+            "SELECT f.url, f.http_status FROM url_current c JOIN fetch_attempt f "
+            "ON f.attempt_seq = c.attempt_seq").fetchall())
+    assert {u.split("/", 3)[3]: s for u, s in current.items() if "robots" not in u} == {
+        "private": 200, **{f"private/{n}": 200 for n in range(1, 5)}}
+    first = [a for a in attempts if a[0].endswith("/private") and not a[4]]
+    assert [a[1] for a in first] == [401, 200]  # the challenge, then its answer
+    # 5 pages and (rendered) a pixel, NONCE_USES answers per nonce: a stale one came too
+    assert len([a for a in attempts if a[1] == 401]) >= 2
+    for _url, status, stored, opening, _ in attempts:
+        assert PASSWORD.encode() not in stored and b'response="' not in stored
+        if status == 200:
+            assert opening is not None
+            assert b'Digest username="alice"' in open_request(stored, opening)
+    if rendered:
+        pixel = [a for a in attempts if a[4] and a[0].endswith("/pixel.png")]
+        assert pixel and pixel[-1][1] == 200, [a[:2] for a in attempts if a[4]]
+
+
 # --- the parts ------------------------------------------------------------------------------
 
 
@@ -189,6 +229,34 @@ def test_the_jar_follows_domain_path_secure_and_expiry() -> None:
     assert "m=4" not in (jar.header_for("https://a.example/x/")[0] or "")
     jar.update("https://a.example/", ["d=; Domain=example; Path=/; Max-Age=0"])
     assert jar.header_for("http://b.example/") == (None, [])
+
+
+def test_digest_answers_match_the_rfc_examples(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evidence._crawl import digest
+
+    monkeypatch.setattr(digest.secrets, "token_hex", lambda n: "0a4f113b")
+    challenge = digest.parse_challenge(  # RFC 2617 section 3.5
+        'Digest realm="testrealm@host.com", qop="auth,auth-int", '
+        'nonce="dcd98b7102dd2f0e8b11d0f600bfb0c093", opaque="5ccc069c403ebaf9f0171e9517f40e41"')
+    assert challenge is not None
+    value = digest.authorization(challenge, "Mufasa", "Circle Of Life", "GET",
+                                 "/dir/index.html")
+    assert 'response="6629fae49393a05397450978507c4ef1"' in value and "nc=00000001" in value
+    assert "nc=00000002" in digest.authorization(challenge, "Mufasa", "x", "GET", "/")
+    monkeypatch.setattr(digest.secrets, "token_hex",
+                        lambda n: "f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ")
+    for algorithm, response in (  # RFC 7616 section 3.9.1
+            ("SHA-256", "753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1"),
+            ("MD5", "8ca523f5e9506fed4657c9700eebdbec")):
+        challenge = digest.parse_challenge(
+            f'Digest realm="http-auth@example.org", qop="auth, auth-int", '
+            f'algorithm={algorithm}, nonce="7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v", '
+            f'opaque="FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS"')
+        assert challenge is not None
+        assert f'response="{response}"' in digest.authorization(
+            challenge, "Mufasa", "Circle of Life", "GET", "/dir/index.html")
+    assert digest.parse_challenge('Basic realm="x"') is None
+    assert digest.parse_challenge('Digest realm="x", nonce="n", qop="auth-int"') is None
 
 
 def test_netscape_cookies_are_read_and_a_bad_line_is_named() -> None:

@@ -85,6 +85,8 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
     _configure(args)
     if args.print_config:
         extra: dict[str, object] = {"seeds": list(args.urls)} if args.urls else {}
+        if args.request_hosts:
+            extra["hosts"] = [msgspec.to_builtins(h) for h in args.request_hosts]
         sys.stdout.write(config_toml(args, args.crawl_parser, extra))
         return 0
     result = run_crawl(args)

@@ -365,6 +365,10 @@ class PageWorker:
         # A timeout or a broken connection is transient even after the head came (the body
         # is incomplete): retried like a 5xx, never settled as done on a partial body.
         transient = attempt.outcome in ("timeout", "network_error")
+        if status == 401 and self.request_options is not None and \
+                self.request_options.challenged(order.url, result.head):
+            return self.retry(order, messages, "HTTP 401: a digest challenge, answered by "
+                              "the next attempt", backoff=None, wait=0.0)
         if transient or status is None or status in (429, 503) or status >= 500:
             retry_after = None
             if status in (429, 503) and result.headers is not None:
@@ -494,7 +498,7 @@ class PageWorker:
     # --- a transient failure ---------------------------------------------------------
 
     def retry(self, order: PageOrder, messages: list[Message], what: str, *,
-              backoff: float | None) -> Settlement:
+              backoff: float | None, wait: float | None = None) -> Settlement:
         """A transient failure: requeue with a delay, or fail once attempts are used up."""
         attempts = order.attempts + 1
         now = utc_now()
@@ -511,7 +515,8 @@ class PageWorker:
             return Settlement([*messages, self.update(settled=[settled])], PageEffects(
                 backoff=backoff, problem=_problem(order.url, f"{settled.reason}; failed",
                                                   backoff, order.host)))
-        wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
+        if wait is None:
+            wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
         settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
                              f"{attempts + 1} of {self.config.max_attempts}",
                              not_before=now + dt.timedelta(seconds=wait))

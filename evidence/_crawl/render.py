@@ -222,7 +222,8 @@ class Renderer:
                                      f"outside the crawl's scope is not made ({why})")
         headers, secrets = request.headers, list[str]()
         if self.request is not None:
-            headers, secrets = self.request.merge(request.url, request.headers)
+            headers, secrets = self.request.merge(request.url, request.headers,
+                                                  request.method)
         result = await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
                              sequence=next(self._sequence), user_agent=self.user_agent,
                              max_body_bytes=self.max_body_bytes, extra_headers=headers,

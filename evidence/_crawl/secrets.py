@@ -3,19 +3,19 @@ ones are kept out of what is exported while the evidence still proves what was s
 
     options = RequestOptions.build(headers=["Accept-Language: fr"], hosts=[...],
                                    cookies=[...], secrets=load_secrets(path))
-    added = options.for_url(url, jar)        # .headers to send, .secrets among their values
+    added = options.for_url(url)             # .headers to send, .secrets among their values
     redacted, opening = redact(exchange.sent, added.secrets)
 
 **Where each option comes from.** ``--header`` (every host), a ``[[hosts]]`` table of the
 configuration file (``match`` a host pattern; ``headers``, ``cookies``), ``--cookies FILE``
 (Netscape ``cookies.txt``), and the secrets file (``--secrets FILE``, TOML, readable by its
 owner only, as ``--dsn-file``): ``[[hosts]]`` tables with ``username``/``password`` and
-``auth = "basic"``, and headers and cookies whose values are secret. A
-credential is never a flag's value (every user of the machine can read a command line),
-and a header that carries one (``Authorization``, ``Proxy-Authorization``, ``Cookie``) is
-refused in ``--header`` and in the configuration file. The session's recorded
-configuration (``CrawlConfig.request``) says what was added where, with each secret value
-left out: a resumed run must be given the same options.
+``auth = "basic"`` or ``"digest"`` (``_crawl.digest``), and headers and cookies whose
+values are secret. A credential is never a flag's value (every user of the machine can
+read a command line), and a header that carries one (``Authorization``,
+``Proxy-Authorization``, ``Cookie``) is refused in ``--header`` and in the configuration
+file. The session's recorded configuration (``CrawlConfig.request``) says what was added
+where, with each secret value left out: a resumed run must be given the same options.
 
 **Secrets in the evidence.** What a request carried is evidence: a page seen logged in
 proves nothing unless the record shows how. But a password, or a session cookie someone
@@ -57,6 +57,7 @@ from .._model.messages import parse_time_text
 from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .cookies import Cookie, CookieJar
+from .digest import Challenge, authorization, parse_challenge
 
 __all__ = ["Added", "HostOptions", "Opening", "RequestOptions", "Secrets", "load_secrets",
            "open_request", "parse_header", "redact"]
@@ -66,7 +67,7 @@ SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
 _MARK = re.compile(rb"\[secret sha256:([0-9a-f]{64})\]")
-_AUTH = ("basic",)
+_AUTH = ("basic", "digest")
 
 
 def parse_header(text: str, *, where: str = "--header") -> tuple[str, str]:
@@ -90,7 +91,8 @@ def _public_header(name: str, where: str) -> None:
                             "username/password for credentials, [hosts.cookies] for cookies")
 
 
-class HostOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class HostOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                  omit_defaults=True):
     """What is added to requests to hosts matching ``match`` (a pattern over the host, or
     over ``host:port`` if it has a colon; ``*`` any run of characters, ``*`` alone every
     host). Values of ``secret_headers`` and ``cookies`` not in ``public_cookies`` are
@@ -152,7 +154,8 @@ def _host_options(table: object, where: str, *, secret_file: bool) -> HostOption
                             hint="give both, or neither")
     if options.auth not in _AUTH:
         raise EvidenceError(f"{where}: auth {options.auth!r} is not supported",
-                            hint="auth = \"basic\" (sent with every request to the host)")
+                            hint="auth = \"basic\" (sent with every request to the host) or "
+                            "\"digest\" (answering the host's challenge)")
     if options.username is not None and ":" in options.username and options.auth == "basic":
         raise EvidenceError(f"{where}: a basic username cannot contain ':'",
                             hint="RFC 7617 section 2")
@@ -223,6 +226,7 @@ class RequestOptions:
     hosts: list[HostOptions] = field(default_factory=list)
     jar: CookieJar = field(default_factory=CookieJar)
     supplied: list[str] = field(default_factory=list)  # "domain path name" of --cookies
+    challenges: dict[str, Challenge] = field(default_factory=dict)  # digest, per host:port
 
     @classmethod
     def build(cls, *, headers: Sequence[str] = (), hosts: Sequence[HostOptions] = (),
@@ -261,7 +265,7 @@ class RequestOptions:
                 found = table
         return found
 
-    def for_url(self, url: str) -> Added:
+    def for_url(self, url: str, method: str = "GET") -> Added:
         """The fields to add to a request for ``url``, and the secret values among them."""
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
@@ -279,17 +283,46 @@ class RequestOptions:
             hidden += secret_cookies
         found = self.credentials(host, port)
         if found is not None and found.password is not None and found.username is not None:
-            token = f"{found.username}:{found.password}".encode()
-            value = "Basic " + base64.b64encode(token).decode("ascii")
-            headers["Authorization"] = value
-            hidden.append(value)
+            value = None
+            if found.auth == "basic":
+                token = f"{found.username}:{found.password}".encode()
+                value = "Basic " + base64.b64encode(token).decode("ascii")
+            elif f"{host}:{port}" in self.challenges:
+                target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                value = authorization(self.challenges[f"{host}:{port}"], found.username,
+                                      found.password, method, target)
+            if value is not None:
+                headers["Authorization"] = value
+                hidden.append(value)
         return Added(headers, hidden)
 
 
-    def merge(self, url: str, theirs: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    def challenged(self, url: str, head: bytes) -> bool:
+        """Whether a 401 answer (its head as read) brought a digest challenge this crawl
+        can answer and has not answered yet (a new nonce, or a stale one): kept for the
+        host, so the page's next attempt answers it (``_crawl.digest``)."""
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        found = self.credentials(host, port)
+        if found is None or found.auth != "digest":
+            return False
+        for line in re.split(rb"\r?\n", head)[1:]:
+            if line[:17].lower() != b"www-authenticate:":
+                continue
+            challenge = parse_challenge(line[17:].decode("latin-1").strip())
+            known = self.challenges.get(f"{host}:{port}")
+            if challenge is not None and (known is None or challenge.stale
+                                          or challenge.nonce != known.nonce):
+                self.challenges[f"{host}:{port}"] = challenge
+                return True
+        return False
+
+    def merge(self, url: str, theirs: dict[str, str],
+              method: str = "GET") -> tuple[dict[str, str], list[str]]:
         """A browser's request headers with this crawl's added: a field the browser set
         itself stays, except ``Cookie``, where the jar's cookies it lacks are appended."""
-        added = self.for_url(url)
+        added = self.for_url(url, method)
         lower = {k.lower(): k for k in theirs}
         merged = dict(theirs)
         for name, value in added.headers.items():
