@@ -114,12 +114,14 @@ def _configure(args: argparse.Namespace) -> None:
 
         args.request_hosts = host_tables(extra["hosts"], str(args.config))
     seeds = list(args.urls)
+    tables = None
     if args.seeds is not None:
-        seeds += read_seeds(args.seeds)
+        more, tables = read_seeds(args.seeds)
+        seeds += more
     if not seeds and "seeds" in extra:  # the command line's seeds win over the file's
         value = extra["seeds"]
         if isinstance(value, str):
-            seeds = read_seeds(value)
+            seeds, tables = read_seeds(value)
         elif isinstance(value, list) and all(isinstance(s, str) for s in value):
             seeds = list(value)
         else:
@@ -127,24 +129,23 @@ def _configure(args: argparse.Namespace) -> None:
                                 "or the path of a seeds file",
                                 hint='seeds = ["https://example.com/"] or seeds = "seeds.txt"')
     args.urls = seeds
+    args.seed_tables = None
+    if tables is not None:  # per-seed rules: every seed has a table (a URL alone: the crawl's)
+        from .._crawl.seeds import SeedOptions
+
+        named = {t.url for t in tables}
+        args.seed_tables = [*(SeedOptions(url=u) for u in seeds if u not in named), *tables]
     if args.store is None:
         raise EvidenceError("the crawl needs a store", hint="give --store DIR, or store = "
                             "\"DIR\" in the file given to --config")
 
 
-def read_seeds(path: str) -> list[str]:
-    """Seed URLs from a file: one a line; blank lines and lines starting with # skipped."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EvidenceError(f"cannot read the seeds file {path}: {exc}",
-                            hint="one URL a line, in UTF-8") from exc
-    seeds = [line.strip() for line in lines if line.strip() and not
-             line.lstrip().startswith("#")]
-    if not seeds:
-        raise EvidenceError(f"the seeds file {path} holds no URL",
-                            hint="one URL a line; lines starting with # are comments")
-    return seeds
+def read_seeds(path: str) -> tuple[list[str], list | None]:
+    """A seeds file's URLs, and its ``[[seeds]]`` tables if it is TOML (``_crawl.seeds``)."""
+    from .._crawl.behaviors import BEHAVIORS
+    from .._crawl.seeds import load_seeds_file
+
+    return load_seeds_file(path, behaviors=BEHAVIORS)
 
 
 def crawl_exit_status(result: CrawlResult) -> int:
@@ -421,6 +422,8 @@ def _crawl_config(args: argparse.Namespace, store: Store,
     given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
     if request is not None:
         given["request"] = request.as_record()
+    if getattr(args, "seed_tables", None):
+        given["seed_options"] = [msgspec.to_builtins(t) for t in args.seed_tables]
     if "recrawl" in given:
         given["recrawl"] = dict(given["recrawl"])
     if rules is not None:
@@ -729,7 +732,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "workers, max_documents, ...) and seeds (a list of URLs, or a seeds "
                    "file); options given on the command line win (docs/crawling.md)")
     p.add_argument("--seeds", metavar="FILE", type=local_path,
-                   help="seed URLs from a file, one a line (# starts a comment)")
+                   help="seed URLs from a file, one a line (# starts a comment); or, named "
+                   "*.toml, [[seeds]] tables with each seed's own scope, max_depth, "
+                   "include, exclude, headers and behaviors (docs/crawling.md)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective options as a --config file and exit (nothing "
                    "is crawled or created)")

@@ -30,6 +30,7 @@ once); cancelled URLs stay claimed, so the next run requeues them as after a cra
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import tempfile
@@ -59,6 +60,7 @@ from .._write.service import Service
 from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
 from . import frontier
+from .behaviors import BehaviorOptions
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .hostauth import CrossCheck
@@ -72,7 +74,8 @@ from .render import Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
-from .secrets import RequestOptions
+from .secrets import HostOptions, RequestOptions
+from .seeds import SeedOptions, origin_of
 from .session import (
     Outcome,
     documents,
@@ -326,6 +329,7 @@ class Crawler:
         # In one process every page commits here: this crawl knows what reaches its writer,
         # and says when nothing else is coming (``_nothing_else_coming``).
         last = functools.partial(self._writer.submit_group, flush=True) if in_process else None
+        self._per_seed()
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
@@ -346,6 +350,34 @@ class Crawler:
                 options=self.options.render, unsafe_refusal=None
                 if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of,
                 request=self.options.request))
+
+    def _per_seed(self) -> None:
+        """Apply the session's per-seed headers and behaviours (``_crawl.seeds``), from its
+        recorded configuration: a resumed run needs no seeds file."""
+        seeds = [msgspec.convert(s, SeedOptions) for s in self.config.seed_options]
+        tables = [HostOptions(match=origin_of(s.url).split("://", 1)[1], headers=s.headers)
+                  for s in seeds if s.headers]
+        if (tables or self.options.request is not None) and (
+                self.options.processes > 0 or self.options.listen):
+            raise EvidenceError("headers, cookies and credentials are sent by the crawl's "
+                                "own process only, and its session's cookie jar lives there",
+                                hint="leave out --processes and --listen for this crawl")
+        if tables:
+            if self.options.request is None:
+                self.options = dataclasses.replace(self.options, request=RequestOptions())
+            assert self.options.request is not None
+            self.options.request.seed_hosts = tables
+        render = self.options.render
+        if render is None:
+            return
+        by_origin: dict[str, BehaviorOptions] = {}
+        for seed in seeds:
+            if seed.behaviors is not None:
+                by_origin.setdefault(origin_of(seed.url), dataclasses.replace(
+                    render.behaviors, enabled=tuple(seed.behaviors)))
+        if by_origin:
+            self.options = dataclasses.replace(self.options, render=dataclasses.replace(
+                render, by_origin=tuple(by_origin.items())))
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:

@@ -61,6 +61,7 @@ from .http import Client
 from .links import extract_links
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
 from .secrets import RequestOptions
+from .seeds import origin_of
 
 __all__ = ["RENDER_SEQUENCE", "RenderOptions", "Rendered", "Renderer", "SourceCapture"]
 
@@ -92,6 +93,17 @@ class RenderOptions:
     # What is done to the page between its settling and its capture (_crawl.behaviors):
     # by default the built-in behaviours; BehaviorOptions(enabled=()) for none.
     behaviors: BehaviorOptions = field(default_factory=BehaviorOptions)
+    # Per-seed behaviours (``_crawl.seeds``): origin (scheme://host:port) -> the behaviours
+    # for rendered pages of that origin, instead of ``behaviors``.
+    by_origin: tuple[tuple[str, BehaviorOptions], ...] = ()
+
+    def behaviors_for(self, url: str) -> BehaviorOptions:
+        if self.by_origin:
+            origin = origin_of(url)
+            for known, options in self.by_origin:
+                if known == origin:
+                    return options
+        return self.behaviors
 
 
 @dataclass
@@ -270,13 +282,13 @@ class Renderer:
         out.settle = await self._settle(page, out, proxy)
         if out.outcome != "rendered":
             return
-        if self.options.behaviors.active:
+        behaviors = self.options.behaviors_for(source.url)
+        if behaviors.active:
             out.step = "running behaviours"
-            out.behaviors = BehaviorLog(self.options.behaviors)
+            out.behaviors = BehaviorLog(behaviors)
             done = await run_behaviors(
                 page, out.behaviors,
-                settle=lambda: self._settle(page, out, proxy,
-                                            limit=self.options.behaviors.step_settle),
+                settle=lambda: self._settle(page, out, proxy, limit=behaviors.step_settle),
                 requests=lambda: [(r.attempt.method, r.attempt.url, r.attempt.sequence)
                                   for r in proxy.results])
             if not done or out.outcome != "rendered":

@@ -227,6 +227,8 @@ class RequestOptions:
     jar: CookieJar = field(default_factory=CookieJar)
     supplied: list[str] = field(default_factory=list)  # "domain path name" of --cookies
     challenges: dict[str, Challenge] = field(default_factory=dict)  # digest, per host:port
+    # Per-seed headers (``_crawl.seeds``): recorded with the seeds, not in ``as_record``.
+    seed_hosts: list[HostOptions] = field(default_factory=list)
 
     @classmethod
     def build(cls, *, headers: Sequence[str] = (), hosts: Sequence[HostOptions] = (),
@@ -246,10 +248,6 @@ class RequestOptions:
                 options.jar.add(Cookie(name=name, value=value, domain=table.match.lower(),
                                        secret=name not in table.public_cookies))
         return options
-
-    @property
-    def active(self) -> bool:
-        return bool(self.hosts) or len(self.jar) > 0
 
     def as_record(self) -> list[dict[str, object]]:
         """What the session records: each host table, then the supplied cookies' names."""
@@ -272,7 +270,7 @@ class RequestOptions:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         headers: dict[str, str] = {}
         hidden: list[str] = []
-        for table in self.hosts:
+        for table in [*self.seed_hosts, *self.hosts]:
             if table.applies_to(host, port):
                 headers.update(table.headers)
                 headers.update(table.secret_headers)
