@@ -343,3 +343,30 @@ def test_the_options_are_recorded_and_a_resume_without_them_is_refused(
         assert site.seen["/private"][-1]["authorization"] == BASIC
         # the cookie the site set in the first run is in the resumed run's jar
         assert "srv=from-server" in site.seen["/next"][-1].get("cookie", "")
+
+
+def test_on_postgresql_the_opening_is_recorded_verified_and_the_jar_rebuilt(
+        tmp_path: Path, pg_url: str) -> None:
+    secrets = tmp_path / "s.toml"
+    secrets.write_text('[[hosts]]\nmatch = "127.0.0.1"\nusername = "alice"\n'
+                       f'password = "{PASSWORD}"\n[hosts.cookies]\nsid = "{SID}"\n')
+    os.chmod(secrets, 0o600)
+    with AuthSite() as site:
+        given = ["--secrets", str(secrets), "--header", "Accept-Language: fr"]
+        assert main(["crawl", site.url + "/", "--store", pg_url, "--artifacts",
+                     str(tmp_path / "art"), "--max-documents", "1", *given]) == 0
+        assert main(["crawl", "--store", pg_url, *given]) == 0  # resumed: the jar rebuilt
+        assert "srv=from-server" in site.seen["/next"][-1].get("cookie", "")
+        assert site.seen["/members"][-1]["cookie"].count(f"sid={SID}") == 1
+    with Store.open(pg_url) as store:
+        report = verify(store)
+        rows = store.connection.execute(
+            "SELECT f.url, q.namespace, q.digest, q.size, o.namespace, o.digest, o.size "
+            "FROM fetch_attempt f JOIN artifact q ON q.artifact_id = f.request_headers_id "
+            "JOIN artifact o ON o.artifact_id = f.request_secrets_id").fetchall()
+        opened = {url: open_request(store.artifacts.read(ArtifactRef(*stored)),
+                                    store.artifacts.read(ArtifactRef(*opening)))
+                  for url, *ref in rows for stored, opening in [(ref[:3], ref[3:])]}
+    assert report.ok, report
+    assert BASIC.encode() in opened[site.url + "/private"]
+    assert f"sid={SID}".encode() in opened[site.url + "/members"]
