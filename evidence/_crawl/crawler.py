@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import functools
+import itertools
 import logging
 import tempfile
 import time
@@ -67,10 +69,11 @@ from .hostauth import CrossCheck
 from .hostrules import HostRules, robots_backoff
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, sitemap_hint
+from .login import LoginRecipe
 from .netpolicy import NetworkPolicy, Resolver
 from .pages import PageEffects, PageOrder, PageWorker, Settlement
 from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
-from .render import Renderer, RenderOptions
+from .render import RENDER_SEQUENCE, Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
@@ -89,6 +92,10 @@ from .workers import Setup, WorkerLost, WorkerPool
 
 __all__ = ["LIVE_STATS", "CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler",
            "robots_backoff"]
+
+#: The login page's fetches are numbered from here in their run: above any claim's, below
+#: the browser's requests (``RENDER_SEQUENCE``), so no (url, sequence) pair collides.
+LOGIN_SEQUENCE = RENDER_SEQUENCE >> 1
 
 log = logging.getLogger("evidence.crawl")
 
@@ -170,6 +177,12 @@ class Crawler:
         self._wake = anyio.Event()
         self.run_id = new_id("run-")
         self.session_id = ""
+        # Logins (_crawl/login.py): how many each origin's recipe ran, when the last ended.
+        self._logins: dict[str, int] = {}
+        self._logged_in_at: dict[str, dt.datetime] = {}
+        self._login_lock = anyio.Lock()
+        self._login_sequence = itertools.count(LOGIN_SEQUENCE)
+        self._login_renderer: Renderer | None = None
         self._hostrules = HostRules(run_id=self.run_id, user_agent=config.user_agent,
                                     artifacts=store.artifacts, fetch=self._fetch,
                                     commit=self._commit)
@@ -243,6 +256,7 @@ class Crawler:
                 self._fetching.cancel()
             try:
                 with self._fetching:
+                    await self._first_logins()
                     async with self._worker_processes(), anyio.create_task_group() as tg:
                         tg.start_soon(self._report_progress, started)
                         send, receive = anyio.create_memory_object_stream[Job](0)
@@ -350,6 +364,73 @@ class Crawler:
                 options=self.options.render, unsafe_refusal=None
                 if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of,
                 request=self.options.request))
+        self._login_renderer = self._renderer
+        request = self.options.request
+        if request is not None and request.logins:
+            if self._login_renderer is None:  # logins run in Chromium whether pages render
+                self._login_renderer = await stack.enter_async_context(Renderer(
+                    artifacts=self.store.artifacts, client=client, run_id=self.run_id,
+                    user_agent=self.config.user_agent,
+                    max_body_bytes=self.config.max_body_bytes,
+                    options=self.options.render, unsafe_refusal=None
+                    if self.config.render_unsafe_anywhere
+                    else self._pages.scope.reason_out_of, request=request))
+            self._pages.relogin = self._relogin
+
+    # --- logins (_crawl/login.py) ------------------------------------------------------
+
+    async def _first_logins(self) -> None:
+        """Log in with each recipe before the first page; a login that does not hold
+        fails the run (its render, recorded, says why)."""
+        request = self.options.request
+        for recipe in request.logins if request is not None else ():
+            error = await self._login(recipe, "the run starts")
+            if error is not None:
+                raise EvidenceError(f"the login at {recipe.url} failed: {error}",
+                                    hint="check the [[logins]] table of the secrets file "
+                                    "(its selectors and values); the render of the login "
+                                    "is recorded: evidence show STORE URL")
+
+    async def _login(self, recipe: LoginRecipe, why: str) -> str | None:
+        """Fetch the login page, log in on its capture in Chromium, commit both; None when
+        the check held, else what went wrong."""
+        assert self._login_renderer is not None
+        self._logins[recipe.origin] = self._logins.get(recipe.origin, 0) + 1
+        result = await self._fetch(recipe.url, next(self._login_sequence))
+        await self._commit([result.attempt])
+        if result.status != 200:
+            return (f"the login page answered {result.attempt.outcome}"
+                    f"{f', HTTP {result.status}' if result.status else ''}")
+        source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts,
+                                                result.attempt)
+        rendered = await self._login_renderer.login(source, recipe, why)
+        await self._commit([rendered.render, *rendered.attempts])
+        self._logged_in_at[recipe.origin] = utc_now()
+        done = rendered.render.outcome == "rendered"
+        log.info("login at %s (%s): %s", recipe.url, why,
+                 "logged in" if done else rendered.render.error,
+                 extra={"event": "crawl.login", "render_id": rendered.render.render_id})
+        return None if done else (rendered.render.error or rendered.render.outcome)
+
+    async def _relogin(self, recipe: LoginRecipe, why: str,
+                       fetched_at: dt.datetime) -> str | None:
+        """A page showed the crawl logged out: log in again (one login at a time), unless
+        a login ended after the page's request began. What to say in the page's retry, or
+        None when no login is left (or it failed): the page then settles as it came."""
+        async with self._login_lock:
+            last = self._logged_in_at.get(recipe.origin)
+            if last is not None and fetched_at < last:
+                return "logged in again since it was requested"
+            used = self._logins.get(recipe.origin, 0)
+            if used >= recipe.max_logins:
+                log.warning("logged out at %s (%s), and the %d logins allowed are used",
+                            recipe.origin, why, recipe.max_logins,
+                            extra={"event": "crawl.login_exhausted"})
+                return None
+            error = await self._login(recipe, f"logged out: {why}")
+            if error is not None:
+                return None
+            return f"logged in again, login {used + 1} of {recipe.max_logins}"
 
     def _per_seed(self) -> None:
         """Apply the session's per-seed headers and behaviours (``_crawl.seeds``), from its

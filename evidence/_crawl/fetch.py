@@ -140,7 +140,8 @@ class _Wire:
 
 
 def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
-          content_cap: int | None = None, secrets: Sequence[str] = ()) -> _Wire:
+          content_cap: int | None = None, secrets: Sequence[str] = (),
+          body_secrets: Sequence[str] = ()) -> _Wire:
     """The exchange's bytes as payloads: request (its ``secrets`` sealed, the opening
     apart), head, body (cut at ``cap``), surplus, and the content derived from them where
     it differs from the body (at most ``content_cap`` bytes of it, default ``cap``)."""
@@ -148,7 +149,7 @@ def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
     items: list[tuple[str, bytes]] = []
     fields: list[str] = []
     if exchange.sent:
-        stored, opening = redact(bytes(exchange.sent), secrets)
+        stored, opening = redact(bytes(exchange.sent), secrets, body_secrets)
         items.append((HEADERS_NS, stored))
         fields.append("request_headers")
         if opening is not None:
@@ -213,7 +214,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
                 content: bytes | None = None, render_id: str | None = None,
-                secrets: Sequence[str] = ()) -> FetchResult:
+                secrets: Sequence[str] = (), body_secrets: Sequence[str] = ()) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
     ``max_content_bytes``: the most content derived from the body (decompressed), default
@@ -228,7 +229,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
     ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
     made while rendering a page (``_crawl.renderproxy``): the attempt names its render.
     ``secrets``: values among ``extra_headers`` that are sealed in the stored request
-    (``_crawl.secrets``): the attempt's ``request_secrets`` holds the opening.
+    (``_crawl.secrets``): the attempt's ``request_secrets`` holds the opening;
+    ``body_secrets``: values sealed wherever ``content`` carries them (a login form's).
     """
     started_at = utc_now()
     t0 = time.monotonic()
@@ -270,7 +272,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
             f"deadline: the fetch took longer than {deadline:g} s; {came}", False
     if response is None:
         return await _failed(artifacts, common, outcome, error or "", exchange, t0,
-                             max_body_bytes, max_content_bytes, secrets)
+                             max_body_bytes, max_content_bytes, secrets, body_secrets)
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")
     ok = 200 <= response.status_code < 300 and parse is not None
@@ -281,7 +283,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
         # One trip to a worker thread: splitting, decoding and parsing are CPU work that
         # must stay off the event loop, and the puts fsync.
         wire = _derived(lambda: _wire(exchange, max_body_bytes, content_type=content_type,
-                                      content_cap=max_content_bytes, secrets=secrets), size)
+                                      content_cap=max_content_bytes, secrets=secrets,
+                                      body_secrets=body_secrets), size)
         exchange.close()
         refs = _put_each(artifacts, wire.items)
         usable = wire.extra.get("content_problem") is None
@@ -313,13 +316,14 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
 
 async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: Outcome,
                   error: str, exchange: Exchange, t0: float, cap: int,
-                  content_cap: int | None = None, secrets: Sequence[str] = ()) -> FetchResult:
+                  content_cap: int | None = None, secrets: Sequence[str] = (),
+                  body_secrets: Sequence[str] = ()) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
 
     def store() -> tuple[_Wire, list[ArtifactRef]]:
         wire = _wire(exchange, cap, content_type=None, content_cap=content_cap,
-                     secrets=secrets)
+                     secrets=secrets, body_secrets=body_secrets)
         exchange.close()
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 

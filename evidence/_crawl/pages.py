@@ -71,6 +71,7 @@ from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .http import Client
 from .links import REQUISITE_KINDS, extract_links
+from .login import LoginRecipe, logged_out_reason
 from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import RuleSet, evaluate_page
@@ -153,6 +154,10 @@ class PageWorker:
         # Headers, cookies and credentials added to requests, and the session's cookie jar
         # (``_crawl.secrets``, ``_crawl.cookies``); None: requests carry none.
         self.request_options = request
+        # Log in again after a page showed the crawl logged out (``_crawl.login``): the
+        # crawl's, which says what to put in the page's retry (None: no login left).
+        self.relogin: Callable[[LoginRecipe, str, dt.datetime],
+                               Awaitable[str | None]] | None = None
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
         self.render_scope = RenderScope(config)
@@ -311,7 +316,8 @@ class PageWorker:
         """Request the page once (its payloads stored when this returns)."""
         # Once stored, a page's content is kept only for rules to read (never one larger
         # than they read): what the page derived is not held while it commits.
-        keep = self.config.max_parse_bytes if self.rules else 0
+        keep = self.config.max_parse_bytes if self.rules or self._reads_for_login(
+            order.url) else 0
         return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
 
     async def record(self, settlement: Settlement, *, claimed: Sequence[str] = (),
@@ -365,6 +371,9 @@ class PageWorker:
         # A timeout or a broken connection is transient even after the head came (the body
         # is incomplete): retried like a 5xx, never settled as done on a partial body.
         transient = attempt.outcome in ("timeout", "network_error")
+        relogged = await self._logged_out(order.url, result)
+        if relogged is not None:
+            return self.retry(order, messages, relogged, backoff=None, wait=0.0)
         if status == 401 and self.request_options is not None and \
                 self.request_options.challenged(order.url, result.head):
             return self.retry(order, messages, "HTTP 401: a digest challenge, answered by "
@@ -457,6 +466,30 @@ class PageWorker:
             message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
             url=order.url, sequence=order.attempts + 1, started_at=utc_now(),
             elapsed_ms=0.0, outcome=outcome, error=reason)
+
+    # --- logins ---------------------------------------------------------------------
+
+    def _reads_for_login(self, url: str) -> bool:
+        """Whether a page's content is kept to look for a login's ``logged_out`` pattern."""
+        if self.request_options is None or self.relogin is None:
+            return False
+        recipe = self.request_options.login_for(url)
+        return recipe is not None and recipe.logged_out is not None
+
+    async def _logged_out(self, url: str, result: FetchResult) -> str | None:
+        """If the page shows the crawl logged out and a login ran again: the retry's
+        reason (``_crawl.login``)."""
+        if self.request_options is None or self.relogin is None or result.headers is None:
+            return None
+        recipe = self.request_options.login_for(url)
+        if recipe is None:
+            return None
+        why = logged_out_reason(recipe, url, result.status, result.headers.get("location"),
+                                result.body)
+        if why is None:
+            return None
+        done = await self.relogin(recipe, why, result.attempt.started_at)
+        return None if done is None else f"logged out ({why}): {done}"
 
     # --- a render --------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_plus, urlsplit
 
 import msgspec
 
@@ -58,6 +58,7 @@ from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .cookies import Cookie, CookieJar
 from .digest import Challenge, authorization, parse_challenge
+from .login import LoginRecipe, login_tables
 
 __all__ = ["Added", "HostOptions", "Opening", "RequestOptions", "Secrets", "load_secrets",
            "open_request", "parse_header", "redact"]
@@ -173,9 +174,11 @@ def host_tables(tables: object, where: str) -> list[HostOptions]:
 
 @dataclass(frozen=True)
 class Secrets:
-    """The secrets file's host tables (credentials, secret headers and cookies)."""
+    """The secrets file's host tables (credentials, secret headers and cookies) and login
+    recipes (``_crawl.login``)."""
 
     hosts: tuple[HostOptions, ...] = ()
+    logins: tuple[LoginRecipe, ...] = ()
 
 
 def load_secrets(path: str) -> Secrets:
@@ -197,16 +200,17 @@ def load_secrets(path: str) -> Secrets:
         line = getattr(exc, "lineno", None)
         raise EvidenceError(f"{where} is not valid TOML" + (f" (line {line})" if line else ""),
                             hint="fix that line (https://toml.io)") from None
-    unknown = sorted(set(table) - {"hosts"})
+    unknown = sorted(set(table) - {"hosts", "logins"})
     if unknown:
         raise EvidenceError(f"{where}: unknown key {unknown[0]!r}",
-                            hint="the secrets file holds [[hosts]] tables only")
+                            hint="the secrets file holds [[hosts]] and [[logins]] tables")
     tables = table.get("hosts", [])
     if not isinstance(tables, list):
         raise EvidenceError(f"{where}: hosts must be an array of tables",
                             hint="write each as [[hosts]] with a match = \"...\" line")
     return Secrets(tuple(_host_options(t, f"{where}, hosts[{i}]", secret_file=True)
-                         for i, t in enumerate(tables)))
+                         for i, t in enumerate(tables)),
+                   tuple(login_tables(table.get("logins", []), where)))
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,7 @@ class RequestOptions:
     challenges: dict[str, Challenge] = field(default_factory=dict)  # digest, per host:port
     # Per-seed headers (``_crawl.seeds``): recorded with the seeds, not in ``as_record``.
     seed_hosts: list[HostOptions] = field(default_factory=list)
+    logins: list[LoginRecipe] = field(default_factory=list)  # ``_crawl.login``
 
     @classmethod
     def build(cls, *, headers: Sequence[str] = (), hosts: Sequence[HostOptions] = (),
@@ -242,7 +247,8 @@ class RequestOptions:
         every += [*hosts, *secrets.hosts]
         cookies = list(cookies)
         options = cls(hosts=every, jar=CookieJar(cookies),
-                      supplied=sorted(f"{c.domain} {c.path} {c.name}" for c in cookies))
+                      supplied=sorted(f"{c.domain} {c.path} {c.name}" for c in cookies),
+                      logins=list(secrets.logins))
         for table in every:
             for name, value in table.cookies.items():
                 options.jar.add(Cookie(name=name, value=value, domain=table.match.lower(),
@@ -254,7 +260,11 @@ class RequestOptions:
         record = [h.as_record() for h in self.hosts]
         if self.supplied:
             record.append({"cookies_file": list(self.supplied)})
+        record += [{"login": recipe.as_record()} for recipe in self.logins]
         return record
+
+    def login_for(self, url: str) -> LoginRecipe | None:
+        return next((r for r in self.logins if r.applies_to(url)), None)
 
     def credentials(self, host: str, port: int) -> HostOptions | None:
         found = None
@@ -392,12 +402,22 @@ def _head_end(sent: bytes) -> int:
     return len(sent) if end < 0 else end
 
 
-def redact(sent: bytes, values: Sequence[str]) -> tuple[bytes, bytes | None]:
+def _body_forms(value: str) -> set[bytes]:
+    """How a form field's value can appear in a request body: as typed (UTF-8, as JSON
+    would carry it), and form-encoded (``+`` or ``%20`` for a space)."""
+    raw = value.encode("utf-8")
+    return {raw, quote_plus(raw).encode("ascii"), quote(raw, safe="").encode("ascii")}
+
+
+def redact(sent: bytes, values: Sequence[str],
+           body_values: Sequence[str] = ()) -> tuple[bytes, bytes | None]:
     """The request as stored (each secret value in its header block replaced by a
-    commitment) and the opening's bytes (None: nothing was secret). Only header values
-    are searched, never the request line or the body."""
+    commitment, and each of ``body_values`` in its body, as typed or form-encoded) and the
+    opening's bytes (None: nothing was secret). The request line is never searched."""
     wanted = sorted({v.encode("latin-1") for v in values if v}, key=len, reverse=True)
-    if not wanted:
+    in_body = sorted({f for v in body_values if v for f in _body_forms(v)}, key=len,
+                     reverse=True)
+    if not wanted and not in_body:
         return sent, None
     end = _head_end(sent)
     spans: list[tuple[int, int]] = []
@@ -416,6 +436,15 @@ def redact(sent: bytes, values: Sequence[str]) -> tuple[bytes, bytes | None]:
             at, minus = min(hits)
             spans.append((at, at - minus))
             cursor = at - minus
+    cursor = end + 4
+    while in_body and cursor < len(sent):  # the body, leftmost and longest first
+        hits = [(sent.find(v, cursor), -len(v)) for v in in_body]
+        hits = [h for h in hits if h[0] >= 0]
+        if not hits:
+            break
+        at, minus = min(hits)
+        spans.append((at, at - minus))
+        cursor = at - minus
     if not spans:
         return sent, None
     out, salted, last = [], [], 0
