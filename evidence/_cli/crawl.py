@@ -220,7 +220,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                                 "credentials, and none were given",
                                 hint="give the same --header, --cookies, --secrets and "
                                 "[[hosts]] as the run that started it")
-        render = _render_options(args, config)
+        render = _render_options(args, config, request)
         progress: _CrawlProgressLine | _CrawlProgressLog = (
             _CrawlProgressLog() if logs_are_json() else _CrawlProgressLine(
                 stderr, outage=getattr(store.artifacts, "outage", None)))
@@ -345,9 +345,11 @@ _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "si
                  "requisites", "allow_network", "render_unsafe_anywhere")
 
 
-def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
-    """How pages are rendered, when the session renders; the browser must exist first."""
-    if not (config.render or config.render_only):
+def _render_options(args: argparse.Namespace, config: CrawlConfig,
+                    request=None):  # -> RenderOptions | None
+    """How pages are rendered, when the session renders or logs in (a login runs in the
+    browser too); the browser must exist first."""
+    if not (config.render or config.render_only or (request is not None and request.logins)):
         return None
     from .._crawl.browser import find_browser
     from .._crawl.render import RenderOptions
@@ -806,9 +808,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "cookies.txt); their values are secrets: sealed in the stored requests "
                    "and left out of exports (docs/security.md)")
     p.add_argument("--secrets", metavar="FILE", type=local_path,
-                   help="credentials (HTTP basic), secret headers and cookies per host "
-                   "pattern, from a TOML file of [[hosts]] tables that only its owner may "
-                   "read (mode 600); sealed in the stored requests (docs/crawling.md)")
+                   help="credentials (HTTP basic or digest), secret headers and cookies per "
+                   "host pattern ([[hosts]] tables), and form logins run in Chromium "
+                   "([[logins]]), from a TOML file only its owner may read (mode 600); "
+                   "sealed in the stored requests (docs/crawling.md)")
     p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
                    help="let the crawl and its renders connect to addresses in CIDR too "
                    "(repeatable); by default loopback, private, link-local, unique-local, "
