@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import anyio
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
 from evidence._archive.export import export
@@ -370,3 +373,29 @@ def test_on_postgresql_the_opening_is_recorded_verified_and_the_jar_rebuilt(
     assert report.ok, report
     assert BASIC.encode() in opened[site.url + "/private"]
     assert f"sid={SID}".encode() in opened[site.url + "/members"]
+
+
+_VALUE = st.text(st.sampled_from("abcXYZ019 =;+%&/"), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(st.tuples(st.sampled_from(["Cookie", "Authorization", "X-Key", "A"]),
+                                 _VALUE), max_size=6),
+       secrets=st.lists(_VALUE, max_size=4), body=st.binary(max_size=40),
+       body_secrets=st.lists(_VALUE, max_size=3))
+def test_any_request_redacted_opens_to_itself_and_no_header_value_keeps_a_secret(
+        fields: list[tuple[str, str]], secrets: list[str], body: bytes,
+        body_secrets: list[str]) -> None:
+    sent = ("GET /a HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in fields)
+            + "\r\n").encode("latin-1") + body
+    stored, opening = redact(sent, secrets, body_secrets)
+    if opening is None:
+        assert stored == sent
+        return
+    assert open_request(stored, opening) == sent
+    head = stored[:stored.index(b"\r\n\r\n")]
+    for line in head.split(b"\r\n")[1:]:
+        value = line.split(b":", 1)[1]
+        for secret in secrets:
+            assert secret.encode() not in re.sub(rb"\[secret sha256:[0-9a-f]{64}\]", b"\x00",
+                                                 value)

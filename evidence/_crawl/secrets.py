@@ -414,7 +414,9 @@ def redact(sent: bytes, values: Sequence[str],
     """The request as stored (each secret value in its header block replaced by a
     commitment, and each of ``body_values`` in its body, as typed or form-encoded) and the
     opening's bytes (None: nothing was secret). The request line is never searched."""
-    wanted = sorted({v.encode("latin-1") for v in values if v}, key=len, reverse=True)
+    # a header is written in Latin-1 (``_crawl.http``): a value that is not never was sent
+    wanted = sorted({v.encode("latin-1", "replace") for v in values if v}, key=len,
+                    reverse=True)
     in_body = sorted({f for v in body_values if v for f in _body_forms(v)}, key=len,
                      reverse=True)
     if not wanted and not in_body:
