@@ -399,3 +399,19 @@ def test_any_request_redacted_opens_to_itself_and_no_header_value_keeps_a_secret
         for secret in secrets:
             assert secret.encode() not in re.sub(rb"\[secret sha256:[0-9a-f]{64}\]", b"\x00",
                                                  value)
+
+
+def test_hosts_tables_in_the_config_print_back_as_the_same_crawl(tmp_path: Path,
+                                                                  capsys) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'store = "{tmp_path / "st"}"\nseeds = ["http://127.0.0.1:9/"]\n'
+                      '[[hosts]]\nmatch = "*.example"\n'
+                      'headers = { "Accept-Language" = "fr" }\ncookies = { consent = "yes" }\n'
+                      'public_cookies = ["consent"]\n')
+    assert main(["crawl", "--config", str(config), "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert 'hosts = [{"match" = "*.example", "headers" = {"Accept-Language" = "fr"}' in printed
+    again = tmp_path / "again.toml"
+    again.write_text(printed)
+    assert main(["crawl", "--config", str(again), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
