@@ -70,6 +70,8 @@ LOCATIONS = [
     ("crawl --config {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --behavior-script {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --seeds {L}", False),
+    ("crawl http://127.0.0.1:9/ --store st --cookies {L}", False),
+    ("crawl http://127.0.0.1:9/ --store st --secrets {L}", False),
     ("crawl http://127.0.0.1:9/ --store st --listen 127.0.0.1:0 --hosts-file {L}", False),
     ("rules evaluate {L} --rules r.toml", False),
     ("report {L} --run r", False),
@@ -129,7 +131,8 @@ _LOCATION_DESTS = {"store", "out", "artifacts", "archive", "a", "b", "scratch", 
                    "socket"}
 _ALSO = {("crawl", "checkpoint"), ("keygen", "key"), ("witness keygen", "key"),
          ("witness serve", "key"), ("witness serve", "state"), ("crawl", "config"),
-         ("crawl", "seeds"), ("crawl", "behavior_script"), ("show", "behaviors"),
+         ("crawl", "seeds"), ("crawl", "behavior_script"), ("crawl", "cookies"),
+         ("crawl", "secrets"), ("show", "behaviors"),
          *(("show", part) for part in ("screenshot", "dom", "headers", "request", "body",
                                        "content", "certs"))}
 _LOCATION_TYPES = {common.store_location, common.local_path, common.local_directory,

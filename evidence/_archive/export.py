@@ -334,6 +334,7 @@ _RUN_SCOPE = {
                 "UNION SELECT surplus_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT tls_chain_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT frames_id FROM fetch_attempt WHERE run_id = :run "
+                "UNION SELECT request_secrets_id FROM fetch_attempt WHERE run_id = :run "
                 "UNION SELECT source_artifact_id FROM discovery_edge WHERE run_id = :run "
                 "UNION SELECT dom_id FROM render WHERE run_id = :run "
                 "UNION SELECT screenshot_id FROM render WHERE run_id = :run "
@@ -512,9 +513,13 @@ def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, obj
 
 # --- export ----------------------------------------------------------------------------------
 
+SECRETS_NS = "secrets"  # the openings of sealed requests (evidence/_crawl/secrets.py)
+WITHHELD = ("the opening of a sealed request (its secrets in clear), left out of the "
+            "export: export --include-secrets keeps it")
+
 def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
            format: Format = "sql", progress: Progress | None = None,
-           checkpoint: Carried | None = None) -> Manifest:
+           checkpoint: Carried | None = None, include_secrets: bool = False) -> Manifest:
     """Write an archive of ``source`` (a Store or a store directory) to the new directory ``out``.
 
     The archive holds the canonical dump (``dump.sql``; or ``schema.sql`` and
@@ -525,6 +530,8 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
     that cannot be read is no gap: ``ArtifactReadError``, and nothing is left at ``out``.
     ``checkpoint``: a signed checkpoint (and its timestamp) the archive carries, which the
     snapshot must reach (``_archive.carried``); ``ProofError`` if it does not.
+    The openings of sealed requests (namespace ``secrets``, ``_crawl.secrets``) are left
+    out unless ``include_secrets``: each is a gap that says so, so a restore knows it.
     """
     if format not in ("sql", "jsonl", "csv"):
         raise StoreError(f"format must be 'sql', 'jsonl' or 'csv', not {format!r}")
@@ -556,8 +563,13 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
         for name in (SNAPSHOT, SNAPSHOT + "-wal", SNAPSHOT + "-shm"):
             (tmp / name).unlink(missing_ok=True)
         # An archive keeps its payloads in segments, whatever the store uses: its format
-        # does not change with the store's (docs/archives.md).
-        written, gaps = write_payloads(refs, artifacts, tmp / ARTIFACTS_DIR, progress)
+        # does not change with the store's (docs/archives.md). The openings of sealed
+        # requests are left out unless asked: each a gap that says so.
+        withheld = [] if include_secrets else [r for r in refs if r.namespace == SECRETS_NS]
+        kept = [r for r in refs if r.namespace != SECRETS_NS] if withheld else refs
+        written, gaps = write_payloads(kept, artifacts, tmp / ARTIFACTS_DIR, progress)
+        gaps += [Gap(kind="artifact_missing", subject=f"{r.namespace}/{r.digest}",
+                     detail=WITHHELD) for r in withheld]
         files = dict(sorted({**files, **{
             f"{ARTIFACTS_DIR}/{name}": FileEntry(bytes=size, blake3=digest)
             for name, (size, digest) in written.items()}}.items()))

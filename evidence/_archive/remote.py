@@ -128,19 +128,20 @@ def backup_to(source: Source, out: os.PathLike[str] | str, *,
 
 def export_to(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = None,
               format: Literal["sql", "jsonl", "csv"] = "sql",
-              progress: Progress | None = None, checkpoint: Carried | None = None
-              ) -> Manifest:
+              progress: Progress | None = None, checkpoint: Carried | None = None,
+              include_secrets: bool = False) -> Manifest:
     """``export`` to a new directory, or to an empty ``s3://`` prefix (built in a temporary
     directory, then uploaded, ``INDEX.json`` last)."""
     if not _here_or_s3(out, "an archive"):
         return export(source, out, run_id=run_id, format=format, progress=progress,
-                      checkpoint=checkpoint)
+                      checkpoint=checkpoint, include_secrets=include_secrets)
     with Remote(str(out)) as remote:
         remote.require_empty()
         with tempfile.TemporaryDirectory(prefix="evidence-export-") as tmp:
             built = Path(tmp) / "archive"
             manifest = export(source, built, run_id=run_id, format=format, progress=progress,
-                              checkpoint=checkpoint)
+                              checkpoint=checkpoint,
+                              include_secrets=include_secrets)
             upload_tree(remote, built, "export")
     return manifest
 

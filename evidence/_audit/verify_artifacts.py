@@ -194,7 +194,8 @@ def _quarantined_refs(conn: apsw.Connection, after: int = 0) -> tuple[set[tuple[
         named: tuple[ArtifactRef | None, ...]
         if isinstance(message, FetchAttempt):
             named = (message.request_headers, message.response_headers, message.body,
-                     message.content, message.surplus, message.frames)
+                     message.content, message.surplus, message.frames,
+                     message.request_secrets)
         elif isinstance(message, Discovery):
             named = (message.source_artifact,)
         elif isinstance(message, Render):

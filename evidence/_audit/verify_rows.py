@@ -68,9 +68,11 @@ SELECT f.log_index, f.attempt_seq, f.attempt_id, f.run_id, f.url, f.sequence, f.
        f.resolution_seq, d.resolution_id, d.host, d.port, d.resolved_at, d.source,
        d.addresses, d.ttl, f.tls_version, f.tls_cipher, f.tls_sni, f.tls_alpn,
        f.tls_chain_id, t.namespace, t.digest, t.size, f.tls_verified,
-       f.protocol, f.frames_id, fr.namespace, fr.digest, fr.size
+       f.protocol, f.frames_id, fr.namespace, fr.digest, fr.size,
+       f.request_secrets_id, o.namespace, o.digest, o.size
 FROM fetch_attempt f
 LEFT JOIN artifact fr ON fr.artifact_id = f.frames_id
+LEFT JOIN artifact o ON o.artifact_id = f.request_secrets_id
 LEFT JOIN render rr ON rr.render_seq = f.render_seq
 LEFT JOIN dns_resolution d ON d.resolution_seq = f.resolution_seq
 LEFT JOIN artifact t ON t.artifact_id = f.tls_chain_id
@@ -289,7 +291,7 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
      truncated, content_type, error, version, key, capture, c_id, c_ns, c_digest, c_size,
      transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
      text_encoding, text_source, render_id, *connection, protocol, f_id, f_ns, f_digest,
-     f_size) = rows[0]
+     f_size, o_id, o_ns, o_digest, o_size) = rows[0]
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
@@ -302,7 +304,8 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "content_coding": m.content_coding, "content_truncated": int(m.content_truncated),
         "surplus": _ref_text(m.surplus), "text_encoding": m.text_encoding,
         "text_encoding_source": m.text_encoding_source, "render_id": m.render_id,
-        "protocol": m.protocol, "frames": _ref_text(m.frames)}
+        "protocol": m.protocol, "frames": _ref_text(m.frames),
+        "request_secrets": _ref_text(m.request_secrets)}
     actual = {
         "attempt_id": attempt_id, "run_id": run_id, "url": url, "sequence": sequence,
         "method": method, "started_at": started_at, "elapsed_ms": elapsed_ms,
@@ -316,7 +319,8 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
         "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
         "text_encoding": text_encoding, "text_encoding_source": text_source,
         "render_id": render_id, "protocol": protocol,
-        "frames": _row_ref(f_id, f_ns, f_digest, f_size)}
+        "frames": _row_ref(f_id, f_ns, f_digest, f_size),
+        "request_secrets": _row_ref(o_id, o_ns, o_digest, o_size)}
     expected.update(_connection_expected(m))
     actual.update(_connection_actual(connection))
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)

@@ -45,6 +45,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.key or args.new_key or args.cert or args.tsa or args.tsa_cert:
         raise EvidenceError("--key, --new-key, --cert and --tsa sign a WACZ export only",
                             hint="add --format wacz, or leave the key out")
+    if args.include_secrets and args.format in ("warc", "wacz"):
+        raise EvidenceError("--include-secrets keeps the openings of sealed requests in a "
+                            "restorable archive; a WARC or WACZ holds requests as stored, "
+                            "their secrets sealed", hint="add --format sql (or jsonl, csv), "
+                            "or leave --include-secrets out")
     if args.format == "warc":  # request and response records, not a restorable archive
         if args.checkpoint:
             raise EvidenceError("a WARC file cannot carry a checkpoint",
@@ -56,7 +61,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     carried = read_checkpoint_file(args.checkpoint) if args.checkpoint else None
     with Progress() as progress:
         manifest = export_to(args.store, args.out, run_id=args.run, format=args.format,
-                             progress=progress, checkpoint=carried)
+                             progress=progress, checkpoint=carried,
+                             include_secrets=args.include_secrets)
     if args.json:
         print_json(manifest)
     else:
@@ -331,6 +337,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "an empty s3://BUCKET/PREFIX (built here, then uploaded, INDEX.json last; "
                    "warc and wacz: the object to create; see docs/archives.md)")
     p.add_argument("--run", metavar="ID", help="only this run's rows and what they reference")
+    p.add_argument("--include-secrets", action="store_true",
+                   help="also copy the openings of sealed requests (the credentials and "
+                   "cookies a crawl sent, in clear; docs/security.md): left out by default, "
+                   "each named in the manifest's gaps")
     p.add_argument("--format", choices=("sql", "jsonl", "csv", "warc", "wacz"), default="sql",
                    help="sql (default; restorable), or jsonl/csv files per table for review "
                    "tools, in the same order; warc: a WARC/1.1 file of request and response "

@@ -596,6 +596,8 @@ def _toml(value: object) -> str:
         return _toml("=".join(map(str, value)))
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (crawl's [[hosts]])
+        return "{" + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     # A TOML basic string takes JSON's escapes.
     return msgspec.json.encode(str(value)).decode()
 

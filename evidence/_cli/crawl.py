@@ -89,6 +89,8 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
     _configure(args)
     if args.print_config:
         extra: dict[str, object] = {"seeds": list(args.urls)} if args.urls else {}
+        if args.request_hosts:
+            extra["hosts"] = [msgspec.to_builtins(h) for h in args.request_hosts]
         sys.stdout.write(config_toml(args, args.crawl_parser, extra))
         for rule in args.proxies or ():  # tables come after the keys; no credentials
             hosts, url = msgspec.json.encode(rule["hosts"]), msgspec.json.encode(rule["url"])
@@ -113,14 +115,21 @@ def _configure(args: argparse.Namespace) -> None:
     extra = {}
     if args.config is not None:
         extra = apply_config(args, args.crawl_parser, args.config,
-                             extra=("seeds", "proxies"))
+                             extra=("seeds", "proxies", "hosts"))
+    args.request_hosts = None
+    if "hosts" in extra:  # [[hosts]] tables: what requests to matching hosts carry
+        from .._crawl.secrets import host_tables
+
+        args.request_hosts = host_tables(extra["hosts"], str(args.config))
     seeds = list(args.urls)
+    tables = None
     if args.seeds is not None:
-        seeds += read_seeds(args.seeds)
+        more, tables = read_seeds(args.seeds)
+        seeds += more
     if not seeds and "seeds" in extra:  # the command line's seeds win over the file's
         value = extra["seeds"]
         if isinstance(value, str):
-            seeds = read_seeds(value)
+            seeds, tables = read_seeds(value)
         elif isinstance(value, list) and all(isinstance(s, str) for s in value):
             seeds = list(value)
         else:
@@ -129,6 +138,12 @@ def _configure(args: argparse.Namespace) -> None:
                                 hint='seeds = ["https://example.com/"] or seeds = "seeds.txt"')
     args.urls = seeds
     _configure_proxies(args, extra.get("proxies"))
+    args.seed_tables = None
+    if tables is not None:  # per-seed rules: every seed has a table (a URL alone: the crawl's)
+        from .._crawl.seeds import SeedOptions
+
+        named = {t.url for t in tables}
+        args.seed_tables = [*(SeedOptions(url=u) for u in seeds if u not in named), *tables]
     if args.store is None:
         raise EvidenceError("the crawl needs a store", hint="give --store DIR, or store = "
                             "\"DIR\" in the file given to --config")
@@ -174,19 +189,12 @@ def _proxy(text: str) -> str:
     return text
 
 
-def read_seeds(path: str) -> list[str]:
-    """Seed URLs from a file: one a line; blank lines and lines starting with # skipped."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EvidenceError(f"cannot read the seeds file {path}: {exc}",
-                            hint="one URL a line, in UTF-8") from exc
-    seeds = [line.strip() for line in lines if line.strip() and not
-             line.lstrip().startswith("#")]
-    if not seeds:
-        raise EvidenceError(f"the seeds file {path} holds no URL",
-                            hint="one URL a line; lines starting with # are comments")
-    return seeds
+def read_seeds(path: str) -> tuple[list[str], list | None]:
+    """A seeds file's URLs, and its ``[[seeds]]`` tables if it is TOML (``_crawl.seeds``)."""
+    from .._crawl.behaviors import BEHAVIORS
+    from .._crawl.seeds import load_seeds_file
+
+    return load_seeds_file(path, behaviors=BEHAVIORS)
 
 
 def crawl_exit_status(result: CrawlResult) -> int:
@@ -235,6 +243,7 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
         raise EvidenceError("--fail-when-no-hosts is for a crawl that takes worker hosts",
                             hint="add --listen HOST:PORT")
     listen, tls, token = listen_options(args, hosts=hosts is not None)  # before the store
+    request = _request_options(args)
     if args.metrics is not None:
         from .._write.metrics import metrics_address
 
@@ -262,8 +271,13 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             args.store if postgres else path, sync=args.sync, artifacts=args.artifacts,
             db_outage_deadline=args.db_outage_deadline) as store, store.writer_lock(), \
             _checkpoints(args, store) as checkpointer:
-        config = _crawl_config(args, store, rules)
-        render = _render_options(args, config)
+        config = _crawl_config(args, store, rules, request)
+        if config.request and request is None:
+            raise EvidenceError("the open session's requests carry headers, cookies or "
+                                "credentials, and none were given",
+                                hint="give the same --header, --cookies, --secrets and "
+                                "[[hosts]] as the run that started it")
+        render = _render_options(args, config, request)
         progress: _CrawlProgressLine | _CrawlProgressLog = (
             _CrawlProgressLog() if logs_are_json() else _CrawlProgressLine(
                 stderr, outage=getattr(store.artifacts, "outage", None)))
@@ -275,7 +289,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
             listen=listen, tls=tls, token=token, lease_timeout=args.lease_timeout,
             hosts=hosts, no_hosts_timeout=args.fail_when_no_hosts,
             cross_check=args.cross_check or 0.0, proxy_credentials=args.proxy_credentials,
-            progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public)
+            progress_interval=1.0, metrics=args.metrics, metrics_public=args.metrics_public,
+            request=request)
         crawler = Crawler(store, config, options)
 
         async def main() -> CrawlResult:
@@ -388,9 +403,11 @@ _CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "si
                  "proxies", "proxy_remote_dns", "http1_only")
 
 
-def _render_options(args: argparse.Namespace, config: CrawlConfig):  # -> RenderOptions | None
-    """How pages are rendered, when the session renders; the browser must exist first."""
-    if not (config.render or config.render_only):
+def _render_options(args: argparse.Namespace, config: CrawlConfig,
+                    request=None):  # -> RenderOptions | None
+    """How pages are rendered, when the session renders or logs in (a login runs in the
+    browser too); the browser must exist first."""
+    if not (config.render or config.render_only or (request is not None and request.logins)):
         return None
     from .._crawl.browser import find_browser
     from .._crawl.render import RenderOptions
@@ -433,12 +450,42 @@ def _behavior_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _request_options(args: argparse.Namespace):  # -> RequestOptions | None
+    """Headers, cookies and credentials for the crawl's requests (``_crawl.secrets``), or
+    None; checked before the store is touched."""
+    hosts = getattr(args, "request_hosts", None) or []
+    if not (args.header or args.cookies or args.secrets or hosts):
+        return None
+    from .._crawl.cookies import parse_netscape
+    from .._crawl.secrets import RequestOptions, Secrets, load_secrets
+
+    if args.processes or args.listen:
+        raise EvidenceError("headers, cookies and credentials are sent by this process only, "
+                            "and its session's cookie jar lives here",
+                            hint="leave out --processes and --listen for this crawl")
+    cookies = []
+    if args.cookies is not None:
+        try:
+            text = Path(args.cookies).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EvidenceError(f"cannot read the cookies file {args.cookies}: {exc}",
+                                hint="a Netscape cookies.txt file, in UTF-8") from None
+        cookies = parse_netscape(text, source=args.cookies)
+    secrets = Secrets() if args.secrets is None else load_secrets(args.secrets)
+    return RequestOptions.build(headers=args.header or (), hosts=hosts, cookies=cookies,
+                                secrets=secrets)
+
+
 def _crawl_config(args: argparse.Namespace, store: Store,
-                  rules: list[dict[str, object]] | None) -> CrawlConfig:
+                  rules: list[dict[str, object]] | None, request=None) -> CrawlConfig:
     """The arguments given, over the open session's recorded configuration when resuming."""
     from .._crawl.frontier import CrawlConfig, last_session
 
     given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
+    if request is not None:
+        given["request"] = request.as_record()
+    if getattr(args, "seed_tables", None):
+        given["seed_options"] = [msgspec.to_builtins(t) for t in args.seed_tables]
     if "recrawl" in given:
         given["recrawl"] = dict(given["recrawl"])
     if rules is not None:
@@ -762,7 +809,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "workers, max_documents, ...) and seeds (a list of URLs, or a seeds "
                    "file); options given on the command line win (docs/crawling.md)")
     p.add_argument("--seeds", metavar="FILE", type=local_path,
-                   help="seed URLs from a file, one a line (# starts a comment)")
+                   help="seed URLs from a file, one a line (# starts a comment); or, named "
+                   "*.toml, [[seeds]] tables with each seed's own scope, max_depth, "
+                   "include, exclude, headers and behaviors (docs/crawling.md)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective options as a --config file and exit (nothing "
                    "is crawled or created)")
@@ -825,6 +874,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="what the crawl may leave the seeds for: host, the seeds' origins "
                    "(scheme, host and port; the default); domain, any host under a seed's "
                    "registrable domain (Public Suffix List); prefix, under a seed URL")
+    p.add_argument("--header", action="append", metavar="'NAME: VALUE'",
+                   help="add this header to every request, the browser's too (repeatable); "
+                   "per host: [[hosts]] in the --config file; a credential or a cookie is "
+                   "refused here (--secrets, --cookies; see docs/crawling.md)")
+    p.add_argument("--cookies", metavar="FILE", type=local_path,
+                   help="start the session's cookie jar with these cookies (Netscape "
+                   "cookies.txt); their values are secrets: sealed in the stored requests "
+                   "and left out of exports (docs/security.md)")
+    p.add_argument("--secrets", metavar="FILE", type=local_path,
+                   help="credentials (HTTP basic or digest), secret headers and cookies per "
+                   "host pattern ([[hosts]] tables), and form logins run in Chromium "
+                   "([[logins]]), from a TOML file only its owner may read (mode 600); "
+                   "sealed in the stored requests (docs/crawling.md)")
     p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
                    help="let the crawl and its renders connect to addresses in CIDR too "
                    "(repeatable); by default loopback, private, link-local, unique-local, "

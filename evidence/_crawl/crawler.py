@@ -30,7 +30,10 @@ once); cancelled URLs stay claimed, so the next run requeues them as after a cra
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime as dt
 import functools
+import itertools
 import logging
 import tempfile
 import time
@@ -59,20 +62,24 @@ from .._write.service import Service
 from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
 from . import frontier
+from .behaviors import BehaviorOptions
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .hostauth import CrossCheck
 from .hostrules import HostRules, robots_backoff
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, sitemap_hint
+from .login import LoginRecipe
 from .netpolicy import NetworkPolicy, Resolver
 from .pages import PageEffects, PageOrder, PageWorker, Settlement
 from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
 from .proxy import crawl_routes
-from .render import Renderer, RenderOptions
+from .render import RENDER_SEQUENCE, Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
+from .secrets import HostOptions, RequestOptions
+from .seeds import SeedOptions, origin_of
 from .session import (
     Outcome,
     documents,
@@ -86,6 +93,10 @@ from .workers import Setup, WorkerLost, WorkerPool
 
 __all__ = ["LIVE_STATS", "CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler",
            "robots_backoff"]
+
+#: The login page's fetches are numbered from here in their run: above any claim's, below
+#: the browser's requests (``RENDER_SEQUENCE``), so no (url, sequence) pair collides.
+LOGIN_SEQUENCE = RENDER_SEQUENCE >> 1
 
 log = logging.getLogger("evidence.crawl")
 
@@ -137,6 +148,10 @@ class CrawlOptions:
     # a loopback address, or any with ``metrics_public``.
     metrics: str | None = None
     metrics_public: bool = False
+    # Headers, cookies and credentials added to every request (``_crawl.secrets``), with
+    # the session's cookie jar; what was configured is recorded as ``CrawlConfig.request``,
+    # without the secret values, which stay in this process.
+    request: RequestOptions | None = None
 
 
 class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +181,12 @@ class Crawler:
         self._wake = anyio.Event()
         self.run_id = new_id("run-")
         self.session_id = ""
+        # Logins (_crawl/login.py): how many each origin's recipe ran, when the last ended.
+        self._logins: dict[str, int] = {}
+        self._logged_in_at: dict[str, dt.datetime] = {}
+        self._login_lock = anyio.Lock()
+        self._login_sequence = itertools.count(LOGIN_SEQUENCE)
+        self._login_renderer: Renderer | None = None
         self._hostrules = HostRules(run_id=self.run_id, user_agent=config.user_agent,
                                     artifacts=store.artifacts, fetch=self._fetch,
                                     commit=self._commit)
@@ -239,6 +260,7 @@ class Crawler:
                 self._fetching.cancel()
             try:
                 with self._fetching:
+                    await self._first_logins()
                     async with self._worker_processes(), anyio.create_task_group() as tg:
                         tg.start_soon(self._report_progress, started)
                         send, receive = anyio.create_memory_object_stream[Job](0)
@@ -330,11 +352,13 @@ class Crawler:
         # In one process every page commits here: this crawl knows what reaches its writer,
         # and says when nothing else is coming (``_nothing_else_coming``).
         last = functools.partial(self._writer.submit_group, flush=True) if in_process else None
+        self._per_seed()
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
                                  deadline=self.options.deadline,
-                                 url_keys=self._writer.url_keys, submit_last=last)
+                                 url_keys=self._writer.url_keys, submit_last=last,
+                                 request=self.options.request)
         self._renderer = None
         if self._pages.rules is not None and self._pages.rules.rendered and not (
                 self._pages.render_scope.enabled):
@@ -347,7 +371,103 @@ class Crawler:
                 artifacts=self.store.artifacts, client=client, run_id=self.run_id,
                 user_agent=self.config.user_agent, max_body_bytes=self.config.max_body_bytes,
                 options=self.options.render, unsafe_refusal=None
-                if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of))
+                if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of,
+                request=self.options.request))
+        self._login_renderer = self._renderer
+        request = self.options.request
+        if request is not None and request.logins:
+            if self._login_renderer is None:  # logins run in Chromium whether pages render
+                self._login_renderer = await stack.enter_async_context(Renderer(
+                    artifacts=self.store.artifacts, client=client, run_id=self.run_id,
+                    user_agent=self.config.user_agent,
+                    max_body_bytes=self.config.max_body_bytes,
+                    options=self.options.render, unsafe_refusal=None
+                    if self.config.render_unsafe_anywhere
+                    else self._pages.scope.reason_out_of, request=request))
+            self._pages.relogin = self._relogin
+
+    # --- logins (_crawl/login.py) ------------------------------------------------------
+
+    async def _first_logins(self) -> None:
+        """Log in with each recipe before the first page; a login that does not hold
+        fails the run (its render, recorded, says why)."""
+        request = self.options.request
+        for recipe in request.logins if request is not None else ():
+            error = await self._login(recipe, "the run starts")
+            if error is not None:
+                raise EvidenceError(f"the login at {recipe.url} failed: {error}",
+                                    hint="check the [[logins]] table of the secrets file "
+                                    "(its selectors and values); the render of the login "
+                                    "is recorded: evidence show STORE URL")
+
+    async def _login(self, recipe: LoginRecipe, why: str) -> str | None:
+        """Fetch the login page, log in on its capture in Chromium, commit both; None when
+        the check held, else what went wrong."""
+        assert self._login_renderer is not None
+        self._logins[recipe.origin] = self._logins.get(recipe.origin, 0) + 1
+        result = await self._fetch(recipe.url, next(self._login_sequence))
+        await self._commit([result.attempt])
+        if result.status != 200:
+            return (f"the login page answered {result.attempt.outcome}"
+                    f"{f', HTTP {result.status}' if result.status else ''}")
+        source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts,
+                                                result.attempt)
+        rendered = await self._login_renderer.login(source, recipe, why)
+        await self._commit([rendered.render, *rendered.attempts])
+        self._logged_in_at[recipe.origin] = utc_now()
+        done = rendered.render.outcome == "rendered"
+        log.info("login at %s (%s): %s", recipe.url, why,
+                 "logged in" if done else rendered.render.error,
+                 extra={"event": "crawl.login", "render_id": rendered.render.render_id})
+        return None if done else (rendered.render.error or rendered.render.outcome)
+
+    async def _relogin(self, recipe: LoginRecipe, why: str,
+                       fetched_at: dt.datetime) -> str | None:
+        """A page showed the crawl logged out: log in again (one login at a time), unless
+        a login ended after the page's request began. What to say in the page's retry, or
+        None when no login is left (or it failed): the page then settles as it came."""
+        async with self._login_lock:
+            last = self._logged_in_at.get(recipe.origin)
+            if last is not None and fetched_at < last:
+                return "logged in again since it was requested"
+            used = self._logins.get(recipe.origin, 0)
+            if used >= recipe.max_logins:
+                log.warning("logged out at %s (%s), and the %d logins allowed are used",
+                            recipe.origin, why, recipe.max_logins,
+                            extra={"event": "crawl.login_exhausted"})
+                return None
+            error = await self._login(recipe, f"logged out: {why}")
+            if error is not None:
+                return None
+            return f"logged in again, login {used + 1} of {recipe.max_logins}"
+
+    def _per_seed(self) -> None:
+        """Apply the session's per-seed headers and behaviours (``_crawl.seeds``), from its
+        recorded configuration: a resumed run needs no seeds file."""
+        seeds = [msgspec.convert(s, SeedOptions) for s in self.config.seed_options]
+        tables = [HostOptions(match=origin_of(s.url).split("://", 1)[1], headers=s.headers)
+                  for s in seeds if s.headers]
+        if (tables or self.options.request is not None) and (
+                self.options.processes > 0 or self.options.listen):
+            raise EvidenceError("headers, cookies and credentials are sent by the crawl's "
+                                "own process only, and its session's cookie jar lives there",
+                                hint="leave out --processes and --listen for this crawl")
+        if tables:
+            if self.options.request is None:
+                self.options = dataclasses.replace(self.options, request=RequestOptions())
+            assert self.options.request is not None
+            self.options.request.seed_hosts = tables
+        render = self.options.render
+        if render is None:
+            return
+        by_origin: dict[str, BehaviorOptions] = {}
+        for seed in seeds:
+            if seed.behaviors is not None:
+                by_origin.setdefault(origin_of(seed.url), dataclasses.replace(
+                    render.behaviors, enabled=tuple(seed.behaviors)))
+        if by_origin:
+            self.options = dataclasses.replace(self.options, render=dataclasses.replace(
+                render, by_origin=tuple(by_origin.items())))
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:
@@ -392,6 +512,11 @@ class Crawler:
                                skip=self._skip)
         self.session_id = self._pages.session_id = opening.session_id
         await self._commit(opening.messages)
+        if opening.resumed and self.options.request is not None:
+            heads = self.options.request.restore(self._reader, self.store.artifacts,
+                                                 self.session_id)
+            log.info("cookie jar of session %s rebuilt from %d recorded response heads",
+                     self.session_id, heads, extra={"event": "crawl.cookies_restored"})
         if self._pages.rules is not None:
             check_rules(self._reader, self._pages.rules.rules)
         baseline_id = opening.baseline_id

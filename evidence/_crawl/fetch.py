@@ -4,7 +4,9 @@ Order matters (design rule 6): every payload is put in the artifact store (fsync
 *before* the attempt message that references it exists. What is stored is what crossed the
 connection, as the crawler's own HTTP/1.1 client wrote and read them (``_crawl.http``):
 
-- the request exactly as written (request line, header block);
+- the request exactly as written (request line, header block), each secret value in it
+  (a credential, a user's cookie: ``_crawl.secrets``) replaced by a salted commitment; the
+  exact bytes and the salts in the ``secrets`` namespace (``request_secrets``);
 - the response's status line and header block exactly as read;
 - the message body exactly as read: chunk framing, extensions and trailers included, a
   gzip body gzipped; cut at ``max_body_bytes`` (``too_large``, ``body_truncated``);
@@ -39,7 +41,7 @@ import email.utils
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,6 +55,7 @@ from .._model.refs import ArtifactRef
 from .._model.text import Sniffed, charset_param, is_html, sniff
 from .._store.backend import ArtifactBackend
 from .http import Client, Exchange, FetchError, H2Response, Headers, Peer, Response
+from .secrets import SECRETS_NS, redact
 
 __all__ = ["FetchResult", "fetch", "parse_retry_after"]
 
@@ -143,16 +146,21 @@ class _Wire:
 
 
 def _wire(exchange: Exchange, cap: int, *, content_type: str | None,
-          content_cap: int | None = None) -> _Wire:
-    """The exchange's bytes as payloads: request, head, body (cut at ``cap``), surplus,
-    and the content derived from them where it differs from the body (at most
-    ``content_cap`` bytes of it, default ``cap``)."""
+          content_cap: int | None = None, secrets: Sequence[str] = (),
+          body_secrets: Sequence[str] = ()) -> _Wire:
+    """The exchange's bytes as payloads: request (its ``secrets`` sealed, the opening
+    apart), head, body (cut at ``cap``), surplus, and the content derived from them where
+    it differs from the body (at most ``content_cap`` bytes of it, default ``cap``)."""
     split = exchange.split()
     items: list[tuple[str, bytes]] = []
     fields: list[str] = []
     if exchange.sent:
-        items.append((HEADERS_NS, bytes(exchange.sent)))
+        stored, opening = redact(bytes(exchange.sent), secrets, body_secrets)
+        items.append((HEADERS_NS, stored))
         fields.append("request_headers")
+        if opening is not None:
+            items.append((SECRETS_NS, opening))
+            fields.append("request_secrets")
     extra: dict[str, Any] = {"capture": "wire"}
     body = content = b""
     sniffed: Sniffed | None = None
@@ -216,7 +224,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
                 extra_headers: dict[str, str] | None = None,
                 parse: Callable[[str, bytes, Sniffed | None], Any] | None = None,
                 deadline: float | None = None, method: str = "GET",
-                content: bytes | None = None, render_id: str | None = None) -> FetchResult:
+                content: bytes | None = None, render_id: str | None = None,
+                secrets: Sequence[str] = (), body_secrets: Sequence[str] = ()) -> FetchResult:
     """Request ``url`` once (no redirects followed), store what was exchanged, describe it.
 
     ``max_content_bytes``: the most content derived from the body (decompressed), default
@@ -230,6 +239,9 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
     ``deadline``: seconds the whole exchange may take (None: no limit but the client's).
     ``method``, ``content`` (a request body) and ``render_id`` are for requests a browser
     made while rendering a page (``_crawl.renderproxy``): the attempt names its render.
+    ``secrets``: values among ``extra_headers`` that are sealed in the stored request
+    (``_crawl.secrets``): the attempt's ``request_secrets`` holds the opening;
+    ``body_secrets``: values sealed wherever ``content`` carries them (a login form's).
     """
     started_at = utc_now()
     t0 = time.monotonic()
@@ -270,7 +282,7 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
             f"deadline: the fetch took longer than {deadline:g} s; {came}", False
     if response is None:
         return await _failed(artifacts, common, outcome, error or "", exchange, t0,
-                             max_body_bytes, max_content_bytes)
+                             max_body_bytes, max_content_bytes, secrets, body_secrets)
     elapsed = time.monotonic() - t0  # the exchange only: storing it is not response time
     content_type = response.headers.get("content-type")
     ok = 200 <= response.status_code < 300 and parse is not None
@@ -281,7 +293,8 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
         # One trip to a worker thread: splitting, decoding and parsing are CPU work that
         # must stay off the event loop, and the puts fsync.
         wire = _derived(lambda: _wire(exchange, max_body_bytes, content_type=content_type,
-                                      content_cap=max_content_bytes), size)
+                                      content_cap=max_content_bytes, secrets=secrets,
+                                      body_secrets=body_secrets), size)
         exchange.close()
         refs = _put_each(artifacts, wire.items)
         usable = wire.extra.get("content_problem") is None
@@ -313,12 +326,14 @@ async def fetch(client: Client, artifacts: ArtifactBackend, *, url: str,
 
 async def _failed(artifacts: ArtifactBackend, common: dict[str, Any], outcome: Outcome,
                   error: str, exchange: Exchange, t0: float, cap: int,
-                  content_cap: int | None = None) -> FetchResult:
+                  content_cap: int | None = None, secrets: Sequence[str] = (),
+                  body_secrets: Sequence[str] = ()) -> FetchResult:
     """No response the client accepted: whatever was written and read is still stored."""
     elapsed = time.monotonic() - t0
 
     def store() -> tuple[_Wire, list[ArtifactRef]]:
-        wire = _wire(exchange, cap, content_type=None, content_cap=content_cap)
+        wire = _wire(exchange, cap, content_type=None, content_cap=content_cap,
+                     secrets=secrets, body_secrets=body_secrets)
         exchange.close()
         return wire, _put_each(artifacts, wire.items)  # before the attempt names them
 

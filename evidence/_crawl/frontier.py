@@ -85,6 +85,14 @@ class CrawlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # Speak HTTP/1.1 only: TLS offers ALPN http/1.1 alone, as before HTTP/2 (by default
     # it offers h2 and http/1.1, and the server picks; _crawl.http).
     http1_only: bool = False
+    # What requests carry beyond the defaults (issue 36, ``_crawl.secrets``): one record
+    # per host table (``--header`` is the table ``*``), naming every header, cookie and
+    # credential, with no secret value.
+    request: list[dict[str, object]] = []
+    # Per-seed rules (issue 36, ``_crawl.seeds``): one record per seed when a TOML seeds
+    # file gave any (url, and the scope, max_depth, include, exclude, headers and
+    # behaviors it sets); a URL is in the crawl when some seed's rules take it.
+    seed_options: list[dict[str, object]] = []
 
     def as_record(self) -> dict[str, object]:
         return msgspec.to_builtins(self)
@@ -153,6 +161,8 @@ class Scope:
             raise EvidenceError(f"invalid include/exclude pattern: {exc}",
                                 hint="patterns are Python regular expressions") from exc
         self.max_depth = config.max_depth
+        # Per-seed rules: one Scope per seed, each with its own rules over the crawl's.
+        self.per_seed = [Scope(_seed_config(config, seed)) for seed in config.seed_options]
 
     def reason_to_skip(self, url: str, depth: int) -> str | None:
         """None when in scope, else the rule that excludes it, e.g. ``scope: host``."""
@@ -168,6 +178,16 @@ class Scope:
 
     def reason_to_skip_key(self, key: str, host: str, depth: int) -> str | None:
         """``reason_to_skip`` of a URL whose fetch key and host are known already."""
+        if self.per_seed:  # some seed's rules take it; else the reason of its host's seed
+            reasons = [scope.reason_to_skip_key(key, host, depth) for scope in self.per_seed]
+            if None in reasons:
+                return None
+            origin = key_origin(key)
+            own = [r for scope, r in zip(self.per_seed, reasons, strict=True)
+                   if origin in scope.origins]
+            near = [r for scope, r in zip(self.per_seed, reasons, strict=True)
+                    if host in scope.hosts]
+            return (own or near or reasons)[0]
         if self.kind == "host":
             if host not in self.hosts:
                 return f"scope: host {host} is not a seed host"
@@ -186,6 +206,18 @@ class Scope:
         if self.max_depth is not None and depth > self.max_depth:
             return f"depth: {depth} is beyond max depth {self.max_depth}"
         return None
+
+
+def _seed_config(config: CrawlConfig, seed: dict[str, object]) -> CrawlConfig:
+    """One seed's rules over the crawl's: its own scope, patterns and depth where set."""
+    def own(key: str, default: object) -> object:
+        value = seed.get(key)
+        return default if value is None else value
+
+    return msgspec.convert({"seeds": [seed["url"]], "scope": own("scope", config.scope),
+                            "include": own("include", config.include),
+                            "exclude": own("exclude", config.exclude),
+                            "max_depth": own("max_depth", config.max_depth)}, CrawlConfig)
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,10 @@ at a time, so they share the one h2 connection; plain ``http:`` is always HTTP/1
 The client is deliberately small: over HTTP/1.1 one request at a time per connection (no
 pipelining), no redirects followed, no retries (a retry would be a request the evidence does
 not record: the crawler retries through its frontier, each attempt recorded), no cookies
-(a request depends only on its URL and the crawl's configuration; a ``Set-Cookie`` is kept
-as evidence in the response head, never sent back), no credentials from a URL's userinfo.
+or credentials of its own accord (a request depends only on its URL and the headers its
+caller gives: the crawl's configured headers, its session's cookie jar and credentials
+come from ``_crawl.secrets``; a ``Set-Cookie`` is kept as evidence in the response head),
+none from a URL's userinfo.
 With a network policy (``_crawl.netpolicy``; a crawl always has one) the client connects
 only to addresses the policy allows: the host is resolved once, each address checked, and
 the connection made to a checked address. TLS trusts the system's certificate authorities

@@ -71,10 +71,12 @@ from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .http import Client
 from .links import REQUISITE_KINDS, extract_links
+from .login import LoginRecipe, logged_out_reason
 from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import evaluate_page
 from .rulesfile import RuleSet
+from .secrets import RequestOptions
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 
@@ -147,8 +149,16 @@ class PageWorker:
     def __init__(self, *, config: CrawlConfig, session_id: str, run_id: str,
                  artifacts: ArtifactBackend, client: Client, submit: Submit,
                  deadline: float | None = None, url_keys: dict[str, str] | None = None,
-                 submit_last: Submit | None = None) -> None:
+                 submit_last: Submit | None = None,
+                 request: RequestOptions | None = None) -> None:
         self.config = config
+        # Headers, cookies and credentials added to requests, and the session's cookie jar
+        # (``_crawl.secrets``, ``_crawl.cookies``); None: requests carry none.
+        self.request_options = request
+        # Log in again after a page showed the crawl logged out (``_crawl.login``): the
+        # crawl's, which says what to put in the page's retry (None: no login left).
+        self.relogin: Callable[[LoginRecipe, str, dt.datetime],
+                               Awaitable[str | None]] | None = None
         self.scope = Scope(config)
         self.rules = RuleSet.from_record(config.rules) if config.rules else None
         self.render_scope = RenderScope(config)
@@ -279,16 +289,22 @@ class PageWorker:
         """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
         holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
         config = self.config
+        secrets: list[str] = []
+        if self.request_options is not None:
+            added = self.request_options.for_url(url)
+            headers, secrets = {**added.headers, **(headers or {})}, added.secrets
         result = await fetch(self.client, self.artifacts, url=url, run_id=self.run_id,
                              sequence=sequence, user_agent=config.user_agent,
                              max_body_bytes=config.max_body_bytes,
                              max_content_bytes=config.max_content_bytes,
                              keep_content=keep_content,
-                             extra_headers=headers,
+                             extra_headers=headers or None, secrets=secrets,
                              parse=functools.partial(_page_links, url,
                                                      max_bytes=config.max_parse_bytes,
                                                      max_links=config.max_links),
                              deadline=self.deadline)
+        if self.request_options is not None and result.headers is not None:
+            self.request_options.update(url, result.head)
         attempt = result.attempt
         log.debug("%s: %s%s", url, attempt.outcome,
                   f", HTTP {attempt.http_status}" if attempt.http_status else "",
@@ -301,7 +317,8 @@ class PageWorker:
         """Request the page once (its payloads stored when this returns)."""
         # Once stored, a page's content is kept only for rules to read (never one larger
         # than they read): what the page derived is not held while it commits.
-        keep = self.config.max_parse_bytes if self.rules else 0
+        keep = self.config.max_parse_bytes if self.rules or self._reads_for_login(
+            order.url) else 0
         return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
 
     async def record(self, settlement: Settlement, *, claimed: Sequence[str] = (),
@@ -355,6 +372,13 @@ class PageWorker:
         # A timeout or a broken connection is transient even after the head came (the body
         # is incomplete): retried like a 5xx, never settled as done on a partial body.
         transient = attempt.outcome in ("timeout", "network_error")
+        relogged = await self._logged_out(order.url, result)
+        if relogged is not None:
+            return self.retry(order, messages, relogged, backoff=None, wait=0.0)
+        if status == 401 and self.request_options is not None and \
+                self.request_options.challenged(order.url, result.head):
+            return self.retry(order, messages, "HTTP 401: a digest challenge, answered by "
+                              "the next attempt", backoff=None, wait=0.0)
         if transient or status is None or status in (429, 503) or status >= 500:
             retry_after = None
             if status in (429, 503) and result.headers is not None:
@@ -444,6 +468,30 @@ class PageWorker:
             url=order.url, sequence=order.attempts + 1, started_at=utc_now(),
             elapsed_ms=0.0, outcome=outcome, error=reason)
 
+    # --- logins ---------------------------------------------------------------------
+
+    def _reads_for_login(self, url: str) -> bool:
+        """Whether a page's content is kept to look for a login's ``logged_out`` pattern."""
+        if self.request_options is None or self.relogin is None:
+            return False
+        recipe = self.request_options.login_for(url)
+        return recipe is not None and recipe.logged_out is not None
+
+    async def _logged_out(self, url: str, result: FetchResult) -> str | None:
+        """If the page shows the crawl logged out and a login ran again: the retry's
+        reason (``_crawl.login``)."""
+        if self.request_options is None or self.relogin is None or result.headers is None:
+            return None
+        recipe = self.request_options.login_for(url)
+        if recipe is None:
+            return None
+        why = logged_out_reason(recipe, url, result.status, result.headers.get("location"),
+                                result.body)
+        if why is None:
+            return None
+        done = await self.relogin(recipe, why, result.attempt.started_at)
+        return None if done is None else f"logged out ({why}): {done}"
+
     # --- a render --------------------------------------------------------------------
 
     async def rendered(self, order: PageOrder, attempt: FetchAttempt, source: SourceCapture,
@@ -484,7 +532,7 @@ class PageWorker:
     # --- a transient failure ---------------------------------------------------------
 
     def retry(self, order: PageOrder, messages: list[Message], what: str, *,
-              backoff: float | None) -> Settlement:
+              backoff: float | None, wait: float | None = None) -> Settlement:
         """A transient failure: requeue with a delay, or fail once attempts are used up."""
         attempts = order.attempts + 1
         now = utc_now()
@@ -501,7 +549,8 @@ class PageWorker:
             return Settlement([*messages, self.update(settled=[settled])], PageEffects(
                 backoff=backoff, problem=_problem(order.url, f"{settled.reason}; failed",
                                                   backoff, order.host)))
-        wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
+        if wait is None:
+            wait = backoff if backoff is not None else min(60.0, 0.5 * 2 ** attempts)
         settled = SettledUrl(url=order.url, state="queued", reason=f"{what}: retry "
                              f"{attempts + 1} of {self.config.max_attempts}",
                              not_before=now + dt.timedelta(seconds=wait))

@@ -59,7 +59,10 @@ from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .http import Client
 from .links import extract_links
+from .login import LoginLog, LoginRecipe, run_login
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
+from .secrets import RequestOptions
+from .seeds import origin_of
 
 __all__ = ["RENDER_SEQUENCE", "RenderOptions", "Rendered", "Renderer", "SourceCapture"]
 
@@ -91,6 +94,17 @@ class RenderOptions:
     # What is done to the page between its settling and its capture (_crawl.behaviors):
     # by default the built-in behaviours; BehaviorOptions(enabled=()) for none.
     behaviors: BehaviorOptions = field(default_factory=BehaviorOptions)
+    # Per-seed behaviours (``_crawl.seeds``): origin (scheme://host:port) -> the behaviours
+    # for rendered pages of that origin, instead of ``behaviors``.
+    by_origin: tuple[tuple[str, BehaviorOptions], ...] = ()
+
+    def behaviors_for(self, url: str) -> BehaviorOptions:
+        if self.by_origin:
+            origin = origin_of(url)
+            for known, options in self.by_origin:
+                if known == origin:
+                    return options
+        return self.behaviors
 
 
 @dataclass
@@ -110,8 +124,12 @@ class Renderer:
     def __init__(self, *, artifacts: ArtifactBackend, client: Client, run_id: str,
                  user_agent: str, max_body_bytes: int,
                  options: RenderOptions | None = None,
-                 unsafe_refusal: Callable[[str], str | None] | None = None) -> None:
+                 unsafe_refusal: Callable[[str], str | None] | None = None,
+                 request: RequestOptions | None = None) -> None:
         self.artifacts = artifacts
+        # The crawl's headers, cookies and credentials: added to the browser's requests as
+        # to the crawler's own, and the browser's answers update the same jar.
+        self.request = request
         self.client = client
         # Why a request other than GET or HEAD to a URL is not made (the crawl's scope),
         # or None to make it; no function: every such request is made.
@@ -123,6 +141,7 @@ class Renderer:
         self._sequence = itertools.count(RENDER_SEQUENCE)
         self._browser: Browser | None = None
         self._browser_lock = anyio.Lock()
+        self._body_secrets: dict[str, list[str]] = {}  # a login's render -> its field values
         self._tabs = anyio.Semaphore(self.options.tabs)
         # The browser's HTTPS goes through the proxy too. Imported here: its certificates
         # need cryptography, about 25 ms of every crawl's start, and only renders use it.
@@ -169,8 +188,20 @@ class Renderer:
             browser = await self.browser()
             return await self._render(browser, source)
 
-    async def _render(self, browser: Browser, source: SourceCapture) -> Rendered:
+    async def login(self, source: SourceCapture, recipe: LoginRecipe, why: str) -> Rendered:
+        """Render a login page's capture and log in on it (``_crawl.login``): the render
+        is ``rendered`` only if the logged-in check held, else ``error`` saying why. The
+        recipe's field values are sealed in every request of the render that carries
+        them (``_crawl.secrets``)."""
+        async with self._tabs:
+            browser = await self.browser()
+            return await self._render(browser, source, (recipe, LoginLog(recipe, why)))
+
+    async def _render(self, browser: Browser, source: SourceCapture,
+                      login: tuple[LoginRecipe, LoginLog] | None = None) -> Rendered:
         render_id = new_id("r-")
+        if login is not None:
+            self._body_secrets[render_id] = list(login[0].fields.values())
         started_at, t0 = utc_now(), time.monotonic()
         width, height = self.options.viewport
         proxy = RecordingProxy(source=source, max_body_bytes=self.max_body_bytes,
@@ -182,7 +213,7 @@ class Renderer:
             with anyio.move_on_after(self.options.timeout) as deadline:
                 try:
                     async with browser.page(proxy=f"http://127.0.0.1:{proxy.port}") as page:
-                        await self._capture(page, source, captured, proxy)
+                        await self._capture(page, source, captured, proxy, login)
                 except BrowserError as exc:
                     captured.fail("crashed" if exc.gone or browser.gone else "error", str(exc))
             if deadline.cancelled_caught:
@@ -195,6 +226,7 @@ class Renderer:
                 proxy.not_recorded.append(f"{proxy.in_flight} request(s) still in flight "
                                           "when the render ended were cancelled")
             tg.cancel_scope.cancel()
+        self._body_secrets.pop(render_id, None)
         stored = await anyio.to_thread.run_sync(self._store, captured, source.url)
         attempts = [r.attempt for r in proxy.results]
         render = Render(
@@ -215,10 +247,19 @@ class Renderer:
             if why is not None:
                 return self._refused(render_id, request, f"render: a {request.method} "
                                      f"outside the crawl's scope is not made ({why})")
-        return await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
-                           sequence=next(self._sequence), user_agent=self.user_agent,
-                           max_body_bytes=self.max_body_bytes, extra_headers=request.headers,
-                           method=request.method, content=request.body, render_id=render_id)
+        headers, secrets = request.headers, list[str]()
+        if self.request is not None:
+            headers, secrets = self.request.merge(request.url, request.headers,
+                                                  request.method)
+        result = await fetch(self.client, self.artifacts, url=request.url, run_id=self.run_id,
+                             sequence=next(self._sequence), user_agent=self.user_agent,
+                             max_body_bytes=self.max_body_bytes, extra_headers=headers,
+                             method=request.method, content=request.body,
+                             render_id=render_id, secrets=secrets,
+                             body_secrets=self._body_secrets.get(render_id, ()))
+        if self.request is not None and result.headers is not None:
+            self.request.update(request.url, result.head)
+        return result
 
     def _refused(self, render_id: str, request: BrowserRequest, reason: str) -> FetchResult:
         """A request not made: an attempt that says why (the browser gets no answer)."""
@@ -239,7 +280,8 @@ class Renderer:
         browser.kill()
 
     async def _capture(self, page: Page, source: SourceCapture, out: _Captured,
-                       proxy: RecordingProxy) -> None:
+                       proxy: RecordingProxy,
+                       login: tuple[LoginRecipe, LoginLog] | None = None) -> None:
         width, height = self.options.viewport
         out.step = "opening the page"
         await page.send("Page.enable")
@@ -257,13 +299,24 @@ class Renderer:
         out.settle = await self._settle(page, out, proxy)
         if out.outcome != "rendered":
             return
-        if self.options.behaviors.active:
+        behaviors = self.options.behaviors_for(source.url)
+        if login is not None:
+            out.step = "logging in"
+            out.behaviors = login[1]
+            failed = await run_login(
+                page, login[0], login[1],
+                loaded=lambda: _wait_for(page, "Page.loadEventFired", out),
+                settle=lambda: self._settle(page, out, proxy))
+            if failed is not None:
+                if out.outcome == "rendered":
+                    out.fail("error", failed)
+                return
+        elif behaviors.active:
             out.step = "running behaviours"
-            out.behaviors = BehaviorLog(self.options.behaviors)
+            out.behaviors = BehaviorLog(behaviors)
             done = await run_behaviors(
                 page, out.behaviors,
-                settle=lambda: self._settle(page, out, proxy,
-                                            limit=self.options.behaviors.step_settle),
+                settle=lambda: self._settle(page, out, proxy, limit=behaviors.step_settle),
                 requests=lambda: [(r.attempt.method, r.attempt.url, r.attempt.sequence)
                                   for r in proxy.results])
             if not done or out.outcome != "rendered":

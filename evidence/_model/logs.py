@@ -38,6 +38,10 @@ EVENTS: dict[str, str] = {
     "log": "a line from a library, without an event name of its own",
     # a crawl: runs, pages, the progress line
     "run.started": "a run started its session, or resumed the open one",
+    "crawl.cookies_restored": "a resumed run rebuilt its session's cookie jar from the "
+                              "recorded response heads",
+    "crawl.login": "a login recipe ran in Chromium (why, and whether it held)",
+    "crawl.login_exhausted": "a page showed the crawl logged out, and no login was left",
     "run.ended": "a run ended (completed, stopped, capped or failed), with the reason",
     "run.failed": "a run failed on an error (then run.ended follows)",
     "crawl.progress": "the crawl's progress (--log-format json; the text form is the "

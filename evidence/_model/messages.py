@@ -289,6 +289,10 @@ class FetchAttempt(msgspec.Struct, tag="fetch_attempt", **_STRUCT):
     connection: Connection | None = None
     protocol: Protocol = "http/1.1"
     frames: ArtifactRef | None = None  # "h2": the frames read on the request's stream
+    # The opening of ``request_headers`` when secrets in it were sealed (issue 36,
+    # ``_crawl.secrets``): the exact request and each commitment's salt, in the
+    # ``secrets`` namespace, which exports leave out unless asked.
+    request_secrets: ArtifactRef | None = None
 
 
 # A page requisite (an image, script, stylesheet, CSS url(), media) has its own kind

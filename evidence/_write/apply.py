@@ -54,7 +54,7 @@ _ATTEMPT_COLUMNS = (
     "content_truncated, surplus_id, text_encoding, text_encoding_source, render_seq, "
     "remote_address, remote_port, local_address, local_port, connection_reused, "
     "resolution_seq, tls_version, tls_cipher, tls_sni, tls_alpn, tls_chain_id, tls_verified, "
-    "protocol, frames_id")
+    "protocol, frames_id, request_secrets_id")
 _ATTEMPT_WIDTH = _ATTEMPT_COLUMNS.count(",") + 1
 
 
@@ -234,7 +234,7 @@ def artifact_refs(message: Message) -> list[ArtifactRef]:
 # (tests/test_writer_batches.py checks it against the handlers).
 _ARTIFACTS_OF: dict[type, Callable[..., list[ArtifactRef | None]]] = {
     FetchAttempt: lambda m: [m.request_headers, m.response_headers, m.body, m.content,
-                             m.surplus, _chain_of(m), m.frames],
+                             m.surplus, _chain_of(m), m.frames, m.request_secrets],
     Discovery: lambda m: [m.source_artifact],
     Render: lambda m: [m.dom, m.screenshot, m.mhtml, m.behaviors],
 }
@@ -725,6 +725,9 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
     if m.frames is not None and m.protocol != "h2":
         raise Rejected(f"{_text(what)}: frames are what an HTTP/2 stream read: set protocol "
                        "to 'h2'")
+    if m.request_secrets is not None and m.request_headers is None:
+        raise Rejected(f"{_text(what)}: request_secrets opens a stored request, and there "
+                       "is none")
     if not requested and m.connection is not None:
         raise Rejected(f"{_text(what)}: outcome {m.outcome!r} was never requested, so it had "
                        "no connection")
@@ -745,7 +748,9 @@ def _fetch_attempt(ctx: Applier, m: FetchAttempt) -> None:
         m.transfer_coding, m.content_coding, int(m.content_truncated),
         None if surplus is None else ctx.artifact_id(surplus, (what, "surplus")),
         m.text_encoding, m.text_encoding_source, render_seq, *_connection_row(ctx, m, what),
-        m.protocol, None if m.frames is None else ctx.artifact_id(m.frames, (what, "frames"))),
+        m.protocol, None if m.frames is None else ctx.artifact_id(m.frames, (what, "frames")),
+        None if m.request_secrets is None else ctx.artifact_id(
+            m.request_secrets, (what, "request_secrets"))),
         what)
     ctx.interner.put("attempt", m.attempt_id, (attempt_seq, m.run_id))
     if render_seq is None:  # a browser's request is not the crawler's attempt of its URL

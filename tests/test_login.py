@@ -1,0 +1,165 @@
+"""Logins that hold (issue 36 point 2): a form login run in Chromium (a CSRF token, a
+pre-session cookie), recorded as evidence with its secrets sealed; its session used by the
+crawler's fetches; and, when the site's session expires after K requests, the crawl sees
+it logged out, logs in again (at most N times) and refetches, recording why.
+
+The site is tests/loginsite.py. Every test drives the real Debian Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from evidence import Store, verify
+from evidence._cli.main import main
+from evidence._crawl.secrets import open_request
+from evidence._model.messages import decode_message
+from evidence._model.refs import ArtifactRef
+
+from .loginsite import PAGES, PASSWORD, USER, LoginSite
+
+
+def _secrets(tmp_path: Path, site: LoginSite, max_logins: int = 3,
+             logged_out: str | None = None) -> Path:
+    path = tmp_path / "secrets.toml"
+    path.write_text(
+        f'[[logins]]\nurl = "{site.url}/login"\nsubmit = "#go"\nlogged_in = "#logout"\n'
+        f"max_logins = {max_logins}\n"
+        + (f'logged_out = "{logged_out}"\n' if logged_out else "")
+        + f'[logins.fields]\n"#user" = "{USER}"\n"#pass" = "{PASSWORD}"\n')
+    os.chmod(path, 0o600)
+    return path
+
+
+def _crawl(tmp_path: Path, site: LoginSite, *extra: str, **secrets: object) -> Path:
+    store = tmp_path / "st"
+    assert main(["crawl", site.url + "/account", "--store", str(store), "--workers", "1",
+                 "--render-timeout", "120", "--secrets", str(_secrets(tmp_path, site,
+                                                                    **secrets)),
+                 *extra]) == 0
+    return store
+
+
+def _state(store: Path) -> dict[str, tuple[str, str]]:
+    with Store.open(store) as st:
+        return {u.split("/", 3)[3]: (s, r) for u, s, r in st.connection.execute(
+            "SELECT url, state, reason FROM frontier").fetchall()}
+
+
+def _requests(store: Path) -> list[tuple[str, str, int | None, bytes, bytes | None]]:
+    """(method, url, status, stored request, exact request or None) of every attempt."""
+    out = []
+    with Store.open(store) as st:
+        for method, url, status, *refs in st.connection.execute(
+                "SELECT f.method, f.url, f.http_status, q.namespace, q.digest, q.size, "
+                "o.namespace, o.digest, o.size FROM fetch_attempt f "
+                "JOIN artifact q ON q.artifact_id = f.request_headers_id "
+                "LEFT JOIN artifact o ON o.artifact_id = f.request_secrets_id "
+                "ORDER BY f.log_index"):
+            stored = st.artifacts.read(ArtifactRef(*refs[:3]))
+            exact = None if refs[3] is None else open_request(
+                stored, st.artifacts.read(ArtifactRef(*refs[3:])))
+            out.append((method, url, status, stored, exact))
+    return out
+
+
+@pytest.fixture(scope="module")
+def relogged(tmp_path_factory: pytest.TempPathFactory, chromium: str):
+    """A crawl of /account and its pages whose session lasts 4 requests."""
+    tmp = tmp_path_factory.mktemp("login")
+    with LoginSite(session_requests=4) as site:
+        store = _crawl(tmp, site, max_logins=5)
+    return store, site
+
+
+def test_the_login_holds_and_every_page_is_fetched_logged_in(relogged) -> None:
+    store, site = relogged
+    state = _state(store)
+    pages = ["account", *(f"page/{n}" for n in range(1, PAGES + 1))]
+    assert all(state[p][0] == "done" for p in pages), state
+    with Store.open(store) as st:
+        current = dict(st.connection.execute(
+            "SELECT f.url, f.http_status FROM url_current c JOIN fetch_attempt f "
+            "ON f.attempt_seq = c.attempt_seq").fetchall())
+    assert all(current[f"{site.url}/{p}"] == 200 for p in pages), current
+
+
+def test_an_expired_session_is_logged_in_again_and_the_page_refetched_saying_why(
+        relogged) -> None:
+    store, site = relogged
+    # 7 pages and /gone, 4 requests per session (the login's own /account counts): the
+    # crawl logged in more than once, each time after a page was redirected to /login
+    assert 2 <= site.logins <= 5
+    with Store.open(store) as st:  # each retry's reason, in the log (the frontier's
+        # row keeps only the last)
+        reasons = [s.reason for (payload,) in st.connection.execute(
+            "SELECT payload FROM ingest_ledger WHERE kind = 'frontier'")
+            for s in decode_message(payload).settled if s.reason.startswith("logged out")]
+    assert reasons and all(r.startswith("logged out (redirected to the login page): ")
+                           for r in reasons)
+    assert any(r.endswith(f"logged in again, login 2 of 5: retry {n} of 3")
+               for r in reasons for n in (2, 3))
+    requests = _requests(store)
+    redirected = [r for r in requests if r[0] == "GET" and r[2] == 302
+                  and "/login" not in r[1]]
+    assert redirected, "a page was redirected to the login page"
+    with Store.open(store) as st:
+        renders = st.connection.execute(
+            "SELECT r.url, r.outcome, a.namespace, a.digest, a.size FROM render r "
+            "JOIN artifact a ON a.artifact_id = r.behaviors_id").fetchall()
+        logs = [json.loads(st.artifacts.read(ArtifactRef(*ref))) for *_, ref in
+                [(u, o, tuple(x)) for u, o, *x in renders]]
+    assert len(logs) == site.logins
+    assert logs[0]["why"] == "the run starts"
+    assert all(log["logged_in"] for log in logs)
+    assert any(log["why"].startswith("logged out: redirected to the login page")
+               for log in logs[1:])
+    assert [a["action"] for a in logs[0]["actions"]] == ["fill", "fill", "submit", "check"]
+
+
+def test_the_login_is_evidence_with_its_secrets_sealed(relogged, tmp_path: Path) -> None:
+    store, site = relogged
+    requests = _requests(store)
+    posts = [r for r in requests if r[0] == "POST"]
+    assert len(posts) == site.logins and all(r[2] == 303 for r in posts)
+    secret_forms = (PASSWORD.encode(), b"pa+ss%26word", b"pa%20ss%26word")
+    for _method, _url, _status, stored, exact in posts:
+        assert not any(f in stored for f in secret_forms)
+        assert exact is not None and b"pass=pa+ss%26word" in exact  # the form as sent
+        assert b"csrf=" in stored  # the token is not a secret: it is in the page
+    with Store.open(store) as st:
+        assert verify(st).ok
+    out = tmp_path / "login.warc"
+    assert main(["export", str(store), "--out", str(out), "--format", "warc"]) == 0
+    assert not any(f in out.read_bytes() for f in secret_forms)
+
+
+def test_a_page_that_says_it_is_logged_out_is_caught_by_the_pattern(
+        tmp_path: Path, chromium: str) -> None:
+    with LoginSite(session_requests=100) as site:
+        store = _crawl(tmp_path, site, max_logins=2, logged_out="Please log in")
+    state = _state(store)
+    # /gone/1 always says "Please log in": logged in again once (2 of 2), then no login
+    # was left, and the page settled as it came
+    assert state["gone/1"][0] == "done"
+    assert site.logins == 2
+
+
+def test_a_login_that_does_not_hold_fails_the_run_and_is_recorded(
+        tmp_path: Path, chromium: str, capsys) -> None:
+    with LoginSite() as site:
+        path = _secrets(tmp_path, site)
+        path.write_text(path.read_text().replace(PASSWORD, "wrong"))
+        assert main(["crawl", site.url + "/account", "--store", str(tmp_path / "st"),
+                     "--secrets", str(path), "--render-timeout", "120"]) == 2
+    err = capsys.readouterr().err
+    assert "the login at" in err and "'#logout' is not on the page" in err
+    assert "wrong" not in err
+    with Store.open(tmp_path / "st") as st:
+        (outcome,), = st.connection.execute("SELECT outcome FROM render").fetchall()
+    assert outcome == "error"
+    assert site.logins == 0
