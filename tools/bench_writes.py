@@ -11,7 +11,8 @@ it caused to be sent to the block device (a page dirtied, written out and dirtie
 counts twice; one written twice before it went out counts once). Reported per run:
 those bytes, the store's size once the crawl ended (every file under it), their ratio
 (the write amplification the issue's bar is on: under 3), the bytes per request, and the
-pages answered (from the server's log).
+pages answered (from the server's log), and the CPU per page
+(``wait4``'s user and system time).
 
 ``--baseline DIR`` (repeatable) adds the same crawl run by another checkout of evidence
 (a ``git archive`` of an older commit unpacked into DIR: its ``evidence`` package and
@@ -93,9 +94,11 @@ def run(name: str, checkout: Path | None, server: Server, work: Path, workers: i
     requests = server.requests_since(offset)
     _span, _dups, pages = window(requests)
     written = usage.ru_oublock * 512
+    cpu = usage.ru_utime + usage.ru_stime
     size = dir_bytes(store)
     out = {"config": name, "rep": rep, "exit": code, "load_1m": load,
-           "wall_s": round(wall, 2), "requests": len(requests), "pages": pages,
+           "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "requests": len(requests),
+           "pages": pages, "cpu_ms_per_page": round(1000 * cpu / max(1, pages), 3),
            "written_bytes": written, "store_bytes": size,
            "ratio": round(written / size, 3) if size else None,
            "bytes_per_request": round(written / max(1, len(requests)))}
@@ -175,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name} #{rep}: {r['written_bytes'] / 1e6:.1f} MB written for a "
                       f"{r['store_bytes'] / 1e6:.1f} MB store (x{r['ratio']}), "
                       f"{r['bytes_per_request'] / 1024:.1f} KiB per request, "
-                      f"{r['pages']} pages, {r['wall_s']} s, exit {r['exit']}, load "
+                      f"{r['pages']} pages, {r['wall_s']} s, {r['cpu_ms_per_page']} CPU ms "
+                      f"per page, exit {r['exit']}, load "
                       f"{r['load_1m']:.1f}", flush=True)
         if args.syscalls:
             for name, checkout in configs:
@@ -189,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in runs if r["config"] == name and "per_request" not in r]
         print(f"{name}: write amplification {spread([r['ratio'] for r in mine])}; "
               f"KiB per request {spread([r['bytes_per_request'] / 1024 for r in mine])}; "
-              f"store MB {spread([r['store_bytes'] / 1e6 for r in mine])}; load "
+              f"store MB {spread([r['store_bytes'] / 1e6 for r in mine])}; CPU ms per "
+              f"page {spread([r['cpu_ms_per_page'] for r in mine])}; load "
               f"{spread([r['load_1m'] for r in mine])}")
     if args.json:
         args.json.write_text(json.dumps({"pages": args.pages, "workers": args.workers,

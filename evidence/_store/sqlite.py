@@ -147,7 +147,9 @@ WRITER_CACHE_MIB = 64  # the write connection's page cache: its bound, whatever 
 def connection_cache(conn: apsw.Connection, mib: int | None = None) -> None:
     """A page cache for the writer's indexes: SQLite's default (2 MiB) makes inserts into a
     growing store's unique indexes read pages back from the OS on almost every message.
-    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there."""
+    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: it is most
+    of a crawl's growth in memory over its first ~10,000 pages, where the store reaches
+    that size, and none after (docs/benchmarks.md, "Memory over a crawl")."""
     conn.execute(f"PRAGMA cache_size = {-(mib or WRITER_CACHE_MIB) * 1024}")
 
 
@@ -172,6 +174,11 @@ class WalFrames:
     def __call__(self, conn: apsw.Connection, name: str, frames: int) -> int:
         self.frames = frames
         return apsw.SQLITE_OK
+
+
+# Under sync=normal a power loss can take what was committed since the WAL's last sync,
+# which is at a checkpoint: one runs at least this often (SQLite's 1,000 frames of 4 KiB).
+NORMAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 
 def connection_checkpoints_seen(conn: apsw.Connection, hook: WalFrames | None = None) -> None:
@@ -502,15 +509,22 @@ class SQLiteBackend:
         file, so the hot pages (the ends of the append-only tables, the upper levels of
         each index) are written once per checkpoint, not once per thousand frames, which
         at SQLite's default was a third of a crawl's writes (docs/benchmarks.md, "Writes
-        per page"). A long reader stops a checkpoint from restarting the WAL, which then
-        grows: while it is past ``wal_limit_bytes`` every commit tries again, and once a
-        passive checkpoint has copied every frame (no reader holds an old snapshot), a
-        TRUNCATE resets the file to zero; with a zero busy timeout it never waits on a
-        reader (one reading the WAL right then leaves it to the next checkpoint).
-        ``counted`` is told each ``checkpoints`` and ``wal_truncations`` as it happens.
+        per page"). Under ``sync=normal`` the WAL is synced only at a checkpoint, so there
+        one runs every ``NORMAL_CHECKPOINT_BYTES`` of frames (what SQLite's 1,000 frames of
+        4 KiB were): the commits a power loss can take stay as many as before
+        (docs/reliability.md, "the loss window").
+
+        A long reader stops a checkpoint from restarting the WAL, which then grows: while
+        it is past ``wal_limit_bytes`` every commit tries again, and once a passive
+        checkpoint has copied every frame (no reader holds an old snapshot), a TRUNCATE
+        resets the file to zero; with a zero busy timeout it never waits on a reader (one
+        reading the WAL right then leaves it to the next checkpoint). ``counted`` is told
+        each ``checkpoints`` and ``wal_truncations`` as it happens.
         """
         large = self.wal_size() > wal_limit_bytes
-        if not large and self.wal_frames.frames * self.frame_bytes(conn) < wal_limit_bytes:
+        due = wal_limit_bytes if self.sync == "full" else min(wal_limit_bytes,
+                                                              NORMAL_CHECKPOINT_BYTES)
+        if not large and self.wal_frames.frames * self.frame_bytes(conn) < due:
             return
         frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
         counted("checkpoints")

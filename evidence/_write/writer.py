@@ -109,7 +109,9 @@ class WriterLimits:
 
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
 _MAX_LOSSES = 10  # lost connections while writing one batch before it fails
-_URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
+# URLs whose fetch keys the event loop remembers (links repeat): ~250 bytes each, so
+# 20,000 hold ~5 MB; the memo is cleared when full (flat memory, docs/benchmarks.md).
+_URL_KEYS_LIMIT = 20_000
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
          for kind in Message.__args__}
 
