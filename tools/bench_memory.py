@@ -20,7 +20,8 @@ process with tracemalloc on and prints the N allocation sites that grew most bet
 the warm point and the end (where to look when the curve climbs).
 
 Options: --pages N[,N...] (10000,40000), --workers N (8), --reps N (1), --warm N (2000),
---interval S (0.5), --json FILE, --keep, --scrapy-venv DIR, --tracemalloc N.
+--quick (2,000 pages, warm at 500), --interval S (0.5), --json FILE, --keep,
+--scrapy-venv DIR, --tracemalloc N.
 
 Network: only 127.0.0.1. The site links nowhere else.
 """
@@ -198,7 +199,12 @@ def run(tool: str, site: Site, work: Path, workers: int, rep: int, interval: flo
     offset = site.log.stat().st_size
     with (work / f"{name}.err").open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        samples = sample(proc, site, offset, interval)
+        try:
+            samples = sample(proc, site, offset, interval)
+        finally:
+            if proc.poll() is None:  # interrupted: leave no crawl behind
+                proc.kill()
+                proc.wait()
     if proc.returncode != 0:
         print((work / f"{name}.err").read_text()[-2000:], file=sys.stderr)
     return {"tool": tool, "pages": site.pages, "rep": rep, "exit": proc.returncode,
@@ -287,12 +293,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", default="10000,40000",
+    p.add_argument("--quick", action="store_true", help="one site of 2,000 pages, warm at 500")
+    p.add_argument("--pages", default=None,
                    help="HTML pages in the site; several, comma-separated, one site each "
                    "(default 10000,40000)")
     p.add_argument("--workers", type=int, default=8, help="requests in flight (default 8)")
     p.add_argument("--reps", type=int, default=1, help="repetitions, interleaved (default 1)")
-    p.add_argument("--warm", type=int, default=2000,
+    p.add_argument("--warm", type=int, default=None,
                    help="pages after which the crawl counts as warm (default 2000)")
     p.add_argument("--interval", type=float, default=0.5,
                    help="seconds between samples (default 0.5)")
@@ -307,6 +314,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--serve-log", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.pages = args.pages or ("2000" if args.quick else "10000,40000")
+    args.warm = args.warm or (500 if args.quick else 2000)
     try:
         args.sizes = [int(x) for x in args.pages.split(",") if x.strip()]
     except ValueError:
@@ -324,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve, args.port, args.serve_log)
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanups run on a kill
     work = Path(tempfile.mkdtemp(prefix="bench-memory-")).absolute()
     try:
         if args.tracemalloc:

@@ -22,8 +22,8 @@ change in one run, on one machine load. ``--syscalls`` adds one run per configur
 under ``strace -f -c`` for the counts of fsync, fdatasync and pwrite per request (strace
 slows the crawl, so those runs are not in the byte figures).
 
-Options: --pages N (5000), --workers N (8), --reps N (3), --baseline DIR, --syscalls,
---server auto|nginx|python, --json FILE, --keep.
+Options: --pages N (5000), --workers N (8), --reps N (3), --quick (300 pages, 1 rep),
+--baseline DIR, --syscalls, --server auto|nginx|python, --json FILE, --keep.
 
 Network: only 127.0.0.1. The site has no link to any other host.
 """
@@ -36,6 +36,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,7 +86,12 @@ def run(name: str, checkout: Path | None, server: Server, work: Path, workers: i
     with (work / f"{store.name}.err").open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
                                 env=environment(checkout))
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: leave no crawl behind
+            proc.kill()
+            proc.wait()
+            raise
     wall = time.perf_counter() - t0
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
@@ -128,9 +134,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", type=int, default=5000, help="HTML pages (default 5000)")
+    p.add_argument("--pages", type=int, help="HTML pages (default 5000)")
     p.add_argument("--workers", type=int, default=8, help="--workers and --per-host (8)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions, interleaved (3)")
+    p.add_argument("--reps", type=int, help="repetitions, interleaved (3)")
+    p.add_argument("--quick", action="store_true", help="300 pages, 1 repetition")
     p.add_argument("--baseline", type=Path, action="append", default=[], metavar="DIR",
                    help="another checkout of evidence to run the same crawl with "
                    "(repeatable)")
@@ -142,6 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, metavar="FILE", help="write the runs as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (stores, logs)")
     args = p.parse_args(argv)
+    args.pages = args.pages or (300 if args.quick else 5000)
+    args.reps = args.reps or (1 if args.quick else 3)
     if min(args.pages, args.workers, args.reps) < 1:
         p.error("--pages, --workers and --reps must be positive")
     args.baseline = [b.absolute() for b in args.baseline]
@@ -159,51 +168,54 @@ def main(argv: list[str] | None = None) -> int:
     configs: list[tuple[str, Path | None]] = [("this", None)] + [
         (f"baseline-{i}" if len(args.baseline) > 1 else "baseline", b)
         for i, b in enumerate(args.baseline)]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanups run on a kill
     work = Path(tempfile.mkdtemp(prefix="bench-writes-")).absolute()
     work.chmod(0o755)
-    print(f"bytecode: {precompile()}", flush=True)
-    print("$ " + shlex.join(crawl_command("URL", Path("NEW"), args.workers)), flush=True)
-    for name, checkout in configs[1:]:
-        print(f"{name}: PYTHONPATH={checkout}", flush=True)
-    site = generate_site(work / "site", args.pages)
-    server = Server(work, work / "site", args.server)
-    print(f"site: {site['documents']} documents, server: {server.name}", flush=True)
-    runs = []
     try:
-        for rep in range(args.reps):
-            shift = rep % len(configs)
-            for name, checkout in configs[shift:] + configs[:shift]:
-                r = run(name, checkout, server, work, args.workers, rep)
-                runs.append(r)
-                print(f"  {name} #{rep}: {r['written_bytes'] / 1e6:.1f} MB written for a "
-                      f"{r['store_bytes'] / 1e6:.1f} MB store (x{r['ratio']}), "
-                      f"{r['bytes_per_request'] / 1024:.1f} KiB per request, "
-                      f"{r['pages']} pages, {r['wall_s']} s, {r['cpu_ms_per_page']} CPU ms "
-                      f"per page, exit {r['exit']}, load "
-                      f"{r['load_1m']:.1f}", flush=True)
-        if args.syscalls:
-            for name, checkout in configs:
-                r = run(name, checkout, server, work, args.workers, 0, strace=True)
-                runs.append(r)
-                print(f"  {name} under strace: per request {r['per_request']}", flush=True)
+        print(f"bytecode: {precompile()}", flush=True)
+        print("$ " + shlex.join(crawl_command("URL", Path("NEW"), args.workers)), flush=True)
+        for name, checkout in configs[1:]:
+            print(f"{name}: PYTHONPATH={checkout}", flush=True)
+        site = generate_site(work / "site", args.pages)
+        server = Server(work, work / "site", args.server)
+        print(f"site: {site['documents']} documents, server: {server.name}", flush=True)
+        runs = []
+        try:
+            for rep in range(args.reps):
+                shift = rep % len(configs)
+                for name, checkout in configs[shift:] + configs[:shift]:
+                    r = run(name, checkout, server, work, args.workers, rep)
+                    runs.append(r)
+                    print(f"  {name} #{rep}: {r['written_bytes'] / 1e6:.1f} MB written for a "
+                          f"{r['store_bytes'] / 1e6:.1f} MB store (x{r['ratio']}), "
+                          f"{r['bytes_per_request'] / 1024:.1f} KiB per request, "
+                          f"{r['pages']} pages, {r['wall_s']} s, {r['cpu_ms_per_page']} CPU ms "
+                          f"per page, exit {r['exit']}, load "
+                          f"{r['load_1m']:.1f}", flush=True)
+            if args.syscalls:
+                for name, checkout in configs:
+                    r = run(name, checkout, server, work, args.workers, 0, strace=True)
+                    runs.append(r)
+                    print(f"  {name} under strace: per request {r['per_request']}", flush=True)
+        finally:
+            server.close()
+        print()
+        for name, _checkout in configs:
+            mine = [r for r in runs if r["config"] == name and "per_request" not in r]
+            print(f"{name}: write amplification {spread([r['ratio'] for r in mine])}; "
+                  f"KiB per request {spread([r['bytes_per_request'] / 1024 for r in mine])}; "
+                  f"store MB {spread([r['store_bytes'] / 1e6 for r in mine])}; CPU ms per "
+                  f"page {spread([r['cpu_ms_per_page'] for r in mine])}; load "
+                  f"{spread([r['load_1m'] for r in mine])}")
+        if args.json:
+            args.json.write_text(json.dumps({"pages": args.pages, "workers": args.workers,
+                                             "server": server.name, "runs": runs}, indent=1))
+            print(f"wrote {args.json}")
     finally:
-        server.close()
-    print()
-    for name, _checkout in configs:
-        mine = [r for r in runs if r["config"] == name and "per_request" not in r]
-        print(f"{name}: write amplification {spread([r['ratio'] for r in mine])}; "
-              f"KiB per request {spread([r['bytes_per_request'] / 1024 for r in mine])}; "
-              f"store MB {spread([r['store_bytes'] / 1e6 for r in mine])}; CPU ms per "
-              f"page {spread([r['cpu_ms_per_page'] for r in mine])}; load "
-              f"{spread([r['load_1m'] for r in mine])}")
-    if args.json:
-        args.json.write_text(json.dumps({"pages": args.pages, "workers": args.workers,
-                                         "server": server.name, "runs": runs}, indent=1))
-        print(f"wrote {args.json}")
-    if args.keep:
-        print(f"kept {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
