@@ -11,15 +11,16 @@ pages the server answered are sampled every ``--interval`` seconds. With several
 ``--reps`` the sizes are interleaved (the order rotated each repetition).
 
 Reported per run: the curve (RSS at each tenth of the pages), the RSS once warm (at
-``--warm`` pages, 2,000 by default: the imports, the writer's page cache and the first
-pages' buffers are in by then) and at the end, the growth past warm-up per 10,000 pages,
+``--warm`` pages, 10,000 by default: the writer's SQLite page cache, 64 MiB, and its
+bounded caches of row ids and URL keys fill over about the first 10,000 pages of this
+site) and at the end, the growth past warm-up per 10,000 pages,
 and the end/warm ratio. With ``--scrapy-venv`` holding Scrapy, the same crawl by
 ``scrapy runspider tools/_scrapy_spider.py`` (JOBDIR, as tools/bench_crawl.py runs it) is
 sampled the same way, interleaved. ``--tracemalloc N`` instead runs one crawl in this
 process with tracemalloc on and prints the N allocation sites that grew most between
 the warm point and the end (where to look when the curve climbs).
 
-Options: --pages N[,N...] (10000,40000), --workers N (8), --reps N (1), --warm N (2000),
+Options: --pages N[,N...] (20000), --workers N (8), --reps N (1), --warm N (10000),
 --quick (2,000 pages, warm at 500), --interval S (0.5), --json FILE, --keep,
 --scrapy-venv DIR, --tracemalloc N.
 
@@ -296,11 +297,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one site of 2,000 pages, warm at 500")
     p.add_argument("--pages", default=None,
                    help="HTML pages in the site; several, comma-separated, one site each "
-                   "(default 10000,40000)")
+                   "(default 20000)")
     p.add_argument("--workers", type=int, default=8, help="requests in flight (default 8)")
     p.add_argument("--reps", type=int, default=1, help="repetitions, interleaved (default 1)")
     p.add_argument("--warm", type=int, default=None,
-                   help="pages after which the crawl counts as warm (default 2000)")
+                   help="pages after which the crawl counts as warm (default 10000)")
     p.add_argument("--interval", type=float, default=0.5,
                    help="seconds between samples (default 0.5)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the runs as JSON")
@@ -314,8 +315,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--serve-log", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.pages = args.pages or ("2000" if args.quick else "10000,40000")
-    args.warm = args.warm or (500 if args.quick else 2000)
+    args.pages = args.pages or ("2000" if args.quick else "20000")
+    args.warm = args.warm or (500 if args.quick else 10_000)
     try:
         args.sizes = [int(x) for x in args.pages.split(",") if x.strip()]
     except ValueError:
