@@ -117,9 +117,9 @@ def connection_page_size(conn: apsw.Connection) -> None:
     """Small pages for a new database: most of what a crawl's batch rewrites is pages it
     touches for one row (an index keyed by a digest or a URL puts each new entry in a
     random leaf), and each such page is written whole to the WAL, then again by the
-    checkpoint. At 1 KiB instead of SQLite's 4 KiB a crawl writes 0.54x the bytes for the
-    same rows (docs/benchmarks.md, "Writes per page"). SQLite takes the size only before
-    the first table exists: a store created earlier keeps its own."""
+    checkpoint. At 1 KiB instead of SQLite's 4 KiB a 5,000-page crawl wrote 0.65x the
+    bytes, the rest of the write path alike (docs/store.md, "The write path"). SQLite
+    takes the size only before the first table exists: an older store keeps its own."""
     conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
 
 
@@ -149,7 +149,7 @@ def connection_cache(conn: apsw.Connection, mib: int | None = None) -> None:
     growing store's unique indexes read pages back from the OS on almost every message.
     It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: it is most
     of a crawl's growth in memory over its first ~10,000 pages, where the store reaches
-    that size, and none after (docs/benchmarks.md, "Memory over a crawl")."""
+    that size, and none after (docs/benchmarks.md, "Writes and memory over a crawl")."""
     conn.execute(f"PRAGMA cache_size = {-(mib or WRITER_CACHE_MIB) * 1024}")
 
 
@@ -507,12 +507,11 @@ class SQLiteBackend:
         (``connection_checkpoints_seen``): here they are raised to the writer. It runs
         seldom on purpose: a checkpoint writes every page the WAL holds into the database
         file, so the hot pages (the ends of the append-only tables, the upper levels of
-        each index) are written once per checkpoint, not once per thousand frames, which
-        at SQLite's default was a third of a crawl's writes (docs/benchmarks.md, "Writes
-        per page"). Under ``sync=normal`` the WAL is synced only at a checkpoint, so there
-        one runs every ``NORMAL_CHECKPOINT_BYTES`` of frames (what SQLite's 1,000 frames of
-        4 KiB were): the commits a power loss can take stay as many as before
-        (docs/reliability.md, "the loss window").
+        each index) are written once per checkpoint, not once per thousand frames
+        (docs/store.md, "The write path"). Under ``sync=normal`` the WAL is synced only at
+        a checkpoint, so there one runs every ``NORMAL_CHECKPOINT_BYTES`` of frames (what
+        SQLite's 1,000 frames of 4 KiB were): the commits a power loss can take stay as
+        many as before (docs/reliability.md, "the loss window").
 
         A long reader stops a checkpoint from restarting the WAL, which then grows: while
         it is past ``wal_limit_bytes`` every commit tries again, and once a passive

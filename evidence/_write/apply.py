@@ -264,10 +264,11 @@ class Interner:
     until its COMMIT succeeds; a rollback at either level forgets them (each level keeps an
     undo list of the keys it added), so a cached id always names a committed row. Bounded:
     cleared when it grows past ``limit`` entries. A crawl adds about five a page (its new
-    URLs, three payloads, the attempt): under tracemalloc they were the largest growth of a
-    crawl's heap (~0.4 KB a page), so at 500,000 the caches grew for the first ~100,000
-    pages; at 50,000 they are full within ~10,000 pages and then stay there, and a miss
-    after a clear costs one indexed SELECT (docs/benchmarks.md, "Memory over a crawl").
+    URLs, three payloads, the attempt): under tracemalloc they were among the largest
+    growths of a crawl's heap (~0.4 KB a page), so at 500,000 the caches grew for the first
+    ~100,000 pages; at 50,000 they are full within ~10,000 pages and then stay there, and a
+    miss after a clear costs one indexed SELECT (docs/benchmarks.md, "Writes and memory
+    over a crawl").
     """
 
     KINDS = ("url", "artifact", "run", "attempt", "session", "dns")
