@@ -639,4 +639,4 @@ def _bounded(refs: list[ObservedRef], truncated: bool) -> tuple[list[ObservedRef
     return refs, truncated
 
 
-_URL_KEYS_LIMIT = 100_000  # as the writer's memo: URLs whose fetch keys are remembered
+_URL_KEYS_LIMIT = 20_000  # as the writer's memo: URLs whose fetch keys are remembered

@@ -44,7 +44,6 @@ from .packs import Layout, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
 from .runlock import crawl_lock, running_pid, stop
 from .sqlite import (
-    AUTOCHECKPOINT_FRAMES,
     DB_NAME,
     DEFAULT_BUSY_TIMEOUT_MS,
     SQLiteBackend,
@@ -63,7 +62,7 @@ if TYPE_CHECKING:
 
 ARTIFACTS_DIR = "artifacts"
 
-__all__ = ["ARTIFACTS_DIR", "AUTOCHECKPOINT_FRAMES", "DB_NAME", "Store", "stop_writer"]
+__all__ = ["ARTIFACTS_DIR", "DB_NAME", "Store", "stop_writer"]
 
 # --- the store -----------------------------------------------------------------------
 

@@ -110,6 +110,19 @@ def connection_foreign_keys(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA foreign_keys = ON")
 
 
+PAGE_SIZE = 1024  # bytes: the page size of a new store (connection_page_size)
+
+
+def connection_page_size(conn: apsw.Connection) -> None:
+    """Small pages for a new database: most of what a crawl's batch rewrites is pages it
+    touches for one row (an index keyed by a digest or a URL puts each new entry in a
+    random leaf), and each such page is written whole to the WAL, then again by the
+    checkpoint. At 1 KiB instead of SQLite's 4 KiB a 5,000-page crawl wrote 0.65x the
+    bytes, the rest of the write path alike (docs/store.md, "The write path"). SQLite
+    takes the size only before the first table exists: an older store keeps its own."""
+    conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+
+
 def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
     """WAL so readers never block the writer; EXTRA until WAL so the switch is durable.
 
@@ -118,6 +131,7 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
     """
     mode = conn.execute("PRAGMA journal_mode").fetchall()[0][0]
     if mode != "wal":
+        connection_page_size(conn)  # the switch writes the header: the size is fixed then
         conn.execute("PRAGMA synchronous = EXTRA")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
         if mode != "wal":
@@ -127,10 +141,16 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
     conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'full' else 'NORMAL'}")
 
 
-def connection_cache(conn: apsw.Connection, mib: int = 64) -> None:
+WRITER_CACHE_MIB = 64  # the write connection's page cache: its bound, whatever the store
+
+
+def connection_cache(conn: apsw.Connection, mib: int | None = None) -> None:
     """A page cache for the writer's indexes: SQLite's default (2 MiB) makes inserts into a
-    growing store's unique indexes read pages back from the OS on almost every message."""
-    conn.execute(f"PRAGMA cache_size = {-mib * 1024}")
+    growing store's unique indexes read pages back from the OS on almost every message.
+    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: it is most
+    of a crawl's growth in memory over its first ~10,000 pages, where the store reaches
+    that size, and none after (docs/benchmarks.md, "Writes and memory over a crawl")."""
+    conn.execute(f"PRAGMA cache_size = {-(mib or WRITER_CACHE_MIB) * 1024}")
 
 
 def connection_temp_memory(conn: apsw.Connection) -> None:
@@ -138,15 +158,12 @@ def connection_temp_memory(conn: apsw.Connection) -> None:
     conn.execute("PRAGMA temp_store = MEMORY")
 
 
-AUTOCHECKPOINT_FRAMES = 1000  # SQLite's default wal_autocheckpoint, kept by the writer
-
-
 class WalFrames:
     """The WAL hook of a write connection: notes the frames in the WAL after each commit.
 
     Installing a WAL hook replaces SQLite's auto-checkpoint, whose errors SQLite drops; the
-    writer checkpoints itself once ``frames`` reaches ``AUTOCHECKPOINT_FRAMES`` (as the
-    auto-checkpoint did) and sees every error.
+    writer checkpoints itself once ``frames`` fill its WAL limit
+    (``SQLiteBackend.after_commit``) and sees every error.
     """
 
     __slots__ = ("frames",)
@@ -157,6 +174,11 @@ class WalFrames:
     def __call__(self, conn: apsw.Connection, name: str, frames: int) -> int:
         self.frames = frames
         return apsw.SQLITE_OK
+
+
+# Under sync=normal a power loss can take what was committed since the WAL's last sync,
+# which is at a checkpoint: one runs at least this often (SQLite's 1,000 frames of 4 KiB).
+NORMAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 
 def connection_checkpoints_seen(conn: apsw.Connection, hook: WalFrames | None = None) -> None:
@@ -417,6 +439,7 @@ class SQLiteBackend:
         self.busy_timeout_ms = busy_timeout_ms
         self.vfs = vfs
         self.wal_frames = wal_frames or WalFrames()  # frames in the WAL after the last commit
+        self._frame_bytes: int | None = None  # a WAL frame: the page size plus 24
 
     def connect_writer(self, *, create: bool = False) -> apsw.Connection:
         return connect_writer(self.db_path, self.sync, self.busy_timeout_ms, create=create,
@@ -477,19 +500,30 @@ class SQLiteBackend:
 
     def after_commit(self, conn: apsw.Connection, *, wal_limit_bytes: int,
                      counted: Callable[[str], None]) -> None:
-        """Checkpoint where SQLite's auto-checkpoint would, and keep the WAL bounded.
+        """Checkpoint once the WAL holds ``wal_limit_bytes`` of frames, and keep it bounded.
 
         SQLite's auto-checkpoint (a passive checkpoint once the WAL holds 1,000 frames) is
         replaced by this one, because SQLite ignores its errors
-        (``connection_checkpoints_seen``): here they are raised to the writer. It also
-        never shrinks the file, and a long reader stops it from restarting the WAL, which
-        then grows: past ``wal_limit_bytes``, once a passive checkpoint has copied every
-        frame (no reader holds an old snapshot), a TRUNCATE resets the file to zero; with a
-        zero busy timeout it never waits on a reader. ``counted`` is told each
-        ``checkpoints`` and ``wal_truncations`` as it happens.
+        (``connection_checkpoints_seen``): here they are raised to the writer. It runs
+        seldom on purpose: a checkpoint writes every page the WAL holds into the database
+        file, so the hot pages (the ends of the append-only tables, the upper levels of
+        each index) are written once per checkpoint, not once per thousand frames
+        (docs/store.md, "The write path"). Under ``sync=normal`` the WAL is synced only at
+        a checkpoint, so there one runs every ``NORMAL_CHECKPOINT_BYTES`` of frames (what
+        SQLite's 1,000 frames of 4 KiB were): the commits a power loss can take stay as
+        many as before (docs/reliability.md, "the loss window").
+
+        A long reader stops a checkpoint from restarting the WAL, which then grows: while
+        it is past ``wal_limit_bytes`` every commit tries again, and once a passive
+        checkpoint has copied every frame (no reader holds an old snapshot), a TRUNCATE
+        resets the file to zero; with a zero busy timeout it never waits on a reader (one
+        reading the WAL right then leaves it to the next checkpoint). ``counted`` is told
+        each ``checkpoints`` and ``wal_truncations`` as it happens.
         """
         large = self.wal_size() > wal_limit_bytes
-        if not large and self.wal_frames.frames < AUTOCHECKPOINT_FRAMES:
+        due = wal_limit_bytes if self.sync == "full" else min(wal_limit_bytes,
+                                                              NORMAL_CHECKPOINT_BYTES)
+        if not large and self.wal_frames.frames * self.frame_bytes(conn) < due:
             return
         frames, copied = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
         counted("checkpoints")
@@ -498,5 +532,13 @@ class SQLiteBackend:
             try:
                 conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
                 counted("wal_truncations")
+            except apsw.BusyError:
+                pass  # a reader is in the WAL: every frame is copied, the next one truncates
             finally:
                 conn.set_busy_timeout(self.busy_timeout_ms)
+
+    def frame_bytes(self, conn: apsw.Connection) -> int:
+        """Bytes of one WAL frame: a page and its 24-byte header (read once per store)."""
+        if self._frame_bytes is None:
+            self._frame_bytes = conn.execute("PRAGMA page_size").fetchall()[0][0] + 24
+        return self._frame_bytes

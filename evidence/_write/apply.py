@@ -254,6 +254,9 @@ _URLS_OF: dict[type, Callable[..., list[str]]] = {
 }
 
 
+INTERNER_LIMIT = 50_000  # entries the writer's caches of row ids hold (Interner)
+
+
 class Interner:
     """Caches of row ids (urls, artifacts, runs, attempts) and of runs' sessions that
     survive only what commits.
@@ -261,13 +264,18 @@ class Interner:
     Entries a message adds are tentative until its savepoint is released, and a batch's
     until its COMMIT succeeds; a rollback at either level forgets them (each level keeps an
     undo list of the keys it added), so a cached id always names a committed row. Bounded:
-    cleared when it grows past ``limit`` entries.
+    cleared when it grows past ``limit`` entries. A crawl adds about five a page (its new
+    URLs, three payloads, the attempt): under tracemalloc they were among the largest
+    growths of a crawl's heap (~0.4 KB a page), so at 500,000 the caches grew for the first
+    ~100,000 pages; at 50,000 they are full within ~10,000 pages and then stay there, and a
+    miss after a clear costs one indexed SELECT (docs/benchmarks.md, "Writes and memory
+    over a crawl").
     """
 
     KINDS = ("url", "artifact", "run", "attempt", "session", "dns")
 
-    def __init__(self, limit: int = 500_000) -> None:
-        self.limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = INTERNER_LIMIT if limit is None else limit
         self.caches: dict[str, dict[Any, Any]] = {k: {} for k in self.KINDS}
         self._message: list[tuple[dict[Any, Any], object]] = []  # by the current message
         self._batch: list[tuple[dict[Any, Any], object]] = []  # added by released messages

@@ -100,7 +100,9 @@ class WriterLimits:
     max_batch_delay: float = 0.0  # seconds to linger for more messages; 0: group commit only
     busy_retries: int = 5  # BEGIN IMMEDIATE attempts beyond the first, each after busy_timeout
     verify_artifacts: bool = False  # re-hash referenced artifacts (not just size) on validation
-    checkpoint_wal_bytes: int = 32 * 1024 * 1024  # past this, checkpoint after a commit
+    # A checkpoint once the WAL holds this many bytes of frames (4 MiB at most under
+    # sync=normal), and the WAL truncated past it: docs/store.md, "The write path".
+    checkpoint_wal_bytes: int = 128 * 1024 * 1024
     # A server database (PostgreSQL): while no batch comes for this long, the write
     # connection is checked, so that a session the server ended is made again, and the
     # writer lock taken again, at once (Store.check_connection). None: never.
@@ -109,7 +111,9 @@ class WriterLimits:
 
 _BUCKETS = (1, 10, 50, 100, 500, 1000, 5000, math.inf)
 _MAX_LOSSES = 10  # lost connections while writing one batch before it fails
-_URL_KEYS_LIMIT = 100_000  # URLs whose fetch keys the event loop remembers (links repeat)
+# URLs whose fetch keys the event loop remembers (links repeat): ~250 bytes each, so
+# 20,000 hold ~5 MB; the memo is cleared when full (flat memory, docs/benchmarks.md).
+_URL_KEYS_LIMIT = 20_000
 _TAGS = {kind: kind.__struct_config__.tag  # the ledger's kind column, per message type
          for kind in Message.__args__}
 
