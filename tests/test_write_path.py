@@ -1,5 +1,5 @@
 """What a crawl costs per page stays flat as the crawl grows (issue 35): the bytes it
-writes to the disk, and its memory; and migration 013, which took the scattering index
+writes to the disk, and its memory; and migration 015, which took the scattering index
 off the edges, upgrades a store on both backends.
 
 The crawls run in a child process (the kernel counts writes and resident memory per
@@ -111,9 +111,9 @@ def test_a_crawl_s_memory_does_not_grow_with_its_pages(two_crawls: list[dict]) -
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_migration_013_keeps_the_sitemap_lookup_indexed(
+def test_migration_015_keeps_the_sitemap_lookup_indexed(
         backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request) -> None:
-    """A store crawled at schema 12 (an index on every edge's target) opens at 13: that
+    """A store crawled at schema 14 (an index on every edge's target) opens at 15: that
     index is gone, a partial one over sitemap edges serves the sitemap hint (the query
     plan says so), the edges are unchanged, it verifies, and a crawl goes on in it."""
     from evidence._store import postgresql as _pg
@@ -127,8 +127,8 @@ def test_migration_013_keeps_the_sitemap_lookup_indexed(
         options = {"artifacts": str(tmp_path / "payloads")}
     real = _sqlite.load_migrations
     with TestSite(SiteConfig(pages=6)) as site:
-        monkeypatch.setattr(_sqlite, "load_migrations", lambda d=None: real(d)[:12])
-        monkeypatch.setattr(_pg, "load_migrations", lambda d=None: real(d)[:12])
+        monkeypatch.setattr(_sqlite, "load_migrations", lambda d=None: real(d)[:14])
+        monkeypatch.setattr(_pg, "load_migrations", lambda d=None: real(d)[:14])
         with Store.create(location, **options) as store:
             assert index_names(store) >= {"discovery_edge_by_target"}
             anyio.run(Crawler(store, CrawlConfig(seeds=[site.url], sitemap=True),
@@ -138,7 +138,7 @@ def test_migration_013_keeps_the_sitemap_lookup_indexed(
         monkeypatch.undo()
         with Store.open(location, **options) as store:
             assert store.connection.execute(
-                "SELECT max(version) FROM schema_migration").fetchall() == [(13,)]
+                "SELECT max(version) FROM schema_migration").fetchall() == [(15,)]
             names = index_names(store)
             assert "discovery_edge_by_target" not in names
             assert "discovery_edge_sitemap_by_target" in names

@@ -1,4 +1,4 @@
--- 013_edge_target_index: the edges' index by target covers sitemap edges only (issue 35).
+-- 015_edge_target_index: the edges' index by target covers sitemap edges only (issue 35).
 --
 -- discovery_edge_by_target held every edge (about ten per page) keyed by the target's
 -- url_id, which scatters: each batch of a crawl rewrote a page of that index for most of
