@@ -127,13 +127,14 @@ def test_exports_leave_the_openings_out_unless_asked_and_a_restore_knows_why(
     manifest = export(path, tmp_path / "plain")
     held = [g for g in manifest.gaps if g.subject.startswith("secrets/")]
     assert held and all("--include-secrets" in g.detail for g in held)
-    assert not (tmp_path / "plain" / "artifacts" / "secrets").exists()
+    assert "\nsecrets\t" not in (tmp_path / "plain" / "artifacts" / "index.tsv").read_text()
     every = b"".join(p.read_bytes() for p in (tmp_path / "plain").rglob("*") if p.is_file())
     assert not any(s in every for s in SECRET_BYTES)
     assert main(["restore", str(tmp_path / "plain"), "--store", str(tmp_path / "back")]) == 0
     full = export(path, tmp_path / "full", include_secrets=True)
     assert not [g for g in full.gaps if g.subject.startswith("secrets/")]
-    assert (tmp_path / "full" / "artifacts" / "secrets").exists()
+    index = (tmp_path / "full" / "artifacts" / "index.tsv").read_text()
+    assert sum(line.startswith("secrets\t") for line in index.splitlines()) == len(held)
     for fmt in ("warc", "wacz"):
         out = tmp_path / f"out.{fmt}"
         assert main(["export", str(path), "--out", str(out), "--format", fmt]) == 0
