@@ -9,6 +9,9 @@
     /favicon.ico     404, whoever asks (a browser does, unasked)
     /gone/N          with a live session, answers 200 "Please log in" anyway (a site that
                      says it in the page rather than with a redirect)
+    /feed            the same rule: a feed that says whose it is and shows FEED_PAGE items;
+                     scrolling near its bottom loads /feed/more?page=2, then 3 (JSON), each
+                     FEED_PAGE more items (infinite scroll behind the login)
 
 A session answers ``session_requests`` requests, then is over (the next request with it is
 redirected to /login), as sessions that expire do. ``logins`` counts the POSTs that logged
@@ -17,6 +20,7 @@ in; ``posts`` keeps each POST's body, so a test can say what the form sent.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +28,31 @@ from urllib.parse import parse_qs
 
 USER, PASSWORD = "carol", "pa ss&word"  # a space and '&': form-encoded as the form sends
 PAGES = 6
+FEED_PAGE, FEED_PAGES = 3, 3  # items per screen; screens (the first, then two by scrolling)
+
+FEED = """<!doctype html><html><head><title>Feed</title></head><body>
+<a id="logout" href="/logout">out</a><p id="who">feed of %s</p><div id="items">%s</div>
+<script>
+  const list = document.getElementById('items');
+  let page = 1, loading = false;
+  window.addEventListener('scroll', () => {
+    if (loading || page >= %d) return;
+    if (window.scrollY + window.innerHeight < document.body.scrollHeight - 600) return;
+    loading = true;
+    fetch('/feed/more?page=' + (page + 1)).then((r) => r.json()).then((numbers) => {
+      numbers.forEach((n) => {
+        const p = document.createElement('p');
+        p.className = 'item'; p.style.height = '700px'; p.textContent = 'item ' + n;
+        list.appendChild(p);
+      });
+      page += 1; loading = false;
+    });
+  });
+</script></body></html>"""
+
+
+def feed_items(page: int) -> list[int]:
+    return list(range((page - 1) * FEED_PAGE + 1, page * FEED_PAGE + 1))
 
 FORM = """<!doctype html><html><head><title>Sign in</title></head><body>
 <form method="post" action="/login">
@@ -87,6 +116,18 @@ class LoginSite:
                     links = " ".join(f'<a href="/page/{n}">{n}</a>' for n in range(1, PAGES + 1))
                     self._send(200, f'<html><body><a id="logout" href="/logout">out</a> '
                                f'{links} <a href="/gone/1">g</a></body></html>'.encode())
+                elif path == "/feed":
+                    items = "".join(f'<p class="item" style="height: 700px">item {n}</p>'
+                                    for n in feed_items(1))
+                    self._send(200, (FEED % (USER, items, FEED_PAGES)).encode())
+                elif path == "/feed/more":
+                    page = int(parse_qs(self.path.partition("?")[2]).get("page", ["0"])[0])
+                    body = json.dumps(feed_items(page) if 1 < page <= FEED_PAGES else [])
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body.encode())
                 elif path.startswith("/gone/"):
                     self._send(200, b"<html><body>Please log in</body></html>")
                 else:
