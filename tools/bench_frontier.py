@@ -154,6 +154,7 @@ class Point:
 class Ceiling:
     backend: str
     pages_per_s: list[float] = field(default_factory=list)
+    bytes_per_page: list[float] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
 
 
@@ -208,6 +209,14 @@ async def pump(writer: Writer, groups: Callable[[int], list[Message]], count: in
     async with anyio.create_task_group() as tg:
         for _ in range(min(producers, count)):
             tg.start_soon(producer)
+
+
+def settled_size(store: Store, backend: str, size_of: Callable[[], int]) -> int:
+    """The database's size with no writer running: SQLite's WAL checkpointed and truncated
+    first, so the figure is the database's, not a WAL's high-water mark."""
+    if backend == "sqlite":
+        store.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return size_of()
 
 
 # --- one backend's store ----------------------------------------------------------------
@@ -326,7 +335,8 @@ class Bench:
                      round(filled / fill_seconds) if fill_seconds else 0.0,
                      round(statistics.median(refill), 3), round(quantile(refill, 0.99), 3),
                      round(statistics.median(commits), 2), round(quantile(commits, 0.99), 2),
-                     round(resume, 2), self.size_of(), rss, peak, load())
+                     round(resume, 2), settled_size(self.store, self.backend, self.size_of),
+                     rss, peak, load())
 
     def close(self) -> None:
         self.store.close()
@@ -335,8 +345,9 @@ class Bench:
 # --- the writer's ceiling ---------------------------------------------------------------
 
 def ceiling_run(backend: str, location: str, artifacts: Path, pages: int,
-                progress: Progress) -> float:
-    """Pages/s of a page's three messages through the writer alone, on a fresh store."""
+                progress: Progress, size_of: Callable[[], int]) -> tuple[float, float]:
+    """Pages/s of a page's three messages through the writer alone, on a fresh store; and
+    the database bytes a page adds (its rows, indexes and ledger entries)."""
     store = (Store.create(location) if backend == "sqlite"
              else Store.create(location, artifacts=str(artifacts)))
     try:
@@ -366,20 +377,25 @@ def ceiling_run(backend: str, location: str, artifacts: Path, pages: int,
 
         seconds = 0.0
 
-        async def main() -> None:
-            nonlocal seconds
+        async def prepare() -> None:
             async with Writer(store, limits=WriterLimits()) as writer:
                 for message in crawl.opening():
                     await writer.submit(message)
                 await pump(writer, lambda i: [crawl.queue(i * 100, 100)], -(-pages // 100),
                            16, lambda done: None)
+
+        async def crawl_pages() -> None:
+            nonlocal seconds
+            async with Writer(store, limits=WriterLimits()) as writer:
                 started = time.perf_counter()
                 await pump(writer, page, pages, 32, lambda done: progress.update(
                     f"{backend}: ceiling {done:,}/{pages:,} pages"))
                 seconds = time.perf_counter() - started
 
-        anyio.run(main)
-        return pages / seconds
+        anyio.run(prepare)
+        before = settled_size(store, backend, size_of)
+        anyio.run(crawl_pages)
+        return pages / seconds, (settled_size(store, backend, size_of) - before) / pages
     finally:
         store.close()
 
@@ -390,6 +406,13 @@ def sqlite_size(path: Path) -> Callable[[], int]:
     """The store's database files (the database, its WAL and shared memory), not payloads."""
     def size() -> int:
         return sum(p.stat().st_size for p in path.glob("evidence.db*") if p.is_file())
+    return size
+
+
+def pg_size(cluster: PgCluster, database: str) -> Callable[[], int]:
+    """The database's size on disk (tables, indexes, TOAST; not the server's WAL)."""
+    def size() -> int:
+        return int(cluster.sql(f"SELECT pg_database_size('{database}')").strip())
     return size
 
 
@@ -465,7 +488,8 @@ def table(points: list[Point], ceilings: list[Ceiling]) -> Iterator[str]:
         if c.pages_per_s:
             yield (f"writer ceiling {c.backend}: {statistics.median(c.pages_per_s):,.0f} "
                    f"pages/s (min {min(c.pages_per_s):,.0f}, max {max(c.pages_per_s):,.0f}, "
-                   f"{len(c.pages_per_s)} runs; load {min(c.loads)}-{max(c.loads)})")
+                   f"{len(c.pages_per_s)} runs; load {min(c.loads)}-{max(c.loads)}); "
+                   f"{statistics.median(c.bytes_per_page):,.0f} database bytes a page")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -491,21 +515,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else:
                     assert cluster is not None
                     location = cluster.create_database("frontier")
-                    benches[backend] = Bench(
-                        backend, location, work / "artifacts-pg", lambda: int(cluster.sql(
-                            "SELECT pg_database_size('frontier')").strip()), progress)
+                    benches[backend] = Bench(backend, location, work / "artifacts-pg",
+                                             pg_size(cluster, "frontier"), progress)
             # The ceilings first, interleaved, while the machine is as it was at the start.
             for n in range(args.repeat):
                 for c in ceilings:
                     before = load()
+                    size_of: Callable[[], int]
                     if c.backend == "sqlite":
                         location = str(work / f"ceiling-{n}.sqlite")
+                        size_of = sqlite_size(Path(location))
                     else:
                         assert cluster is not None
                         location = cluster.create_database(f"ceiling{n}")
-                    rate = ceiling_run(c.backend, location, work / f"artifacts-c{n}",
-                                       args.pages, progress)
+                        size_of = pg_size(cluster, f"ceiling{n}")
+                    rate, per_page = ceiling_run(c.backend, location, work / f"artifacts-c{n}",
+                                                 args.pages, progress, size_of)
                     c.pages_per_s.append(round(rate, 1))
+                    c.bytes_per_page.append(round(per_page))
                     c.loads.append(max(before, load()))
                     progress.note(f"writer ceiling {c.backend} run {n + 1}: {rate:,.0f} pages/s")
                     if c.backend == "sqlite":
@@ -538,6 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "producers": args.producers,
         "points": [asdict(p) for p in points],
         "ceilings": [{"backend": c.backend, "pages_per_s": c.pages_per_s,
+                      "bytes_per_page": c.bytes_per_page,
                       "median": statistics.median(c.pages_per_s) if c.pages_per_s else None,
                       "loads": c.loads} for c in ceilings],
     }
