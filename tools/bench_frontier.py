@@ -437,7 +437,8 @@ def parse_backends(text: str) -> list[str]:
 
 def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench_frontier.py", description=__doc__.split("\n\n")[0],
+        prog="bench_frontier.py", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Prints a table (or JSON with --json); progress goes to stderr on a terminal.")
     parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("100000,1000000"),
                         help="frontier sizes (URLs queued) at which to measure, comma "
