@@ -29,6 +29,7 @@ from evidence._archive.export import export
 from evidence._archive.segments import ArchivePayloads
 from evidence._archive.snapshot import READ_TRIES
 from evidence._errors import ArtifactReadError
+from evidence._store.s3 import open_s3
 from evidence.testing.seaweed import SeaweedS3
 
 from .conftest import Factory, new_s3_url, submit_all
@@ -42,10 +43,13 @@ CLIENT_DEADLINE = "0.3"
 FAILING_FOR = 1.0
 
 
-def fill(store: Store, pages: int = 6) -> list[ArtifactRef]:
-    """A session, a run and ``pages`` attempts, each with its own body; the bodies."""
+def fill(store: Store, pages: int = 6, *, put: Callable[[str, bytes], ArtifactRef] | None = None
+         ) -> list[ArtifactRef]:
+    """A session, a run and ``pages`` attempts, each with its own body; the bodies (put by
+    ``put``, the store's own put by default)."""
     make = Factory(store)
-    bodies = [make.body(f"<html>page {i}</html>".encode() * (i + 1)) for i in range(pages)]
+    put = put or store.artifacts.put
+    bodies = [put("body", f"<html>page {i}</html>".encode() * (i + 1)) for i in range(pages)]
     submit_all(store, [make.session(), make.run(), *(
         make.attempt(f"http://example.com/{i}", body=body) for i, body in enumerate(bodies))])
     return bodies
@@ -77,7 +81,13 @@ def behind_proxy(tmp_path: Path, seaweed: SeaweedS3, s3_env: None
         proxies.append(proxy)
         url = new_s3_url(seaweed, "reads").replace(seaweed.endpoint, proxy.endpoint)
         with Store.create(tmp_path / "store", artifacts=url) as store:
-            bodies = fill(store)
+            # Each body its own object, as a worker host puts it (a writer's own puts are
+            # sealed into one segment object): a rule can fail one payload's reads alone.
+            worker = open_s3(url, create=False, read_only=False)
+            try:
+                bodies = fill(store, put=worker.put)
+            finally:
+                worker.close()
         return tmp_path / "store", bodies
 
     yield make

@@ -16,7 +16,7 @@ from evidence._archive.archive import backup
 from evidence._archive.export import export
 from evidence._cli.main import main as cli_main
 
-from .conftest import Factory, flip_payload_byte, lose_payload, submit_all
+from .conftest import Factory, as_format_1, flip_payload_byte, lose_payload, submit_all
 
 
 @pytest.fixture
@@ -81,8 +81,11 @@ def test_a_payload_whose_bytes_were_altered_differs_once_re_hashed(pair) -> None
 ])
 def test_an_archive_whose_payload_file_was_replaced_is_not_equal_to_its_source(
         pair, tmp_path: Path, replacement: bytes | None, found_without_full: bool) -> None:
+    """(An archive of format 1, one file per payload, as older evidence wrote it; format 2's
+    segments: the next test.)"""
     store, _copy, ref = pair
     export(store, tmp_path / "archive")
+    as_format_1(tmp_path / "archive")
     file = tmp_path / "archive" / "artifacts" / ref.namespace / ref.digest[:2] / ref.digest
     assert file.read_bytes() == b"<html>hello</html>"
     file.chmod(0o644)
@@ -96,6 +99,23 @@ def test_an_archive_whose_payload_file_was_replaced_is_not_equal_to_its_source(
     assert quick == ({("payload", name, "held", state)} if found_without_full else set())
     assert payload_differences(tmp_path / "archive", store, full=True) == {
         ("payload", name, state, "held")}
+
+
+def test_an_archive_whose_segment_bytes_were_altered_differs_once_re_hashed(
+        pair, tmp_path: Path) -> None:
+    """Format 2: a payload's bytes altered inside its segment (same size): present by
+    size, found corrupt once re-hashed."""
+    store, _copy, ref = pair
+    export(store, tmp_path / "archive")
+    segment = tmp_path / "archive" / "artifacts" / "segment-000000"
+    data = segment.read_bytes()
+    assert data.count(b"<html>hello</html>") == 1
+    segment.chmod(0o644)
+    segment.write_bytes(data.replace(b"<html>hello</html>", b"<html>HELLO</html>"))
+    name = f"{ref.namespace}/{ref.digest}"
+    assert payload_differences(store, tmp_path / "archive") == set()
+    assert payload_differences(tmp_path / "archive", store, full=True) == {
+        ("payload", name, "corrupt", "held")}
 
 
 def test_a_payload_only_one_side_references_is_named_with_its_rows(
