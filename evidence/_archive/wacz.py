@@ -376,7 +376,9 @@ def export_wacz(store: Store, out_path: str | os.PathLike[str], *,
             _add_file(zf, "archive/" + WARC_NAME, warc_tmp, stamp)
             _add(zf, INDEX_NAME, index, stamp)
             _add(zf, INDEX_IDX_NAME, index_idx, stamp)
-            _add(zf, "pages/pages.jsonl", page_list, stamp)
+            # Deflated: ReplayWeb.page reads the page list whole before the first page
+            # (every other entry is stored: the WARC and the index are read by range).
+            _add(zf, "pages/pages.jsonl", page_list, stamp, deflate=True)
             for name, data in carried.items():
                 _add(zf, name, data, stamp)
             _add(zf, "datapackage.json", package_bytes, stamp)
@@ -582,17 +584,20 @@ def _zip_time(created: str) -> tuple[int, int, int, int, int, int]:
     return max(moment, dt.datetime(1980, 1, 1)).timetuple()[:6]
 
 
-def _info(name: str, stamp: tuple[int, int, int, int, int, int]) -> zipfile.ZipInfo:
+def _info(name: str, stamp: tuple[int, int, int, int, int, int], *,
+          deflate: bool = False) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name, date_time=stamp)
-    info.compress_type = zipfile.ZIP_STORED
+    info.compress_type = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
     info.create_system = 3  # unix, on every platform: the same bytes everywhere
     info.external_attr = 0o644 << 16
     return info
 
 
 def _add(zf: zipfile.ZipFile, name: str, data: bytes,
-         stamp: tuple[int, int, int, int, int, int]) -> None:
-    zf.writestr(_info(name, stamp), data)
+         stamp: tuple[int, int, int, int, int, int], *, deflate: bool = False) -> None:
+    # A fixed level: the same bytes in, the same deflated bytes out (zlib), so two exports
+    # of the same evidence are still the same file.
+    zf.writestr(_info(name, stamp, deflate=deflate), data, compresslevel=6 if deflate else None)
 
 
 def _add_file(zf: zipfile.ZipFile, name: str, path: Path,
