@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .._errors import StoreError, SyncError
+from .._errors import DatabaseUnreachable, StoreError, SyncError
 from . import artifactspec
 from .artifacts import FileOps
 from .backend import ArtifactBackend
@@ -39,7 +39,6 @@ from .postgresql import (
     OUTAGE_DEADLINE,
     PgConnection,
     PostgresBackend,
-    _Unreachable,
     applied_version,
     connect,
     ensure_store_id,
@@ -307,8 +306,8 @@ class PostgresStore(StoreBase):
                     take_writer_lock(self.connection, wait=wait, on_wait=on_wait)
                 return
             except StoreError as exc:
-                if not wait or isinstance(exc, _Unreachable) or not self.backend.is_disconnect(
-                        exc.__cause__ or exc):
+                if not wait or isinstance(exc, DatabaseUnreachable) or \
+                        not self.backend.is_disconnect(exc.__cause__ or exc):
                     raise
             log.warning("standby: the connection to %s was lost while waiting for the "
                         "writer lock; connecting again", self.location,

@@ -111,9 +111,6 @@ def _error_classes() -> tuple[type[Exception], ...]:
 _Error, _BusyError, _ConstraintError = _error_classes()
 
 
-_Unreachable = DatabaseUnreachable  # (``Outage.retry`` retries these)
-
-
 def is_disconnect(exc: BaseException) -> bool:
     """The connection to the server was lost (the server stopped, restarted or is out of
     reach): whatever the transaction had not committed is rolled back by the server."""
@@ -180,7 +177,7 @@ class Outage:
             try:
                 result = attempt()
             except Exception as exc:
-                if not (isinstance(exc, _Unreachable) or is_disconnect(exc)):
+                if not (isinstance(exc, DatabaseUnreachable) or is_disconnect(exc)):
                     raise
                 left = self._lost(exc)
                 if left <= 0:
@@ -471,7 +468,7 @@ def _open_raw(location: str, *, lock_timeout_ms: int, read_only: bool) -> Any:
     except psycopg.OperationalError as exc:
         where = redact(location)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _Unreachable(f"{where}: cannot connect to PostgreSQL ({first})",
+        raise DatabaseUnreachable(f"{where}: cannot connect to PostgreSQL ({first})",
                            hint="check the connection string, that the server runs, and that "
                            "it lets this user in", path=where) from exc
     try:
