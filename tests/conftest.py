@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -251,6 +252,45 @@ def unavailable(reason: str) -> NoReturn:
 @pytest.fixture(scope="session")
 def chromium() -> str:
     return need_chromium()
+
+
+def replayed_in_replaywebpage(wacz: Path, url: str, expression: str, *,
+                              frame: str | None = None, ready: Callable[[Any], bool] = bool,
+                              timeout: float = 90.0) -> Any:
+    """``expression``'s value in ReplayWeb.page's replay of ``url`` from ``wacz``: the pinned
+    package served on 127.0.0.1 with the WACZ, in headless Chromium, at the capture's time
+    (from the WACZ's page list), evaluated in the replayed frame (the one whose URL holds
+    ``frame``, ``url`` by default) until ``ready``. Without the package: ``unavailable``."""
+    import json
+    import zipfile
+
+    import anyio
+
+    from evidence._crawl.browser import Browser
+    from evidence.testing.replayweb import (
+        ReplayWebPage,
+        ReplayWebUnavailable,
+        package_dir,
+        replay_frame_value,
+    )
+
+    try:
+        package = package_dir()
+    except ReplayWebUnavailable as exc:
+        unavailable(str(exc))
+    with zipfile.ZipFile(wacz) as zf:
+        pages = [json.loads(x) for x in zf.read("pages/pages.jsonl").splitlines()[1:]]
+    captured = next(p for p in pages if p["url"] == url)
+    ts = "".join(c for c in captured["ts"] if c.isdigit())[:14]
+
+    async def look() -> Any:
+        async with Browser() as browser, browser.page() as page:
+            await page.send("Page.navigate", {"url": rwp.embed_url(url, ts)})
+            return await replay_frame_value(page, frame or url, expression, timeout=timeout,
+                                            ready=ready)
+
+    with ReplayWebPage(package, wacz) as rwp:
+        return anyio.run(look)
 
 
 def png_pixels(data: bytes, max_rows: int | None = None) -> tuple[int, int, list[bytes], int]:

@@ -39,7 +39,7 @@ from evidence._model import http2
 from evidence._model.http1 import derive_content
 from evidence._model.messages import FetchAttempt, decode_message
 
-from .conftest import Factory, new_pg_database, submit_all, unavailable
+from .conftest import Factory, new_pg_database, replayed_in_replaywebpage, submit_all
 from .h2site import DATA, PAGE, TEXT, H2Site
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -296,21 +296,12 @@ def test_the_wacz_of_an_h2_crawl_replays_in_replaywebpage_and_indexes_with_cdxj_
     """The issue's last check: a WACZ of a TLS site crawled over h2 is indexed by
     cdxj-indexer as its own index says, and ReplayWeb.page (headless Chromium, served on
     127.0.0.1) shows the page captured over h2."""
-    from evidence._crawl.browser import Browser
-    from evidence.testing.replayweb import (
-        ReplayWebPage,
-        ReplayWebUnavailable,
-        package_dir,
-        replay_frame_value,
-    )
-
     wacz = tmp_path / "site.wacz"
     with Store.open(h2_store, read_only=True) as store:
         export_wacz(store, wacz)
     with zipfile.ZipFile(wacz) as zf:
         (tmp_path / "data.warc.gz").write_bytes(zf.read("archive/data.warc.gz"))
         ours = gzip.decompress(zf.read("indexes/index.cdx.gz")).decode()
-        pages = [json.loads(x) for x in zf.read("pages/pages.jsonl").splitlines()[1:]]
     # As py-wacz runs it: the same compressed index, byte for byte.
     done = subprocess.run([sys.executable, "-W", "ignore", "-m", "cdxj_indexer.main",
                            "--post-append", "--sort", "--digest-records", "--compress",
@@ -319,22 +310,9 @@ def test_the_wacz_of_an_h2_crawl_replays_in_replaywebpage_and_indexes_with_cdxj_
     assert done.returncode == 0, done.stderr
     assert gzip.decompress((tmp_path / "ref.cdx.gz").read_bytes()).decode() == ours
     assert both.url.replace("https://", "").split("/")[0].split(":")[0] in ours
-    try:
-        rwp_package = package_dir()
-    except ReplayWebUnavailable as exc:
-        unavailable(str(exc))
-    home = next(p for p in pages if p["url"] == both.url)
-    ts = "".join(c for c in home["ts"] if c.isdigit())[:14]
-
-    async def look() -> object:
-        async with Browser() as browser, browser.page() as page:
-            await page.send("Page.navigate", {"url": rwp.embed_url(home["url"], ts)})
-            return await replay_frame_value(
-                page, home["url"], "document.title + ' ' + document.links.length",
-                timeout=90, ready=lambda v: v == "Over h2 2")
-
-    with ReplayWebPage(rwp_package, wacz) as rwp:
-        shown = anyio.run(look)
+    shown = replayed_in_replaywebpage(wacz, both.url,
+                                      "document.title + ' ' + document.links.length",
+                                      ready=lambda v: v == "Over h2 2")
     assert shown == "Over h2 2"
 
 

@@ -171,19 +171,7 @@ def test_a_logged_in_feed_with_infinite_scroll_replays_in_replaywebpage(
     appear only as a person scrolls (the autoscroll behaviour, on by default) exports to a
     WACZ that ReplayWeb.page (headless Chromium, on 127.0.0.1) replays logged in: the
     feed says whose it is, and scrolling the replay brings every item back from the WACZ."""
-    import zipfile
-
-    import anyio
-
-    from evidence._crawl.browser import Browser
-    from evidence.testing.replayweb import (
-        ReplayWebPage,
-        ReplayWebUnavailable,
-        package_dir,
-        replay_frame_value,
-    )
-
-    from .conftest import unavailable
+    from .conftest import replayed_in_replaywebpage
     from .loginsite import FEED_PAGE, FEED_PAGES
 
     with LoginSite(session_requests=100) as site:
@@ -196,25 +184,10 @@ def test_a_logged_in_feed_with_infinite_scroll_replays_in_replaywebpage(
         assert all(live for p, live in site.paths if p.startswith("/feed"))
     wacz = tmp_path / "feed.wacz"
     assert main(["export", str(store), "--out", str(wacz), "--format", "wacz"]) == 0
-    with zipfile.ZipFile(wacz) as zf:
-        pages = [json.loads(x) for x in zf.read("pages/pages.jsonl").splitlines()[1:]]
-    feed = next(p for p in pages if p["url"] == site.url + "/feed")
-    ts = "".join(c for c in feed["ts"] if c.isdigit())[:14]
-    try:
-        rwp_package = package_dir()
-    except ReplayWebUnavailable as exc:
-        unavailable(str(exc))
     every = FEED_PAGE * FEED_PAGES
     probe = ("(window.scrollTo(0, document.body.scrollHeight), "
              "document.getElementById('who').textContent + ' ' "
              "+ document.querySelectorAll('.item').length)")
-
-    async def look() -> object:
-        async with Browser() as browser, browser.page() as page:
-            await page.send("Page.navigate", {"url": rwp.embed_url(feed["url"], ts)})
-            return await replay_frame_value(page, "/feed", probe, timeout=90,
-                                            ready=lambda v: v == f"feed of {USER} {every}")
-
-    with ReplayWebPage(rwp_package, wacz) as rwp:
-        shown = anyio.run(look)
+    shown = replayed_in_replaywebpage(wacz, site.url + "/feed", probe, frame="/feed",
+                                      ready=lambda v: v == f"feed of {USER} {every}")
     assert shown == f"feed of {USER} {every}"

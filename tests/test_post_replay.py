@@ -22,7 +22,7 @@ from evidence._archive.wacz import export_wacz
 from evidence._archive.warc import export_warc
 from evidence._crawl.browser import Browser
 
-from .conftest import unavailable
+from .conftest import replayed_in_replaywebpage
 from .postsite import PostSite
 from .test_replayserve import serve, stop
 
@@ -183,27 +183,8 @@ def test_replay_serve_answers_each_post_with_its_own_capture_and_no_get(
 
 
 def test_replaywebpage_answers_each_post_from_the_wacz(package: Path, chromium: str) -> None:
-    from evidence.testing.replayweb import (
-        ReplayWebPage,
-        ReplayWebUnavailable,
-        package_dir,
-        replay_frame_value,
-    )
-
-    try:
-        rwp_package = package_dir()
-    except ReplayWebUnavailable as exc:
-        unavailable(str(exc))
     with zipfile.ZipFile(package / "site.wacz") as zf:
         pages = [json.loads(x) for x in zf.read("pages/pages.jsonl").splitlines()[1:]]
     home = next(p for p in pages if p["url"].count("/") == 3 and p["url"].endswith("/"))
-    ts = "".join(c for c in home["ts"] if c.isdigit())[:14]
-
-    async def look() -> object:
-        async with Browser() as browser, browser.page() as page:
-            await page.send("Page.navigate", {"url": rwp.embed_url(home["url"], ts)})
-            return await replay_frame_value(page, home["url"], PROBE, timeout=90)
-
-    with ReplayWebPage(rwp_package, package / "site.wacz") as rwp:
-        state = anyio.run(look)
+    state = replayed_in_replaywebpage(package / "site.wacz", home["url"], PROBE)
     assert state == ANSWERS
