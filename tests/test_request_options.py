@@ -416,3 +416,56 @@ def test_hosts_tables_in_the_config_print_back_as_the_same_crawl(tmp_path: Path,
     again.write_text(printed)
     assert main(["crawl", "--config", str(again), "--print-config"]) == 0
     assert capsys.readouterr().out == printed
+
+
+def test_worker_processes_send_them_and_the_jar_stays_in_the_crawl_process(
+        tmp_path: Path) -> None:
+    """With ``--processes`` the crawl's own process decides each order's headers and
+    Cookie (the jar lives there) and its worker reports the answer's Set-Cookie back: the
+    cookie the site set on / comes back on /next, fetched by a worker process; secrets are
+    sealed the same way."""
+    path = tmp_path / "st"
+    with AuthSite() as site:
+        request = _options(site)
+        with Store.create(path) as store:
+            crawler = Crawler(store, CrawlConfig(seeds=[site.url + "/"],
+                                                 request=request.as_record()),
+                              CrawlOptions(workers=2, processes=1, request=request))
+            anyio.run(crawler.run)
+        assert "srv=from-server" in site.seen["/next"][0]["cookie"]
+        assert site.seen["/members"][0]["cookie"].count(f"sid={SID}") == 1
+        assert all(h.get("accept-language") == "fr" for seen in site.seen.values()
+                   for h in seen)
+    assert any(c.name == "srv" and c.value == "from-server" for c in request.jar)
+    attempts = _attempts(path)
+    assert {u.split("/", 3)[3]: s for u, s, *_ in attempts if "robots" not in u} == {
+        "": 200, "private": 200, "members": 200, "next": 200, "lang": 200,
+        **{f"private/{n}": 200 for n in range(1, 5)}}
+    for url, _status, stored, opening, _ in attempts:
+        assert not any(s in stored for s in SECRET_BYTES), stored
+        if url.endswith("/members"):
+            assert opening is not None and f"sid={SID}".encode() in open_request(stored,
+                                                                                 opening)
+    with Store.open(path) as store:
+        assert verify(store).ok
+
+
+def test_what_worker_processes_and_hosts_cannot_carry_is_refused_saying_why(
+        tmp_path: Path, capsys) -> None:
+    store, url = tmp_path / "st", "http://127.0.0.1:9/"
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    os.chmod(token, 0o600)
+    err = _cli_error(["crawl", url, "--store", str(store), "--header", "Accept-Language: fr",
+                      "--listen", "127.0.0.1:0", "--token-file", str(token)], capsys)
+    assert "Error: headers, cookies, credentials and logins are not sent to worker hosts" \
+        in err and "never sent over the network" in err and "Try: leave out --listen" in err
+    secrets = tmp_path / "s.toml"
+    secrets.write_text('[[hosts]]\nmatch = "*"\nusername = "u"\npassword = "hunter2"\n'
+                       'auth = "digest"\n')
+    os.chmod(secrets, 0o600)
+    err = _cli_error(["crawl", url, "--store", str(store), "--secrets", str(secrets),
+                      "--processes", "2"], capsys)
+    assert "Error: a digest challenge is answered as the page that brought it settles, in " \
+        "the crawl's own process" in err and "Try: leave out --processes" in err
+    assert not store.exists()

@@ -487,7 +487,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--seeds", metavar="FILE", type=local_path,
                    help="seed URLs from a file, one a line (# starts a comment); or, named "
                    "*.toml, [[seeds]] tables with each seed's own scope, max_depth, "
-                   "include, exclude, headers and behaviors (docs/crawling.md)")
+                   "include, exclude, headers, behaviors and login (a named [[logins]] table "
+                   "of --secrets; docs/crawling.md)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective options as a --config file and exit (nothing "
                    "is crawled or created)")
@@ -561,8 +562,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--secrets", metavar="FILE", type=local_path,
                    help="credentials (HTTP basic or digest), secret headers and cookies per "
                    "host pattern ([[hosts]] tables), and form logins run in Chromium "
-                   "([[logins]]), from a TOML file only its owner may read (mode 600); "
-                   "sealed in the stored requests (docs/crawling.md)")
+                   "([[logins]]: cookies and localStorage carried to every fetch and "
+                   "render), from a TOML file only its owner may read (mode 600); sealed in "
+                   "the stored requests; with --processes but not --listen, and no digest "
+                   "or login with --processes (docs/crawling.md)")
     p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
                    help="let the crawl and its renders connect to addresses in CIDR too "
                    "(repeatable); by default loopback, private, link-local, unique-local, "

@@ -52,12 +52,12 @@ def configure(args: argparse.Namespace) -> None:
     seeds = list(args.urls)
     tables = None
     if args.seeds is not None:
-        more, tables = read_seeds(args.seeds)
+        more, tables = read_seeds(args.seeds, args.secrets)
         seeds += more
     if not seeds and "seeds" in extra:  # the command line's seeds win over the file's
         value = extra["seeds"]
         if isinstance(value, str):
-            seeds, tables = read_seeds(value)
+            seeds, tables = read_seeds(value, args.secrets)
         elif isinstance(value, list) and all(isinstance(s, str) for s in value):
             seeds = list(value)
         else:
@@ -141,12 +141,19 @@ def worker_hosts(args: argparse.Namespace):  # -> dict[str, HostEntry] | None
     return hosts
 
 
-def read_seeds(path: str) -> tuple[list[str], list | None]:
-    """A seeds file's URLs, and its ``[[seeds]]`` tables if it is TOML (``_crawl.seeds``)."""
+def read_seeds(path: str, secrets: str | None = None) -> tuple[list[str], list | None]:
+    """A seeds file's URLs, and its ``[[seeds]]`` tables if it is TOML (``_crawl.seeds``);
+    a table's ``login`` is checked against the logins of ``secrets`` (the secrets file)."""
     from .behaviors import BEHAVIORS
     from .seeds import load_seeds_file
 
-    return load_seeds_file(path, behaviors=BEHAVIORS)
+    logins = None
+    if secrets is not None and path.endswith(".toml"):
+        from .secrets import load_secrets
+
+        logins = set(load_secrets(secrets).named)
+    return load_seeds_file(path, behaviors=BEHAVIORS, logins=logins)
+
 
 CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
                  "obey_robots", "user_agent", "max_body_bytes", "max_content_bytes",
@@ -194,12 +201,16 @@ def request_options(args: argparse.Namespace):  # -> RequestOptions | None
     if not (args.header or args.cookies or args.secrets or hosts):
         return None
     from .cookies import parse_netscape
-    from .secrets import RequestOptions, Secrets, load_secrets
+    from .secrets import (
+        WORKER_HOSTS_HINT,
+        WORKER_HOSTS_REFUSAL,
+        RequestOptions,
+        Secrets,
+        load_secrets,
+    )
 
-    if args.processes or args.listen:
-        raise EvidenceError("headers, cookies and credentials are sent by this process only, "
-                            "and its session's cookie jar lives here",
-                            hint="leave out --processes and --listen for this crawl")
+    if args.listen:
+        raise EvidenceError(WORKER_HOSTS_REFUSAL, hint=WORKER_HOSTS_HINT)
     cookies = []
     if args.cookies is not None:
         try:
@@ -209,8 +220,15 @@ def request_options(args: argparse.Namespace):  # -> RequestOptions | None
                                 hint="a Netscape cookies.txt file, in UTF-8") from None
         cookies = parse_netscape(text, source=args.cookies)
     secrets = Secrets() if args.secrets is None else load_secrets(args.secrets)
-    return RequestOptions.build(headers=args.header or (), hosts=hosts, cookies=cookies,
-                                secrets=secrets)
+    options = RequestOptions.build(headers=args.header or (), hosts=hosts, cookies=cookies,
+                                   secrets=secrets)
+    if getattr(args, "seed_tables", None):  # the logins the seeds name (``_crawl.login``)
+        options.use_seed_logins(args.seed_tables, f"the seeds file {args.seeds or args.config}")
+    why = options.for_worker()
+    if why is not None and args.processes:
+        raise EvidenceError(f"{why}, in the crawl's own process, not in a worker process",
+                            hint="leave out --processes for this crawl")
+    return options
 
 
 def crawl_config(args: argparse.Namespace, store: Store,
@@ -218,6 +236,19 @@ def crawl_config(args: argparse.Namespace, store: Store,
     """The arguments given, over the open session's recorded configuration when resuming."""
     from .frontier import CrawlConfig, last_session
 
+    last = None
+    if not args.urls:
+        with store.snapshot() as conn:
+            last = last_session(conn)
+        if last is None or last.outcome is not None or args.clean:
+            raise EvidenceError("no URL given and no open session to resume",
+                                hint="give the seed URLs: evidence crawl URL --store STORE")
+        if request is not None and not getattr(args, "seed_tables", None):
+            from .seeds import SeedOptions  # the recorded seeds' logins run again
+
+            recorded = msgspec.convert(last.config.get("seed_options") or [],
+                                       list[SeedOptions])
+            request.use_seed_logins(recorded, "the session's seeds")
     given = {k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None}
     if request is not None:
         given["request"] = request.as_record()
@@ -227,13 +258,8 @@ def crawl_config(args: argparse.Namespace, store: Store,
         given["recrawl"] = dict(given["recrawl"])
     if rules is not None:
         given["rules"] = rules
-    if args.urls:
+    if last is None:
         return CrawlConfig(seeds=list(args.urls), **given)
-    with store.snapshot() as conn:
-        last = last_session(conn)
-    if last is None or last.outcome is not None or args.clean:
-        raise EvidenceError("no URL given and no open session to resume",
-                            hint="give the seed URLs: evidence crawl URL --store STORE")
     return msgspec.convert({**last.config, **given}, CrawlConfig)
 
 

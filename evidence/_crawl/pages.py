@@ -76,7 +76,7 @@ from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import evaluate_page
 from .rulesfile import RuleSet
-from .secrets import RequestOptions
+from .secrets import RequestOptions, set_cookies
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 
@@ -98,6 +98,15 @@ class PageOrder(msgspec.Struct, frozen=True, kw_only=True):
     # so that nothing computes them again (issue 15, one pass per page).
     key: str = ""
     host: str = ""
+    # For a worker process (``--processes``): the request options' values among
+    # ``headers`` that are secret, sealed in the stored request (``_crawl.secrets``), and
+    # whether the crawl's cookie jar wants the answer's ``Set-Cookie`` fields back. The
+    # jar lives in the crawl's process, which decides each order's ``Cookie``.
+    secrets: list[str] = []
+    jar: bool = False
+
+    def __repr__(self) -> str:  # a debug line never shows a header's value
+        return f"PageOrder({self.url!r}, attempts={self.attempts})"
 
 
 class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +122,9 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     # A page to render (``_crawl.renderscope``): committed, links and all, but left in
     # flight; the crawl process renders it and settles it with the render.
     render: FetchAttempt | None = None
+    # A worker process's page, for the crawl's cookie jar (``PageOrder.jar``): the
+    # ``Set-Cookie`` field values of its answer.
+    set_cookie: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -285,11 +297,13 @@ class PageWorker:
         return queued
 
     async def fetch(self, url: str, sequence: int, headers: dict[str, str] | None = None,
-                    keep_content: int | None = None) -> FetchResult:
+                    keep_content: int | None = None, secrets: Sequence[str] = ()
+                    ) -> FetchResult:
         """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
-        holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
+        holds a content of at most this many bytes (None: any, e.g. a robots.txt);
+        ``secrets``: values among ``headers`` sealed in the stored request."""
         config = self.config
-        secrets: list[str] = []
+        secrets = list(secrets)
         if self.request_options is not None:
             added = self.request_options.for_url(url)
             headers, secrets = {**added.headers, **(headers or {})}, added.secrets
@@ -319,7 +333,8 @@ class PageWorker:
         # than they read): what the page derived is not held while it commits.
         keep = self.config.max_parse_bytes if self.rules or self._reads_for_login(
             order.url) else 0
-        return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
+        return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep,
+                                order.secrets)
 
     async def record(self, settlement: Settlement, *, claimed: Sequence[str] = (),
                      last: bool = False) -> PageEffects:
@@ -338,7 +353,9 @@ class PageWorker:
         result = await self.request(order)
         if fetched is not None:
             await fetched()
-        return await self.record(await self.settle(order, result))
+        effects = await self.record(await self.settle(order, result))
+        cookies = set_cookies(result.head) if order.jar and result.headers is not None else []
+        return msgspec.structs.replace(effects, set_cookie=cookies) if cookies else effects
 
     async def settle(self, order: PageOrder, result: FetchResult) -> Settlement:
         """What the page's request comes to, built and not yet committed (``record``): a

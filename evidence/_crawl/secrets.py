@@ -58,12 +58,20 @@ from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .cookies import Cookie, CookieJar
 from .digest import Challenge, authorization, parse_challenge
-from .login import LoginRecipe, login_tables
+from .login import LoginRecipe, NamedLogin, SeedLogin, login_tables, resolve_login
 
-__all__ = ["Added", "HostOptions", "Opening", "RequestOptions", "Secrets", "load_secrets",
-           "open_request", "parse_header", "redact"]
+__all__ = ["WORKER_HOSTS_HINT", "WORKER_HOSTS_REFUSAL", "Added", "HostOptions", "Opening",
+           "RequestOptions", "Secrets", "load_secrets", "open_request", "parse_header",
+           "redact", "set_cookies"]
 
 SECRETS_NS = "secrets"
+# Why request options are refused with worker hosts (docs/security.md, "Secrets a crawl
+# sends"): the secrets would have to travel to other machines.
+WORKER_HOSTS_REFUSAL = ("headers, cookies, credentials and logins are not sent to worker "
+                        "hosts: the secrets file, the cookie jar and the login stay on this "
+                        "machine, never sent over the network")
+WORKER_HOSTS_HINT = ("leave out --listen for this crawl (--processes N spreads it over this "
+                     "machine's cores and keeps them here)")
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
@@ -179,6 +187,7 @@ class Secrets:
 
     hosts: tuple[HostOptions, ...] = ()
     logins: tuple[LoginRecipe, ...] = ()
+    named: dict[str, NamedLogin] = field(default_factory=dict)  # logins seeds name
 
 
 def load_secrets(path: str) -> Secrets:
@@ -208,9 +217,9 @@ def load_secrets(path: str) -> Secrets:
     if not isinstance(tables, list):
         raise EvidenceError(f"{where}: hosts must be an array of tables",
                             hint="write each as [[hosts]] with a match = \"...\" line")
+    logins, named = login_tables(table.get("logins", []), where)
     return Secrets(tuple(_host_options(t, f"{where}, hosts[{i}]", secret_file=True)
-                         for i, t in enumerate(tables)),
-                   tuple(login_tables(table.get("logins", []), where)))
+                         for i, t in enumerate(tables)), tuple(logins), named)
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,11 @@ class RequestOptions:
     # Per-seed headers (``_crawl.seeds``): recorded with the seeds, not in ``as_record``.
     seed_hosts: list[HostOptions] = field(default_factory=list)
     logins: list[LoginRecipe] = field(default_factory=list)  # ``_crawl.login``
+    # The localStorage each origin's last login left (origin -> items), given to every
+    # later render of that origin (``_crawl.login``): with the jar, the storage state.
+    storage: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The secrets file's named logins: they run for the seeds that name them.
+    named_logins: dict[str, NamedLogin] = field(default_factory=dict)
 
     @classmethod
     def build(cls, *, headers: Sequence[str] = (), hosts: Sequence[HostOptions] = (),
@@ -248,7 +262,7 @@ class RequestOptions:
         cookies = list(cookies)
         options = cls(hosts=every, jar=CookieJar(cookies),
                       supplied=sorted(f"{c.domain} {c.path} {c.name}" for c in cookies),
-                      logins=list(secrets.logins))
+                      logins=list(secrets.logins), named_logins=dict(secrets.named))
         for table in every:
             for name, value in table.cookies.items():
                 options.jar.add(Cookie(name=name, value=value, domain=table.match.lower(),
@@ -262,6 +276,30 @@ class RequestOptions:
             record.append({"cookies_file": list(self.supplied)})
         record += [{"login": recipe.as_record()} for recipe in self.logins]
         return record
+
+    def use_seed_logins(self, seeds: Sequence[Any], where: str) -> None:
+        """Add the logins the seeds name (``SeedOptions.login``: a name, or a
+        ``SeedLogin``) to those that run: one per origin, each seed's parts over its named
+        login's."""
+        for seed in seeds:
+            if seed.login is None:
+                continue
+            given = seed.login if isinstance(seed.login, SeedLogin) else None
+            name = seed.login if given is None else given.name
+            if name not in self.named_logins:
+                raise EvidenceError(f"{where}: the seed {seed.url} names the login {name!r}, "
+                                    "and the secrets file has none by that name",
+                                    hint=f"add name = \"{name}\" to a [[logins]] table of "
+                                    "the file given to --secrets")
+            recipe = resolve_login(self.named_logins[name], given, f"{where}, {seed.url}")
+            same = [r for r in self.logins if r.origin == recipe.origin]
+            if same and same[0] != recipe:
+                raise EvidenceError(f"{where}: the seed {seed.url} names a login for "
+                                    f"{recipe.origin}, which has another login already",
+                                    hint="one login per origin: name the same login in "
+                                    "each seed of the origin")
+            if not same:
+                self.logins.append(recipe)
 
     def login_for(self, url: str) -> LoginRecipe | None:
         return next((r for r in self.logins if r.applies_to(url)), None)
@@ -346,11 +384,27 @@ class RequestOptions:
 
     def update(self, url: str, head: bytes, *, at: float | None = None) -> None:
         """Apply the ``Set-Cookie`` fields of a response head (as read) to the jar."""
-        values = [line.split(b":", 1)[1].strip().decode("latin-1")
-                  for line in re.split(rb"\r?\n", head)[1:]
-                  if line[:11].lower() == b"set-cookie:"]
+        values = set_cookies(head)
         if values:
             self.jar.update(url, values, at=at)
+
+    def for_worker(self) -> str | None:
+        """Why these options cannot be used with worker processes (``--processes``), or
+        None. Each order's headers and cookies are decided here, where the jar is, and its
+        worker reports the answer's ``Set-Cookie`` back; but answering a digest challenge
+        and seeing a page logged out happen as the page settles, in the worker."""
+        if self.logins:
+            return "a login is watched (a page logged out, a login again) as each page settles"
+        if any(h.username is not None and h.auth == "digest" for h in self.hosts):
+            return "a digest challenge is answered as the page that brought it settles"
+        return None
+
+    def order_headers(self, url: str, headers: dict[str, str]
+                      ) -> tuple[dict[str, str], list[str]]:
+        """A worker process's order for ``url``: the fields to send (``headers``, the
+        baseline's conditional ones, over this crawl's) and the secret values among them."""
+        added = self.for_url(url)
+        return {**added.headers, **headers}, added.secrets
 
     def restore(self, conn: Any, artifacts: ArtifactBackend, session_id: str) -> int:
         """Rebuild the jar of a resumed session: the ``Set-Cookie`` fields of every
@@ -368,6 +422,12 @@ class RequestOptions:
             at = parse_time_text(started_at)
             self.update(url, head, at=None if at is None else at.timestamp())
         return len(rows)
+
+
+def set_cookies(head: bytes) -> list[str]:
+    """The ``Set-Cookie`` field values of a response head (as read), in order."""
+    return [line.split(b":", 1)[1].strip().decode("latin-1")
+            for line in re.split(rb"\r?\n", head)[1:] if line[:11].lower() == b"set-cookie:"]
 
 
 def _jar_header(jar: CookieJar, url: str, host: str, port: int) -> tuple[str | None, list[str]]:
