@@ -244,7 +244,8 @@ def test_a_seed_names_a_login_of_the_secrets_file_and_the_session_records_it(
         tmp_path: Path, chromium: str) -> None:
     """``login`` in a ``[[seeds]]`` table runs the secrets file's login of that name, with
     the parts the seed gives (its page, its check); the session records which, never a
-    value. A named login no seed names does not run."""
+    value, and a resumed run logs in with it again without the seeds file. A named login
+    no seed names does not run."""
     secrets = _named_secrets(tmp_path, "intranet", "unused")
     with LoginSite(session_requests=100) as site:
         seeds = tmp_path / "seeds.toml"
@@ -253,8 +254,13 @@ def test_a_seed_names_a_login_of_the_secrets_file_and_the_session_records_it(
                          f'url = "{site.url}/login"\nlogged_in = "#logout"\n')
         store = tmp_path / "st"
         assert main(["crawl", "--seeds", str(seeds), "--store", str(store), "--workers", "1",
-                     "--render-timeout", "120", "--secrets", str(secrets)]) == 0
+                     "--render-timeout", "120", "--secrets", str(secrets),
+                     "--max-documents", "3"]) == 0
         assert site.logins == 1
+        seeds.unlink()
+        assert main(["crawl", "--store", str(store), "--render-timeout", "120",
+                     "--secrets", str(secrets)]) == 0
+        assert site.logins == 2
         state = _state(store)
         assert all(state[f"page/{n}"][0] == "done" for n in range(1, PAGES + 1)), state
         assert all(live for path, live in site.paths if path.startswith("/page/"))
