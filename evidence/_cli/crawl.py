@@ -564,8 +564,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "host pattern ([[hosts]] tables), and form logins run in Chromium "
                    "([[logins]]: cookies and localStorage carried to every fetch and "
                    "render), from a TOML file only its owner may read (mode 600); sealed in "
-                   "the stored requests; with --processes but not --listen, and no digest "
-                   "or login with --processes (docs/crawling.md)")
+                   "the stored requests; with --processes (no login there) but not "
+                   "--listen (docs/crawling.md)")
     p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
                    help="let the crawl and its renders connect to addresses in CIDR too "
                    "(repeatable); by default loopback, private, link-local, unique-local, "

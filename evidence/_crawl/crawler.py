@@ -747,7 +747,8 @@ class Crawler:
         request = self.options.request
         if request is not None:  # the jar is here: this process decides the Cookie
             headers, secrets = request.order_headers(order.url, order.headers)
-            order = msgspec.structs.replace(order, headers=headers, secrets=secrets, jar=True)
+            order = msgspec.structs.replace(order, headers=headers, secrets=secrets, jar=True,
+                                            digest=request.digest_nonce(order.url))
         try:
             async with self._pool.hand(order) as handed:
                 if await handed.request_over():  # its worker process says it is over
@@ -755,8 +756,9 @@ class Crawler:
                 effects = await handed.outcome()
         except WorkerLost as lost:
             return await self._lost(order, lost)
-        if request is not None and effects.set_cookie:
-            request.jar.update(order.url, effects.set_cookie)
+        if request is not None and effects.head is not None:  # its Set-Cookie, a challenge
+            request.update(order.url, effects.head)
+            request.challenged(order.url, effects.head)
         return effects
 
     async def _lost(self, order: PageOrder, lost: WorkerLost) -> PageEffects:

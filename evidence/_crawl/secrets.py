@@ -61,8 +61,8 @@ from .digest import Challenge, authorization, parse_challenge
 from .login import LoginRecipe, NamedLogin, SeedLogin, login_tables, resolve_login
 
 __all__ = ["WORKER_HOSTS_HINT", "WORKER_HOSTS_REFUSAL", "Added", "HostOptions", "Opening",
-           "RequestOptions", "Secrets", "load_secrets", "open_request", "parse_header",
-           "redact", "set_cookies"]
+           "RequestOptions", "Secrets", "load_secrets", "new_challenge", "open_request",
+           "parse_header", "redact", "set_cookies"]
 
 SECRETS_NS = "secrets"
 # Why request options are refused with worker hosts (docs/security.md, "Secrets a crawl
@@ -347,22 +347,32 @@ class RequestOptions:
         """Whether a 401 answer (its head as read) brought a digest challenge this crawl
         can answer and has not answered yet (a new nonce, or a stale one): kept for the
         host, so the page's next attempt answers it (``_crawl.digest``)."""
+        where = self._digest_host(url)
+        if where is None:
+            return False
+        known = self.challenges.get(where)
+        challenge = new_challenge(head, None if known is None else known.nonce)
+        if challenge is not None:
+            self.challenges[where] = challenge
+        return challenge is not None
+
+    def digest_nonce(self, url: str) -> str | None:
+        """For a worker process's order (``PageOrder.digest``): None when ``url``'s host
+        has no digest credentials, else the nonce this crawl answers there ("" if none
+        yet), so that the worker retries a page on a challenge this crawl would answer."""
+        where = self._digest_host(url)
+        if where is None:
+            return None
+        known = self.challenges.get(where)
+        return "" if known is None else known.nonce
+
+    def _digest_host(self, url: str) -> str | None:
+        """``host:port`` of ``url`` when this crawl has digest credentials for it."""
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
         port = parts.port or (443 if parts.scheme == "https" else 80)
         found = self.credentials(host, port)
-        if found is None or found.auth != "digest":
-            return False
-        for line in re.split(rb"\r?\n", head)[1:]:
-            if line[:17].lower() != b"www-authenticate:":
-                continue
-            challenge = parse_challenge(line[17:].decode("latin-1").strip())
-            known = self.challenges.get(f"{host}:{port}")
-            if challenge is not None and (known is None or challenge.stale
-                                          or challenge.nonce != known.nonce):
-                self.challenges[f"{host}:{port}"] = challenge
-                return True
-        return False
+        return None if found is None or found.auth != "digest" else f"{host}:{port}"
 
     def merge(self, url: str, theirs: dict[str, str],
               method: str = "GET") -> tuple[dict[str, str], list[str]]:
@@ -391,12 +401,10 @@ class RequestOptions:
     def for_worker(self) -> str | None:
         """Why these options cannot be used with worker processes (``--processes``), or
         None. Each order's headers and cookies are decided here, where the jar is, and its
-        worker reports the answer's ``Set-Cookie`` back; but answering a digest challenge
-        and seeing a page logged out happen as the page settles, in the worker."""
+        worker reports the answer's head back (``Set-Cookie``, a digest challenge); but
+        seeing a page logged out, and logging in again, happen as the page settles."""
         if self.logins:
             return "a login is watched (a page logged out, a login again) as each page settles"
-        if any(h.username is not None and h.auth == "digest" for h in self.hosts):
-            return "a digest challenge is answered as the page that brought it settles"
         return None
 
     def order_headers(self, url: str, headers: dict[str, str]
@@ -422,6 +430,19 @@ class RequestOptions:
             at = parse_time_text(started_at)
             self.update(url, head, at=None if at is None else at.timestamp())
         return len(rows)
+
+
+def new_challenge(head: bytes, known: str | None) -> Challenge | None:
+    """The digest challenge of a 401 answer's head (as read) that is not the one answered
+    already (nonce ``known``): a new nonce, or a stale one; None if there is none."""
+    for line in re.split(rb"\r?\n", head)[1:]:
+        if line[:17].lower() != b"www-authenticate:":
+            continue
+        challenge = parse_challenge(line[17:].decode("latin-1").strip())
+        if challenge is not None and (not known or challenge.stale
+                                      or challenge.nonce != known):
+            return challenge
+    return None
 
 
 def set_cookies(head: bytes) -> list[str]:
