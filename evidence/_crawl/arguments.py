@@ -226,8 +226,7 @@ def request_options(args: argparse.Namespace):  # -> RequestOptions | None
         options.use_seed_logins(args.seed_tables, f"the seeds file {args.seeds or args.config}")
     why = options.for_worker()
     if why is not None and args.processes:
-        raise EvidenceError(f"{why}, in the crawl's own process, not in a worker process",
-                            hint="leave out --processes for this crawl")
+        raise EvidenceError(why, hint="leave out --processes for this crawl")
     return options
 
 

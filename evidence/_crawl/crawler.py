@@ -451,8 +451,7 @@ class Crawler:
             raise EvidenceError(WORKER_HOSTS_REFUSAL, hint=WORKER_HOSTS_HINT)
         why = None if self.options.request is None else self.options.request.for_worker()
         if why is not None and self.options.processes > 0:
-            raise EvidenceError(f"{why}, in the crawl's own process, not in a worker process",
-                                hint="leave out --processes for this crawl")
+            raise EvidenceError(why, hint="leave out --processes for this crawl")
         if tables:
             if self.options.request is None:
                 self.options = dataclasses.replace(self.options, request=RequestOptions())

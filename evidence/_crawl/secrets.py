@@ -404,7 +404,8 @@ class RequestOptions:
         worker reports the answer's head back (``Set-Cookie``, a digest challenge); but
         seeing a page logged out, and logging in again, happen as the page settles."""
         if self.logins:
-            return "a login is watched (a page logged out, a login again) as each page settles"
+            return ("a login is watched (a page logged out, a login again) as each page "
+                    "settles, in the crawl's own process, not in a worker process")
         return None
 
     def order_headers(self, url: str, headers: dict[str, str]
