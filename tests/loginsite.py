@@ -3,8 +3,14 @@
     /login           a form: a hidden CSRF token (one use, bound to the pre-session cookie
                      it sets), #user, #pass and a #go button; POST checks all three, then
                      sets the cookie sid (a new session) and redirects (303) to /account
-    /account         with a live session: #logout and links to /page/1 .. /page/PAGES;
-                     without one: a redirect (302) to /login
+    /account         with a live session: #logout and links to /page/1 .. /page/PAGES,
+                     and a script that keeps the session's API token and the user's name
+                     in localStorage (``token``, ``who``); without one: a redirect (302)
+                     to /login
+    /app             a page whose content needs that token: its script sends it (X-Token,
+                     and the name as X-User) to /api/items and lists the answer in #items;
+                     without a token it says "no token", with a wrong one "refused"
+    /api/items       the items (JSON) for a valid X-Token, else 401
     /page/N          the same rule: a small page that says who is logged in
     /favicon.ico     404, whoever asks (a browser does, unasked)
     /gone/N          with a live session, answers 200 "Please log in" anyway (a site that
@@ -54,6 +60,24 @@ FEED = """<!doctype html><html><head><title>Feed</title></head><body>
 def feed_items(page: int) -> list[int]:
     return list(range((page - 1) * FEED_PAGE + 1, page * FEED_PAGE + 1))
 
+APP = """<!doctype html><html><head><title>App</title></head><body><ul id="items"></ul>
+<script>
+  const list = document.getElementById('items');
+  const token = localStorage.getItem('token');
+  if (!token) {
+    list.innerHTML = '<li id="none">no token</li>';
+  } else {
+    fetch('/api/items', {headers: {'X-Token': token, 'X-User': localStorage.getItem('who')}})
+      .then((r) => r.ok ? r.json() : Promise.reject(r.status))
+      .then((items) => items.forEach((text) => {
+        const li = document.createElement('li'); li.className = 'item'; li.textContent = text;
+        list.appendChild(li);
+      }))
+      .catch(() => { list.innerHTML = '<li id="none">refused</li>'; });
+  }
+</script></body></html>"""
+APP_ITEMS = ["ledger 2026", "payroll Q3"]
+
 FORM = """<!doctype html><html><head><title>Sign in</title></head><body>
 <form method="post" action="/login">
 <input type="hidden" name="csrf" value="%s">
@@ -70,6 +94,8 @@ class LoginSite:
         self.tokens: dict[str, str] = {}  # csrf token -> the pre-session it belongs to
         self.logins = 0
         self.posts: list[bytes] = []
+        self.api_tokens: dict[str, str] = {}  # sid -> the API token its /account handed out
+        self.api_calls: list[tuple[str, str, bool]] = []  # (X-Token, X-User, valid)
         self.paths: list[tuple[str, bool]] = []  # (path, with a live session)
         self.lock = threading.Lock()
         site = self
@@ -98,6 +124,18 @@ class LoginSite:
                 if path == "/favicon.ico":  # not behind the login: the browser asks for it
                     self._send(404, b"")
                     return
+                if path == "/api/items":
+                    token, user = self.headers.get("X-Token", ""), self.headers.get("X-User", "")
+                    with site.lock:
+                        valid = token in site.api_tokens.values()
+                        site.api_calls.append((token, user, valid))
+                    body = json.dumps(APP_ITEMS).encode() if valid else b"[]"
+                    self.send_response(200 if valid else 401)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if path == "/login":
                     pre, token = secrets.token_hex(8), secrets.token_hex(16)
                     with site.lock:
@@ -114,8 +152,14 @@ class LoginSite:
                     self._send(302, b"", ("Location", "/login"))
                 elif path == "/account":
                     links = " ".join(f'<a href="/page/{n}">{n}</a>' for n in range(1, PAGES + 1))
+                    with site.lock:
+                        token = site.api_tokens.setdefault(sid, secrets.token_hex(12))
+                    keep = (f"<script>localStorage.setItem('token', '{token}'); "
+                            f"localStorage.setItem('who', '{USER}');</script>")
                     self._send(200, f'<html><body><a id="logout" href="/logout">out</a> '
-                               f'{links} <a href="/gone/1">g</a></body></html>'.encode())
+                               f'{links} <a href="/gone/1">g</a>{keep}</body></html>'.encode())
+                elif path == "/app":
+                    self._send(200, APP.encode())
                 elif path == "/feed":
                     items = "".join(f'<p class="item" style="height: 700px">item {n}</p>'
                                     for n in feed_items(1))

@@ -191,3 +191,111 @@ def test_a_logged_in_feed_with_infinite_scroll_replays_in_replaywebpage(
     shown = replayed_in_replaywebpage(wacz, site.url + "/feed", probe, frame="/feed",
                                       ready=lambda v: v == f"feed of {USER} {every}")
     assert shown == f"feed of {USER} {every}"
+
+
+def test_a_page_that_needs_the_login_s_local_storage_renders_logged_in(
+        tmp_path: Path, chromium: str) -> None:
+    """The login's storage state is cookies and localStorage: /account keeps an API token
+    (and the user's name) in localStorage; /app's content needs them. The render of /app
+    starts with what the login left, records it in its log (the name, a field's value, as
+    ``[field #user]``), and seals the name wherever a request of the render carries it."""
+    from .loginsite import APP_ITEMS
+
+    with LoginSite(session_requests=100) as site:
+        store = tmp_path / "st"
+        assert main(["crawl", site.url + "/app", "--store", str(store), "--workers", "1",
+                     "--render", "--render-timeout", "120", "--behaviors", "none",
+                     "--secrets", str(_secrets(tmp_path, site))]) == 0
+        [(token, user, valid)] = site.api_calls
+        assert valid and user == USER and token == next(iter(site.api_tokens.values()))
+    with Store.open(store) as st:
+        rows = st.connection.execute(
+            "SELECT r.url, d.namespace, d.digest, d.size, b.namespace, b.digest, b.size "
+            "FROM render r JOIN artifact d ON d.artifact_id = r.dom_id "
+            "JOIN artifact b ON b.artifact_id = r.behaviors_id").fetchall()
+        logs = {url.rsplit("/", 1)[1]: (st.artifacts.read(ArtifactRef(*ref[:3])),
+                                        st.artifacts.read(ArtifactRef(*ref[3:])))
+                for url, *ref in rows}
+        assert verify(st).ok
+    dom, log = logs["app"]
+    assert all(f'<li class="item">{item}</li>'.encode() in dom for item in APP_ITEMS)
+    given = json.loads(log)["storage"]
+    assert given == {"origin": site.url, "items": {"token": token, "who": "[field #user]"}}
+    assert json.loads(logs["login"][1])["storage"] == given  # what the login captured
+    assert USER.encode() not in log
+    [(stored, exact)] = [(r[3], r[4]) for r in _requests(store) if r[1].endswith("/api/items")]
+    assert f"X-Token: {token}".encode() in stored  # the site's token: evidence as it is
+    assert b"X-User: [secret sha256:" in stored and exact is not None
+    assert f"X-User: {USER}".encode() in exact  # the opening proves the name sent
+
+
+def _named_secrets(tmp_path: Path, *names: str) -> Path:
+    """A secrets file with a named login per name: the field values and the submit
+    element only (a seed gives the login page and the check)."""
+    path = tmp_path / "named.toml"
+    path.write_text("".join(f'[[logins]]\nname = "{name}"\nsubmit = "#go"\n'
+                            f'[logins.fields]\n"#user" = "{USER}"\n"#pass" = "{PASSWORD}"\n'
+                            for name in names))
+    os.chmod(path, 0o600)
+    return path
+
+
+def test_a_seed_names_a_login_of_the_secrets_file_and_the_session_records_it(
+        tmp_path: Path, chromium: str) -> None:
+    """``login`` in a ``[[seeds]]`` table runs the secrets file's login of that name, with
+    the parts the seed gives (its page, its check); the session records which, never a
+    value, and a resumed run logs in with it again without the seeds file. A named login
+    no seed names does not run."""
+    secrets = _named_secrets(tmp_path, "intranet", "unused")
+    with LoginSite(session_requests=100) as site:
+        seeds = tmp_path / "seeds.toml"
+        seeds.write_text(f'[[seeds]]\nurl = "{site.url}/account"\nmax_depth = 1\n'
+                         f'exclude = ["/logout", "/gone"]\n[seeds.login]\nname = "intranet"\n'
+                         f'url = "{site.url}/login"\nlogged_in = "#logout"\n')
+        store = tmp_path / "st"
+        assert main(["crawl", "--seeds", str(seeds), "--store", str(store), "--workers", "1",
+                     "--render-timeout", "120", "--secrets", str(secrets),
+                     "--max-documents", "3"]) == 0
+        assert site.logins == 1
+        seeds.unlink()
+        assert main(["crawl", "--store", str(store), "--render-timeout", "120",
+                     "--secrets", str(secrets)]) == 0
+        assert site.logins == 2
+        state = _state(store)
+        assert all(state[f"page/{n}"][0] == "done" for n in range(1, PAGES + 1)), state
+        assert all(live for path, live in site.paths if path.startswith("/page/"))
+    with Store.open(store) as st:
+        (config,), = st.connection.execute("SELECT config FROM crawl_session").fetchall()
+    recorded = json.loads(config)
+    assert recorded["seed_options"][0]["login"] == {
+        "name": "intranet", "url": f"{site.url}/login", "logged_in": "#logout"}
+    assert [r["login"] for r in recorded["request"] if "login" in r] == [{
+        "name": "intranet", "url": f"{site.url}/login", "fields": ["#pass", "#user"],
+        "submit": "#go", "logged_in": "#logout", "max_logins": 3}]
+    assert USER not in config and "ss&word" not in config
+
+
+def test_a_seed_s_login_that_cannot_be_used_is_refused_naming_the_line(
+        tmp_path: Path, capsys) -> None:
+    """Each mistake names the seeds file and the line of the seed's login, and nothing is
+    created (no browser: refused before the crawl starts)."""
+    secrets = _named_secrets(tmp_path, "intranet")
+    store = tmp_path / "st"
+    head = '# sites\n[[seeds]]\nurl = "http://127.0.0.1:9/"\n\n[[seeds]]\nurl = "http://127.0.0.1:9/b"\n'
+    for body, extra, words in (
+            ('login = "intranet"\n', (), "s.toml, line 7: login = 'intranet' names a login of "
+             "the secrets file, and none was given"),
+            ('login = "extranet"\n', ("--secrets", str(secrets)), "s.toml, line 7: login = "
+             "'extranet': the secrets file has no login by that name (it has 'intranet')"),
+            ('[seeds.login]\nname = "intranet"\nfields = { "#user" = "x" }\n',
+             ("--secrets", str(secrets)), "s.toml, line 7: login.fields: a login's field "
+             "values are secrets"),
+            ("login = 3\n", ("--secrets", str(secrets)), "s.toml, line 7: login: Expected "),
+            ('login = "intranet"\n', ("--secrets", str(secrets)),
+             "the login 'intranet' has no url")):
+        path = tmp_path / "s.toml"
+        path.write_text(head + body)
+        assert main(["crawl", "--seeds", str(path), "--store", str(store), *extra]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Try:" in err and "Traceback" not in err, err
+        assert not store.exists()

@@ -54,12 +54,14 @@ def _digest_options() -> RequestOptions:
 
 
 def _crawl(path: Path, site: AuthSite, *, render: RenderOptions | None = None,
-           config: dict | None = None, request: RequestOptions | None = None) -> None:
+           config: dict | None = None, request: RequestOptions | None = None,
+           processes: int = 0) -> None:
     request = request or _options(site)
     with Store.create(path) as store:
         crawler = Crawler(store, CrawlConfig(**{"seeds": [site.url + "/"], **(config or {})},
                                              request=request.as_record()),
-                          CrawlOptions(workers=2, render=render, request=request))
+                          CrawlOptions(workers=2, render=render, request=request,
+                                       processes=processes))
         anyio.run(crawler.run)
 
 
@@ -170,11 +172,14 @@ def test_a_rendered_page_and_its_subrequests_carry_them_too(tmp_path: Path,
     assert all(h.get("authorization") == BASIC for h in site.seen["/private/pixel.png"])
 
 
-@pytest.mark.parametrize("rendered", [False, True], ids=["fetched", "rendered"])
+@pytest.mark.parametrize(("rendered", "processes"), [(False, 0), (True, 0), (False, 1)],
+                         ids=["fetched", "rendered", "worker-process"])
 def test_digest_credentials_answer_the_challenge_and_a_stale_nonce(
-        tmp_path: Path, rendered: bool, request: pytest.FixtureRequest) -> None:
+        tmp_path: Path, rendered: bool, processes: int, request: pytest.FixtureRequest
+        ) -> None:
     """The first request gets the challenge (recorded), the page's next attempt answers
-    it; the nonce goes stale after NONCE_USES requests and the new one is answered."""
+    it; the nonce goes stale after NONCE_USES requests and the new one is answered. In a
+    worker process the same: it retries the page, and the crawl's process answers."""
     render = None
     if rendered:
         request.getfixturevalue("chromium")
@@ -182,7 +187,8 @@ def test_digest_credentials_answer_the_challenge_and_a_stale_nonce(
     with AuthSite(digest=True) as site:
         _crawl(tmp_path / "st", site, request=_digest_options(), render=render,
                config={"seeds": [site.url + "/private"], "max_depth": 1, "max_attempts": 3,
-                       **({"render_only": [r"/private$"]} if rendered else {})})
+                       **({"render_only": [r"/private$"]} if rendered else {})},
+               processes=processes)
     attempts = [a for a in _attempts(tmp_path / "st") if "robots" not in a[0]]
     with Store.open(tmp_path / "st") as store:
         current = dict(store.connection.execute(
@@ -416,3 +422,57 @@ def test_hosts_tables_in_the_config_print_back_as_the_same_crawl(tmp_path: Path,
     again.write_text(printed)
     assert main(["crawl", "--config", str(again), "--print-config"]) == 0
     assert capsys.readouterr().out == printed
+
+
+def test_worker_processes_send_them_and_the_jar_stays_in_the_crawl_process(
+        tmp_path: Path) -> None:
+    """With ``--processes`` the crawl's own process decides each order's headers and
+    Cookie (the jar lives there) and its worker reports the answer's Set-Cookie back: the
+    cookie the site set on / comes back on /next, fetched by a worker process; secrets are
+    sealed the same way."""
+    path = tmp_path / "st"
+    with AuthSite() as site:
+        request = _options(site)
+        with Store.create(path) as store:
+            crawler = Crawler(store, CrawlConfig(seeds=[site.url + "/"],
+                                                 request=request.as_record()),
+                              CrawlOptions(workers=2, processes=1, request=request))
+            anyio.run(crawler.run)
+        assert "srv=from-server" in site.seen["/next"][0]["cookie"]
+        assert site.seen["/members"][0]["cookie"].count(f"sid={SID}") == 1
+        assert all(h.get("accept-language") == "fr" for seen in site.seen.values()
+                   for h in seen)
+    assert any(c.name == "srv" and c.value == "from-server" for c in request.jar)
+    attempts = _attempts(path)
+    assert {u.split("/", 3)[3]: s for u, s, *_ in attempts if "robots" not in u} == {
+        "": 200, "private": 200, "members": 200, "next": 200, "lang": 200,
+        **{f"private/{n}": 200 for n in range(1, 5)}}
+    for url, _status, stored, opening, _ in attempts:
+        assert not any(s in stored for s in SECRET_BYTES), stored
+        if url.endswith("/members"):
+            assert opening is not None and f"sid={SID}".encode() in open_request(stored,
+                                                                                 opening)
+    with Store.open(path) as store:
+        assert verify(store).ok
+
+
+def test_what_worker_processes_and_hosts_cannot_carry_is_refused_saying_why(
+        tmp_path: Path, capsys) -> None:
+    store, url = tmp_path / "st", "http://127.0.0.1:9/"
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    os.chmod(token, 0o600)
+    err = _cli_error(["crawl", url, "--store", str(store), "--header", "Accept-Language: fr",
+                      "--listen", "127.0.0.1:0", "--token-file", str(token)], capsys)
+    assert "Error: headers, cookies, credentials and logins are not sent to worker hosts" \
+        in err and "never sent over the network" in err and "Try: leave out --listen" in err
+    secrets = tmp_path / "s.toml"
+    secrets.write_text(f'[[logins]]\nurl = "{url}login"\nsubmit = "#go"\n'
+                       'logged_in = "#out"\nfields = { "#user" = "hunter2" }\n')
+    os.chmod(secrets, 0o600)
+    err = _cli_error(["crawl", url, "--store", str(store), "--secrets", str(secrets),
+                      "--processes", "2"], capsys)
+    assert "Error: a login is watched (a page logged out, a login again) as each page " \
+        "settles, in the crawl's own process" in err and "Try: leave out --processes" in err
+    assert "hunter2" not in err
+    assert not store.exists()

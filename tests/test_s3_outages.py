@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from evidence import CrawlConfig, Store, verify
-from evidence._cli.crawl import _CrawlProgressLine
 from evidence._cli.main import main
+from evidence._crawl.progressline import CrawlProgressLine
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.s3client import S3Client, S3Config, S3Error
 from evidence._write.tls import make_self_signed
@@ -89,7 +89,7 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         assert not client._idle, "a connection to the killed server is still pooled"
         outage = client.outage()
         assert outage is not None and outage.endpoint == server.endpoint
-        line = _CrawlProgressLine(io.StringIO(), outage=client.outage)  # the crawl's
+        line = CrawlProgressLine(io.StringIO(), outage=client.outage)  # the crawl's
         assert line.paused().startswith(
             f"; paused: object store {server.endpoint} unreachable since ")
         server.restart()

@@ -18,8 +18,9 @@
 - the store location (``STORE`` or ``--store``) of every command, which ``Parser`` gives a
   ``--dsn-file FILE`` beside it, and a warning when a password is typed on the command line
   (``_StoreLocation``).
-- ``note_given``, ``apply_config``, ``config_toml``: a TOML file of a command's options
-  under their long flags' names, the command line winning (``crawl --config``).
+
+- ``note_given``: which options the command line gave, so that a TOML file of the
+  command's options (``crawl --config``, read by ``_crawl.configfile``) fills in the rest.
 
 Each command group (``crawl``, ``archive``, ``convert``, ``verify``, ``proofs``,
 ``replay``, ``rules``, ``service``, ``hosts``) imports from here and from the library,
@@ -46,12 +47,12 @@ if TYPE_CHECKING:
     from .._write.tls import TLSFiles
 
 __all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "add_log_options",
-           "add_metrics_options", "apply_config", "archive_location", "archive_source",
-           "artifacts_location", "checkpoint_location", "compare_source", "config_keys",
-           "config_toml", "configure_logs", "confirm", "error_text", "format_bytes", "integer",
-           "listen_options", "local_directory", "local_path", "log_to", "logs_are_json",
-           "non_negative", "note_given", "parse_duration", "positive", "positive_seconds",
-           "print_json", "seconds", "show_default", "store_location", "write_output"]
+           "add_metrics_options", "archive_location", "archive_source", "artifacts_location",
+           "checkpoint_location", "compare_source", "configure_logs", "confirm", "error_text",
+           "format_bytes", "integer", "listen_options", "local_directory", "local_path",
+           "log_to", "logs_are_json", "non_negative", "note_given", "parse_duration", "positive",
+           "positive_seconds", "print_json", "seconds", "show_default", "store_location",
+           "write_output"]
 
 
 # --- the parser's form ----------------------------------------------------------------
@@ -458,12 +459,7 @@ def listen_options(args: argparse.Namespace, *, hosts: bool = False
     return args.listen, tls, token
 
 
-# --- a configuration file for a command's options ----------------------------------------
-
-# Options a configuration file cannot set: what reads the file, and what only a person at
-# the command line should say.
-_NOT_CONFIGURABLE = {"help", "config", "print_config", "yes"}
-
+# --- what the command line gave (crawl --config fills in the rest) --------------------
 
 def note_given(parser: argparse.ArgumentParser) -> None:
     """Make each option of ``parser`` note its dest in ``namespace.given`` when the command
@@ -483,123 +479,6 @@ def note_given(parser: argparse.ArgumentParser) -> None:
 
         action.__class__ = type(base.__name__, (base,), {"__call__": call,
                                                          "_notes_given": True})
-
-
-def config_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Each option a configuration file may set, under its long flag's name with
-    underscores (``--max-documents``: ``max_documents``)."""
-    keys = {}
-    for action in parser._actions:
-        longs = [s for s in action.option_strings if s.startswith("--")]
-        if longs and action.dest not in _NOT_CONFIGURABLE:
-            keys[longs[0][2:].replace("-", "_")] = action
-    return keys
-
-
-class ConfigError(Exception):
-    """A configuration file that cannot be used (raised as an EvidenceError by callers)."""
-
-
-def _line_of(text: str, key: str) -> int | None:
-    found = re.search(rf"(?m)^\s*[\"']?{re.escape(key)}[\"']?\s*=", text)
-    return None if found is None else text.count("\n", 0, found.start()) + 1
-
-
-def apply_config(args: argparse.Namespace, parser: argparse.ArgumentParser, path: str,
-                 *, extra: tuple[str, ...] = ()) -> dict[str, object]:
-    """Fill ``args`` from the TOML file ``path``: every key the command line did not give
-    (``args.given``), converted and checked as its flag's value would be. Returns the keys
-    in ``extra`` (settings the caller handles itself, such as ``seeds``). Raises
-    ``EvidenceError`` naming the file, the line and the key."""
-    import difflib
-    import tomllib
-
-    from .._errors import EvidenceError
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        data = tomllib.loads(text)
-    except OSError as exc:
-        raise EvidenceError(f"cannot read the configuration file {path}: {exc.strerror}",
-                            hint="check the path given to --config") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise EvidenceError(f"{path}: not valid TOML: {exc}",
-                            hint="fix the line it names (https://toml.io)") from exc
-    keys = config_keys(parser)
-    given: set[str] = getattr(args, "given", set())
-    found: dict[str, object] = {}
-    for key, value in data.items():
-        line = _line_of(text, key)
-        where = f"{path}, line {line}" if line else path
-        if key in extra:
-            found[key] = value
-            continue
-        action = keys.get(key) or keys.get(key.replace("-", "_"))
-        if action is None:
-            close = difflib.get_close_matches(key, [*keys, *extra], n=1)
-            raise EvidenceError(f"{where}: unknown key {key!r}", hint=(
-                f"did you mean {close[0]!r}? " if close else "") + f"'{parser.prog} --help' "
-                "lists the options; a key is a long flag's name with underscores")
-        if action.dest in given:
-            continue  # the command line wins
-        try:
-            setattr(args, action.dest, _config_value(action, value))
-        except (ConfigError, argparse.ArgumentTypeError, ValueError, TypeError) as exc:
-            raise EvidenceError(f"{where}: {key} = {value!r}: {exc}",
-                                hint=f"'{parser.prog} --help' says what "
-                                f"{action.option_strings[-1]} takes") from exc
-    return found
-
-
-def _config_value(action: argparse.Action, value: object) -> object:
-    """A TOML value as the flag's own parsing would have made it."""
-    if action.nargs == 0:  # a switch: true means the flag was given
-        if not isinstance(value, bool):
-            raise ConfigError("expected true or false")
-        return action.const if value else action.default
-    if isinstance(action, argparse._AppendAction):
-        items = value if isinstance(value, list) else [value]
-        return [_one_value(action, item) for item in items]
-    if isinstance(value, list | dict):
-        raise ConfigError("expected one value, not a list or a table")
-    return _one_value(action, value)
-
-
-def _one_value(action: argparse.Action, value: object) -> object:
-    if isinstance(value, bool | list | dict):
-        raise ConfigError(f"expected {action.metavar or 'a value'}")
-    converted = action.type(str(value)) if callable(action.type) else str(value)
-    if action.choices is not None and converted not in action.choices:
-        raise ConfigError("expected one of " + ", ".join(map(str, action.choices)))
-    return converted
-
-
-def config_toml(args: argparse.Namespace, parser: argparse.ArgumentParser,
-                extra: dict[str, object]) -> str:
-    """The effective options as a configuration file (``--print-config``): what
-    ``--config`` reads back to the same options. Unset options are left out."""
-    values: dict[str, object] = dict(extra)
-    for key, action in config_keys(parser).items():
-        value = getattr(args, action.dest, None)
-        if value is None or value == [] or (action.nargs == 0 and value == action.default):
-            continue
-        values[key] = True if action.nargs == 0 else value
-    return "".join(f"{key} = {_toml(value)}\n" for key, value in values.items())
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, tuple):  # a pair parsed from "A=B" (--recrawl): its own form
-        return _toml("=".join(map(str, value)))
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):  # an inline table (crawl's [[hosts]])
-        return "{" + ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in value.items()) + "}"
-    # A TOML basic string takes JSON's escapes.
-    return msgspec.json.encode(str(value)).decode()
 
 
 # --- locations: what each argument may name, refused by scheme before anything is made ----

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
-import os
-import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import msgspec
+from typing import TYPE_CHECKING
 
 from .._errors import EvidenceError
 from .common import (
@@ -29,10 +24,8 @@ from .common import (
     add_listen_options,
     add_metrics_options,
     add_outage_option,
-    apply_config,
     artifacts_location,
     checkpoint_location,
-    config_toml,
     confirm,
     format_bytes,
     listen_options,
@@ -53,14 +46,10 @@ from .common import (
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.checkpoint import Checkpointer
     from .._audit.status import RunStatus, StoreStatus
-    from .._crawl.crawler import CrawlProgress, CrawlResult
-    from .._crawl.frontier import CrawlConfig
+    from .._crawl.crawler import CrawlResult
     from .._store.db import Store
 
 __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
-
-log = logging.getLogger("evidence.crawl")
-
 
 def _cmd_init(args: argparse.Namespace) -> int:
     from .._store.db import Store
@@ -86,15 +75,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_crawl(args: argparse.Namespace) -> int:
-    _configure(args)
+    from .._crawl.arguments import configure, effective_config
+
+    configure(args)
     if args.print_config:
-        extra: dict[str, object] = {"seeds": list(args.urls)} if args.urls else {}
-        if args.request_hosts:
-            extra["hosts"] = [msgspec.to_builtins(h) for h in args.request_hosts]
-        sys.stdout.write(config_toml(args, args.crawl_parser, extra))
-        for rule in args.proxies or ():  # tables come after the keys; no credentials
-            hosts, url = msgspec.json.encode(rule["hosts"]), msgspec.json.encode(rule["url"])
-            sys.stdout.write(f"\n[[proxies]]\nhosts = {hosts.decode()}\nurl = {url.decode()}\n")
+        sys.stdout.write(effective_config(args))
         return 0
     result = run_crawl(args)
     if args.json:
@@ -107,94 +92,6 @@ def _cmd_crawl(args: argparse.Namespace) -> int:
               f"{c.done} done, {c.queued} queued, {c.failed} failed, {c.skipped} skipped; "
               f"{result.documents} pages requested by this run")
     return crawl_exit_status(result)
-
-
-def _configure(args: argparse.Namespace) -> None:
-    """The options as the command line and ``--config`` give them together (the command line
-    wins), the seeds from ``--seeds`` and the file's ``seeds``, and a store to crawl into."""
-    extra = {}
-    if args.config is not None:
-        extra = apply_config(args, args.crawl_parser, args.config,
-                             extra=("seeds", "proxies", "hosts"))
-    args.request_hosts = None
-    if "hosts" in extra:  # [[hosts]] tables: what requests to matching hosts carry
-        from .._crawl.secrets import host_tables
-
-        args.request_hosts = host_tables(extra["hosts"], str(args.config))
-    seeds = list(args.urls)
-    tables = None
-    if args.seeds is not None:
-        more, tables = read_seeds(args.seeds)
-        seeds += more
-    if not seeds and "seeds" in extra:  # the command line's seeds win over the file's
-        value = extra["seeds"]
-        if isinstance(value, str):
-            seeds, tables = read_seeds(value)
-        elif isinstance(value, list) and all(isinstance(s, str) for s in value):
-            seeds = list(value)
-        else:
-            raise EvidenceError(f"{args.config}: seeds = {value!r}: expected a list of URLs "
-                                "or the path of a seeds file",
-                                hint='seeds = ["https://example.com/"] or seeds = "seeds.txt"')
-    args.urls = seeds
-    _configure_proxies(args, extra.get("proxies"))
-    args.seed_tables = None
-    if tables is not None:  # per-seed rules: every seed has a table (a URL alone: the crawl's)
-        from .._crawl.seeds import SeedOptions
-
-        named = {t.url for t in tables}
-        args.seed_tables = [*(SeedOptions(url=u) for u in seeds if u not in named), *tables]
-    if args.store is None:
-        raise EvidenceError("the crawl needs a store", hint="give --store DIR, or store = "
-                            "\"DIR\" in the file given to --config")
-
-
-_PROXY_PASSWORD_WARNING = (
-    "Warning: the --proxy URL on this command line holds a password, which every user of "
-    "this machine can read (ps, /proc/PID/cmdline); put proxy = \"...\" in the file given "
-    "to --config (mode 600) instead. It is never recorded or shown.\n")
-
-
-def _configure_proxies(args: argparse.Namespace, rules: object) -> None:
-    """``--proxy`` and the file's ``[[proxies]]`` checked (before anything is created), and
-    split into what the session records (no credentials) and the credentials."""
-    from .._crawl.proxy import crawl_routes, parse_proxy, recordable
-
-    where = f"{args.config}: " if args.config is not None else ""
-    if rules is None:
-        rules = []
-    if not isinstance(rules, list):
-        raise EvidenceError(f"{where}proxies: expected [[proxies]] tables",
-                            hint='[[proxies]] hosts = ["*.example.com"] '
-                            'url = "socks5://127.0.0.1:1080"')
-    typed = "proxy" in getattr(args, "given", set()) and args.proxy is not None
-    try:
-        if typed and getattr(parse_proxy(args.proxy), "password", None):
-            sys.stderr.write(_PROXY_PASSWORD_WARNING)
-        args.proxy, args.proxies, args.proxy_credentials = recordable(args.proxy, rules)
-        crawl_routes(args.proxy, args.proxies, remote_dns=bool(args.proxy_remote_dns))
-    except EvidenceError as exc:
-        raise EvidenceError(f"{where}{exc}", hint=exc.hint) from None
-    if not args.proxies:
-        args.proxies = None  # not given: a resumed session keeps its recorded rules
-
-
-def _proxy(text: str) -> str:
-    from .._crawl.proxy import parse_proxy
-
-    try:
-        parse_proxy(text)
-    except EvidenceError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} ({exc.hint})") from None
-    return text
-
-
-def read_seeds(path: str) -> tuple[list[str], list | None]:
-    """A seeds file's URLs, and its ``[[seeds]]`` tables if it is TOML (``_crawl.seeds``)."""
-    from .._crawl.behaviors import BEHAVIORS
-    from .._crawl.seeds import load_seeds_file
-
-    return load_seeds_file(path, behaviors=BEHAVIORS)
 
 
 def crawl_exit_status(result: CrawlResult) -> int:
@@ -214,13 +111,22 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     Everything a mistake could be caught by (the seeds, the rules file, resuming a store
     that does not exist) is checked before the store is created or opened for writing.
     """
+    from .._crawl.arguments import (
+        configure_proxies,
+        crawl_config,
+        render_options,
+        request_options,
+        s3_outage_deadline,
+        worker_hosts,
+    )
     from .._crawl.frontier import check_seeds
+    from .._crawl.progressline import CrawlProgressLine, CrawlProgressLog
     from .._store.db import DB_NAME, Store
     from .._store.location import is_server_database
 
     stderr = stderr or sys.stderr
     if not hasattr(args, "proxy_credentials"):  # parsed without --config (the demo)
-        _configure_proxies(args, None)
+        configure_proxies(args, None)
     path = Path(args.store)
     postgres = is_server_database(args.store)  # a database: resuming is checked at open
     if args.urls:
@@ -228,22 +134,9 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     elif not postgres and not (path / DB_NAME).exists():
         raise EvidenceError(f"no URL given, and {path} holds no crawl to resume",
                             hint=f"give the seed URLs: evidence crawl URL --store {path}")
-    hosts = None
-    if args.hosts_file is not None:  # each worker host's own token (_crawl/hostauth.py)
-        from .._crawl.hostauth import load_hosts
-
-        if args.listen is None:
-            raise EvidenceError("--hosts-file names the worker hosts of a crawl that takes "
-                                "them", hint="add --listen HOST:PORT")
-        hosts = load_hosts(args.hosts_file)
-    if args.cross_check is not None and args.listen is None:
-        raise EvidenceError("--cross-check fetches again pages that worker hosts fetched",
-                            hint="add --listen HOST:PORT (and worker hosts)")
-    if args.fail_when_no_hosts is not None and args.listen is None:
-        raise EvidenceError("--fail-when-no-hosts is for a crawl that takes worker hosts",
-                            hint="add --listen HOST:PORT")
+    hosts = worker_hosts(args)
     listen, tls, token = listen_options(args, hosts=hosts is not None)  # before the store
-    request = _request_options(args)
+    request = request_options(args)
     if args.metrics is not None:
         from .._write.metrics import metrics_address
 
@@ -267,19 +160,19 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
     from .._crawl.crawler import Crawler, CrawlOptions
 
     log_to(stderr)
-    with _s3_outage_deadline(args.s3_outage_deadline), Store.create(
+    with s3_outage_deadline(args.s3_outage_deadline), Store.create(
             args.store if postgres else path, sync=args.sync, artifacts=args.artifacts,
             db_outage_deadline=args.db_outage_deadline) as store, store.writer_lock(), \
             _checkpoints(args, store) as checkpointer:
-        config = _crawl_config(args, store, rules, request)
+        config = crawl_config(args, store, rules, request)
         if config.request and request is None:
             raise EvidenceError("the open session's requests carry headers, cookies or "
                                 "credentials, and none were given",
                                 hint="give the same --header, --cookies, --secrets and "
                                 "[[hosts]] as the run that started it")
-        render = _render_options(args, config, request)
-        progress: _CrawlProgressLine | _CrawlProgressLog = (
-            _CrawlProgressLog() if logs_are_json() else _CrawlProgressLine(
+        render = render_options(args, config, request)
+        progress: CrawlProgressLine | CrawlProgressLog = (
+            CrawlProgressLog() if logs_are_json() else CrawlProgressLine(
                 stderr, outage=getattr(store.artifacts, "outage", None)))
         options = CrawlOptions(
             workers=args.workers, per_host=args.per_host, delay=args.delay,
@@ -359,26 +252,6 @@ def _interval(text: str) -> float:
     return value
 
 
-@contextlib.contextmanager
-def _s3_outage_deadline(value: float | None) -> Iterator[None]:
-    """``--s3-outage-deadline``: in the environment, where this process and the worker
-    processes it starts read an S3 store's settings (``_store/s3.py``), for the run."""
-    if value is None:
-        yield
-        return
-    from .._store.s3 import OUTAGE_DEADLINE_ENV
-
-    before = os.environ.get(OUTAGE_DEADLINE_ENV)
-    os.environ[OUTAGE_DEADLINE_ENV] = repr(value)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(OUTAGE_DEADLINE_ENV, None)
-        else:
-            os.environ[OUTAGE_DEADLINE_ENV] = before
-
-
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -396,43 +269,14 @@ def _lease(text: str) -> float:
     return value
 
 
-_CONFIG_FLAGS = ("scope", "include", "exclude", "max_depth", "max_attempts", "sitemap",
-                 "obey_robots", "user_agent", "max_body_bytes", "max_content_bytes",
-                 "max_parse_bytes", "max_links", "recrawl", "rules", "render", "render_only",
-                 "requisites", "allow_network", "render_unsafe_anywhere", "proxy",
-                 "proxies", "proxy_remote_dns", "http1_only")
+def _proxy(text: str) -> str:
+    from .._crawl.proxy import parse_proxy
 
-
-def _render_options(args: argparse.Namespace, config: CrawlConfig,
-                    request=None):  # -> RenderOptions | None
-    """How pages are rendered, when the session renders or logs in (a login runs in the
-    browser too); the browser must exist first."""
-    if not (config.render or config.render_only or (request is not None and request.logins)):
-        return None
-    from .._crawl.browser import find_browser
-    from .._crawl.render import RenderOptions
-
-    return RenderOptions(executable=find_browser(args.browser), timeout=args.render_timeout,
-                         tabs=args.render_tabs, mhtml=args.render_mhtml,
-                         behaviors=_behavior_options(args))
-
-
-def _behavior_options(args: argparse.Namespace):  # -> BehaviorOptions
-    """The behaviours a render runs before its capture (docs/replay.md#behaviours)."""
-    from .._crawl.behaviors import BEHAVIORS, BehaviorOptions
-
-    script = name = None
-    if args.behavior_script is not None:
-        try:
-            script = Path(args.behavior_script).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EvidenceError(f"{args.behavior_script}: cannot read the behaviour script "
-                                f"({exc})", hint="give a UTF-8 JavaScript file") from None
-        name = Path(args.behavior_script).name
-    return BehaviorOptions(
-        enabled=BEHAVIORS if args.behaviors is None else args.behaviors,
-        click_selectors=tuple(args.behavior_click or ()), script=script, script_name=name,
-        max_seconds=args.behavior_seconds)
+    try:
+        parse_proxy(text)
+    except EvidenceError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} ({exc.hint})") from None
+    return text
 
 
 def _behavior_list(text: str) -> tuple[str, ...]:
@@ -448,56 +292,6 @@ def _behavior_list(text: str) -> tuple[str, ...]:
             f"unknown behaviour {', '.join(unknown) or repr(text)}: give 'none' or some of "
             f"{','.join(BEHAVIORS)}")
     return names
-
-
-def _request_options(args: argparse.Namespace):  # -> RequestOptions | None
-    """Headers, cookies and credentials for the crawl's requests (``_crawl.secrets``), or
-    None; checked before the store is touched."""
-    hosts = getattr(args, "request_hosts", None) or []
-    if not (args.header or args.cookies or args.secrets or hosts):
-        return None
-    from .._crawl.cookies import parse_netscape
-    from .._crawl.secrets import RequestOptions, Secrets, load_secrets
-
-    if args.processes or args.listen:
-        raise EvidenceError("headers, cookies and credentials are sent by this process only, "
-                            "and its session's cookie jar lives here",
-                            hint="leave out --processes and --listen for this crawl")
-    cookies = []
-    if args.cookies is not None:
-        try:
-            text = Path(args.cookies).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EvidenceError(f"cannot read the cookies file {args.cookies}: {exc}",
-                                hint="a Netscape cookies.txt file, in UTF-8") from None
-        cookies = parse_netscape(text, source=args.cookies)
-    secrets = Secrets() if args.secrets is None else load_secrets(args.secrets)
-    return RequestOptions.build(headers=args.header or (), hosts=hosts, cookies=cookies,
-                                secrets=secrets)
-
-
-def _crawl_config(args: argparse.Namespace, store: Store,
-                  rules: list[dict[str, object]] | None, request=None) -> CrawlConfig:
-    """The arguments given, over the open session's recorded configuration when resuming."""
-    from .._crawl.frontier import CrawlConfig, last_session
-
-    given = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k) is not None}
-    if request is not None:
-        given["request"] = request.as_record()
-    if getattr(args, "seed_tables", None):
-        given["seed_options"] = [msgspec.to_builtins(t) for t in args.seed_tables]
-    if "recrawl" in given:
-        given["recrawl"] = dict(given["recrawl"])
-    if rules is not None:
-        given["rules"] = rules
-    if args.urls:
-        return CrawlConfig(seeds=list(args.urls), **given)
-    with store.snapshot() as conn:
-        last = last_session(conn)
-    if last is None or last.outcome is not None or args.clean:
-        raise EvidenceError("no URL given and no open session to resume",
-                            hint="give the seed URLs: evidence crawl URL --store STORE")
-    return msgspec.convert({**last.config, **given}, CrawlConfig)
 
 
 def _config_default(field: str):  # -> Callable[[], object]
@@ -552,104 +346,6 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
-class _CrawlProgressLine:
-    """The crawl's progress on stderr. On a terminal: the session and seed once, then a
-    live line redrawn in place (and ended with a newline when the crawl ends); elsewhere a
-    full line every 10 seconds. It counts errors as they happen, and says why fewer fetches
-    are in flight than allowed."""
-
-    def __init__(self, stream, *, outage: Callable[[], Any] | None = None) -> None:
-        self.stream = stream
-        self.outage = outage  # an object store's outage under way, if any (``describe``)
-        self.tty = stream.isatty()
-        self._drawn = False
-        self._named = False
-        self._last = 0.0
-
-    def __call__(self, p: CrawlProgress) -> None:
-        if self.tty:
-            if not self._named:
-                self.say(f"crawling {self.seeds(p)} in session {p.session_id} "
-                         f"(run {p.run_id})")
-                self._named = True
-            line = self.line(p)
-            width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn
-            self.stream.write("\r\x1b[K" + (line if len(line) <= width else
-                                             line[:max(0, width - 1)] + "…"))
-            self.stream.flush()
-            self._drawn = True
-        elif p.elapsed - self._last >= 10:
-            self._last = p.elapsed
-            self.stream.write(f"{p.session_id} {self.seeds(p)}: {self.line(p)}\n")
-            self.stream.flush()
-
-    @staticmethod
-    def seeds(p: CrawlProgress) -> str:
-        if not p.seeds:
-            return "?"
-        return p.seeds[0] + (f" (+{len(p.seeds) - 1} more seeds)" if len(p.seeds) > 1 else "")
-
-    def line(self, p: CrawlProgress) -> str:
-        return self.counts(p) + self.paused()
-
-    def paused(self) -> str:
-        """Why the crawl is paused, if an object store it waits on is down (else "")."""
-        outage = self.outage() if self.outage is not None else None
-        return f"; paused: {outage.describe()}" if outage else ""
-
-    @staticmethod
-    def counts(p: CrawlProgress) -> str:
-        c = p.counts
-        text = (f"done {c.done}, queued {c.queued}, in flight {p.in_flight} of {p.workers}, "
-                f"failed {c.failed}, skipped {c.skipped}, errors {p.errors}, "
-                f"{p.pages_per_second:.1f} pages/s")
-        if p.limited_by:
-            text += "; fewer in flight: " + "; ".join(p.limited_by)
-        if p.database_unreachable_since is not None:
-            text = (f"paused: database unreachable since {p.database_unreachable_since}, "
-                    f"retrying; {text}")
-        return text
-
-    def say(self, text: str) -> None:
-        """A line of its own (the live line is redrawn after it)."""
-        self.end()
-        self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def end(self) -> None:
-        """End the live line with a newline, so what follows starts on a line of its own."""
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
-
-
-class _CrawlProgressLog:
-    """The progress as log lines, with ``--log-format json`` (stderr then carries JSON lines
-    only): a ``crawl.progress`` line at the first report and every 10 seconds after, its
-    counts in ``data``; what the line would say (a stop signal) as ``crawl.stopping``."""
-
-    def __init__(self) -> None:
-        self._last: float | None = None
-
-    def __call__(self, p: CrawlProgress) -> None:
-        if self._last is None or p.elapsed - self._last >= 10:
-            self._last = p.elapsed
-            c = p.counts
-            text = _CrawlProgressLine.counts(p)
-            log.info("%s", text, extra={"event": "crawl.progress", "data": {
-                "done": c.done, "queued": c.queued, "in_flight": p.in_flight,
-                "failed": c.failed, "skipped": c.skipped, "errors": p.errors,
-                "requested": p.requested, "pages_per_second": round(p.pages_per_second, 3),
-                "limited_by": p.limited_by}})
-
-    def say(self, text: str) -> None:
-        log.info("%s", text, extra={"event": "crawl.stopping"})
-
-    def end(self) -> None:
-        pass
-
-
 def _cmd_stop(args: argparse.Namespace) -> int:
     from .._store.db import stop_writer
 
@@ -663,7 +359,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .._demo.site import SiteConfig, TestSite
+    from .._demo.site import SiteConfig, TestSite, demo_tally
     from .._store.db import Store
 
     config = SiteConfig(pages=args.pages)
@@ -675,7 +371,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         result = run_crawl(_crawl_arguments(site.url, "--store", args.store, "--clean",
                                             "--yes"))
     with Store.open(args.store) as store, store.snapshot() as conn:
-        found = _demo_tally(conn, result.session_id)
+        found = demo_tally(conn, result.session_id)
     print(f"\ncrawled into {args.store}: the home page {'and' if found['home'] else 'not, but'}"
           f" {found['pages']} of the {args.pages} pages; followed {found['redirects']} "
           f"redirects, recorded {found['broken']} broken links, skipped "
@@ -691,26 +387,6 @@ def _crawl_arguments(*argv: str) -> argparse.Namespace:
     parser: argparse.ArgumentParser = Parser(prog="evidence")
     add_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["crawl", *argv])
-
-
-def _demo_tally(conn, session_id: str) -> dict[str, int]:
-    """The demo site's URLs the session settled as done, counted the way the demo announced
-    them (the site's paths are fixed: /, /p/N, redirects answer 301, broken links 404)."""
-    from urllib.parse import urlsplit
-
-    found = {"home": 0, "pages": 0, "redirects": 0, "broken": 0}
-    for url, reason in conn.execute("SELECT url, reason FROM frontier WHERE session_id = ? "
-                                    "AND state = 'done'", (session_id,)):
-        path = urlsplit(url).path
-        if reason == "HTTP 404":
-            found["broken"] += 1
-        elif reason.startswith("HTTP 3"):
-            found["redirects"] += 1
-        elif path == "/":
-            found["home"] += 1
-        elif path.startswith("/p/"):
-            found["pages"] += 1
-    return found
 
 
 def _format_status(s: StoreStatus) -> str:
@@ -811,7 +487,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--seeds", metavar="FILE", type=local_path,
                    help="seed URLs from a file, one a line (# starts a comment); or, named "
                    "*.toml, [[seeds]] tables with each seed's own scope, max_depth, "
-                   "include, exclude, headers and behaviors (docs/crawling.md)")
+                   "include, exclude, headers, behaviors and login (a named [[logins]] table "
+                   "of --secrets; docs/crawling.md)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective options as a --config file and exit (nothing "
                    "is crawled or created)")
@@ -885,8 +562,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--secrets", metavar="FILE", type=local_path,
                    help="credentials (HTTP basic or digest), secret headers and cookies per "
                    "host pattern ([[hosts]] tables), and form logins run in Chromium "
-                   "([[logins]]), from a TOML file only its owner may read (mode 600); "
-                   "sealed in the stored requests (docs/crawling.md)")
+                   "([[logins]]: cookies and localStorage carried to every fetch and "
+                   "render), from a TOML file only its owner may read (mode 600); sealed in "
+                   "the stored requests; with --processes (no login there) but not "
+                   "--listen (docs/crawling.md)")
     p.add_argument("--allow-network", action="append", type=_network, metavar="CIDR",
                    help="let the crawl and its renders connect to addresses in CIDR too "
                    "(repeatable); by default loopback, private, link-local, unique-local, "

@@ -156,17 +156,23 @@ class BehaviorLog:
         self.options = options
         self.actions: list[dict[str, Any]] = []
         self.stopped: dict[str, str] = {}  # behaviour -> why it ended
+        # The localStorage a login left that the render was given (``_crawl.login``):
+        # {"origin": ..., "items": {...}} as recorded, or None (then not in the log).
+        self.storage: dict[str, object] | None = None
 
     def encode(self) -> bytes:
         """The log as canonical JSON (sorted keys, no spaces, UTF-8)."""
         o = self.options
-        log = {"format": LOG_FORMAT, "enabled": list(o.enabled),
-               "click_selectors": list(o.click_selectors),
-               "script": o.script_name if o.script is not None else None,
-               "bounds": {"max_seconds": o.max_seconds, "step_settle": o.step_settle,
-                          "max_scroll_height": o.max_scroll_height,
-                          "max_clicks": o.max_clicks, "max_actions": o.max_actions},
-               "actions": self.actions, "stopped": self.stopped}
+        log: dict[str, object] = {
+            "format": LOG_FORMAT, "enabled": list(o.enabled),
+            "click_selectors": list(o.click_selectors),
+            "script": o.script_name if o.script is not None else None,
+            "bounds": {"max_seconds": o.max_seconds, "step_settle": o.step_settle,
+                       "max_scroll_height": o.max_scroll_height,
+                       "max_clicks": o.max_clicks, "max_actions": o.max_actions},
+            "actions": self.actions, "stopped": self.stopped}
+        if self.storage is not None:
+            log["storage"] = self.storage
         return json.dumps(log, sort_keys=True, separators=(",", ":"),
                           ensure_ascii=False).encode()
 

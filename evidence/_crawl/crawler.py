@@ -78,7 +78,7 @@ from .render import RENDER_SEQUENCE, Renderer, RenderOptions
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
-from .secrets import HostOptions, RequestOptions
+from .secrets import WORKER_HOSTS_HINT, WORKER_HOSTS_REFUSAL, HostOptions, RequestOptions
 from .seeds import SeedOptions, origin_of
 from .session import (
     Outcome,
@@ -447,11 +447,11 @@ class Crawler:
         seeds = [msgspec.convert(s, SeedOptions) for s in self.config.seed_options]
         tables = [HostOptions(match=origin_of(s.url).split("://", 1)[1], headers=s.headers)
                   for s in seeds if s.headers]
-        if (tables or self.options.request is not None) and (
-                self.options.processes > 0 or self.options.listen):
-            raise EvidenceError("headers, cookies and credentials are sent by the crawl's "
-                                "own process only, and its session's cookie jar lives there",
-                                hint="leave out --processes and --listen for this crawl")
+        if (tables or self.options.request is not None) and self.options.listen:
+            raise EvidenceError(WORKER_HOSTS_REFUSAL, hint=WORKER_HOSTS_HINT)
+        why = None if self.options.request is None else self.options.request.for_worker()
+        if why is not None and self.options.processes > 0:
+            raise EvidenceError(why, hint="leave out --processes for this crawl")
         if tables:
             if self.options.request is None:
                 self.options = dataclasses.replace(self.options, request=RequestOptions())
@@ -743,13 +743,22 @@ class Crawler:
             result = await self._pages.request(order)
             self._request_over(slot)
             return await self._record(await self._pages.settle(order, result), slot)
+        request = self.options.request
+        if request is not None:  # the jar is here: this process decides the Cookie
+            headers, secrets = request.order_headers(order.url, order.headers)
+            order = msgspec.structs.replace(order, headers=headers, secrets=secrets, jar=True,
+                                            digest=request.digest_nonce(order.url))
         try:
             async with self._pool.hand(order) as handed:
                 if await handed.request_over():  # its worker process says it is over
                     self._request_over(slot)
-                return await handed.outcome()
+                effects = await handed.outcome()
         except WorkerLost as lost:
             return await self._lost(order, lost)
+        if request is not None and effects.head is not None:  # its Set-Cookie, a challenge
+            request.update(order.url, effects.head)
+            request.challenged(order.url, effects.head)
+        return effects
 
     async def _lost(self, order: PageOrder, lost: WorkerLost) -> PageEffects:
         """Settle a page whose worker process died, from what the store holds of it.

@@ -76,7 +76,7 @@ from .render import Rendered, SourceCapture
 from .renderscope import RenderScope
 from .rules import evaluate_page
 from .rulesfile import RuleSet
-from .secrets import RequestOptions
+from .secrets import RequestOptions, new_challenge, set_cookies
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 
@@ -98,6 +98,18 @@ class PageOrder(msgspec.Struct, frozen=True, kw_only=True):
     # so that nothing computes them again (issue 15, one pass per page).
     key: str = ""
     host: str = ""
+    # For a worker process (``--processes``): the request options' values among
+    # ``headers`` that are secret, sealed in the stored request (``_crawl.secrets``);
+    # whether the crawl's request options want the answer's head back (its
+    # ``Set-Cookie``, a digest challenge: the jar and the challenges live in the crawl's
+    # process, which decides each order's fields); and with digest credentials for the
+    # host, the nonce the crawl answers there ("" none yet): a 401 with another is retried.
+    secrets: list[str] = []
+    jar: bool = False
+    digest: str | None = None
+
+    def __repr__(self) -> str:  # a debug line never shows a header's value
+        return f"PageOrder({self.url!r}, attempts={self.attempts})"
 
 
 class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +125,9 @@ class PageEffects(msgspec.Struct, frozen=True, kw_only=True):
     # A page to render (``_crawl.renderscope``): committed, links and all, but left in
     # flight; the crawl process renders it and settles it with the render.
     render: FetchAttempt | None = None
+    # A worker process's page, for the crawl's request options (``PageOrder.jar``): the
+    # answer's head, when it sets a cookie or is a 401.
+    head: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -285,11 +300,13 @@ class PageWorker:
         return queued
 
     async def fetch(self, url: str, sequence: int, headers: dict[str, str] | None = None,
-                    keep_content: int | None = None) -> FetchResult:
+                    keep_content: int | None = None, secrets: Sequence[str] = ()
+                    ) -> FetchResult:
         """Request ``url`` with this crawl's caps; ``keep_content``: ``FetchResult.body``
-        holds a content of at most this many bytes (None: any, e.g. a robots.txt)."""
+        holds a content of at most this many bytes (None: any, e.g. a robots.txt);
+        ``secrets``: values among ``headers`` sealed in the stored request."""
         config = self.config
-        secrets: list[str] = []
+        secrets = list(secrets)
         if self.request_options is not None:
             added = self.request_options.for_url(url)
             headers, secrets = {**added.headers, **(headers or {})}, added.secrets
@@ -319,7 +336,8 @@ class PageWorker:
         # than they read): what the page derived is not held while it commits.
         keep = self.config.max_parse_bytes if self.rules or self._reads_for_login(
             order.url) else 0
-        return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep)
+        return await self.fetch(order.url, order.attempts + 1, order.headers or None, keep,
+                                order.secrets)
 
     async def record(self, settlement: Settlement, *, claimed: Sequence[str] = (),
                      last: bool = False) -> PageEffects:
@@ -338,7 +356,11 @@ class PageWorker:
         result = await self.request(order)
         if fetched is not None:
             await fetched()
-        return await self.record(await self.settle(order, result))
+        effects = await self.record(await self.settle(order, result))
+        if order.jar and result.headers is not None and (
+                result.status == 401 or set_cookies(result.head)):
+            return msgspec.structs.replace(effects, head=result.head)
+        return effects
 
     async def settle(self, order: PageOrder, result: FetchResult) -> Settlement:
         """What the page's request comes to, built and not yet committed (``record``): a
@@ -375,8 +397,7 @@ class PageWorker:
         relogged = await self._logged_out(order.url, result)
         if relogged is not None:
             return self.retry(order, messages, relogged, backoff=None, wait=0.0)
-        if status == 401 and self.request_options is not None and \
-                self.request_options.challenged(order.url, result.head):
+        if status == 401 and self._challenged(order, result.head):
             return self.retry(order, messages, "HTTP 401: a digest challenge, answered by "
                               "the next attempt", backoff=None, wait=0.0)
         if transient or status is None or status in (429, 503) or status >= 500:
@@ -467,6 +488,14 @@ class PageWorker:
             message_id=new_id("m-"), attempt_id=new_id("a-"), run_id=self.run_id,
             url=order.url, sequence=order.attempts + 1, started_at=utc_now(),
             elapsed_ms=0.0, outcome=outcome, error=reason)
+
+    def _challenged(self, order: PageOrder, head: bytes) -> bool:
+        """Whether a 401 brought a digest challenge the page's next attempt answers: the
+        request options' (kept for the host), or, in a worker process, one the crawl's
+        process will answer (a nonce other than the order's; it reads the head back)."""
+        if self.request_options is not None:
+            return self.request_options.challenged(order.url, head)
+        return order.digest is not None and new_challenge(head, order.digest) is not None
 
     # --- logins ---------------------------------------------------------------------
 

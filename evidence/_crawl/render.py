@@ -59,7 +59,7 @@ from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .http import Client
 from .links import extract_links
-from .login import LoginLog, LoginRecipe, run_login
+from .login import LoginLog, LoginRecipe, recorded_storage, run_login, storage_script
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
 from .secrets import RequestOptions
 from .seeds import origin_of
@@ -202,6 +202,10 @@ class Renderer:
         render_id = new_id("r-")
         if login is not None:
             self._body_secrets[render_id] = list(login[0].fields.values())
+        elif self._storage_for(source.url) is not None and self.request is not None:
+            # values a login's storage may carry: sealed in this render's requests too
+            self._body_secrets[render_id] = [v for r in self.request.logins
+                                             for v in r.fields.values()]
         started_at, t0 = utc_now(), time.monotonic()
         width, height = self.options.viewport
         proxy = RecordingProxy(source=source, max_body_bytes=self.max_body_bytes,
@@ -255,11 +259,33 @@ class Renderer:
                              sequence=next(self._sequence), user_agent=self.user_agent,
                              max_body_bytes=self.max_body_bytes, extra_headers=headers,
                              method=request.method, content=request.body,
-                             render_id=render_id, secrets=secrets,
+                             render_id=render_id,
+                             secrets=[*secrets, *self._body_secrets.get(render_id, ())],
                              body_secrets=self._body_secrets.get(render_id, ()))
         if self.request is not None and result.headers is not None:
             self.request.update(request.url, result.head)
         return result
+
+    def _storage_for(self, url: str) -> tuple[str, dict[str, str]] | None:
+        """The localStorage a login left for ``url``'s origin (``_crawl.login``), if any."""
+        if self.request is None or not self.request.storage:
+            return None
+        origin = origin_of(url)
+        items = self.request.storage.get(origin)
+        return None if not items else (origin, dict(items))
+
+    async def _give_storage(self, page: Page, url: str, out: _Captured) -> None:
+        """Put the login's localStorage in place before the page's scripts run, and record
+        what was given in the render's log (secret field values as ``[field ...]``)."""
+        state = self._storage_for(url)
+        if state is None or self.request is None:
+            return
+        origin, items = state
+        await page.send("Page.addScriptToEvaluateOnNewDocument",
+                        {"source": storage_script(origin, items)})
+        out.behaviors = BehaviorLog(self.options.behaviors_for(url))
+        out.behaviors.storage = {"origin": origin,
+                                 "items": recorded_storage(items, self.request.logins)}
 
     def _refused(self, render_id: str, request: BrowserRequest, reason: str) -> FetchResult:
         """A request not made: an attempt that says why (the browser gets no answer)."""
@@ -288,6 +314,8 @@ class Renderer:
         await page.send("Inspector.enable")
         await page.send("Emulation.setDeviceMetricsOverride", {
             "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        if login is None:
+            await self._give_storage(page, source.url, out)
         out.step = "loading"
         navigated = await page.send("Page.navigate", {"url": source.url})
         if navigated.get("errorText"):
@@ -311,9 +339,12 @@ class Renderer:
                 if out.outcome == "rendered":
                     out.fail("error", failed)
                 return
+            if login[1].captured is not None and self.request is not None:
+                origin, items = login[1].captured  # a new login replaces the origin's state
+                self.request.storage[origin] = items
         elif behaviors.active:
             out.step = "running behaviours"
-            out.behaviors = BehaviorLog(behaviors)
+            out.behaviors = out.behaviors or BehaviorLog(behaviors)
             done = await run_behaviors(
                 page, out.behaviors,
                 settle=lambda: self._settle(page, out, proxy, limit=behaviors.step_settle),

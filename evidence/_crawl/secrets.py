@@ -58,12 +58,20 @@ from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .cookies import Cookie, CookieJar
 from .digest import Challenge, authorization, parse_challenge
-from .login import LoginRecipe, login_tables
+from .login import LoginRecipe, NamedLogin, SeedLogin, login_tables, resolve_login
 
-__all__ = ["Added", "HostOptions", "Opening", "RequestOptions", "Secrets", "load_secrets",
-           "open_request", "parse_header", "redact"]
+__all__ = ["WORKER_HOSTS_HINT", "WORKER_HOSTS_REFUSAL", "Added", "HostOptions", "Opening",
+           "RequestOptions", "Secrets", "load_secrets", "new_challenge", "open_request",
+           "parse_header", "redact", "set_cookies"]
 
 SECRETS_NS = "secrets"
+# Why request options are refused with worker hosts (docs/security.md, "Secrets a crawl
+# sends"): the secrets would have to travel to other machines.
+WORKER_HOSTS_REFUSAL = ("headers, cookies, credentials and logins are not sent to worker "
+                        "hosts: the secrets file, the cookie jar and the login stay on this "
+                        "machine, never sent over the network")
+WORKER_HOSTS_HINT = ("leave out --listen for this crawl (--processes N spreads it over this "
+                     "machine's cores and keeps them here)")
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
@@ -179,6 +187,7 @@ class Secrets:
 
     hosts: tuple[HostOptions, ...] = ()
     logins: tuple[LoginRecipe, ...] = ()
+    named: dict[str, NamedLogin] = field(default_factory=dict)  # logins seeds name
 
 
 def load_secrets(path: str) -> Secrets:
@@ -208,9 +217,9 @@ def load_secrets(path: str) -> Secrets:
     if not isinstance(tables, list):
         raise EvidenceError(f"{where}: hosts must be an array of tables",
                             hint="write each as [[hosts]] with a match = \"...\" line")
+    logins, named = login_tables(table.get("logins", []), where)
     return Secrets(tuple(_host_options(t, f"{where}, hosts[{i}]", secret_file=True)
-                         for i, t in enumerate(tables)),
-                   tuple(login_tables(table.get("logins", []), where)))
+                         for i, t in enumerate(tables)), tuple(logins), named)
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,11 @@ class RequestOptions:
     # Per-seed headers (``_crawl.seeds``): recorded with the seeds, not in ``as_record``.
     seed_hosts: list[HostOptions] = field(default_factory=list)
     logins: list[LoginRecipe] = field(default_factory=list)  # ``_crawl.login``
+    # The localStorage each origin's last login left (origin -> items), given to every
+    # later render of that origin (``_crawl.login``): with the jar, the storage state.
+    storage: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The secrets file's named logins: they run for the seeds that name them.
+    named_logins: dict[str, NamedLogin] = field(default_factory=dict)
 
     @classmethod
     def build(cls, *, headers: Sequence[str] = (), hosts: Sequence[HostOptions] = (),
@@ -248,7 +262,7 @@ class RequestOptions:
         cookies = list(cookies)
         options = cls(hosts=every, jar=CookieJar(cookies),
                       supplied=sorted(f"{c.domain} {c.path} {c.name}" for c in cookies),
-                      logins=list(secrets.logins))
+                      logins=list(secrets.logins), named_logins=dict(secrets.named))
         for table in every:
             for name, value in table.cookies.items():
                 options.jar.add(Cookie(name=name, value=value, domain=table.match.lower(),
@@ -262,6 +276,30 @@ class RequestOptions:
             record.append({"cookies_file": list(self.supplied)})
         record += [{"login": recipe.as_record()} for recipe in self.logins]
         return record
+
+    def use_seed_logins(self, seeds: Sequence[Any], where: str) -> None:
+        """Add the logins the seeds name (``SeedOptions.login``: a name, or a
+        ``SeedLogin``) to those that run: one per origin, each seed's parts over its named
+        login's."""
+        for seed in seeds:
+            if seed.login is None:
+                continue
+            given = seed.login if isinstance(seed.login, SeedLogin) else None
+            name = seed.login if given is None else given.name
+            if name not in self.named_logins:
+                raise EvidenceError(f"{where}: the seed {seed.url} names the login {name!r}, "
+                                    "and the secrets file has none by that name",
+                                    hint=f"add name = \"{name}\" to a [[logins]] table of "
+                                    "the file given to --secrets")
+            recipe = resolve_login(self.named_logins[name], given, f"{where}, {seed.url}")
+            same = [r for r in self.logins if r.origin == recipe.origin]
+            if same and same[0] != recipe:
+                raise EvidenceError(f"{where}: the seed {seed.url} names a login for "
+                                    f"{recipe.origin}, which has another login already",
+                                    hint="one login per origin: name the same login in "
+                                    "each seed of the origin")
+            if not same:
+                self.logins.append(recipe)
 
     def login_for(self, url: str) -> LoginRecipe | None:
         return next((r for r in self.logins if r.applies_to(url)), None)
@@ -309,22 +347,32 @@ class RequestOptions:
         """Whether a 401 answer (its head as read) brought a digest challenge this crawl
         can answer and has not answered yet (a new nonce, or a stale one): kept for the
         host, so the page's next attempt answers it (``_crawl.digest``)."""
+        where = self._digest_host(url)
+        if where is None:
+            return False
+        known = self.challenges.get(where)
+        challenge = new_challenge(head, None if known is None else known.nonce)
+        if challenge is not None:
+            self.challenges[where] = challenge
+        return challenge is not None
+
+    def digest_nonce(self, url: str) -> str | None:
+        """For a worker process's order (``PageOrder.digest``): None when ``url``'s host
+        has no digest credentials, else the nonce this crawl answers there ("" if none
+        yet), so that the worker retries a page on a challenge this crawl would answer."""
+        where = self._digest_host(url)
+        if where is None:
+            return None
+        known = self.challenges.get(where)
+        return "" if known is None else known.nonce
+
+    def _digest_host(self, url: str) -> str | None:
+        """``host:port`` of ``url`` when this crawl has digest credentials for it."""
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
         port = parts.port or (443 if parts.scheme == "https" else 80)
         found = self.credentials(host, port)
-        if found is None or found.auth != "digest":
-            return False
-        for line in re.split(rb"\r?\n", head)[1:]:
-            if line[:17].lower() != b"www-authenticate:":
-                continue
-            challenge = parse_challenge(line[17:].decode("latin-1").strip())
-            known = self.challenges.get(f"{host}:{port}")
-            if challenge is not None and (known is None or challenge.stale
-                                          or challenge.nonce != known.nonce):
-                self.challenges[f"{host}:{port}"] = challenge
-                return True
-        return False
+        return None if found is None or found.auth != "digest" else f"{host}:{port}"
 
     def merge(self, url: str, theirs: dict[str, str],
               method: str = "GET") -> tuple[dict[str, str], list[str]]:
@@ -346,11 +394,26 @@ class RequestOptions:
 
     def update(self, url: str, head: bytes, *, at: float | None = None) -> None:
         """Apply the ``Set-Cookie`` fields of a response head (as read) to the jar."""
-        values = [line.split(b":", 1)[1].strip().decode("latin-1")
-                  for line in re.split(rb"\r?\n", head)[1:]
-                  if line[:11].lower() == b"set-cookie:"]
+        values = set_cookies(head)
         if values:
             self.jar.update(url, values, at=at)
+
+    def for_worker(self) -> str | None:
+        """Why these options cannot be used with worker processes (``--processes``), or
+        None. Each order's headers and cookies are decided here, where the jar is, and its
+        worker reports the answer's head back (``Set-Cookie``, a digest challenge); but
+        seeing a page logged out, and logging in again, happen as the page settles."""
+        if self.logins:
+            return ("a login is watched (a page logged out, a login again) as each page "
+                    "settles, in the crawl's own process, not in a worker process")
+        return None
+
+    def order_headers(self, url: str, headers: dict[str, str]
+                      ) -> tuple[dict[str, str], list[str]]:
+        """A worker process's order for ``url``: the fields to send (``headers``, the
+        baseline's conditional ones, over this crawl's) and the secret values among them."""
+        added = self.for_url(url)
+        return {**added.headers, **headers}, added.secrets
 
     def restore(self, conn: Any, artifacts: ArtifactBackend, session_id: str) -> int:
         """Rebuild the jar of a resumed session: the ``Set-Cookie`` fields of every
@@ -368,6 +431,25 @@ class RequestOptions:
             at = parse_time_text(started_at)
             self.update(url, head, at=None if at is None else at.timestamp())
         return len(rows)
+
+
+def new_challenge(head: bytes, known: str | None) -> Challenge | None:
+    """The digest challenge of a 401 answer's head (as read) that is not the one answered
+    already (nonce ``known``): a new nonce, or a stale one; None if there is none."""
+    for line in re.split(rb"\r?\n", head)[1:]:
+        if line[:17].lower() != b"www-authenticate:":
+            continue
+        challenge = parse_challenge(line[17:].decode("latin-1").strip())
+        if challenge is not None and (not known or challenge.stale
+                                      or challenge.nonce != known):
+            return challenge
+    return None
+
+
+def set_cookies(head: bytes) -> list[str]:
+    """The ``Set-Cookie`` field values of a response head (as read), in order."""
+    return [line.split(b":", 1)[1].strip().decode("latin-1")
+            for line in re.split(rb"\r?\n", head)[1:] if line[:11].lower() == b"set-cookie:"]
 
 
 def _jar_header(jar: CookieJar, url: str, host: str, port: int) -> tuple[str | None, list[str]]:

@@ -106,7 +106,7 @@ from .layout import (
     sort_key,
 )
 
-__all__ = ["DEFAULT_ROBOTS_TXT", "Request", "SiteConfig", "TestSite", "main"]
+__all__ = ["DEFAULT_ROBOTS_TXT", "Request", "SiteConfig", "TestSite", "demo_tally", "main"]
 
 HOST = "127.0.0.1"
 _TEXT = "text/plain; charset=utf-8"
@@ -615,6 +615,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         site.stop()
     print(f"stopped after {len(site.requests)} requests", file=sys.stderr, flush=True)
     return 0
+
+
+
+def demo_tally(conn, session_id: str) -> dict[str, int]:
+    """The demo site's URLs the session settled as done, counted the way the demo announced
+    them (the site's paths are fixed: /, /p/N, redirects answer 301, broken links 404)."""
+    from urllib.parse import urlsplit
+
+    found = {"home": 0, "pages": 0, "redirects": 0, "broken": 0}
+    for url, reason in conn.execute("SELECT url, reason FROM frontier WHERE session_id = ? "
+                                    "AND state = 'done'", (session_id,)):
+        path = urlsplit(url).path
+        if reason == "HTTP 404":
+            found["broken"] += 1
+        elif reason.startswith("HTTP 3"):
+            found["redirects"] += 1
+        elif path == "/":
+            found["home"] += 1
+        elif path.startswith("/p/"):
+            found["pages"] += 1
+    return found
 
 
 if __name__ == "__main__":
