@@ -168,14 +168,11 @@ async def crawl(start: str, concurrency: int) -> dict:
     status, fields, body = await connections[0].get("/robots.txt")
     stats["status_200"] += status == 200
     rules = Protego.parse(body.decode(charset(fields), "replace") if status == 200 else "")
-    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    queue: asyncio.Queue[str] = asyncio.Queue()  # joined once every URL queued is done
     seen = {start}
-    pending = 1
     queue.put_nowait(start)
-    done = asyncio.Event()
 
     async def fetch(connection: Connection, url: str) -> None:
-        nonlocal pending
         target = urlsplit(url)
         path = (target.path or "/") + (f"?{target.query}" if target.query else "")
         status, fields, body = await connection.get(path)
@@ -193,47 +190,51 @@ async def crawl(start: str, concurrency: int) -> dict:
             if other.scheme != "http" or other.netloc != netloc:
                 continue
             seen.add(link)
-            pending += 1
-            queue.put_nowait(link)
+            queue.put_nowait(link)  # before this URL is done: the join waits for it
 
     async def worker(connection: Connection) -> None:
-        nonlocal pending
-        while (url := await queue.get()) is not None:
-            try:
-                if rules.can_fetch(url, USER_AGENT):
-                    await fetch(connection, url)
-            except (OSError, Closed, ValueError):
-                stats["errors"] += 1
-            finally:
-                pending -= 1
-                if pending == 0:
-                    done.set()
-        connection.close()
+        try:
+            while True:
+                url = await queue.get()
+                try:
+                    if rules.can_fetch(url, USER_AGENT):
+                        await fetch(connection, url)
+                except (OSError, Closed, ValueError):
+                    stats["errors"] += 1
+                finally:
+                    queue.task_done()
+        finally:
+            connection.close()
 
-    tasks = [asyncio.create_task(worker(c)) for c in connections]
-    await done.wait()
-    for _ in tasks:
-        queue.put_nowait(None)
-    await asyncio.gather(*tasks)
-    stats["seconds"] = round(time.perf_counter() - started, 3)
-    return stats
+    workers = [asyncio.create_task(worker(c)) for c in connections]
+    await queue.join()
+    for task in workers:
+        task.cancel()  # each waits for a URL that will not come
+    await asyncio.gather(*workers, return_exceptions=True)
+    return {**stats, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked: an http start URL on 127.0.0.1, one connection or more."""
+    summary, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(description=summary, epilog=rest,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("url", help="the start URL (http, on 127.0.0.1)")
+    parser.add_argument("--concurrency", type=int, default=8, help="connections, each "
+                        "with its task: fetches in flight (default 8)")
+    args = parser.parse_args(argv)
+    start = urlsplit(args.url)
+    if start.hostname != "127.0.0.1":
+        parser.error("the start URL must be on 127.0.0.1")
+    if start.scheme != "http":
+        parser.error("the floor crawler speaks plain http only")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be 1 or more")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("url", help="the start URL (http, on 127.0.0.1)")
-    p.add_argument("--concurrency", type=int, default=8,
-                   help="connections, each with its task: fetches in flight (default 8)")
-    args = p.parse_args(argv)
-    parts = urlsplit(args.url)
-    if parts.hostname != "127.0.0.1":
-        p.error("the start URL must be on 127.0.0.1")
-    if parts.scheme != "http":
-        p.error("the floor crawler speaks plain http only")
-    if args.concurrency < 1:
-        p.error("--concurrency must be 1 or more")
+    args = arguments(argv)
     print(json.dumps(asyncio.run(crawl(args.url, args.concurrency))))
     return 0
 
