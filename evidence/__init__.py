@@ -38,8 +38,9 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._audit.report import RunReport, report
     from ._audit.status import StoreStatus, status
     from ._audit.verify import Finding, VerifyReport, reclaim_orphans, verify
-    from ._crawl.crawler import Crawler, CrawlOptions, CrawlResult
+    from ._crawl.crawler import Crawler
     from ._crawl.frontier import CrawlConfig
+    from ._crawl.options import CrawlOptions, CrawlResult
     from ._crawl.render import RenderOptions
     from ._crawl.rules import EvaluationSummary, evaluate_page, evaluate_stored
     from ._crawl.rulesfile import Rule, RuleSet, load_rules
@@ -204,8 +205,8 @@ _WHERE = {
     "ArtifactRef": "_model.refs",
     "ArtifactStore": "_store.artifacts",
     "validate_namespace": "_model.refs",
-    "CrawlOptions": "_crawl.crawler",
-    "CrawlResult": "_crawl.crawler",
+    "CrawlOptions": "_crawl.options",
+    "CrawlResult": "_crawl.options",
     "Crawler": "_crawl.crawler",
     "ArtifactCorruptError": "_errors",
     "ArtifactError": "_errors",

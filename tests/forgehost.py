@@ -31,8 +31,7 @@ from evidence._crawl.frontier import CrawlConfig
 from evidence._crawl.http import crawl_client
 from evidence._crawl.netpolicy import NetworkPolicy
 from evidence._crawl.pages import PageWorker
-from evidence._crawl.workerhost import HostOptions, _connect, _Refused
-from evidence._crawl.workers import (
+from evidence._crawl.workerchannel import (
     Beat,
     Bye,
     Done,
@@ -43,6 +42,7 @@ from evidence._crawl.workers import (
     _down,
     _read,
 )
+from evidence._crawl.workerhost import HostOptions, _connect, _Refused
 from evidence._errors import ServiceError
 from evidence._model.messages import FetchAttempt, new_id, utc_now
 from evidence._store.artifactspec import open_artifacts

@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evidence._crawl.connection import _readable
+from evidence._crawl.exchange import _request
 from evidence._crawl.http import (
     MAX_INTERIM,
     Client,
     Exchange,
     FetchError,
     Headers,
-    _readable,
-    _request,
     crawl_client,
 )
 from evidence._model.http1 import ChunkedBody

@@ -82,6 +82,9 @@ EXAMPLES = [
     ("<A HREF=/up>", [("/up", "http://h.example/up")], 0),
     ('<BaSe HrEf="/b/"><a href=x>', [("x", "http://h.example/b/x")], 0),
     ('<P STYLE="background: url(s.png)">', [("s.png", "http://h.example/dir/s.png")], 0),
+    # only ASCII letters fold: a long s (U+017F) does not make a style attribute
+    ('<p \u017ftyle="background: url(s.png)"><BASE\u212a href=/k/><a href=x>',
+     [("x", "http://h.example/dir/x")], 0),
     # markup that is not a tag holds no links
     ("<!-- <a href=/c> --><a href=/d>", [("/d", "http://h.example/d")], 0),
     ("<script>x='<a href=/s>'</script><style><a href=/t></style>", [], 0),

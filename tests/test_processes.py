@@ -324,7 +324,8 @@ def test_a_worker_process_that_cannot_start_fails_the_pool_without_a_hang(
     import anyio
 
     from evidence._crawl.pages import PageOrder
-    from evidence._crawl.workers import Setup, WorkerPool
+    from evidence._crawl.workerchannel import Setup
+    from evidence._crawl.workers import WorkerPool
     from evidence._errors import EvidenceError
 
     setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
@@ -355,7 +356,8 @@ def test_a_worker_process_that_cannot_open_its_store_says_why_without_a_tracebac
     import anyio
 
     from evidence._crawl.pages import PageOrder
-    from evidence._crawl.workers import Setup, WorkerPool
+    from evidence._crawl.workerchannel import Setup
+    from evidence._crawl.workers import WorkerPool
     from evidence._errors import EvidenceError
 
     setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
@@ -382,7 +384,8 @@ def test_a_child_still_starting_when_the_pool_closes_is_no_failure(tmp_path: Pat
     ready was stopped by the end of the run, and leaving the pool does not fail."""
     import anyio
 
-    from evidence._crawl.workers import Setup, WorkerPool
+    from evidence._crawl.workerchannel import Setup
+    from evidence._crawl.workers import WorkerPool
 
     setup = Setup(store=str(tmp_path / "missing"), socket=str(tmp_path / "no-service.sock"),
                   config=CrawlConfig(seeds=["http://127.0.0.1:9/"]).as_record(),

@@ -46,7 +46,7 @@ from .common import (
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.checkpoint import Checkpointer
     from .._audit.status import RunStatus, StoreStatus
-    from .._crawl.crawler import CrawlResult
+    from .._crawl.options import CrawlResult
     from .._store.db import Store
 
 __all__ = ["add_commands", "crawl_exit_status", "run_crawl"]
@@ -157,7 +157,8 @@ def run_crawl(args: argparse.Namespace, *, stderr=None) -> CrawlResult:
                           new_store=not postgres and not (path / DB_NAME).exists())
     import anyio  # the crawl itself: after every check, so a mistake costs no more
 
-    from .._crawl.crawler import Crawler, CrawlOptions
+    from .._crawl.crawler import Crawler
+    from .._crawl.options import CrawlOptions
 
     log_to(stderr)
     with s3_outage_deadline(args.s3_outage_deadline), Store.create(

@@ -30,15 +30,11 @@ once); cancelled URLs stay claimed, so the next run requeues them as after a cra
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime as dt
 import functools
-import itertools
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -59,27 +55,24 @@ from .._model.messages import (
 from .._model.urls import normalize_url, resolve_reference
 from .._store.db import Store
 from .._write.service import Service
-from .._write.tls import TLSFiles
 from .._write.writer import Writer, WriterLimits
 from . import frontier
-from .behaviors import BehaviorOptions
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts
 from .hostauth import CrossCheck
 from .hostrules import HostRules, robots_backoff
 from .http import crawl_client
 from .incremental import Baseline, BaselineDoc, DueRule, sitemap_hint
-from .login import LoginRecipe
-from .netpolicy import NetworkPolicy, Resolver
+from .netpolicy import NetworkPolicy
+from .options import CrawlOptions, CrawlResult, per_seed
 from .pages import PageEffects, PageOrder, PageWorker, Settlement
 from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
 from .proxy import crawl_routes
-from .render import RENDER_SEQUENCE, Renderer, RenderOptions
+from .render import Renderer
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
+from .runlogins import RunLogins
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
-from .secrets import WORKER_HOSTS_HINT, WORKER_HOSTS_REFUSAL, HostOptions, RequestOptions
-from .seeds import SeedOptions, origin_of
 from .session import (
     Outcome,
     documents,
@@ -89,80 +82,13 @@ from .session import (
     stopped_by_the_store,
 )
 from .slots import FetchSlots, Slot
-from .workers import Setup, WorkerLost, WorkerPool
+from .workerchannel import Setup
+from .workers import WorkerLost, WorkerPool
 
-__all__ = ["LIVE_STATS", "CrawlOptions", "CrawlProgress", "CrawlResult", "Crawler",
-           "robots_backoff"]
-
-#: The login page's fetches are numbered from here in their run: above any claim's, below
-#: the browser's requests (``RENDER_SEQUENCE``), so no (url, sequence) pair collides.
-LOGIN_SEQUENCE = RENDER_SEQUENCE >> 1
+__all__ = ["LIVE_STATS", "CrawlProgress", "Crawler", "robots_backoff"]
 
 log = logging.getLogger("evidence.crawl")
 
-
-
-@dataclass(frozen=True, kw_only=True)
-class CrawlOptions:
-    """How one run goes about it. Unlike ``CrawlConfig`` these may change between runs."""
-
-    workers: int = 8
-    per_host: int | None = None  # requests in flight per host; None: as many as ``workers``
-    delay: float = 0.0  # seconds between request starts per host (robots Crawl-delay wins)
-    timeout: float = 30.0  # seconds one read may wait (connecting, the head, a body chunk)
-    deadline: float = 120.0  # seconds one fetch may take in all: connect, head and body
-    grace: float = 10.0  # after a stop request, seconds in-flight fetches get to finish
-    max_documents: int | None = None  # pages requested by this run; the session goes on
-    writer_limits: WriterLimits | None = None
-    clean: bool = False  # abandon an open session and start a new one
-    full: bool = False  # a new session is a full crawl even when a completed one exists
-    progress: Callable[[CrawlProgress], None] | None = None
-    progress_interval: float = 1.0
-    # Worker processes that fetch and parse (the writer runs as a service in this one);
-    # 0: everything in this process. Concurrency stays ``workers`` in all.
-    processes: int = 0
-    # How pages are rendered when the session renders (``CrawlConfig.render``): the
-    # browser, timeouts, tabs, MHTML. Rendering always happens in this process.
-    render: RenderOptions | None = None
-    # Worker hosts (``evidence worker --connect``): the writer service also listens here
-    # ("HOST:PORT"; beyond loopback only with ``tls``), every client presenting ``token``.
-    # The payloads must be in an object store the hosts reach (``--artifacts s3://``).
-    listen: str | None = None
-    tls: TLSFiles | None = None
-    token: str | None = None
-    heartbeat: float = 2.0  # seconds between beats on a worker host's channel (at most)
-    lease_timeout: float = 15.0  # a worker host silent this long loses its leases
-    # Accountable worker hosts (``_crawl/hostauth.py``): name -> SHA-256 of each host's own
-    # token (``--hosts-file``); and how long the run goes on with no host left once one has
-    # served it (None: it waits for hosts to come back; ``--fail-when-no-hosts``).
-    hosts: dict[str, bytes] | None = None
-    no_hosts_timeout: float | None = None
-    cross_check: float = 0.0  # the share of hosts' pages fetched again here (CrossCheck)
-    # How host names become addresses for the network policy (``_crawl.netpolicy``): the
-    # system's resolver by default; a test gives its own answers. In this process only.
-    resolver: Resolver | None = None
-    # The proxies' credentials (``_crawl.proxy``), by proxy URL: never in the recorded
-    # configuration; handed to worker processes and hosts in their setup.
-    proxy_credentials: dict[str, tuple[str, str]] = field(default_factory=dict)
-    # Prometheus metrics at http://HOST:PORT/metrics while the run goes (``_crawl.metrics``):
-    # a loopback address, or any with ``metrics_public``.
-    metrics: str | None = None
-    metrics_public: bool = False
-    # Headers, cookies and credentials added to every request (``_crawl.secrets``), with
-    # the session's cookie jar; what was configured is recorded as ``CrawlConfig.request``,
-    # without the secret values, which stay in this process.
-    request: RequestOptions | None = None
-
-
-class CrawlResult(msgspec.Struct, frozen=True, kw_only=True):
-    session_id: str
-    run_id: str
-    outcome: Outcome
-    reason: str
-    resumed: bool
-    session_completed: bool
-    documents: int  # pages requested by this run (robots.txt not counted)
-    counts: FrontierCounts
 
 
 class Crawler:
@@ -181,12 +107,8 @@ class Crawler:
         self._wake = anyio.Event()
         self.run_id = new_id("run-")
         self.session_id = ""
-        # Logins (_crawl/login.py): how many each origin's recipe ran, when the last ended.
-        self._logins: dict[str, int] = {}
-        self._logged_in_at: dict[str, dt.datetime] = {}
-        self._login_lock = anyio.Lock()
-        self._login_sequence = itertools.count(LOGIN_SEQUENCE)
-        self._login_renderer: Renderer | None = None
+        self._logins = RunLogins(artifacts=store.artifacts, fetch=self._fetch,
+                                 commit=self._commit)  # _crawl/login.py
         self._hostrules = HostRules(run_id=self.run_id, user_agent=config.user_agent,
                                     artifacts=store.artifacts, fetch=self._fetch,
                                     commit=self._commit)
@@ -260,7 +182,7 @@ class Crawler:
                 self._fetching.cancel()
             try:
                 with self._fetching:
-                    await self._first_logins()
+                    await self._logins.first(self.options.request)
                     async with self._worker_processes(), anyio.create_task_group() as tg:
                         tg.start_soon(self._report_progress, started)
                         send, receive = anyio.create_memory_object_stream[Job](0)
@@ -352,7 +274,7 @@ class Crawler:
         # In one process every page commits here: this crawl knows what reaches its writer,
         # and says when nothing else is coming (``_nothing_else_coming``).
         last = functools.partial(self._writer.submit_group, flush=True) if in_process else None
-        self._per_seed()
+        self.options = per_seed(self.config, self.options)
         self._pages = PageWorker(config=self.config, session_id="", run_id=self.run_id,
                                  artifacts=self.store.artifacts, client=client,
                                  submit=self._writer.submit_group,
@@ -373,101 +295,18 @@ class Crawler:
                 options=self.options.render, unsafe_refusal=None
                 if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of,
                 request=self.options.request))
-        self._login_renderer = self._renderer
+        self._logins.renderer = self._renderer
         request = self.options.request
         if request is not None and request.logins:
-            if self._login_renderer is None:  # logins run in Chromium whether pages render
-                self._login_renderer = await stack.enter_async_context(Renderer(
+            if self._logins.renderer is None:  # logins run in Chromium whether pages render
+                self._logins.renderer = await stack.enter_async_context(Renderer(
                     artifacts=self.store.artifacts, client=client, run_id=self.run_id,
                     user_agent=self.config.user_agent,
                     max_body_bytes=self.config.max_body_bytes,
                     options=self.options.render, unsafe_refusal=None
                     if self.config.render_unsafe_anywhere
                     else self._pages.scope.reason_out_of, request=request))
-            self._pages.relogin = self._relogin
-
-    # --- logins (_crawl/login.py) ------------------------------------------------------
-
-    async def _first_logins(self) -> None:
-        """Log in with each recipe before the first page; a login that does not hold
-        fails the run (its render, recorded, says why)."""
-        request = self.options.request
-        for recipe in request.logins if request is not None else ():
-            error = await self._login(recipe, "the run starts")
-            if error is not None:
-                raise EvidenceError(f"the login at {recipe.url} failed: {error}",
-                                    hint="check the [[logins]] table of the secrets file "
-                                    "(its selectors and values); the render of the login "
-                                    "is recorded: evidence show STORE URL")
-
-    async def _login(self, recipe: LoginRecipe, why: str) -> str | None:
-        """Fetch the login page, log in on its capture in Chromium, commit both; None when
-        the check held, else what went wrong."""
-        assert self._login_renderer is not None
-        self._logins[recipe.origin] = self._logins.get(recipe.origin, 0) + 1
-        result = await self._fetch(recipe.url, next(self._login_sequence))
-        await self._commit([result.attempt])
-        if result.status != 200:
-            return (f"the login page answered {result.attempt.outcome}"
-                    f"{f', HTTP {result.status}' if result.status else ''}")
-        source = await anyio.to_thread.run_sync(source_capture, self.store.artifacts,
-                                                result.attempt)
-        rendered = await self._login_renderer.login(source, recipe, why)
-        await self._commit([rendered.render, *rendered.attempts])
-        self._logged_in_at[recipe.origin] = utc_now()
-        done = rendered.render.outcome == "rendered"
-        log.info("login at %s (%s): %s", recipe.url, why,
-                 "logged in" if done else rendered.render.error,
-                 extra={"event": "crawl.login", "render_id": rendered.render.render_id})
-        return None if done else (rendered.render.error or rendered.render.outcome)
-
-    async def _relogin(self, recipe: LoginRecipe, why: str,
-                       fetched_at: dt.datetime) -> str | None:
-        """A page showed the crawl logged out: log in again (one login at a time), unless
-        a login ended after the page's request began. What to say in the page's retry, or
-        None when no login is left (or it failed): the page then settles as it came."""
-        async with self._login_lock:
-            last = self._logged_in_at.get(recipe.origin)
-            if last is not None and fetched_at < last:
-                return "logged in again since it was requested"
-            used = self._logins.get(recipe.origin, 0)
-            if used >= recipe.max_logins:
-                log.warning("logged out at %s (%s), and the %d logins allowed are used",
-                            recipe.origin, why, recipe.max_logins,
-                            extra={"event": "crawl.login_exhausted"})
-                return None
-            error = await self._login(recipe, f"logged out: {why}")
-            if error is not None:
-                return None
-            return f"logged in again, login {used + 1} of {recipe.max_logins}"
-
-    def _per_seed(self) -> None:
-        """Apply the session's per-seed headers and behaviours (``_crawl.seeds``), from its
-        recorded configuration: a resumed run needs no seeds file."""
-        seeds = [msgspec.convert(s, SeedOptions) for s in self.config.seed_options]
-        tables = [HostOptions(match=origin_of(s.url).split("://", 1)[1], headers=s.headers)
-                  for s in seeds if s.headers]
-        if (tables or self.options.request is not None) and self.options.listen:
-            raise EvidenceError(WORKER_HOSTS_REFUSAL, hint=WORKER_HOSTS_HINT)
-        why = None if self.options.request is None else self.options.request.for_worker()
-        if why is not None and self.options.processes > 0:
-            raise EvidenceError(why, hint="leave out --processes for this crawl")
-        if tables:
-            if self.options.request is None:
-                self.options = dataclasses.replace(self.options, request=RequestOptions())
-            assert self.options.request is not None
-            self.options.request.seed_hosts = tables
-        render = self.options.render
-        if render is None:
-            return
-        by_origin: dict[str, BehaviorOptions] = {}
-        for seed in seeds:
-            if seed.behaviors is not None:
-                by_origin.setdefault(origin_of(seed.url), dataclasses.replace(
-                    render.behaviors, enabled=tuple(seed.behaviors)))
-        if by_origin:
-            self.options = dataclasses.replace(self.options, render=dataclasses.replace(
-                render, by_origin=tuple(by_origin.items())))
+            self._pages.relogin = self._logins.relogin
 
     @contextlib.asynccontextmanager
     async def _worker_processes(self) -> AsyncIterator[None]:

@@ -102,10 +102,12 @@ _REL_SPLIT_RE = re.compile(r"[\t\n\f\r ]+")  # HTML's ASCII whitespace, not str.
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # What a document's text holds wherever it has a <base> element, or a style attribute
-# (tag and attribute names are never written with character references): without it,
-# the CSS query that would find one need not run.
-_BASE_TAG_RE = re.compile("<base", re.IGNORECASE)
-_STYLE_RE = re.compile("style", re.IGNORECASE)
+# (tag and attribute names are never written with character references, and the
+# tokenizer lowers only their ASCII letters): without it, the CSS query that would find
+# one need not run. Looked for in the text lowered once (``str.lower`` lowers every ASCII
+# letter): a case-insensitive regular expression scans a 4 KB page 15 times slower.
+_BASE_TAG = "<base"
+_STYLE = "style"
 _WHITESPACE = "\t\n\f\r "
 # CSS: comments out first; then url(...) (quoted or not) and @import "..." (CSS Syntax 4.3).
 _CSS_COMMENT_RE = re.compile(r"/\*.*?(?:\*/|$)", re.DOTALL)
@@ -247,11 +249,12 @@ def _elements(tree: LexborHTMLParser) -> Iterator[tuple[int, object]]:
             position += 1
 
 
-def _base(tree: LexborHTMLParser, text: str, document_url: str) -> str:
-    """The first <base> with an href, anywhere in the document, resolved; or the URL."""
+def _base(tree: LexborHTMLParser, lowered: str, document_url: str) -> str:
+    """The first <base> with an href, anywhere in the document, resolved; or the URL
+    (``lowered``: the document's text, lowered)."""
     # A tree's first CSS query sets up lexbor's selector engine (about 25 us a page): asked
     # only of a document whose text could hold the element at all.
-    if not _BASE_TAG_RE.search(text):
+    if _BASE_TAG not in lowered:
         return document_url
     for node in tree.css("base[href]"):
         href = node.attributes.get("href") or ""
@@ -330,8 +333,8 @@ def _css_unescape(match: re.Match[str]) -> str:
     return "" if escaped == "\n" else escaped
 
 
-def _collect(tree: LexborHTMLParser, text: str, out: _Collector) -> None:
-    styled = ({node.mem_id for node in tree.css("[style]")} if _STYLE_RE.search(text)
+def _collect(tree: LexborHTMLParser, lowered: str, out: _Collector) -> None:
+    styled = ({node.mem_id for node in tree.css("[style]")} if _STYLE in lowered
               else set())
     for position, node in _elements(tree):
         tag = node.tag  # type: ignore[attr-defined]
@@ -423,11 +426,12 @@ def extract_links(
     if deep is not None:
         text, cut = text[:deep], True
     tree = LexborHTMLParser(text)
-    base = _base(tree, text, base_url)
+    lowered = text.lower()
+    base = _base(tree, lowered, base_url)
     out = _Collector(base, max_links, sniffed and sniffed.encoding)
     truncated = cut
     try:
-        _collect(tree, text, out)
+        _collect(tree, lowered, out)
     except _Stop:
         truncated = True
     return LinkExtraction(refs=out.refs, truncated=truncated, base_url=base,

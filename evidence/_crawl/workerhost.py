@@ -53,7 +53,7 @@ from .._write.wire import (
 )
 from .frontier import CrawlConfig
 from .pages import PageWorker
-from .workers import (
+from .workerchannel import (
     Beat,
     Bye,
     Done,
@@ -64,8 +64,8 @@ from .workers import (
     _down,
     _read,
     failed,
-    proxied_client,
 )
+from .workerchild import proxied_client
 
 __all__ = ["HostOptions", "HostStatistics", "serve_coordinator"]
 

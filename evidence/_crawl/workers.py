@@ -2,13 +2,14 @@
 
 The parent process keeps everything that reads the store: the scheduler and its frontier
 claims, robots.txt, an incremental session's baseline; and it runs the writer as a service
-on a private Unix socket. Each of N child processes (``main`` below, a new interpreter)
+on a private Unix socket. Each of N child processes (``_crawl.workerchild``, a new interpreter)
 runs a ``PageWorker``: it requests the pages it is handed, stores their payloads in the artifact
 store (files: no child opens the database) and submits each page's evidence through
 ``evidence.client``. The parent learns a page's ``PageEffects`` only once its group has
 committed.
 
-Parent and child talk over a socketpair in length-prefixed msgpack frames: ``Setup`` and
+Parent and child talk over a socketpair in length-prefixed msgpack frames
+(``_crawl.workerchannel``): ``Setup`` and
 ``Order`` go down, ``Ready``, ``Fetched`` (an order's request is over, its page
 committing), ``Done`` and ``Failed`` come up. A child ends when its channel
 does: the parent closing it (the run is over) or dying. A child never outlives its crawl,
@@ -34,13 +35,11 @@ says ``Bye``, and the host exits.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import itertools
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -54,105 +53,22 @@ import msgspec
 
 from .._errors import EvidenceError
 from .._model.logs import (
-    FORMATS,
-    LEVELS,
-    JsonFormatter,
-    add_log_context,
     log_arguments,
-    log_context,
-    set_level,
 )
 from .._model.messages import Message
 from .._net import acquire, wrap_socket
-from .._store.artifactspec import open_artifacts
-from .._store.db import ARTIFACTS_DIR
-from .._store.location import is_s3_url, is_server_database
-from .._store.resync import SYNC_MARKER
 from .._write.wire import PEER_GONE, FrameReader, encode_frame, gone_in_words
-from .frontier import CrawlConfig
 from .hostauth import check_submission
-from .http import Client, crawl_client
-from .netpolicy import NetworkPolicy
-from .pages import PageEffects, PageOrder, PageWorker
-from .proxy import crawl_routes
+from .pages import PageEffects, PageOrder
+from .workerchannel import Beat, Bye, Done, Failed, Fetched, Order, Ready, Setup, _read, _up
 
-__all__ = ["Handed", "Setup", "WorkerLost", "WorkerPool"]
+__all__ = ["Handed", "WorkerLost", "WorkerPool"]
 
 log = logging.getLogger("evidence.crawl")
 
-_MAX_FRAME = 16 * 1024 * 1024
-# Not ``-m evidence._crawl.workers``: the package imports this module, and runpy warns.
-_CHILD_MAIN = "import sys; from evidence._crawl.workers import main; sys.exit(main())"
+# A new interpreter that runs the worker process's main (``_crawl.workerchild``).
+_CHILD_MAIN = "import sys; from evidence._crawl.workerchild import main; sys.exit(main())"
 _START_TIMEOUT = 60.0  # seconds for a child to import, connect to the service and say ready
-
-
-class Setup(msgspec.Struct, tag="setup", kw_only=True):
-    store: str  # the store (its directory, or a connection string): for messages
-    socket: str  # the writer service
-    config: dict[str, Any]  # the session's CrawlConfig record
-    session_id: str
-    run_id: str
-    connections: int  # HTTP connections the child may keep open
-    timeout: float
-    name: str = ""  # how the service knows this child's connection
-    deadline: float | None = None  # seconds one fetch may take in all
-    # the store's artifact location: an s3:// URL or a directory (default: STORE/artifacts)
-    artifacts: str = ""
-    heartbeat: float = 0.0  # a worker host: seconds between beats (0: a local child)
-    lease_timeout: float = 0.0  # a worker host: silence after which its leases expire
-    # the proxies' credentials by proxy URL (``_crawl.proxy``): kept out of ``config``
-    proxy_credentials: dict[str, tuple[str, str]] = {}
-
-
-class Order(msgspec.Struct, tag="order"):
-    id: int
-    page: PageOrder
-
-
-class Ready(msgspec.Struct, tag="ready"):
-    pid: int
-
-
-class Done(msgspec.Struct, tag="done"):
-    id: int
-    effects: PageEffects
-
-
-class Fetched(msgspec.Struct, tag="fetched"):
-    """Up, before an order's ``Done``: its request is over and its page is committing, so
-    the crawl may start another request on its host (its fetch slot is free)."""
-
-    id: int
-
-
-class Failed(msgspec.Struct, tag="failed"):
-    id: int
-    error: str
-    hint: str | None = None  # the error's own advice (an S3 outage's deadline, say)
-
-
-class Beat(msgspec.Struct, tag="beat"):
-    """Both ways on a worker host's channel: still here (the lease goes on)."""
-
-
-class Bye(msgspec.Struct, tag="bye"):
-    """Down a worker host's channel: the run is over; exit."""
-
-    reason: str = ""
-
-
-_down = msgspec.msgpack.Decoder(Setup | Order | Beat | Bye)
-_up = msgspec.msgpack.Decoder(Ready | Fetched | Done | Failed | Beat)
-
-
-async def _read(reader: FrameReader, decoder: msgspec.msgpack.Decoder) -> Any:
-    """The next frame, or None when the channel has ended."""
-    size = await reader.read_header()
-    if size is None:
-        return None
-    if size > _MAX_FRAME:
-        raise EvidenceError(f"a {size}-byte frame on a worker channel (at most {_MAX_FRAME})")
-    return decoder.decode(await reader.read_body(size))
 
 
 class WorkerLost(Exception):
@@ -631,109 +547,3 @@ class WorkerPool:
                 self._tg.start_soon(self.fence_client, channel.name)
         if identity and self.fence_host is not None:
             self._tg.start_soon(self.fence_host, identity)
-
-
-# --- the child's side ------------------------------------------------------------------
-
-def proxied_client(config: CrawlConfig, setup: Setup) -> Client:
-    """A worker's HTTP client: the crawl's network policy and proxies (``_crawl.proxy``),
-    the proxies' credentials from the setup (the recorded configuration has none)."""
-    proxies = crawl_routes(config.proxy, config.proxies, remote_dns=config.proxy_remote_dns,
-                           credentials=setup.proxy_credentials)
-    policy = NetworkPolicy(allow=config.allow_network, seeds=[*config.seeds, *proxies.urls()])
-    return crawl_client(connections=setup.connections, timeout=setup.timeout, policy=policy,
-                        proxies=proxies, http1_only=config.http1_only)
-
-
-async def _child(fd: int) -> None:
-    stream = await wrap_socket(socket.socket(fileno=fd))
-    async with stream:
-        reader = FrameReader(stream)
-        setup = await _read(reader, _down)
-        if not isinstance(setup, Setup):
-            raise SystemExit("evidence worker: the channel did not start with a setup frame")
-        config = msgspec.convert(setup.config, CrawlConfig)
-        add_log_context(run_id=setup.run_id, session_id=setup.session_id)  # this process's
-        # Its own pack (packs), files, or an s3:// location opened with this process's
-        # environment (its credentials): the writer in the parent syncs what it appends.
-        spec = setup.artifacts or None
-        server = is_server_database(setup.store)  # no store directory: no store marker
-        local = (Path(spec) if spec is not None and not is_s3_url(spec)
-                 else Path(setup.store) / ARTIFACTS_DIR)
-        artifacts = open_artifacts(spec, local=local, create=False, read_only=False,
-                                   store_marker=None if server
-                                   else Path(setup.store) / SYNC_MARKER)
-        http = proxied_client(config, setup)
-        from ..client import AsyncClient  # here: the package imports this module
-
-        try:
-            async with AsyncClient(setup.socket, name=setup.name) as service, http:
-                pages = PageWorker(config=config, session_id=setup.session_id,
-                                   run_id=setup.run_id, artifacts=artifacts, client=http,
-                                   submit=service.submit_group, deadline=setup.deadline)
-                lock = anyio.Lock()
-
-                async def answer(frame: msgspec.Struct) -> None:
-                    async with lock:
-                        await stream.send(encode_frame(frame))
-
-                async def run(order: Order) -> None:
-                    try:
-                        with log_context(url=order.page.url):
-                            effects = await pages.page(
-                                order.page, lambda: answer(Fetched(id=order.id)))
-                    except Exception as exc:  # the parent fails the run with this reason
-                        await answer(failed(order, exc, setup.name))
-                    else:
-                        await answer(Done(id=order.id, effects=effects))
-
-                await answer(Ready(pid=os.getpid()))
-                async with anyio.create_task_group() as tg:
-                    while (order := await _read(reader, _down)) is not None:
-                        tg.start_soon(run, order)
-                    tg.cancel_scope.cancel()  # the parent is gone: so is this run
-        finally:
-            artifacts.close()  # seals this process's pack
-
-
-def failed(order: Order, exc: Exception, name: str) -> Failed:
-    """What a page's failure is to the parent, which fails the run with it (its traceback
-    logged here unless it is one of ours, whose message and hint say it all)."""
-    if isinstance(exc, EvidenceError):
-        log.error("%s: %s: %s", name, order.page.url, exc, extra={"event": "page.crashed"})
-    else:
-        log.exception("%s: %s", name, order.page.url, extra={"event": "page.crashed"})
-    return Failed(id=order.id, error=f"{type(exc).__name__}: {exc}", hint=exc.hint
-                  if isinstance(exc, EvidenceError) else None)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="evidence worker",
-        description="A crawl worker process, started by 'evidence crawl --processes N' "
-        "with one end of a socketpair; not for direct use.")
-    parser.add_argument("--channel-fd", type=int, required=True,
-                        help="the file descriptor of this worker's channel to the crawl")
-    parser.add_argument("--log-format", choices=FORMATS, default="text",
-                        help="as the crawl logs")
-    parser.add_argument("--log-level", choices=LEVELS, default="info", help="as the crawl logs")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the crawl, which stops us
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s [worker pid %(process)d] %(message)s"))
-    logging.basicConfig(handlers=[handler])
-    set_level(args.log_level)
-    try:
-        anyio.run(_child, args.channel_fd)
-    except EvidenceError as exc:  # one of ours (a store it cannot open): its message says it
-        log.error("this worker process could not go on: %s", exc,
-                  extra={"event": "worker.failed"})
-        return 1
-    except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
-        return 1  # the crawl went away mid-answer
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """HTTP/1.1 messages as bytes: where a response's head and body end, and what its content is.
 
-The crawler stores an exchange exactly as it crossed the connection (``_crawl.http.Exchange``):
-the request as written, the response head and body as read. This module reads those
-bytes back by one set of rules, whoever asks (the fetch that stores them, rules,
-incremental sessions, replay):
+The crawler stores an exchange exactly as it crossed the connection
+(``_crawl.exchange.Exchange``): the request as written, the response head and body as
+read. This module reads those bytes back by one set of rules, whoever asks (the fetch
+that stores them, rules, incremental sessions, replay):
 
 - ``split_response(data, method)``: the response head (status line and header block, up
   to and including the blank line; interim 1xx responses before it belong to it), the

@@ -25,8 +25,9 @@ says, in one ``WireFormat``:
 
 The fetch (``_crawl.fetch``), the client's ``Exchange``, the WARC export and replay ask
 ``wire_format(attempt.protocol)`` and nothing else; a third protocol is a module beside
-``http1.py`` and ``http2.py``, an entry in ``FORMATS``, the client's connection for it in
-``_crawl.http``, and its name in ``messages.Protocol`` (with the migration that admits it).
+``http1.py`` and ``http2.py``, an entry in ``FORMATS``, the client's connection for it
+beside ``_crawl.h2connection`` (ALPN's choice in ``_crawl.http``), and its name in
+``messages.Protocol`` (with the migration that admits it).
 """
 
 from __future__ import annotations
