@@ -38,7 +38,7 @@ from .pgconn import DEFAULT_LOCK_TIMEOUT_MS, OUTAGE_DEADLINE, PgConnection, conn
 from .pglock import holder_pid, lock_holder, release_writer_lock, take_writer_lock
 from .pgschema import applied_version, ensure_store_id
 from .postgresql import PostgresBackend
-from .s3 import S3Location
+from .s3location import S3Location
 from .storebase import StoreBase
 
 __all__ = ["PostgresStore", "open_artifacts"]
