@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArtifactError, StoreError
-from .artifacts import FileOps
 from .backend import ArtifactBackend
+from .fileops import FileOps
 from .location import is_s3_url
 from .packs import Layout, open_artifact_store
 

@@ -37,8 +37,8 @@ import apsw
 
 from .._errors import CorruptStoreError, MigrationError, StoreError, SyncError
 from . import artifactspec
-from .artifacts import FileOps
 from .backend import ArtifactBackend, StoreBackend
+from .fileops import FileOps
 from .location import database_kind, is_server_database
 from .packs import Layout, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync

@@ -30,8 +30,8 @@ from typing import Any
 
 from .._errors import DatabaseUnreachable, StoreError, SyncError
 from . import artifactspec
-from .artifacts import FileOps
 from .backend import ArtifactBackend
+from .fileops import FileOps
 from .location import is_s3_url, redact
 from .packs import Layout, packs_sync_failed, resync_packs
 from .pgconn import DEFAULT_LOCK_TIMEOUT_MS, OUTAGE_DEADLINE, PgConnection, connect, map_pg_errors

@@ -26,7 +26,7 @@ import blake3
 
 from .._errors import ArtifactCorruptError, ArtifactError, ArtifactMissingError
 from .._model.refs import ArtifactRef, validate_digest, validate_namespace
-from .artifacts import check_one_by_one
+from .artifactbase import check_one_by_one
 from .s3client import ListedObject, S3Client
 from .s3location import S3Location
 from .s3segment import (
