@@ -30,7 +30,7 @@ attributes, and a ``hint``: one sentence saying what to try. ``str(error)`` is t
 ``error.hint`` is printed by the CLI as ``Try: <hint>``.
 
 Lower-layer errors (apsw, OSError) are translated at one boundary each, by small context
-managers (``_store/sqlite.map_sqlite_errors``, ``_store/artifacts`` file operations).
+managers (``_store/sqlite.map_sqlite_errors``, ``_store/artifactbase._os_errors`` for files).
 """
 
 from __future__ import annotations

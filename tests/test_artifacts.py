@@ -28,13 +28,10 @@ from evidence._errors import (
     NamespaceError,
     PayloadTooLargeError,
 )
-from evidence._store.artifacts import (
-    DEFAULT_MAX_PAYLOAD,
-    ArtifactRef,
-    ArtifactStore,
-    FileOps,
-    validate_namespace,
-)
+from evidence._model.refs import ArtifactRef, validate_namespace
+from evidence._store.artifactbase import DEFAULT_MAX_PAYLOAD
+from evidence._store.artifacts import ArtifactStore
+from evidence._store.fileops import FileOps
 
 MiB = 1024 * 1024
 DEAD_PID = 4_194_305  # above the largest possible Linux pid_max (2**22), so never alive

@@ -32,7 +32,7 @@ from evidence import (
     ArtifactRef,
     PayloadTooLargeError,
 )
-from evidence._store.artifacts import FileOps
+from evidence._store.fileops import FileOps
 from evidence._store.packs import PACKS_DIR, PackStore
 from evidence.testing.disk import CrashFileOps, Fault, SimulatedDisk
 

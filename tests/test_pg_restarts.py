@@ -19,7 +19,7 @@ import pytest
 
 from evidence import Store, verify
 from evidence._demo.site import SiteConfig, TestSite
-from evidence._store.postgresql import WRITER_LOCK
+from evidence._store.pglock import WRITER_LOCK
 from evidence.testing.pgcluster import PgCluster
 
 from .conftest import Factory

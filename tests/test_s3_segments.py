@@ -108,7 +108,7 @@ def test_a_payload_stored_before_is_stored_again_only_when_the_writer_names_it(
     once) is held as a copy; the writer names only payloads no row references, so a copy
     of a referenced body is dropped, not stored twice, and an orphan about to be
     referenced is stored again (young, as reclaim's grace period needs)."""
-    import evidence._store.s3 as s3_module
+    import evidence._store.s3puts as s3_module
 
     monkeypatch.setattr(s3_module, "_TOUCH_AFTER", 0.0)
     with Store.create(tmp_path / "s", artifacts=new_s3_url(seaweed, "dedup")) as store:

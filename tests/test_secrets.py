@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from evidence._errors import ArtifactError
 from evidence._store.location import redact
-from evidence._store.s3 import S3Location
+from evidence._store.s3location import S3Location
 
 PASSWORD = "pw-Zq81x-never-shown"
 

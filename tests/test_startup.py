@@ -24,8 +24,11 @@ LIBRARY = ("evidence._store", "evidence._write", "evidence._crawl", "evidence._a
 
 # What only a crawl or a writer needs: a command reading a store on this machine (SQLite)
 # loads none of it.
+# The PostgreSQL backend's modules (``_store/postgresql.py`` and the parts it is built of).
+POSTGRESQL_BACKEND = ("evidence._store.pgconn", "evidence._store.pglock",
+                      "evidence._store.pgschema", "evidence._store.postgresql")
 WRITER_AND_CLIENTS = ("psycopg", "httpx", "evidence._write.writer", "evidence._crawl.crawler",
-                      "evidence._store.postgresql")
+                      *POSTGRESQL_BACKEND)
 
 
 def imported(*argv: str, cwd: Path | None = None) -> tuple[int, set[str]]:
@@ -88,4 +91,4 @@ def test_a_crawl_on_sqlite_loads_the_writer_and_crawler_but_no_postgresql_driver
                           check=True, timeout=120)
     modules = set(done.stdout.split())
     assert {"evidence._crawl.crawler", "evidence._write.writer"} <= modules
-    assert among(modules, ("psycopg", "evidence._store.postgresql")) == []
+    assert among(modules, ("psycopg", *POSTGRESQL_BACKEND)) == []

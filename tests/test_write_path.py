@@ -116,7 +116,7 @@ def test_migration_015_keeps_the_sitemap_lookup_indexed(
     """A store crawled at schema 14 (an index on every edge's target) opens at 15: that
     index is gone, a partial one over sitemap edges serves the sitemap hint (the query
     plan says so), the edges are unchanged, it verifies, and a crawl goes on in it."""
-    from evidence._store import postgresql as _pg
+    from evidence._store import pgschema as _pg
     from evidence._store import sqlite as _sqlite
 
     if backend == "sqlite":

@@ -56,7 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evidence._store.artifacts import ArtifactStore, FileOps  # noqa: E402 - after the path set-up
+from evidence._store.artifacts import ArtifactStore  # noqa: E402 - after the path set-up
+from evidence._store.fileops import FileOps  # noqa: E402
 from evidence._store.packs import WRITEBACK_BYTES, PackStore  # noqa: E402
 
 

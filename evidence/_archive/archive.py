@@ -376,7 +376,7 @@ def _restore_postgres(archive: Path, manifest: Manifest, migrations: list, locat
     which commits only if its own snapshot dumps to the manifest's hashes again (else it
     rolls back, leaving the database empty); last, the artifact directory is renamed into
     place."""
-    from .._store.postgresql import restore_rows
+    from .._store.pgschema import restore_rows
 
     if artifacts is None:
         raise StoreError("a restore into PostgreSQL needs a directory for the payloads",

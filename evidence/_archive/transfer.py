@@ -41,8 +41,8 @@ from typing import TypeVar
 import msgspec
 
 from .._errors import CorruptStoreError, StoreError
-from .._store.s3 import S3Location
 from .._store.s3client import ListedObject, S3Client
+from .._store.s3location import S3Location
 
 __all__ = ["INDEX", "PART_BYTES", "SINGLE_PUT_BYTES", "Remote", "RemoteFile", "RemoteIndex",
            "download_tree", "no_archive", "read_index", "upload_tree"]

@@ -82,7 +82,7 @@ from .._audit.replay import ConnectionFacts, DnsFacts, connection_facts
 from .._errors import ArtifactCorruptError, EvidenceError, NotFoundError
 from .._model.refs import ArtifactRef
 from .._model.wire import wire_format
-from .._store.artifacts import CHUNK_SIZE
+from .._store.artifactbase import CHUNK_SIZE
 from .._store.db import Store
 from .._store.fsync import fsync_dir
 

@@ -205,12 +205,12 @@ def _snapshot(store: Store) -> Iterator[tuple[Any, Callable[..., int] | None]]:
     reads): every row check, the log, the replayed state and the artifacts then run exactly
     as they do on SQLite, over exactly what the server held; the objects that only the
     server has (tables, triggers, functions: the append-only guards) are compared with
-    what schema/postgresql creates (``postgresql.check_schema``)."""
+    what schema/postgresql creates (``pgschema.check_schema``)."""
     if store.path is not None:
         with store.snapshot() as conn:
             yield conn, None
         return
-    from .._store.postgresql import check_schema
+    from .._store.pgschema import check_schema
 
     with tempfile.TemporaryDirectory(prefix="evidence-verify-") as scratch:
         copy = Path(scratch) / DB_NAME

@@ -37,7 +37,7 @@ from .._model.http1 import derive_content
 from .._model.messages import Discovery, FetchAttempt, Render, decode_message
 from .._model.refs import ArtifactRef
 from .._model.wire import wire_format
-from .._store.artifacts import Removal
+from .._store.backend import Removal
 from .._store.db import Store
 from .verify_findings import Findings
 

@@ -503,7 +503,7 @@ def _scheme(text: str) -> str | None:
 def _s3(text: str) -> str:
     """An ``s3://`` URL, parsed now (a bad bucket or prefix is a usage error)."""
     from .._errors import EvidenceError
-    from .._store.s3 import S3Location
+    from .._store.s3location import S3Location
 
     try:
         return S3Location(text).url

@@ -265,11 +265,11 @@ def crawl_config(args: argparse.Namespace, store: Store,
 @contextlib.contextmanager
 def s3_outage_deadline(value: float | None) -> Iterator[None]:
     """``--s3-outage-deadline``: in the environment, where this process and the worker
-    processes it starts read an S3 store's settings (``_store/s3.py``), for the run."""
+    processes it starts read an S3 store's settings (``_store/s3location.py``), for the run."""
     if value is None:
         yield
         return
-    from .._store.s3 import OUTAGE_DEADLINE_ENV
+    from .._store.s3location import OUTAGE_DEADLINE_ENV
 
     before = os.environ.get(OUTAGE_DEADLINE_ENV)
     os.environ[OUTAGE_DEADLINE_ENV] = repr(value)

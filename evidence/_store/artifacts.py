@@ -27,23 +27,20 @@ artifacts that no row references (orphans, found with ``iter_refs``).
 
 Every path is built from a validated namespace and a validated digest, so no input can name
 a file outside the root. OSError is translated into ``ArtifactError`` at one boundary,
-``_os_errors``, with the original kept as ``__cause__``. POSIX only (directory fsync,
-``kill(pid, 0)``).
+``artifactbase._os_errors``, with the original kept as ``__cause__``; every file operation
+of a put goes through ``fileops.FileOps`` (the fault tests replace it). POSIX only
+(directory fsync, ``kill(pid, 0)``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import os
 import re
-import secrets
 import stat
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,15 +53,20 @@ from .._errors import (
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
+from .artifactbase import (
+    _READ_ONLY,
+    CHUNK_SIZE,
+    DEFAULT_MAX_PAYLOAD,
+    _chunks,
+    _os_errors,
+    _subdirs,
+    check_one_by_one,
+)
 from .backend import Removal
-from .fsync import fsync_dir
+from .fileops import _TEMP_PREFIX, _TEMP_SUFFIX, FileOps
 
-# Removal is the seam's (backend.py), named here too: reclaim's verify imports it from here.
-__all__ = ["DEFAULT_MAX_PAYLOAD", "ArtifactStore", "FileOps", "Removal", "SingleRemoval",
-           "check_one_by_one"]
+__all__ = ["ArtifactStore", "SingleRemoval"]
 
-DEFAULT_MAX_PAYLOAD = 256 * 1024 * 1024
-CHUNK_SIZE = 1024 * 1024
 # A temp file whose writer may still be alive (another live pid) is removed only after this
 # long without a write. Writes refresh mtime, so only a writer stalled this long loses it, and
 # then its put fails cleanly at the rename (it never produces a wrong artifact).
@@ -75,8 +77,6 @@ _TEMP_DIR = ".tmp"  # cannot collide with a namespace: "." is not allowed in one
 _LAYOUT_FILE = "LAYOUT"  # nor can this: no upper case in a namespace
 _LAYOUTS = {"evidence-artifacts 2\n": 2}
 LAYOUT = 2  # what a new store gets
-_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
-_TEMP_PREFIX, _TEMP_SUFFIX = "put-", ".tmp"
 _TEMP_PID_RE = re.compile(r"put-([1-9][0-9]{0,9})-.*\.tmp", re.DOTALL)
 
 # Temp files open in this process, by (st_dev, st_ino) so that two stores opened on the same
@@ -86,231 +86,6 @@ _TEMP_PID_RE = re.compile(r"put-([1-9][0-9]{0,9})-.*\.tmp", re.DOTALL)
 # registration.
 _LIVE_TEMPS: set[tuple[int, int]] = set()
 _LIVE_LOCK = threading.Lock()
-
-
-class FileOps:
-    """Every filesystem mutation a put makes, in one replaceable place (the fault-injection seam).
-
-    Methods raise OSError; the store translates. Subclasses may record, delay or fail calls.
-    """
-
-    # Whether work a store hands to a thread of its own (a pack's seal, the next pack
-    # created ahead) runs there, or in line where it is handed over. A simulated disk runs
-    # it in line: its fault trials then make their operations in one order every run, so
-    # "the fault at operation N" is the same operation each time (a trial is repeatable).
-    background = True
-
-    def open_temp(self, directory: Path) -> tuple[int, Path]:
-        path = directory / f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}{_TEMP_SUFFIX}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        return os.open(path, flags, 0o600), path
-
-    def write(self, fd: int, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view:  # os.write may write less than asked
-            written = os.write(fd, view)
-            if written <= 0:
-                raise OSError(errno.EIO, "write made no progress")
-            view = view[written:]
-
-    def writev(self, fd: int, buffers: Sequence[bytes | memoryview],
-               size: int | None = None) -> None:
-        """Write the buffers one after another, in one system call when the kernel takes
-        them all (a pack record: its header and payload, the payload not copied).
-        ``size``, if given, is their total length (a put knows it: no sum per call)."""
-        written = os.writev(fd, buffers)
-        if written == (sum(len(b) for b in buffers) if size is None else size):
-            return  # nearly always: all of it at once
-        views = [memoryview(b).cast("B") for b in buffers if len(b)]
-        while written and views:  # skip what went out, then write the rest
-            if written >= views[0].nbytes:
-                written -= views.pop(0).nbytes
-            else:
-                views[0], written = views[0][written:], 0
-        while views:
-            written = os.writev(fd, views)
-            if written <= 0:
-                raise OSError(errno.EIO, "write made no progress")
-            while views and written >= views[0].nbytes:
-                written -= views[0].nbytes
-                views.pop(0)
-            if written:
-                views[0] = views[0][written:]
-
-    def open_existing(self, path: Path) -> int:
-        """Open an existing file for rewriting in place (the store's resync, after a failed
-        fsync); never creates one."""
-        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-
-    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(fd, view, offset)
-            if written <= 0:
-                raise OSError(errno.EIO, "write made no progress")
-            view, offset = view[written:], offset + written
-
-    def create_exclusive(self, path: Path, mode: int) -> int:
-        """Create ``path`` (it must not exist) for writing, with ``mode`` from the start: a
-        pack segment is made 0444 and written through this descriptor only."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        return os.open(path, flags, mode)
-
-    def open_read(self, path: Path) -> int:
-        """Open an existing file read-only: the writer fsyncs a pack another process
-        appends to through such a descriptor (fsync needs no write access)."""
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-
-    def make_writable(self, path: Path) -> None:
-        """Give a read-only file its owner's write bit back (sealing a pack whose
-        appender died, or rewriting one in a resync); ``chmod_readonly`` undoes it."""
-        os.chmod(path, 0o644)
-
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def start_writeback(self, fd: int, offset: int, length: int) -> None:
-        """Ask the kernel to start writing ``length`` bytes from ``offset`` to the disk now,
-        without waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; elsewhere
-        nothing). A hint, never a durability point: only ``fsync`` makes bytes durable.
-        A pack appender calls it every few hundred KiB, so the disk works on a group's
-        first records while later ones are hashed, and the group's fsync has less left to
-        wait for. It neither waits for the writes nor consumes their errors: a failed
-        writeback is still reported by the next ``fsync`` of the file (Linux keeps write
-        errors per file until each descriptor's fsync has seen them)."""
-        if _sync_file_range is not None:
-            _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
-
-    def close(self, fd: int) -> None:
-        os.close(fd)
-
-    def rename(self, src: Path, dst: Path) -> None:
-        os.rename(src, dst)
-
-    def fsync_dir(self, path: Path) -> None:
-        fsync_dir(path)
-
-    def makedirs(self, path: Path) -> list[Path]:
-        """Create ``path`` and missing parents; return the directories created, top-down."""
-        missing: list[Path] = []
-        probe = Path(path)
-        while not os.path.lexists(probe):
-            missing.append(probe)
-            probe = probe.parent
-        created = []
-        for directory in reversed(missing):
-            try:
-                os.mkdir(directory, 0o755)
-            except FileExistsError:  # a concurrent put won the race; fine
-                continue
-            created.append(directory)
-        return created
-
-    def chmod_readonly(self, path: Path) -> None:
-        os.chmod(path, 0o444)
-
-    def unlink(self, path: Path) -> None:
-        os.unlink(path)
-
-
-def _load_sync_file_range() -> Any:
-    """libc's ``sync_file_range`` (Linux), or None. Called through ctypes, which releases
-    the GIL for the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_sync_file_range = _load_sync_file_range()
-_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
-
-
-_HINTS = {
-    errno.ENOSPC: "free disk space on the artifact volume, then retry",
-    getattr(errno, "EDQUOT", -1): "free disk space or raise the quota on the artifact volume",
-    errno.EACCES: "check that this process may read and write the artifact directory",
-    errno.EPERM: "check that this process may read and write the artifact directory",
-    errno.EROFS: "the artifact volume is read-only; remount it read-write",
-    errno.EMFILE: "too many open files; raise the file descriptor limit",
-    errno.ENFILE: "too many open files system-wide; raise the limit",
-}
-
-
-class _os_errors:  # a class, not @contextmanager: entered eight times per put
-    """The one OSError -> ArtifactError boundary. ENOENT on a referenced artifact is 'missing'.
-
-    ``with _os_errors("fsync directory", path): ...`` (a put enters eight of these).
-    """
-
-    __slots__ = ("action", "enoent_hint", "path", "ref")
-
-    def __init__(self, action: str, path: Path, *, ref: ArtifactRef | None = None,
-                 enoent_hint: str | None = None) -> None:
-        self.action, self.path, self.ref, self.enoent_hint = action, path, ref, enoent_hint
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> None:
-        if isinstance(exc, OSError):
-            raise self._translate(exc) from exc
-
-    def _translate(self, exc: OSError) -> ArtifactError:
-        path, ref = self.path, self.ref
-        context: dict[str, object] = {"path": path, "errno": exc.errno}
-        if ref is not None:
-            context.update(namespace=ref.namespace, digest=ref.digest)
-        if exc.errno == errno.ENOENT and ref is not None:
-            return ArtifactMissingError(
-                f"artifact {ref.namespace}/{ref.digest} is not in the store (expected at {path})",
-                hint="it was never stored here or was deleted; restore it or re-fetch the page",
-                **context,
-            )
-        hint = _HINTS.get(exc.errno or 0)
-        if exc.errno == errno.ENOENT and self.enoent_hint:
-            hint = self.enoent_hint
-        reason = exc.strerror or str(exc)
-        return ArtifactError(
-            f"could not {self.action} {path}: {reason}",
-            hint=hint or "check the artifact volume (dmesg, fsck), then retry",
-            **context,
-        )
-
-
-def _chunks(data: bytes | Iterable[bytes] | BinaryIO) -> Iterator[memoryview]:
-    """Type-check ``data`` now (before any file exists) and return an iterator of byte views."""
-    if isinstance(data, bytes | bytearray | memoryview):
-        view = memoryview(data).cast("B")
-        return (view[i : i + CHUNK_SIZE] for i in range(0, len(view), CHUNK_SIZE))
-    if isinstance(data, str):
-        raise TypeError("put() takes bytes, an iterable of bytes or a binary file, not str")
-    if hasattr(data, "read"):
-        return _read_stream(data)  # type: ignore[arg-type]
-    return (_as_view(chunk) for chunk in data)
-
-
-def _read_stream(stream: BinaryIO) -> Iterator[memoryview]:
-    while True:
-        chunk = stream.read(CHUNK_SIZE)
-        if chunk is None:  # a non-blocking stream with nothing ready: never truncate silently
-            raise ArtifactError("put() was given a non-blocking stream that returned None")
-        if not chunk:
-            return
-        yield _as_view(chunk)
-
-
-def _as_view(chunk: object) -> memoryview:
-    try:
-        return memoryview(chunk).cast("B")  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"payload chunks must be bytes-like, not {type(chunk).__name__}") from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -830,29 +605,8 @@ def _prefixes(relative: Path) -> Iterator[Path]:
     return (Path(*parts[: i + 1]) for i in range(len(parts)))
 
 
-def _subdirs(path: Path, pattern: re.Pattern[str]) -> list[str]:
-    with _os_errors("list directory", path), os.scandir(path) as entries:
-        return sorted(
-            e.name for e in entries if pattern.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
-        )
-
-
 def _lstat(path: Path) -> os.stat_result | None:
     try:
         return os.lstat(path)
     except FileNotFoundError:
         return None
-
-
-def check_one_by_one(check: Callable[[ArtifactRef], None], refs: Sequence[ArtifactRef]
-                     ) -> list[ArtifactError | None]:
-    """``ArtifactBackend.check_each`` by ``check`` (a store's ``check``) of each ref."""
-    found: list[ArtifactError | None] = []
-    for ref in refs:
-        try:
-            check(ref)
-        except (ArtifactMissingError, ArtifactCorruptError) as exc:
-            found.append(exc)
-        else:
-            found.append(None)
-    return found

@@ -5,7 +5,7 @@ s3://bucket/prefix``, or the first ``evidence crawl``), and recorded in ``store_
 under ``artifacts`` (the PostgreSQL backend records its payload location under the same
 key), so every later command finds the payloads without being told. What is recorded is
 the URL with its options (endpoint, region, CA file) and never a credential: those come
-from the environment of each process that opens the store (``s3.S3Location.config``).
+from the environment of each process that opens the store (``s3location.S3Location.config``).
 
 Rules, so that no open can quietly look for a store's payloads somewhere they are not:
   - a store recorded with a URL is opened there; an open may name the same bucket and
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArtifactError, StoreError
-from .artifacts import FileOps
 from .backend import ArtifactBackend
+from .fileops import FileOps
 from .location import is_s3_url
 from .packs import Layout, open_artifact_store
 
@@ -55,8 +55,8 @@ def check_given(given: str, *, environ: Mapping[str, str] | None = None) -> None
         raise StoreError(f"--artifacts {given!r}: a store directory keeps its payloads in its "
                          "artifacts/; the other place it can keep them is an s3:// URL",
                          hint="give --artifacts s3://BUCKET/PREFIX, or leave it out")
-    from .s3 import S3Location  # an S3 store's modules, only for one (~20 ms to import)
-    from .s3client import S3Client
+    from .s3client import S3Client  # an S3 store's modules, only for one (~20 ms to import)
+    from .s3location import S3Location
 
     location = S3Location(given)
     client = S3Client(location.config(os.environ if environ is None else environ,
@@ -80,7 +80,7 @@ def choose(recorded_spec: str | None, given: str | None, *, create: bool,
         raise StoreError(f"--artifacts {given!r}: a store directory keeps its payloads in its "
                          "artifacts/; the other place it can keep them is an s3:// URL",
                          hint="give --artifacts s3://BUCKET/PREFIX, or leave it out")
-    from .s3 import S3Location
+    from .s3location import S3Location
 
     wanted = S3Location(given)
     if recorded_spec is None:
@@ -99,7 +99,7 @@ def choose(recorded_spec: str | None, given: str | None, *, create: bool,
 
 def record(conn: Any, spec: str, *, begin: str = "BEGIN IMMEDIATE") -> None:
     """Record the store's payload location, once (a later record never changes it)."""
-    from .s3 import S3Location
+    from .s3location import S3Location
 
     conn.execute(begin)
     try:
@@ -120,7 +120,7 @@ def open_artifacts(spec: str | None, *, local: os.PathLike[str] | str, create: b
     """The artifact store at ``spec`` (an s3:// URL), or the directory ``local`` in the
     layout it has (packs, or one file per payload; a new one gets ``layout``, packs by
     default). ``hold``: an object store's puts wait for this process's sync (a store
-    whose writer runs here), which seals them into one segment object (``s3.py``)."""
+    whose writer runs here), which seals them into one segment object (``s3puts.py``)."""
     if spec is not None and is_s3_url(spec):
         from .s3 import open_s3
 

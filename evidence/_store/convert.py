@@ -33,7 +33,9 @@ import msgspec
 
 from .._errors import ArtifactError, StoreError, SyncError
 from .._model.refs import NAMESPACE_RE
-from .artifacts import ArtifactStore, FileOps, _subdirs
+from .artifactbase import _subdirs
+from .artifacts import ArtifactStore
+from .fileops import FileOps
 from .packs import PACKS_DIR, PackStore, _write_small_file, store_layout
 from .resync import SYNC_MARKER
 from .runlock import crawl_lock

@@ -37,8 +37,8 @@ import apsw
 
 from .._errors import CorruptStoreError, MigrationError, StoreError, SyncError
 from . import artifactspec
-from .artifacts import FileOps
 from .backend import ArtifactBackend, StoreBackend
+from .fileops import FileOps
 from .location import database_kind, is_server_database
 from .packs import Layout, resync_packs
 from .resync import SYNC_MARKER, describe, is_sync_failure, mark_sync_failed, resync
@@ -130,7 +130,7 @@ class Store(StoreBase):
         payloads in the directory or ``s3://`` location ``artifacts`` names (recorded when
         it is created). ``db_outage_deadline``: seconds such a server may stay out of reach
         (a restart, a dropped session) while the store is open before its reads and writes
-        give up; until then they wait and go on (``postgresql.Outage``).
+        give up; until then they wait and go on (``pgconn.Outage``).
         """
         if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path) \
                 and not is_server_database(path):

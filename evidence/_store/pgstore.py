@@ -9,7 +9,7 @@ an open may name another path for the same payloads, as a host mounts them). Wha
 from a SQLite store, and why:
   - no store directory: nothing is kept next to the database (no ``crawl.lock``, no
     ``sync-failed`` marker, no WAL): the writer's lock is an advisory lock in the
-    database, and the server owns durability (``postgresql.check_server``);
+    database, and the server owns durability (``pgconn.check_server``);
   - a lost connection is not a lost store: ``reopen_connection`` reconnects with bounded
     backoff and takes the writer's lock again before anything is written (or, if another
     writer took it meanwhile, stops this one for good: ``WriterLockLost``), so the writer
@@ -30,26 +30,15 @@ from typing import Any
 
 from .._errors import DatabaseUnreachable, StoreError, SyncError
 from . import artifactspec
-from .artifacts import FileOps
 from .backend import ArtifactBackend
-from .location import is_s3_url
+from .fileops import FileOps
+from .location import is_s3_url, redact
 from .packs import Layout, packs_sync_failed, resync_packs
-from .postgresql import (
-    DEFAULT_LOCK_TIMEOUT_MS,
-    OUTAGE_DEADLINE,
-    PgConnection,
-    PostgresBackend,
-    applied_version,
-    connect,
-    ensure_store_id,
-    holder_pid,
-    lock_holder,
-    map_pg_errors,
-    redact,
-    release_writer_lock,
-    take_writer_lock,
-)
-from .s3 import S3Location
+from .pgconn import DEFAULT_LOCK_TIMEOUT_MS, OUTAGE_DEADLINE, PgConnection, connect, map_pg_errors
+from .pglock import holder_pid, lock_holder, release_writer_lock, take_writer_lock
+from .pgschema import applied_version, ensure_store_id
+from .postgresql import PostgresBackend
+from .s3location import S3Location
 from .storebase import StoreBase
 
 __all__ = ["PostgresStore", "open_artifacts"]
@@ -141,7 +130,7 @@ class PostgresStore(StoreBase):
                       outage_deadline: float = OUTAGE_DEADLINE) -> PostgresStore:
         """Open (``create``: create) the store in the database ``location`` names.
         ``outage_deadline``: seconds the server may stay out of reach (a restart) while the
-        store is open before its readers and writer give up (``postgresql.Outage``)."""
+        store is open before its readers and writer give up (``pgconn.Outage``)."""
         if sync != "full":
             raise StoreError("a PostgreSQL store is always sync='full': the server flushes "
                              "every commit (synchronous_commit = on)",

@@ -41,7 +41,7 @@ import apsw
 
 from .._errors import SyncError
 from .._model.messages import now_text
-from .artifacts import FileOps
+from .fileops import FileOps
 
 __all__ = ["SYNC_MARKER", "describe", "is_sync_failure", "mark_sync_failed", "read_marker",
            "resync"]

@@ -22,7 +22,7 @@ down for a while (a restart, a failover, a network cut) is an outage to ride thr
 error: each request keeps trying, with exponential backoff (``S3Config.backoff`` doubling to
 ``backoff_max``) and jitter, until the outage (from its first failed request) has lasted
 ``S3Config.outage_deadline`` seconds (default 60; ``EVIDENCE_S3_OUTAGE_DEADLINE``, read by
-``s3.S3Location.config``), then raises an ``S3Error`` naming the endpoint and how long it
+``s3location.S3Location.config``), then raises an ``S3Error`` naming the endpoint and how long it
 tried; past it, each request tries once until one gets an answer. Meanwhile whoever waits on the
 request waits: a crawl's pages wait on their puts, the writer on its reference checks, so
 the crawl pauses and nothing is acknowledged before its payloads are stored. Retrying is

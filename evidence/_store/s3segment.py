@@ -21,7 +21,8 @@ to a payload's bytes is what ``verify --full`` finds (each payload is re-hashed 
 its digest).
 
 Only the format is here, and the in-memory description of a segment (``Segment``);
-``s3.py`` decides when segments are written, read and rewritten.
+the S3 store decides when segments are written (``s3puts.py``), read (``s3index.py``)
+and rewritten (``s3reclaim.py``).
 """
 
 from __future__ import annotations

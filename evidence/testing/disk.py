@@ -19,7 +19,7 @@ it, so the database and the artifacts share one disk and one operation counter:
   SQLite passes ``syncDir`` (which it does for the rollback journal only under
   ``synchronous=EXTRA``: design rule 12). The ``-shm`` file is not modelled:
   SQLite rebuilds it after a crash.
-- ``CrashFileOps``, an ``evidence._store.artifacts.FileOps`` for ``ArtifactStore(file_ops=...)``.
+- ``CrashFileOps``, an ``evidence._store.fileops.FileOps`` for ``ArtifactStore(file_ops=...)``.
 
 A ``Fault`` names the N-th counted operation (read, write, sync, truncate, meta: create,
 rename, delete, mkdir), optionally only on some kinds of file (the database, its WAL, an
@@ -59,8 +59,8 @@ from typing import Literal
 
 import apsw
 
-from .._store.artifacts import FileOps
 from .._store.db import Store
+from .._store.fileops import FileOps
 
 __all__ = [
     "CrashFileOps",
