@@ -50,15 +50,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from .._errors import ProofError
 from .._model.merkle import EMPTY_ROOT, verify_consistency
 from .._store.fsync import fsync_dir, fsync_file
-from .proofs import (
-    NoteSignature,
-    SignedCheckpoint,
-    VerifierKey,
-    _b64,
-    _b64decode,
-    parse_checkpoint,
-    write_key_pair,
-)
+from .checkpoints import NoteSignature, SignedCheckpoint, parse_checkpoint
+from .keys import VerifierKey, _b64, _b64decode, write_key_pair
 
 __all__ = ["Cosigner", "CosignerKey", "Witness", "WitnessReply", "add_cosignatures",
            "check_cosignatures", "serve_witness"]
