@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from .._errors import ProofError
 
-__all__ = ["SigningKey", "VerifierKey", "write_key_pair"]
+__all__ = ["SigningKey", "VerifierKey", "private_key_fields", "write_key_pair"]
 
 _ALG_ED25519 = 0x01
 _EM_DASH = "\u2014"
@@ -139,15 +139,7 @@ class SigningKey:
     @classmethod
     def from_text(cls, text: str | bytes) -> SigningKey:
         """Parse ``PRIVATE+KEY+<name>+<hex key id>+<base64(0x01 || seed)>``."""
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        text = text.strip()
-        if not text.startswith("PRIVATE+KEY+"):
-            raise ProofError("not a private key (it should start with PRIVATE+KEY+)",
-                             hint="create one with 'evidence keygen FILE'")
-        name, _, rest = text.removeprefix("PRIVATE+KEY+").partition("+")
-        hex_id, _, key64 = rest.partition("+")
-        raw = _b64decode(key64, "private key")
+        name, hex_id, raw = private_key_fields(text, "create one with 'evidence keygen FILE'")
         if not _HEX8_RE.fullmatch(hex_id) or len(raw) != 33 or raw[0] != _ALG_ED25519:
             raise ProofError("malformed private key")
         key = cls(name, raw[1:])
@@ -176,6 +168,20 @@ class SigningKey:
 
     def __repr__(self) -> str:
         return f"SigningKey(name={self.name!r}, key_id={self.key_id:08x})"
+
+
+def private_key_fields(text: str | bytes, hint: str) -> tuple[str, str, bytes]:
+    """``PRIVATE+KEY+<name>+<hex key id>+<base64(type byte || seed)>`` split into (name, hex
+    key id, decoded key): a store's signing key and a witness's alike; ``hint`` says how
+    to make one."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = text.strip()
+    if not text.startswith("PRIVATE+KEY+"):
+        raise ProofError("not a private key (it should start with PRIVATE+KEY+)", hint=hint)
+    name, _, rest = text.removeprefix("PRIVATE+KEY+").partition("+")
+    hex_id, _, key64 = rest.partition("+")
+    return name, hex_id, _b64decode(key64, "private key")
 
 
 def write_key_pair(path: str | os.PathLike[str], private: str,
