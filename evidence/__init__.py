@@ -27,13 +27,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._archive.replayserve import ReplayServer
     from ._archive.wacz import WaczExport, export_wacz
     from ._archive.warc import export_warc
-    from ._audit.proofs import (
-        SignedCheckpoint,
-        check_proof,
-        checkpoint,
-        prove_consistency,
-        prove_inclusion,
-    )
+    from ._audit.checkpoints import SignedCheckpoint, checkpoint
+    from ._audit.proofs import check_proof, prove_consistency, prove_inclusion
     from ._audit.replay import ReplayedResponse, replay
     from ._audit.report import RunReport, report
     from ._audit.status import StoreStatus, status
@@ -251,9 +246,9 @@ _WHERE = {
     "new_id": "_model.messages",
     "payload_hash": "_model.messages",
     "utc_now": "_model.messages",
-    "SignedCheckpoint": "_audit.proofs",
+    "SignedCheckpoint": "_audit.checkpoints",
     "check_proof": "_audit.proofs",
-    "checkpoint": "_audit.proofs",
+    "checkpoint": "_audit.checkpoints",
     "prove_consistency": "_audit.proofs",
     "prove_inclusion": "_audit.proofs",
     "ReplayedResponse": "_audit.replay",

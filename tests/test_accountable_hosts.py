@@ -299,7 +299,9 @@ async def test_the_submitter_is_under_the_leaf_in_proofs_and_in_archives_on_both
 
 def test_check_proof_shows_the_submitter_and_refuses_a_proof_that_changes_it(
         tmp_path: Path) -> None:
-    from evidence._audit.proofs import SigningKey, checkpoint, encode_proof
+    from evidence._audit.checkpoints import checkpoint
+    from evidence._audit.keys import SigningKey
+    from evidence._audit.proofs import encode_proof
 
     with Store.create(tmp_path / "s") as store:
         make = Factory(store)

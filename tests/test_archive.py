@@ -490,6 +490,29 @@ def test_any_set_of_payloads_in_any_order_writes_the_same_segments_and_reads_bac
         source.close()
 
 
+def test_payloads_of_a_local_source_are_read_on_the_exporting_thread(tmp_path: Path) -> None:
+    """A local store's reads wait for no network: no read-ahead threads, which cost more
+    CPU than the reads (docs/archives.md); the archive's payloads are the same."""
+    source = ArtifactStore(tmp_path / "src", max_payload=2**20)
+    refs = [source.put("body", f"page {i}".encode()) for i in range(5)]
+    readers: set[str] = set()
+    opened = source.open
+
+    def open_noting_the_thread(ref, **kwargs):  # the real read, its thread noted
+        readers.add(threading.current_thread().name)
+        return opened(ref, **kwargs)
+
+    source.open = open_noting_the_thread  # type: ignore[method-assign]
+    _files, gaps = write_payloads(refs, source, tmp_path / "out")
+    assert gaps == [] and readers == {threading.current_thread().name}
+    held = ArchivePayloads(tmp_path / "out")
+    for i, ref in enumerate(refs):
+        with held.open(ref) as handle:
+            assert handle.read() == f"page {i}".encode()
+    held.close()
+    source.close()
+
+
 def test_export_records_a_corrupt_payload_as_a_gap_and_leaves_it_out(
         populated_store: Store, tmp_path: Path) -> None:
     (body,) = [r for r in populated_store.artifacts.iter_refs() if r.namespace == "body"]

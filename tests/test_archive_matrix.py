@@ -31,7 +31,8 @@ from evidence._archive.export import Manifest, export
 from evidence._archive.segments import ArchivePayloads
 from evidence._archive.wacz import export_wacz
 from evidence._archive.warc import export_warc
-from evidence._audit.proofs import SigningKey, checkpoint
+from evidence._audit.checkpoints import checkpoint
+from evidence._audit.keys import SigningKey
 from evidence._cli.main import main as cli_main
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._store.artifacts import ArtifactStore

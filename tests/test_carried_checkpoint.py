@@ -34,7 +34,7 @@ from evidence._archive.carried import read_checkpoint_file
 from evidence._archive.export import export
 from evidence._archive.proofcheck import check_wacz_checkpoint, verify_archive
 from evidence._archive.wacz import export_wacz
-from evidence._audit.proofs import SigningKey
+from evidence._audit.keys import SigningKey
 from evidence._audit.witness import Cosigner, Witness, serve_witness
 from evidence._cli.main import main as cli_main
 from evidence._demo.site import SiteConfig, TestSite
@@ -229,7 +229,7 @@ def test_export_refuses_a_checkpoint_it_does_not_reach(handed, tmp_path: Path,
 
 
 def _key(handed):
-    from evidence._audit.proofs import VerifierKey
+    from evidence._audit.keys import VerifierKey
 
     return VerifierKey.from_text(handed["pub"].read_text())
 

@@ -23,13 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evidence import Store
-from evidence._audit.proofs import (
-    SigningKey,
+from evidence._audit.checkpoints import (
     checkpoint,
     match_checkpoint,
     open_checkpoint,
     parse_checkpoint,
 )
+from evidence._audit.keys import SigningKey
 from evidence._audit.verify import verify
 from evidence._cli.main import main as cli_main
 from evidence._errors import ProofError

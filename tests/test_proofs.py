@@ -13,17 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import CorruptStoreError, RuleEvaluated, Store
+from evidence._audit.checkpoints import SignedCheckpoint, checkpoint, open_checkpoint
+from evidence._audit.keys import SigningKey, VerifierKey
 from evidence._audit.proofs import (
     ConsistencyProof,
     InclusionProof,
-    SignedCheckpoint,
-    SigningKey,
-    VerifierKey,
     check_proof,
-    checkpoint,
     decode_proof,
     encode_proof,
-    open_checkpoint,
     prove_consistency,
     prove_inclusion,
 )

@@ -25,13 +25,9 @@ from evidence._archive.export import export
 from evidence._archive.wacz import export_wacz, new_signing_key
 from evidence._archive.waczcheck import check_wacz as evidence_check_wacz
 from evidence._archive.waczcheck import load_public_key
-from evidence._audit.proofs import (
-    SigningKey,
-    checkpoint,
-    encode_proof,
-    prove_consistency,
-    prove_inclusion,
-)
+from evidence._audit.checkpoints import checkpoint
+from evidence._audit.keys import SigningKey
+from evidence._audit.proofs import encode_proof, prove_consistency, prove_inclusion
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.merkle import root as merkle_root
 from evidence._store.log import entry_hash

@@ -24,13 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evidence import Store
-from evidence._audit.proofs import (
-    SigningKey,
-    VerifierKey,
-    checkpoint,
-    parse_checkpoint,
-    prove_consistency,
-)
+from evidence._audit.checkpoints import checkpoint, parse_checkpoint
+from evidence._audit.keys import SigningKey, VerifierKey
+from evidence._audit.proofs import prove_consistency
 from evidence._audit.witness import (
     Cosigner,
     CosignerKey,

@@ -38,7 +38,9 @@ rounds, each running in alternating order (ABAB, then BABA):
   verify        ``evidence verify`` (quick) in-process, against ``PRAGMA quick_check``
 
 Reported per store: the median wall seconds of each with min-max, the ratio (median of the
-per-round ratios, min-max), and the 1-minute load average at the start and the end.
+per-round ratios, min-max), the same for CPU seconds (this process's threads and its
+children's: what a run costs on a shared machine, whatever the scheduler gave it), and the
+1-minute load average at the start and the end.
 
 Examples:
   python tools/bench_archive.py --side-by-side --attempts 100000 --crawl-pages 5000
@@ -56,6 +58,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import signal
@@ -378,6 +381,14 @@ def dump_and_copy(store: Path, out: Path) -> None:
     os.sync()  # as export's fsyncs: both end with their bytes on the disk
 
 
+def cpu_seconds() -> float:
+    """CPU used so far by this process (all its threads) and its finished children (the
+    baselines run as subprocesses): on a shared machine, what a run costs whatever the
+    scheduler gave it."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def side_by_side(stores: list[Path], work: Path, reps: int, show: Callable) -> dict:
     pairs: list[tuple[str, Callable[[Path, Path], object], str,
                       Callable[[Path, Path], object]]] = [
@@ -394,19 +405,23 @@ def side_by_side(stores: list[Path], work: Path, reps: int, show: Callable) -> d
                        "load_start": os.getloadavg()[0]}
         for ours, fn, base, base_fn in pairs:
             times: dict[str, list[float]] = {ours: [], base: []}
+            cpu: dict[str, list[float]] = {ours: [], base: []}
             for rep in range(reps):
                 order = [(ours, fn), (base, base_fn)]
                 for name, run in order if rep % 2 == 0 else order[::-1]:
                     out = work / f"out-{time.time_ns()}"
                     os.sync()
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), cpu_seconds()
                     run(store, out)
                     times[name].append(time.perf_counter() - started)
+                    cpu[name].append(cpu_seconds() - cpu_started)
                     shutil.rmtree(out, ignore_errors=True)
                     show(f"{store.name}: {name}", rep + 1, reps)
             ratios = [a / b for a, b in zip(times[ours], times[base], strict=True)]
             entry[ours] = {"ours": times[ours], "baseline": base, "base": times[base],
-                           "ratios": ratios}
+                           "ratios": ratios, "ours_cpu": cpu[ours], "base_cpu": cpu[base],
+                           "cpu_ratios": [a / b for a, b in zip(cpu[ours], cpu[base],
+                                                                strict=True)]}
         entry["load_end"] = os.getloadavg()[0]
         results[store.name] = entry
     return results
@@ -429,6 +444,8 @@ def render_side_by_side(results: dict, reps: int) -> str:
             o = entry[op]
             lines.append(f"  {op:<16} {spread(o['ours']):>20}   {o['baseline']:<34} "
                          f"{spread(o['base']):>20}  {spread(o['ratios'], 'x'):>20}")
+            lines.append(f"  {'  CPU seconds':<16} {spread(o['ours_cpu']):>20}   {'':<34} "
+                         f"{spread(o['base_cpu']):>20}  {spread(o['cpu_ratios'], 'x'):>20}")
     return "\n".join(lines)
 
 

@@ -13,11 +13,11 @@ Both are listed in ``manifest.json`` with their size and BLAKE3 like the dump, s
 ts -verify -data checkpoint -in checkpoint.tsr -CAfile TSA-ROOT.pem`` works inside the
 archive as it does beside the store. The export refuses a checkpoint its snapshot does not
 reach: ``bind`` compares it, in the export's one snapshot, with the log recomputed from the
-ledger (``_audit.proofs.match_checkpoint``: the origin is the store, batch N recomputes to
-the signed size, root and chain hash, the pre-006 quarantine rows are the signed ones). A
-store that grew since the checkpoint still matches it (batch N is still there); an archive
-of one run cannot (its ledger is a subset, not a tree), so ``--run`` and ``--checkpoint``
-do not go together.
+ledger (``_audit.checkpoints.match_checkpoint``: the origin is the store, batch N
+recomputes to the signed size, root and chain hash, the pre-006 quarantine rows are the
+signed ones). A store that grew since the checkpoint still matches it (batch N is still
+there); an archive of one run cannot (its ledger is a subset, not a tree), so ``--run`` and
+``--checkpoint`` do not go together.
 
 A WACZ carries them as ``evidence/checkpoint`` and ``evidence/checkpoint.tsr``, package
 resources like the others, so the WACZ's signature covers their hashes (``reached_by``).
@@ -38,7 +38,7 @@ from pathlib import Path
 import apsw
 import msgspec
 
-from .._audit.proofs import (
+from .._audit.checkpoints import (
     CheckpointMatch,
     SignedCheckpoint,
     match_checkpoint,

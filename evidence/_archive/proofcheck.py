@@ -21,7 +21,8 @@ from pathlib import Path
 import msgspec
 from cryptography.x509 import Certificate
 
-from .._audit.proofs import SignedCheckpoint, VerifierKey, open_checkpoint
+from .._audit.checkpoints import SignedCheckpoint, open_checkpoint
+from .._audit.keys import VerifierKey
 from .._audit.timestamp import TSR_SUFFIX
 from .._errors import ProofError
 from .._store.db import Store

@@ -81,6 +81,8 @@ class PayloadSource(Protocol):
     """What a copy or a check reads payloads from: a store's artifact backend, or an
     archive's payloads (``_archive/segments.py``: its segment files, or one file each)."""
 
+    local: bool  # reads are this machine's files: no network latency to overlap
+
     def open(self, ref: ArtifactRef, *, verify: bool = False) -> BinaryIO: ...
 
     def check(self, ref: ArtifactRef) -> None: ...

@@ -49,7 +49,7 @@ from .._store.db import DB_NAME, Store
 from .._store.log import Head, check_log, check_times, identity_bound
 from .._store.resync import SYNC_MARKER, read_marker
 from .._store.sqlite import load_migrations
-from .proofs import CheckpointMatch, SignedCheckpoint, match_checkpoint
+from .checkpoints import CheckpointMatch, SignedCheckpoint, match_checkpoint
 from .verify_artifacts import (
     ReclaimHooks,
     ReclaimReport,

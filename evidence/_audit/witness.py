@@ -50,15 +50,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from .._errors import ProofError
 from .._model.merkle import EMPTY_ROOT, verify_consistency
 from .._store.fsync import fsync_dir, fsync_file
-from .proofs import (
-    NoteSignature,
-    SignedCheckpoint,
-    VerifierKey,
-    _b64,
-    _b64decode,
-    parse_checkpoint,
-    write_key_pair,
-)
+from .checkpoints import NoteSignature, SignedCheckpoint, parse_checkpoint
+from .keys import VerifierKey, _b64, _b64decode, private_key_fields, write_key_pair
 
 __all__ = ["Cosigner", "CosignerKey", "Witness", "WitnessReply", "add_cosignatures",
            "check_cosignatures", "serve_witness"]
@@ -126,15 +119,8 @@ class Cosigner:
     @classmethod
     def from_text(cls, text: str | bytes) -> Cosigner:
         """Parse ``PRIVATE+KEY+<name>+<hex key id>+<base64(0x04 || seed)>``."""
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        text = text.strip()
-        if not text.startswith("PRIVATE+KEY+"):
-            raise ProofError("not a private key (it should start with PRIVATE+KEY+)",
-                             hint="create one with 'evidence witness keygen NAME FILE'")
-        name, _, rest = text.removeprefix("PRIVATE+KEY+").partition("+")
-        hex_id, _, key64 = rest.partition("+")
-        raw = _b64decode(key64, "private key")
+        name, hex_id, raw = private_key_fields(
+            text, "create one with 'evidence witness keygen NAME FILE'")
         if len(raw) != 33 or raw[0] != _ALG_COSIGNATURE_V1:
             raise ProofError("not a witness private key (cosignature v1: 0x04)",
                              hint="a store's checkpoint key cannot cosign; create a witness "

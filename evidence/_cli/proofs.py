@@ -1,9 +1,9 @@
 """The proof commands: ``keygen``, ``checkpoint``, ``prove``, ``check-proof``.
 
 Signed checkpoints of the Merkle log and the inclusion and consistency proofs a third
-party checks offline, each a few lines over ``_audit.proofs``. Exit status: 0 when all is
-well, 1 when a proof does not hold, 2 for an error (printed by ``_cli.main`` as
-``Error:`` / ``Try:``).
+party checks offline, each a few lines over ``_audit.keys``, ``_audit.checkpoints`` and
+``_audit.proofs``. Exit status: 0 when all is well, 1 when a proof does not hold, 2 for an
+error (printed by ``_cli.main`` as ``Error:`` / ``Try:``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     if args.witness_key_pair:
         from .._audit.witness import Cosigner as Key
     else:
-        from .._audit.proofs import SigningKey as Key  # type: ignore[assignment]
+        from .._audit.keys import SigningKey as Key  # type: ignore[assignment]
 
     key = Key.generate(args.name)
     private, public = key.write(args.key)
@@ -49,7 +49,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
-    from .._audit.proofs import SigningKey, checkpoint
+    from .._audit.checkpoints import checkpoint
+    from .._audit.keys import SigningKey
     from .._audit.timestamp import TSR_SUFFIX, load_certificates, request_timestamp
     from .._store.db import Store
 
@@ -128,7 +129,7 @@ def _witnesses(args: argparse.Namespace) -> list:  # [(url, CosignerKey)]
 def _cmd_witness_serve(args: argparse.Namespace) -> int:
     import signal
 
-    from .._audit.proofs import VerifierKey
+    from .._audit.keys import VerifierKey
     from .._audit.witness import Cosigner, Witness, serve_witness
 
     logs: dict[str, list[VerifierKey]] = {}
@@ -159,7 +160,8 @@ def _cmd_witness_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
-    from .._audit.proofs import encode_proof, parse_checkpoint, prove_consistency, prove_inclusion
+    from .._audit.checkpoints import parse_checkpoint
+    from .._audit.proofs import encode_proof, prove_consistency, prove_inclusion
     from .._audit.timestamp import TSR_SUFFIX
     from .._store.db import Store
 
@@ -200,7 +202,8 @@ def _check_witnessed(args: argparse.Namespace, proof: bytes, result) -> dict | N
     few of them fail the result (``--witnesses N``, default all given)."""
     if not args.witness_key:
         return None
-    from .._audit.proofs import decode_proof, parse_checkpoint
+    from .._audit.checkpoints import parse_checkpoint
+    from .._audit.proofs import decode_proof
     from .._audit.witness import CosignerKey, check_cosignatures
 
     keys = [CosignerKey.from_text(_read(path)) for path in args.witness_key]

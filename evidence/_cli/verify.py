@@ -22,7 +22,7 @@ from .common import format_bytes, local_path, parse_duration, print_json, store_
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.proofcheck import CarriedCheck, WaczProof
     from .._archive.waczcheck import WaczCheck
-    from .._audit.proofs import SignedCheckpoint
+    from .._audit.checkpoints import SignedCheckpoint
     from .._audit.verify import VerifyReport
 
 __all__ = ["add_commands", "format_report", "format_wacz_check"]
@@ -90,7 +90,7 @@ def _is_archive(path: Path) -> bool:
 def _cmd_verify_archive(args: argparse.Namespace) -> int:
     """An archive: restored privately and verified against the checkpoint it carries."""
     from .._archive.proofcheck import verify_archive
-    from .._audit.proofs import VerifierKey
+    from .._audit.keys import VerifierKey
 
     for flag, given in (("--checkpoint", args.checkpoint),
                         ("--reclaim-orphans", args.reclaim_orphans)):
@@ -182,7 +182,7 @@ def _wacz_checkpoint(args: argparse.Namespace) -> WaczProof | None:
     """The checkpoint a WACZ carries, checked with ``--checkpoint-key``, ``--tsa-root`` and
     ``--witness-key``; None when it carries none and none of them was named."""
     from .._archive.proofcheck import check_wacz_checkpoint
-    from .._audit.proofs import VerifierKey
+    from .._audit.keys import VerifierKey
 
     key = (VerifierKey.from_text(_read(args.checkpoint_key)) if args.checkpoint_key
            else None)
@@ -241,7 +241,7 @@ def format_wacz_check(c: WaczCheck) -> str:
 def _signed_checkpoint(args: argparse.Namespace) -> SignedCheckpoint | None:
     """``--checkpoint`` opened with ``--public-key``: one not signed by that key is an
     error (exit 2): nothing could be compared with it."""
-    from .._audit.proofs import open_checkpoint
+    from .._audit.checkpoints import open_checkpoint
 
     if (args.checkpoint is None) != (args.public_key is None):
         raise ProofError("--checkpoint and --public-key go together",

@@ -133,7 +133,7 @@ def check_log(conn: apsw.Connection, heads: dict[int, Head] | None = None
     Streams the ledger in log order, so memory stays O(log n) whatever its size. ``heads``,
     when given, receives each batch's recomputed ``Head``: its chain hash is computed from
     the recomputed roots and the recomputed previous link, never from a stored hash, so it
-    is what a signed checkpoint binds (``_audit.proofs``).
+    is what a signed checkpoint binds (``_audit.checkpoints``).
     """
     findings: list[LogFinding] = []
     quarantined = ("quarantined" if has_column(conn, "commit_log", "quarantined")

@@ -15,7 +15,7 @@ holds, and how many deliveries the batch added; the row's chain hash covers that
 (the commit times of the batches that counted it) and content from the chain, and find a
 record edited, deleted or inserted by hand. Someone who also rewrites the chain after
 the edit (anyone who can write the database can recompute it) is caught by a signed
-checkpoint from before the edit, which binds the chain's head (``_audit.proofs``); an
+checkpoint from before the edit, which binds the chain's head (``_audit.checkpoints``); an
 inclusion proof exists for accepted messages only (docs/verify.md, "What proves a
 quarantine record"). Rows from before migration 006 are a closed set (migration 010):
 ``legacy_rows`` is what a checkpoint binds of them.
