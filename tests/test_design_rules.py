@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from evidence import Store, Writer, WriterLimits
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 from .conftest import Factory, asubmit
 

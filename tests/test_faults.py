@@ -49,7 +49,7 @@ from evidence._archive.export import export
 from evidence._cli.main import main as cli_main
 from evidence._store.log import check_log
 from evidence._store.sqlite import connect_writer
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 from evidence.testing.disk import CrashFileOps, CrashVFS, Fault, SimulatedDisk, open_store
 from evidence.testing.trial import (
     FIXED_TIME,

@@ -822,8 +822,8 @@ def test_wait_gone_returns_once_what_a_vanished_client_sent_has_committed(
         store_path: Path, short_dir: Path) -> None:
     # A crawl whose worker process dies settles that worker's pages from the store, after
     # Service.wait_gone: so everything the worker had sent must be committed by then.
+    from evidence._write.limits import WriterLimits
     from evidence._write.service import Service
-    from evidence._write.writer import WriterLimits
 
     socket_path = short_dir / "s.sock"
     message = attempt("victim", 1)

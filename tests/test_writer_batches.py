@@ -80,15 +80,16 @@ async def write(store: Store, batches: list[list], *, isolated: bool) -> list[st
     statuses = []
     async with Writer(store, limits=WriterLimits(max_batch_messages=1000)) as writer:
         isolated_batches = []
-        apply_isolated = writer._apply_isolated
+        transactions = writer._transactions
+        apply_isolated = transactions._apply_isolated
 
         def spy(applier, batch, *args):  # type: ignore[no-untyped-def]
             isolated_batches.append(len(batch))
             return apply_isolated(applier, batch, *args)
 
-        writer._apply_isolated = spy  # type: ignore[method-assign]
+        transactions._apply_isolated = spy  # type: ignore[method-assign]
         for batch in batches:
-            writer._optimistic = not isolated
+            transactions._optimistic = not isolated
             statuses += [a.status for a in await writer.submit_group(batch)]
         assert len(isolated_batches) == (len(batches) if isolated else 0)
     return statuses

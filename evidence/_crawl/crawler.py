@@ -58,9 +58,10 @@ from .._model.messages import (
 )
 from .._model.urls import normalize_url, resolve_reference
 from .._store.db import Store
+from .._write.limits import WriterLimits
 from .._write.service import Service
 from .._write.tls import TLSFiles
-from .._write.writer import Writer, WriterLimits
+from .._write.writer import Writer
 from . import frontier
 from .behaviors import BehaviorOptions
 from .fetch import FetchResult

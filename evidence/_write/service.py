@@ -64,6 +64,7 @@ from .._model.messages import Message, decode_message
 from .._net import acquire, adopt
 from .._store.db import Store
 from .._version import __version__
+from .limits import WriterLimits
 from .tls import TLSFiles, parse_listen, server_context
 from .wire import (
     HEADER,
@@ -86,7 +87,7 @@ from .wire import (
     encode_frame,
     tokens_match,
 )
-from .writer import Writer, WriterLimits
+from .writer import Writer
 
 __all__ = ["Service", "ServiceLimits", "ServiceStatistics", "prometheus_text"]
 
