@@ -46,7 +46,8 @@ from evidence import (
     check_log,
     payload_hash,
 )
-from evidence._write.service import ServiceLimits, prometheus_text
+from evidence._write.limits import ServiceLimits
+from evidence._write.service import prometheus_text
 from evidence._write.wire import (
     HEADER,
     PROTOCOL_VERSION,

@@ -1,9 +1,10 @@
-"""What a writer is given: its bounds (``WriterLimits``) and its named fault points
-(``WriterHooks``).
+"""The bounds of the write path, each explicit: a writer's (``WriterLimits``) and its
+named fault points (``WriterHooks``), and a service's (``ServiceLimits``).
 
-Both are read on the two sides of the writer, the queue that batches submissions
-(``writer.py``) and the transaction that commits a batch (``commit.py``), so they live
-below both.
+Each is read by several parts: a writer's by the queue that batches submissions
+(``writer.py``) and the transaction that commits a batch (``commit.py``); a service's by
+the service, its connections (``connection.py``) and its gate (``admission.py``). So they
+live below all of them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["WriterHooks", "WriterLimits"]
+__all__ = ["ServiceLimits", "WriterHooks", "WriterLimits"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,3 +48,22 @@ class WriterHooks:
     # two writers given the same clock and the same batches write the same bytes (the
     # cross-backend export test); every writer that is not a test uses the system clock.
     batch_time: Callable[[], str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceLimits:
+    """How much the service reads ahead of its writer, and how long it waits on clients."""
+
+    max_frame_bytes: int = 16 * 1024 * 1024  # one frame (a group of messages)
+    max_hello_bytes: int = 8 * 1024  # the only frame read before authentication
+    max_connections: int = 256  # authenticated connections
+    max_connections_per_peer: int = 64  # of those, from one process or address (peer_of)
+    max_unauthenticated: int = 64  # connections that have not said hello yet
+    max_in_flight: int = 4096  # requests read and unanswered, all connections together
+    max_pending_bytes: int = 64 * 1024 * 1024  # bytes read, until their request commits
+    connection_in_flight: int = 1024  # requests read and unanswered, one connection
+    send_timeout: float = 30.0  # a connection whose answers cannot be written is dropped
+    handshake_timeout: float = 10.0  # from connect to a valid hello
+    body_timeout: float = 30.0  # a frame's body, from its header (time spent sending it)
+    idle_timeout: float = 600.0  # an authenticated connection with nothing to do is closed
+    drain_timeout: float = 30.0  # on stop: time for in-flight answers to reach clients
