@@ -27,7 +27,8 @@ from evidence import (
 from evidence._model.messages import Discovery, FetchAttempt
 from evidence._model.refs import ArtifactRef
 from evidence._store.sqlite import SQLITE
-from evidence._write.apply import Applier, RowInsert, artifact_refs
+from evidence._write.apply import Applier, artifact_refs
+from evidence._write.apply_rows import RowInsert
 
 from .conftest import Factory, asubmit
 

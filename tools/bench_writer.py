@@ -120,7 +120,7 @@ BAR_SYNC = "full"
 PLACEHOLDER_HASH = bytes(32)
 
 # --- statements shared by the raw ceiling and the naive pattern ------------------------
-# Same tables, same columns, same conflict clauses as evidence/_write/apply.py where it matters.
+# Same tables, same columns, same conflict clauses as evidence/_write/apply_*.py where it matters.
 
 SQL_URL = ("INSERT INTO url_identity (url_id, normalizer_version, fetch_key) "
            "VALUES (?, ?, ?)")
