@@ -79,7 +79,7 @@ class Transactions(Recovery):
         """Commit ``batch``; ``wait=False``: raise ``WouldWait`` (nothing done) where the
         write lock is held elsewhere, instead of waiting for it. ``tail`` (a local store,
         ``CommitInline``): apply it, and return what is left to run elsewhere."""
-        if not batch:  # not a batch: the idle check of _next_or_idle
+        if not batch:  # not a batch: the idle check of Writer._next_or_idle
             self._check_connection()
             return []
         committed: bool | None = False

@@ -148,7 +148,7 @@ class CommitInline:
 class Tail:
     """The rest of a batch applied on the event loop's thread: the fsyncs before and at
     its COMMIT, and the checkpoint after, run by the commit thread (``CommitInline``).
-    ``settle`` is told whether it committed (the writer's interner, as ``_commit_batch``
+    ``settle`` is told whether it committed (the interner, as ``Transactions.commit_batch``
     tells it for a batch run whole)."""
 
     __slots__ = ("run",)
