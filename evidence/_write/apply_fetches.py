@@ -10,11 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._model.messages import (
-    FetchAttempt,
-    Render,
-    format_time,
-)
+from .._model.messages import FetchAttempt, Render, format_time
 from .apply_rows import JSON, ApplyContext, Rejected, What, what_text
 
 __all__ = ["HANDLERS"]

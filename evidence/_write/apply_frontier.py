@@ -8,13 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .._model.messages import (
-    Discovery,
-    FrontierUpdate,
-    HostUpdate,
-    RuleEvaluated,
-    format_time,
-)
+from .._model.messages import Discovery, FrontierUpdate, HostUpdate, RuleEvaluated, format_time
 from .apply_rows import JSON, ApplyContext, Rejected, what_text
 
 __all__ = ["HANDLERS"]

@@ -19,10 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._errors import ArtifactCorruptError, ArtifactMissingError, URLError
-from .._model.messages import (
-    DnsAnswer,
-    format_time,
-)
+from .._model.messages import DnsAnswer, format_time
 from .._model.refs import ArtifactRef
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.backend import Connection, Dialect

@@ -13,7 +13,8 @@ The service is in parts: this module is its lifecycle, its listeners and its pro
 hello, then frames read, decoded, submitted and answered); ``admission.py`` decides who may
 connect and how many (the token, worker hosts, fences, the per-peer share);
 ``connection.py`` is what one connection is made of (its outbox and sender, the read budget
-its reads wait on, the merge of back-to-back submits); ``limits.py`` holds ``ServiceLimits``.
+its reads wait on, the merge of back-to-back submits); ``unixsocket.py`` binds the socket
+file; ``limits.py`` holds ``ServiceLimits``.
 
 Invariants:
   - a connection is authenticated before any frame but its hello is read; a protocol error
@@ -44,12 +45,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
 import os
-import socket
 import ssl
-import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -69,6 +67,7 @@ from .admission import Admission, peer_in_words, peer_of
 from .connection import ClientConnection, Merge, MeteredStream, ReadBudget, error_frame
 from .limits import ServiceLimits, WriterLimits
 from .tls import TLSFiles, parse_listen, server_context
+from .unixsocket import bind_unix
 from .wire import (
     HEADER,
     PEER_GONE,
@@ -287,7 +286,7 @@ class Service:
     async def _open_listeners(self) -> None:
         if self.socket_path is not None:
             self._listeners.append(await anyio.abc.SocketListener.from_socket(
-                _bind_unix(self.socket_path)))
+                bind_unix(self.socket_path)))
             self._socket_inode = self.socket_path.stat().st_ino
         if self._listen is not None:
             tcp = await anyio.create_tcp_listener(local_host=self._listen[0],
@@ -664,53 +663,6 @@ class Service:
             await serve_metrics(listener,
                                 lambda: prometheus_text(self.statistics(), self.store),
                                 lambda: not self._stopping)
-
-
-def _bind_unix(path: Path) -> socket.socket:
-    """A Unix socket at ``path``, mode 0600 before it listens (so no other user can connect).
-
-    A socket file left by a killed service is replaced; one with a live service behind it,
-    or a path that is not a socket, is refused.
-    """
-    if len(os.fsencode(path)) > 107:
-        raise ServiceError(f"{path}: a Unix socket path must be under 108 bytes",
-                           hint="use a shorter path, e.g. under /run or /tmp")
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise ServiceError(f"{path} exists and is not a socket", path=str(path))
-        if _socket_is_live(path):
-            raise ServiceError(f"{path}: another service is listening there", path=str(path),
-                               hint="stop it first, or choose another --socket path")
-        path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(os.fspath(path))
-        os.chmod(path, 0o600)  # before listen(): until then every connect() is refused
-        sock.listen(1024)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise ServiceError(f"{path}: cannot listen ({exc.strerror})", path=str(path)) from None
-    return sock
-
-
-def _socket_is_live(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(os.fspath(path))
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            return False
-        raise ServiceError(f"{path}: cannot tell whether a service is listening there "
-                           f"({exc.strerror})", path=str(path)) from None
-    finally:
-        probe.close()
-    return True
 
 
 def prometheus_text(s: ServiceStatistics, store: Store | None = None) -> str:
