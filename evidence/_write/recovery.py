@@ -18,11 +18,12 @@ a subject of its own (docs/design.md, "The writer").
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Any
 
 from .._errors import CommitError, EvidenceError, SyncError, WriterLockLost
 from .._model.acks import Ack
+from .._store.backend import StoreBackend
 from .._store.db import Store
 from .._store.log import LogHead, load_head
 
@@ -50,10 +51,10 @@ class Recovery:
     """Resolving a batch whose outcome a failure left unknown (a base of ``Transactions``)."""
 
     store: Store
-    _db: Any  # the store's database backend (StoreBackend)
+    _db: StoreBackend  # the store's database backend
     head: LogHead
     stopping: SyncError | None
-    _counts: Any  # the writer's counters (collections.Counter)
+    _counts: collections.Counter[str]  # the writer's counters
 
     def _lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` says the connection to a database server was lost (the server
