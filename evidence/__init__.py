@@ -90,7 +90,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._store.artifacts import ArtifactStore
     from ._store.db import Store
     from ._store.log import check_log
-    from ._write.writer import Writer, WriterLimits
+    from ._write.limits import WriterLimits
+    from ._write.writer import Writer
 
 
 __all__ = [
@@ -274,7 +275,7 @@ _WHERE = {
     "export_warc": "_archive.warc",
     "Ack": "_model.acks",
     "Writer": "_write.writer",
-    "WriterLimits": "_write.writer",
+    "WriterLimits": "_write.limits",
     "WriterStatistics": "_model.acks",
     "BrowserError": "_errors",
     "Render": "_model.messages",

@@ -27,8 +27,9 @@ from evidence._audit.proofs import check_proof, prove_inclusion
 from evidence._crawl.hostauth import check_submission, load_hosts
 from evidence._errors import EvidenceError
 from evidence._model.messages import ledger_entry, split_entry
+from evidence._write.limits import WriterHooks
 from evidence._write.service import Service
-from evidence._write.writer import Writer, WriterHooks
+from evidence._write.writer import Writer
 from evidence.client import AsyncClient
 from evidence.testing.seaweed import SeaweedS3
 

@@ -299,7 +299,7 @@ def test_any_sequence_of_clock_readings_commits_times_that_never_go_back(
     from evidence import Writer
     from evidence._model.messages import format_time
     from evidence._store.log import check_times
-    from evidence._write.writer import WriterHooks
+    from evidence._write.limits import WriterHooks
 
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     times = [format_time(start + dt.timedelta(seconds=r)) for r in readings]

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from evidence import Store, Writer, WriterLimits
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 from .conftest import Factory, asubmit
 
@@ -33,11 +33,12 @@ _FROZEN = {"schema/001_initial.sql"}
 _RULE = re.compile(r"^(\d+)\. \*\*", re.M)
 _HELD_BY = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 _CITED = re.compile(r"design rules? (\d+)(?:-(\d+))?", re.I)
-# The brief this project grew from, named by its file (the name built here, so that this
-# file does not cite it); a link to any other file outside the repository is caught by
-# resolving it (citation_problems).
+# The brief this project grew from and its style examples, named by their files (the names
+# built here, so that this file does not cite them); a link to any other file outside the
+# repository is caught by resolving it (citation_problems).
 _BRIEF = "DESIGN" + ".md"
-_OUTSIDE = re.compile(re.escape(_BRIEF))
+_STYLE = "STYLE" + ".md"
+_OUTSIDE = re.compile("|".join(re.escape(name) for name in (_BRIEF, _STYLE)))
 _MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
@@ -128,7 +129,8 @@ def test_the_citation_check_catches_an_outside_document_a_missing_rule_and_a_bad
         f"See {_BRIEF} and [notes](../../elsewhere/notes.md) and [b](b.md) and [c](c.md).\n")
     (tmp_path / "docs" / "b.md").write_text("fine\n")
     (tmp_path / "evidence" / "m.py").write_text(
-        f'"""Kept as {_BRIEF} rule 6 says, and design rules 2-4."""\n')
+        f'"""Kept as {_BRIEF} rule 6 says, and design rules 2-4."""\n'
+        f"# the write thread ({_STYLE} 8)\n")
     problems = citation_problems(tmp_path, known={1, 2, 3})
     assert problems == [
         "docs/a.md:1: cites a document outside the repository",
@@ -136,6 +138,7 @@ def test_the_citation_check_catches_an_outside_document_a_missing_rule_and_a_bad
         "docs/a.md:1: links to a missing file: c.md",
         "evidence/m.py:1: cites a document outside the repository",
         "evidence/m.py:1: cites design rule 4, which docs/design.md does not state",
+        "evidence/m.py:2: cites a document outside the repository",
     ]
 
 

@@ -49,7 +49,7 @@ from evidence._archive.export import export
 from evidence._cli.main import main as cli_main
 from evidence._store.log import check_log
 from evidence._store.sqlite import connect_writer
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 from evidence.testing.disk import CrashFileOps, CrashVFS, Fault, SimulatedDisk, open_store
 from evidence.testing.trial import (
     FIXED_TIME,
@@ -682,7 +682,7 @@ def test_a_batch_records_the_time_its_clock_gives(tmp_path: Path) -> None:
 
 
 def test_every_writer_fault_point_has_a_test() -> None:
-    # STYLE.md 10: a named fault point without a test is a fault point nobody checks.
+    # A named fault point without a test is a fault point nobody checks.
     source = Path(__file__).read_text()
     for name in WriterHooks.__dataclass_fields__:
         assert f"WriterHooks({name}=" in source, f"no test uses WriterHooks.{name}"

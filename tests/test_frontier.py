@@ -16,7 +16,7 @@ from evidence import (
     WriterLimits,
 )
 from evidence._crawl.frontier import Scope, counts, in_flight, queued_after
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 from .conftest import Factory, asubmit
 

@@ -34,7 +34,7 @@ from evidence import (
     verify,
 )
 from evidence._errors import StoreError
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 from .conftest import Factory, new_pg_database
 from .test_faults import failure_of, submit

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from evidence import Store, Writer, verify
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 from evidence.testing.pgcluster import PgCluster
 
 from .conftest import Factory

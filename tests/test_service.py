@@ -46,7 +46,8 @@ from evidence import (
     check_log,
     payload_hash,
 )
-from evidence._write.service import ServiceLimits, prometheus_text
+from evidence._write.limits import ServiceLimits
+from evidence._write.service import prometheus_text
 from evidence._write.wire import (
     HEADER,
     PROTOCOL_VERSION,
@@ -822,8 +823,8 @@ def test_wait_gone_returns_once_what_a_vanished_client_sent_has_committed(
         store_path: Path, short_dir: Path) -> None:
     # A crawl whose worker process dies settles that worker's pages from the store, after
     # Service.wait_gone: so everything the worker had sent must be committed by then.
+    from evidence._write.limits import WriterLimits
     from evidence._write.service import Service
-    from evidence._write.writer import WriterLimits
 
     socket_path = short_dir / "s.sock"
     message = attempt("victim", 1)

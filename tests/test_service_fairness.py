@@ -24,7 +24,8 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 
 from evidence import Store, Writer
-from evidence._write.service import Service, ServiceLimits
+from evidence._write.limits import ServiceLimits
+from evidence._write.service import Service
 from evidence._write.wire import HEADER
 
 from .test_service import SETUP, TOKEN, _frames, _hello, attempt

@@ -20,7 +20,8 @@ from pathlib import Path
 from anyio.from_thread import start_blocking_portal
 
 from evidence import Store
-from evidence._write.service import Service, ServiceLimits
+from evidence._write.limits import ServiceLimits
+from evidence._write.service import Service
 
 from .test_service import _frames, _hello, attempt
 from .test_service_fairness import serving, short_dir, store_path  # noqa: F401 (fixtures)

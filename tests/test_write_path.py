@@ -39,10 +39,10 @@ import anyio
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store
 from evidence._crawl import pages
 from evidence._store import sqlite
-from evidence._write import apply, writer
+from evidence._write import apply_rows, writer
 
 sqlite.WRITER_CACHE_MIB = 1
-apply.INTERNER_LIMIT = 500
+apply_rows.INTERNER_LIMIT = 500
 writer._URL_KEYS_LIMIT = pages._URL_KEYS_LIMIT = 200
 
 def status(field):

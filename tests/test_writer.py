@@ -26,7 +26,7 @@ from evidence import (
     WriterLimits,
     check_log,
 )
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 from .conftest import Factory, asubmit, reference_mth
 from .faultvfs import FaultVFS
@@ -479,7 +479,7 @@ import anyio
 sys.path.insert(0, sys.argv[2])
 from conftest import Factory
 from evidence import Store, Writer
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 def die(seq):
     print("committed", seq, flush=True)

@@ -27,7 +27,8 @@ from evidence import (
 from evidence._model.messages import Discovery, FetchAttempt
 from evidence._model.refs import ArtifactRef
 from evidence._store.sqlite import SQLITE
-from evidence._write.apply import Applier, RowInsert, artifact_refs
+from evidence._write.apply import Applier, artifact_refs
+from evidence._write.apply_rows import RowInsert
 
 from .conftest import Factory, asubmit
 
@@ -80,15 +81,16 @@ async def write(store: Store, batches: list[list], *, isolated: bool) -> list[st
     statuses = []
     async with Writer(store, limits=WriterLimits(max_batch_messages=1000)) as writer:
         isolated_batches = []
-        apply_isolated = writer._apply_isolated
+        transactions = writer._transactions
+        apply_isolated = transactions._apply_isolated
 
         def spy(applier, batch, *args):  # type: ignore[no-untyped-def]
             isolated_batches.append(len(batch))
             return apply_isolated(applier, batch, *args)
 
-        writer._apply_isolated = spy  # type: ignore[method-assign]
+        transactions._apply_isolated = spy  # type: ignore[method-assign]
         for batch in batches:
-            writer._optimistic = not isolated
+            transactions._optimistic = not isolated
             statuses += [a.status for a in await writer.submit_group(batch)]
         assert len(isolated_batches) == (len(batches) if isolated else 0)
     return statuses

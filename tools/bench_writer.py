@@ -107,7 +107,7 @@ from evidence import (
 )
 from evidence._model.merkle import leaf_hash
 from evidence._model.messages import format_time, now_text
-from evidence._write import writer as writer_module
+from evidence._write.committers import Tail
 
 NAMESPACE = "html"
 HOST = "https://www.example.org"
@@ -120,7 +120,7 @@ BAR_SYNC = "full"
 PLACEHOLDER_HASH = bytes(32)
 
 # --- statements shared by the raw ceiling and the naive pattern ------------------------
-# Same tables, same columns, same conflict clauses as evidence/_write/apply.py where it matters.
+# Same tables, same columns, same conflict clauses as evidence/_write/apply_*.py where it matters.
 
 SQL_URL = ("INSERT INTO url_identity (url_id, normalizer_version, fetch_key) "
            "VALUES (?, ?, ?)")
@@ -415,8 +415,7 @@ class ThreadProfiler:
             # A batch applied on the event loop's thread leaves its fsyncs (its tail) to
             # the commit thread: profiled there too.
             result = measured(lambda: inner(batch, **kw))
-            tail = getattr(writer_module, "_Tail", None)
-            if tail is not None and isinstance(result, tail):
+            if isinstance(result, Tail):
                 run = result.run
                 result.run = lambda: measured(run)
             return result

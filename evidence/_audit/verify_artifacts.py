@@ -4,7 +4,7 @@ and the payloads no row references (orphans), which ``reclaim_orphans`` deletes.
 
 ``reclaim_orphans`` deletes orphans older than a grace period. Why it cannot race a commit:
 a row references an artifact only in a writer transaction that first checked the file is on
-disk (``artifact_id`` in ``_write.apply``, inside ``BEGIN IMMEDIATE``). Reclaim unlinks a
+disk (``artifact_id`` in ``_write.apply_rows``, in ``BEGIN IMMEDIATE``). Reclaim unlinks a
 file only while it holds the write lock itself (its own ``BEGIN IMMEDIATE``), after
 re-reading under that lock that no row references it. SQLite admits one write transaction
 at a time, so either the writer's check-insert-commit came first (reclaim's re-check sees

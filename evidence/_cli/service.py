@@ -44,8 +44,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .._store.db import Store
     from .._store.location import is_server_database
     from .._store.runlock import crawl_lock, running_pid
-    from .._write.service import Service, ServiceLimits
-    from .._write.writer import WriterLimits
+    from .._write.limits import ServiceLimits, WriterLimits
+    from .._write.service import Service
 
     if args.socket is None and args.listen is None:
         raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
@@ -102,10 +102,10 @@ def _limit_default(dest: str):  # -> Callable[[], object]
     ``evidence`` start."""
     def read() -> object:
         if dest in _WRITER_LIMITS:
-            from .._write.writer import WriterLimits
+            from .._write.limits import WriterLimits
 
             return getattr(WriterLimits(), _WRITER_LIMITS[dest])
-        from .._write.service import ServiceLimits
+        from .._write.limits import ServiceLimits
 
         return getattr(ServiceLimits(), _SERVICE_LIMITS[dest])
     return read

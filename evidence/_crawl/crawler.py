@@ -54,8 +54,9 @@ from .._model.messages import (
 )
 from .._model.urls import normalize_url, resolve_reference
 from .._store.db import Store
+from .._write.limits import WriterLimits
 from .._write.service import Service
-from .._write.writer import Writer, WriterLimits
+from .._write.writer import Writer
 from . import frontier
 from .fetch import FetchResult
 from .frontier import CrawlConfig, FrontierCounts

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from .._errors import EvidenceError
+from .._write.limits import WriterLimits
 from .._write.tls import TLSFiles
-from .._write.writer import WriterLimits
 from .behaviors import BehaviorOptions
 from .frontier import CrawlConfig, FrontierCounts
 from .netpolicy import Resolver

@@ -9,6 +9,13 @@ token) and an optional Prometheus ``/metrics`` endpoint. Each connection has a r
 in), a sender (answers out) and request tasks, each calling ``writer.submit_group`` for one
 request (or a run of requests read back to back) and answering only after the commit.
 
+The service is in parts: this module is its lifecycle, its listeners and its protocol (the
+hello, then frames read, decoded, submitted and answered); ``admission.py`` decides who may
+connect and how many (the token, worker hosts, fences, the per-peer share);
+``connection.py`` is what one connection is made of (its outbox and sender, the read budget
+its reads wait on, the merge of back-to-back submits); ``unixsocket.py`` binds the socket
+file; ``limits.py`` holds ``ServiceLimits``.
+
 Invariants:
   - a connection is authenticated before any frame but its hello is read; a protocol error
     ends the connection with an error frame, and nothing of the bad frame is written;
@@ -38,19 +45,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
-import hashlib
-import hmac
-import itertools
 import logging
 import os
-import socket
 import ssl
-import stat
-import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -64,7 +63,11 @@ from .._model.messages import Message, decode_message
 from .._net import acquire, adopt
 from .._store.db import Store
 from .._version import __version__
+from .admission import Admission, peer_in_words, peer_of
+from .connection import ClientConnection, Merge, MeteredStream, ReadBudget, error_frame
+from .limits import ServiceLimits, WriterLimits
 from .tls import TLSFiles, parse_listen, server_context
+from .unixsocket import bind_unix
 from .wire import (
     HEADER,
     PEER_GONE,
@@ -84,241 +87,14 @@ from .wire import (
     Welcome,
     decode_client_frame,
     encode_frame,
-    tokens_match,
 )
-from .writer import Writer, WriterLimits
+from .writer import Writer
 
-__all__ = ["Service", "ServiceLimits", "ServiceStatistics", "prometheus_text"]
+__all__ = ["Service", "ServiceStatistics", "prometheus_text"]
 
 log = logging.getLogger("evidence.service")
 
 _YIELD_EVERY = 64  # frames read between two checkpoints, so reading never hogs the loop
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServiceLimits:
-    """How much the service reads ahead of its writer, and how long it waits on clients."""
-
-    max_frame_bytes: int = 16 * 1024 * 1024  # one frame (a group of messages)
-    max_hello_bytes: int = 8 * 1024  # the only frame read before authentication
-    max_connections: int = 256  # authenticated connections
-    max_connections_per_peer: int = 64  # of those, from one process or one address (_peer_of)
-    max_unauthenticated: int = 64  # connections that have not said hello yet
-    max_in_flight: int = 4096  # requests read and unanswered, all connections together
-    max_pending_bytes: int = 64 * 1024 * 1024  # bytes read, until their request commits
-    connection_in_flight: int = 1024  # requests read and unanswered, one connection
-    send_timeout: float = 30.0  # a connection whose answers cannot be written is dropped
-    handshake_timeout: float = 10.0  # from connect to a valid hello
-    body_timeout: float = 30.0  # a frame's body, from its header (time spent sending it)
-    idle_timeout: float = 600.0  # an authenticated connection with nothing to do is closed
-    drain_timeout: float = 30.0  # on stop: time for in-flight answers to reach clients
-
-
-_CHUNK = 64 * 1024  # bytes one socket read takes at most
-
-
-class _ReadBudget:
-    """Bytes read from client sockets and not yet released (committed, or discarded),
-    service-wide, taken as they arrive.
-
-    A connection waits for room before each socket read while the budget is spent. Frames
-    in reception never wait on each other for good: the connection receiving the oldest
-    unfinished frame may go over by up to one frame, and a complete frame needs no more
-    room to commit, so room always comes back.
-    """
-
-    def __init__(self, total: int, overdraft: int) -> None:
-        self.total = total
-        self.overdraft = overdraft
-        self.used = 0
-        self._released = anyio.Event()
-        self._receiving: dict[_Connection, int] = {}  # connection -> its frame's ticket
-        self._tickets = itertools.count()
-
-    def frame_started(self, conn: _Connection) -> None:
-        self._receiving[conn] = next(self._tickets)
-
-    def frame_done(self, conn: _Connection) -> None:
-        self._receiving.pop(conn, None)
-
-    def _may_read(self, conn: _Connection) -> bool:
-        if self.used < self.total:
-            return True
-        ticket = self._receiving.get(conn)
-        return (ticket is not None and self.used < self.total + self.overdraft
-                and ticket == min(self._receiving.values()))
-
-    async def room(self, conn: _Connection) -> bool:
-        """Wait until ``conn`` may read from its socket; whether it had to wait."""
-        waited = False
-        while not self._may_read(conn):
-            waited = True
-            if self._released.is_set():
-                self._released = anyio.Event()
-            await self._released.wait()
-        return waited
-
-    def take(self, n: int) -> None:
-        self.used += n
-
-    def release(self, n: int) -> None:
-        if n:
-            self.used -= n
-            self._released.set()
-
-
-class _MeteredStream:
-    """A connection's socket as its FrameReader sees it: each read waits for room in the
-    read budget and counts what arrived; inside a frame's body, reads share the frame's
-    ``body_timeout`` (time waiting for room is not counted: that wait is ours, not the
-    client's)."""
-
-    def __init__(self, conn: _Connection, budget: _ReadBudget, counts: collections.Counter[str]
-                 ) -> None:
-        self._conn = conn
-        self._budget = budget
-        self._counts = counts
-
-    async def receive(self, max_bytes: int = _CHUNK) -> bytes:
-        conn = self._conn
-        if await self._budget.room(conn):
-            self._counts["backpressure_waits"] += 1
-        n = min(max_bytes, _CHUNK)
-        if conn.body_time_left is None:
-            data = await conn.stream.receive(n)
-        else:
-            started = time.monotonic()
-            with anyio.fail_after(max(conn.body_time_left, 0.0)):
-                data = await conn.stream.receive(n)
-            conn.body_time_left -= time.monotonic() - started
-        self._budget.take(len(data))
-        conn.held += len(data)
-        return data
-
-
-class _Connection:
-    """One client connection: its stream, outbox, in-flight bound and cancel scopes."""
-
-    def __init__(self, stream: anyio.abc.ByteStream, limits: ServiceLimits, peer: str,
-                 identity: str = "") -> None:
-        self.stream = stream
-        self.peer = peer
-        self.identity = identity  # who it counts against in max_connections_per_peer
-        self.client = ""  # the name in its hello
-        self.limits = limits
-        self.scope = anyio.CancelScope()  # the whole connection (cancelled past drain_timeout)
-        self.read_scope = anyio.CancelScope()  # the reader (cancelled on stop, or by the sender)
-        self.slots = anyio.Semaphore(limits.connection_in_flight, fast_acquire=True)
-        self.in_flight = 0
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._outbox: collections.deque[tuple[bytes, bool]] = collections.deque()
-        self._wake = anyio.Event()
-        self._closed = False
-        self.dead = False  # the sender gave up; answers are dropped
-        self.slow = False
-        self.blocked_since: float | None = None
-        self.held = 0  # bytes of the read budget this connection holds
-        self.body_time_left: float | None = None  # while a frame's body is being read
-        self.hello_scope = anyio.CancelScope()  # cancelled to drop it before its hello
-        self.tls = False  # the TLS handshake is due before the hello
-        self.role = ""  # the hello's: "worker" hands the connection to the coordinator
-        self.tcp = False  # over TCP (a worker host, say), not the Unix socket
-        self.host = ""  # its worker host identity (Service ``hosts``), once it said hello
-        self.counted = False  # it holds a place in max_connections and its peer's share
-
-    def push(self, data: bytes, *, slot: bool) -> None:
-        """Queue an answer without blocking; ``slot``: it releases a request slot when sent."""
-        if self.dead:
-            if slot:
-                self.slots.release()
-            return
-        self._outbox.append((data, slot))
-        self._wake.set()
-
-    def close_outbox(self) -> None:
-        self._closed = True
-        self._wake.set()
-
-    def request_started(self) -> None:
-        if self.in_flight == 0:
-            self._idle = anyio.Event()
-        self.in_flight += 1
-
-    def request_done(self, n: int = 1) -> None:
-        self.in_flight -= n
-        if self.in_flight == 0:
-            self._idle.set()
-
-    async def wait_requests_done(self) -> None:
-        await self._idle.wait()
-
-    async def send_loop(self) -> None:
-        """Write queued answers, many per write; drop the connection if it stops draining."""
-        try:
-            while True:
-                if not self._outbox:
-                    if self._closed:
-                        return
-                    self._wake = anyio.Event()
-                    await self._wake.wait()
-                    continue
-                frames, self._outbox = self._outbox, collections.deque()
-                self.blocked_since = time.monotonic()
-                with anyio.fail_after(self.limits.send_timeout):
-                    await self.stream.send(b"".join(data for data, _ in frames))
-                self.blocked_since = None
-                for _ in range(sum(slot for _, slot in frames)):
-                    self.slots.release()
-        except TimeoutError:
-            self.slow = True
-            log.warning("%s: dropped: its answers could not be written for %.0f s (it does "
-                        "not read them); it will redeliver what it has not seen acked",
-                        self.peer, self.limits.send_timeout,
-                        extra={"event": "service.slow_client_dropped"})
-        except PEER_GONE:
-            pass
-        self.dead = True
-        self.blocked_since = None
-        for _, slot in self._outbox:
-            if slot:
-                self.slots.release()
-        self._outbox.clear()
-        self.read_scope.cancel()
-        await self.stream.aclose()
-
-
-class _Merge:
-    """Submits read back to back, to hand to the writer as one group."""
-
-    MAX_REQUESTS = 64
-    MAX_MESSAGES = 256
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self.requests: list[tuple[int, list[Message]]] = []
-        self.messages = 0
-        self.reserved = 0
-
-    def add(self, request_id: int, messages: list[Message], reserved: int) -> None:
-        self.requests.append((request_id, messages))
-        self.messages += len(messages)
-        self.reserved += reserved
-
-    def full(self) -> bool:
-        return len(self.requests) >= self.MAX_REQUESTS or self.messages >= self.MAX_MESSAGES
-
-
-def _error_frame(exc: Exception, request_id: int) -> ErrorFrame:
-    if isinstance(exc, MessageError):
-        return ErrorFrame(code="invalid_message", message=str(exc), id=request_id,
-                          hint=exc.hint)
-    if isinstance(exc, CommitError):
-        return ErrorFrame(code="commit_failed", message=str(exc), id=request_id,
-                          hint=exc.hint, retryable=True)
-    return ErrorFrame(code="writer_closed", message=str(exc), id=request_id, retryable=True)
 
 
 # (stream, bytes read past the hello, the hello's client name, the peer in words, whom it
@@ -379,15 +155,12 @@ class Service:
                                                                 tls=self._tls is not None)
         self.worker_handler = worker_handler
         self.submission_guard: SubmissionGuard | None = None
-        self._fenced: set[str] = set()
-        self._hosts = dict(hosts) if hosts else None
-        self._fenced_hosts: set[str] = set()
+        self._admission = Admission(self.limits, token=token, hosts=hosts)
         self._metrics = None
         if metrics is not None:
             from .metrics import metrics_address
 
             self._metrics = metrics_address(metrics, public=metrics_public)
-        self._token = token or None
         self.tcp_address: tuple[str, int] | None = None
         self.metrics_address: tuple[str, int] | None = None
         self.writer: Writer  # set on entry
@@ -395,16 +168,13 @@ class Service:
         self._tg: anyio.abc.TaskGroup
         self._listeners: list[anyio.abc.SocketListener] = []
         self._tcp_listeners: list[anyio.abc.SocketListener] = []
-        self._connections: set[_Connection] = set()
+        self._connections: set[ClientConnection] = set()
         # anyio primitives need the event loop: made in __aenter__
         self._accept_scopes: list[anyio.CancelScope] = []
         self._metrics_scope: anyio.CancelScope
         self._connections_changed: anyio.Event
         self._requests: anyio.Semaphore
-        self._budget: _ReadBudget
-        self._unauthenticated: dict[_Connection, None] = {}  # oldest first
-        self._authenticated = 0
-        self._per_peer = collections.Counter[str]()  # authenticated connections by identity
+        self._budget: ReadBudget
         self._counts = collections.Counter[str]()
         self._errors = collections.Counter[str]()
         self._socket_inode: int | None = None
@@ -417,7 +187,7 @@ class Service:
         self._metrics_scope = anyio.CancelScope()
         self._connections_changed = anyio.Event()
         self._requests = anyio.Semaphore(self.limits.max_in_flight, fast_acquire=True)
-        self._budget = _ReadBudget(max(self.limits.max_pending_bytes, 1),
+        self._budget = ReadBudget(max(self.limits.max_pending_bytes, 1),
                                    self.limits.max_frame_bytes + HEADER.size)
         await self._stack.__aenter__()
         try:
@@ -483,7 +253,7 @@ class Service:
         until they are gone: what they had read has committed (or failed) by then, and
         nothing it sends later is written. A worker host whose lease expired is fenced so
         that its pages can be settled from the store without a late submission racing."""
-        self._fenced.add(client)
+        self._admission.fence(client)
         for conn in list(self._connections):
             if conn.client == client:
                 conn.read_scope.cancel()
@@ -492,24 +262,14 @@ class Service:
     async def fence_host(self, host: str) -> None:
         """Refuse worker host ``host`` (a ``hosts`` identity) for as long as this service
         runs, whatever name it gives, end its connections and wait until they are gone."""
-        self._fenced_hosts.add(host)
+        self._admission.fence_host(host)
         for conn in list(self._connections):
             if conn.host == host:
                 conn.read_scope.cancel()
         while any(conn.host == host for conn in self._connections):
             await self._connections_change()
 
-    def _host_of(self, token: str) -> str | None:
-        """The identity whose token this is (every entry compared, in constant time)."""
-        assert self._hosts is not None
-        digest = hashlib.sha256(token.encode()).digest()
-        found = None
-        for name, expected in self._hosts.items():
-            if hmac.compare_digest(expected, digest):
-                found = name
-        return found
-
-    async def _start_tls(self, conn: _Connection) -> None:
+    async def _start_tls(self, conn: ClientConnection) -> None:
         """The TLS handshake (inside the hello's deadline: a peer that stalls it is
         dropped like one that says nothing)."""
         assert self._tls is not None
@@ -526,7 +286,7 @@ class Service:
     async def _open_listeners(self) -> None:
         if self.socket_path is not None:
             self._listeners.append(await anyio.abc.SocketListener.from_socket(
-                _bind_unix(self.socket_path)))
+                bind_unix(self.socket_path)))
             self._socket_inode = self.socket_path.stat().st_ino
         if self._listen is not None:
             tcp = await anyio.create_tcp_listener(local_host=self._listen[0],
@@ -575,9 +335,9 @@ class Service:
                 await stream.aclose()
             return
         self._counts["connections"] += 1
-        identity = _peer_of(stream)
-        conn = _Connection(stream, self.limits,
-                           f"connection {self._counts['connections']} {_peer(stream)}",
+        identity = peer_of(stream)
+        conn = ClientConnection(stream, self.limits,
+                           f"connection {self._counts['connections']} {peer_in_words(stream)}",
                            identity)
         conn.tls = tls
         conn.tcp = tcp
@@ -588,12 +348,7 @@ class Service:
         finally:
             with anyio.CancelScope(shield=True):
                 await conn.stream.aclose()  # the TLS stream, if one was started
-            self._unauthenticated.pop(conn, None)
-            if conn.counted:
-                self._authenticated -= 1
-                self._per_peer[conn.identity] -= 1
-                if not self._per_peer[conn.identity]:
-                    del self._per_peer[conn.identity]  # the map holds connected peers only
+            self._admission.leave(conn)
             self._budget.frame_done(conn)
             self._budget.release(conn.held)  # what it read and never handed on
             conn.held = 0
@@ -602,30 +357,20 @@ class Service:
                 self._counts["slow_disconnects"] += 1
             self._connections_changed.set()
 
-    def _admit_unauthenticated(self, conn: _Connection) -> None:
-        """Count ``conn`` among the connections yet to say hello; at the limit, drop the
-        oldest of them: whoever opens connections and says nothing cannot keep a token
-        holder out (a real client says hello at once, and is never the oldest for long)."""
-        while len(self._unauthenticated) >= max(self.limits.max_unauthenticated, 1):
-            oldest = next(iter(self._unauthenticated))
-            del self._unauthenticated[oldest]
-            oldest.hello_scope.cancel()
-        self._unauthenticated[conn] = None
-
-    async def _serve(self, conn: _Connection) -> None:
-        self._admit_unauthenticated(conn)
-        reader = FrameReader(_MeteredStream(conn, self._budget, self._counts))
+    async def _serve(self, conn: ClientConnection) -> None:
+        self._admission.waiting(conn)
+        reader = FrameReader(MeteredStream(conn, self._budget, self._counts))
         try:
             with conn.hello_scope, anyio.fail_after(self.limits.handshake_timeout):
                 if conn.tls:
                     await self._start_tls(conn)
                 await self._handshake(conn, reader)
         except ProtocolError as exc:
-            self._unauthenticated.pop(conn, None)
+            self._admission.not_waiting(conn)
             await self._refuse(conn, exc)
             return
         except TimeoutError:
-            self._unauthenticated.pop(conn, None)
+            self._admission.not_waiting(conn)
             await self._refuse(conn, ProtocolError("handshake_timeout",
                                                    "no valid hello in time"))
             return
@@ -644,7 +389,7 @@ class Service:
             return
         await self._serve_authenticated(conn, reader)
 
-    async def _serve_authenticated(self, conn: _Connection, reader: FrameReader) -> None:
+    async def _serve_authenticated(self, conn: ClientConnection, reader: FrameReader) -> None:
         final: ProtocolError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(conn.send_loop)
@@ -666,7 +411,7 @@ class Service:
         if not conn.dead:
             await self._linger(conn)
 
-    async def _handshake(self, conn: _Connection, reader: FrameReader) -> None:
+    async def _handshake(self, conn: ClientConnection, reader: FrameReader) -> None:
         size = await reader.read_header()
         if size is None:
             raise anyio.EndOfStream
@@ -677,43 +422,8 @@ class Service:
         self._release(conn, HEADER.size + size)
         if not isinstance(hello, Hello):
             raise ProtocolError("protocol", "the first frame must be a hello")
-        if PROTOCOL_VERSION not in hello.versions:
-            raise ProtocolError("unsupported_version", f"this service speaks protocol "
-                                f"version {PROTOCOL_VERSION}, the client {hello.versions}")
-        if conn.tcp and self._hosts is not None:
-            conn.host = self._host_of(hello.token) or ""
-            if not conn.host:
-                raise ProtocolError("unauthorized", "not the token of a host in the "
-                                    "coordinator's hosts file")
-            if conn.host in self._fenced_hosts:
-                raise ProtocolError("fenced", f"worker host {conn.host!r} was fenced for "
-                                    "what it submitted; it is refused for the rest of the "
-                                    "run (see the coordinator's log)")
-        elif self._token is not None and not tokens_match(self._token, hello.token):
-            raise ProtocolError("unauthorized", "wrong or missing token")
-        if hello.client and hello.client in self._fenced:
-            raise ProtocolError("lease_expired", f"{hello.client}: its leases expired and "
-                                "were returned to the frontier; reconnect as a new worker")
-        if hello.role not in ("", "worker"):
-            raise ProtocolError("protocol", f"unknown role {hello.role!r}")
-        if hello.role == "worker" and self.worker_handler is None:
-            raise ProtocolError("no_workers", "this service takes no worker hosts (only a "
-                                "crawl started with --listen does)", retryable=True)
-        if self._stopping:
-            raise ProtocolError("shutting_down", "the service is stopping", retryable=True)
-        if self._authenticated >= self.limits.max_connections:
-            raise ProtocolError("too_many_connections", f"{self.limits.max_connections} "
-                                "clients are connected; retry later", retryable=True)
-        if self._per_peer[conn.identity] >= self.limits.max_connections_per_peer:
-            raise ProtocolError("too_many_connections", f"{conn.identity} has "
-                                f"{self.limits.max_connections_per_peer} connections open "
-                                "(--max-connections-per-peer); retry later", retryable=True)
-        # Counted before the welcome is sent, with no await between the checks above and
-        # here: otherwise several hellos from one peer pass the checks at once.
-        self._unauthenticated.pop(conn, None)  # from here on it counts as a client
-        self._authenticated += 1
-        self._per_peer[conn.identity] += 1
-        conn.counted = True
+        self._admission.admit(conn, hello, stopping=self._stopping,
+                              takes_workers=self.worker_handler is not None)
         conn.client = hello.client
         conn.role = hello.role
         conn.peer = f"{conn.peer} ({hello.client or 'unnamed client'})"
@@ -724,19 +434,19 @@ class Service:
         with anyio.fail_after(self.limits.send_timeout):
             await conn.stream.send(encode_frame(welcome))
 
-    def _release(self, conn: _Connection, n: int) -> None:
+    def _release(self, conn: ClientConnection, n: int) -> None:
         """Give back ``n`` bytes of the read budget that ``conn`` took."""
         conn.held -= n
         self._budget.release(n)
 
-    async def _refuse(self, conn: _Connection, error: ProtocolError) -> None:
+    async def _refuse(self, conn: ClientConnection, error: ProtocolError) -> None:
         """Send one error frame and close, without reading anything more of the peer's."""
         self._count_error(error, conn)
         with contextlib.suppress(*PEER_GONE, TimeoutError), anyio.fail_after(1.0):
             await conn.stream.send(encode_frame(error.frame()))
         await self._linger(conn)
 
-    async def _linger(self, conn: _Connection) -> None:
+    async def _linger(self, conn: ClientConnection) -> None:
         """Half-close, and discard what the peer still sends until it closes (bounded).
 
         Closing a socket with unread input resets the connection, and the peer may then
@@ -749,13 +459,13 @@ class Service:
             while True:
                 await conn.stream.receive()
 
-    def _count_error(self, error: ProtocolError, conn: _Connection) -> None:
+    def _count_error(self, error: ProtocolError, conn: ClientConnection) -> None:
         self._errors[error.code] += 1
         if error.code != "shutting_down":
             log.info("%s: %s: %s", conn.peer, error.code, error,
                      extra={"event": "service.protocol_error"})
 
-    async def _read_loop(self, conn: _Connection, reader: FrameReader) -> None:
+    async def _read_loop(self, conn: ClientConnection, reader: FrameReader) -> None:
         """Read, decode and dispatch frames until the peer ends the stream.
 
         Submits already buffered are handed to the writer together, as one group (their
@@ -763,7 +473,7 @@ class Service:
         task and a queue entry per request. The merge is flushed before anything that could
         wait, so a request never waits for a later one.
         """
-        merge = _Merge()
+        merge = Merge()
         try:
             while True:
                 if not reader.frame_ready():
@@ -811,7 +521,7 @@ class Service:
         finally:
             self._flush(conn, merge)  # what was read is committed and answered, whatever ends
 
-    async def _next_header(self, conn: _Connection, reader: FrameReader) -> int | None:
+    async def _next_header(self, conn: ClientConnection, reader: FrameReader) -> int | None:
         """The next frame's size; a connection with nothing in flight that sends nothing
         for ``idle_timeout`` is closed (retryable: its client reconnects when it needs to)."""
         if reader.buffered() >= HEADER.size:  # no wait: no timeout to arm
@@ -823,7 +533,7 @@ class Service:
                 raise ProtocolError("idle_timeout", f"nothing sent for "
                                     f"{self.limits.idle_timeout:g} s", retryable=True)
 
-    async def _body(self, conn: _Connection, reader: FrameReader, size: int) -> bytes:
+    async def _body(self, conn: ClientConnection, reader: FrameReader, size: int) -> bytes:
         """A frame's body: the client has ``body_timeout`` seconds of sending time for it,
         and its bytes count against the read budget as they arrive."""
         if reader.buffered() >= size:
@@ -839,12 +549,12 @@ class Service:
             conn.body_time_left = None
             self._budget.frame_done(conn)
 
-    def _flush(self, conn: _Connection, merge: _Merge) -> None:
+    def _flush(self, conn: ClientConnection, merge: Merge) -> None:
         if merge.requests:
             self._tg.start_soon(self._submit, conn, merge.requests, merge.reserved)
             merge.clear()
 
-    def _decode_messages(self, conn: _Connection, frame: Submit) -> list[Message] | None:
+    def _decode_messages(self, conn: ClientConnection, frame: Submit) -> list[Message] | None:
         """Decode strictly; a defect refuses the whole request (nothing of it is written)."""
         try:
             messages = [decode_message(raw) for raw in frame.messages]
@@ -857,7 +567,7 @@ class Service:
         self._counts["messages"] += len(messages)
         return messages
 
-    def _allowed(self, conn: _Connection, request_id: int, messages: list[Message]) -> bool:
+    def _allowed(self, conn: ClientConnection, request_id: int, messages: list[Message]) -> bool:
         """Whether the coordinator's guard lets a TCP client submit these (else answered
         ``not_leased``, nothing of the request written; the guard fences the host)."""
         guard = self.submission_guard
@@ -874,7 +584,7 @@ class Service:
                                           "coordinator leased to it")), slot=True)
         return False
 
-    def _submitter(self, conn: _Connection) -> str | None:
+    def _submitter(self, conn: ClientConnection) -> str | None:
         """Who ``conn``'s messages say submitted them (``ingest_ledger.submitter``)."""
         if conn.host:
             return conn.host
@@ -882,7 +592,7 @@ class Service:
             return conn.client
         return None
 
-    async def _submit(self, conn: _Connection, requests: list[tuple[int, list[Message]]],
+    async def _submit(self, conn: ClientConnection, requests: list[tuple[int, list[Message]]],
                       reserved: int) -> None:
         """Commit requests (as one group) and answer each; a failure answers each alike."""
         try:
@@ -905,20 +615,20 @@ class Service:
                 conn.push(encode_frame(AckFrame(id=request_id, acks=part)), slot=True)
         except (MessageError, CommitError, WriterClosedError) as exc:
             for request_id, _ in requests:
-                conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
+                conn.push(encode_frame(error_frame(exc, request_id)), slot=True)
         finally:
             self._release(conn, reserved)
             for _ in requests:
                 self._requests.release()
             conn.request_done(len(requests))
 
-    async def _submit_one(self, conn: _Connection, request: tuple[int, list[Message]]) -> None:
+    async def _submit_one(self, conn: ClientConnection, request: tuple[int, list[Message]]) -> None:
         request_id, messages = request
         try:
             acks = await self.writer.submit_group(messages, decoded=True,
                                                   submitter=self._submitter(conn))
         except (MessageError, CommitError, WriterClosedError) as exc:
-            conn.push(encode_frame(_error_frame(exc, request_id)), slot=True)
+            conn.push(encode_frame(error_frame(exc, request_id)), slot=True)
         else:
             self._counts["acks"] += len(acks)
             conn.push(encode_frame(AckFrame(id=request_id, acks=acks)), slot=True)
@@ -953,89 +663,6 @@ class Service:
             await serve_metrics(listener,
                                 lambda: prometheus_text(self.statistics(), self.store),
                                 lambda: not self._stopping)
-
-
-def _peer(stream: anyio.abc.ByteStream) -> str:
-    try:
-        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
-    except anyio.TypedAttributeLookupError:
-        return ""
-    if isinstance(address, tuple):
-        return f"from {address[0]}:{address[1]}"
-    return "on the Unix socket"
-
-
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def _peer_of(stream: anyio.abc.ByteStream) -> str:
-    """Whom a connection counts against in ``max_connections_per_peer``: on the Unix socket
-    the process at the other end, as the kernel reports it (``SO_PEERCRED``: a client cannot
-    choose it; the socket is 0600, so every peer runs as the service's user, or as root,
-    and a per-user count would be a second ``max_connections``); over TCP the address it
-    comes from. Not the token: every client presents the same one."""
-    try:
-        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-    except anyio.TypedAttributeLookupError:
-        return "an unknown peer"
-    if sock.family == socket.AF_UNIX:
-        try:
-            pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-        except (OSError, AttributeError):  # no SO_PEERCRED (not Linux): one peer
-            return "the Unix socket"
-        return f"process {pid} (uid {uid})"
-    try:
-        return f"address {sock.getpeername()[0]}"
-    except OSError:  # gone already: it is refused at its first read anyway
-        return "an unknown peer"
-
-
-def _bind_unix(path: Path) -> socket.socket:
-    """A Unix socket at ``path``, mode 0600 before it listens (so no other user can connect).
-
-    A socket file left by a killed service is replaced; one with a live service behind it,
-    or a path that is not a socket, is refused.
-    """
-    if len(os.fsencode(path)) > 107:
-        raise ServiceError(f"{path}: a Unix socket path must be under 108 bytes",
-                           hint="use a shorter path, e.g. under /run or /tmp")
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise ServiceError(f"{path} exists and is not a socket", path=str(path))
-        if _socket_is_live(path):
-            raise ServiceError(f"{path}: another service is listening there", path=str(path),
-                               hint="stop it first, or choose another --socket path")
-        path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(os.fspath(path))
-        os.chmod(path, 0o600)  # before listen(): until then every connect() is refused
-        sock.listen(1024)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise ServiceError(f"{path}: cannot listen ({exc.strerror})", path=str(path)) from None
-    return sock
-
-
-def _socket_is_live(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(os.fspath(path))
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            return False
-        raise ServiceError(f"{path}: cannot tell whether a service is listening there "
-                           f"({exc.strerror})", path=str(path)) from None
-    finally:
-        probe.close()
-    return True
 
 
 def prometheus_text(s: ServiceStatistics, store: Store | None = None) -> str:

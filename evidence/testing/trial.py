@@ -48,7 +48,8 @@ from .._model.messages import (
 )
 from .._model.refs import ArtifactRef
 from .._store.db import Store
-from .._write.writer import Writer, WriterLimits
+from .._write.limits import WriterLimits
+from .._write.writer import Writer
 from .disk import CrashMode, CrashVFS, Fault, SimulatedDisk, open_store
 
 __all__ = [

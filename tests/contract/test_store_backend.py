@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from evidence import ArtifactRef, CommitError, Store, Writer, WriterClosedError
 from evidence._store.s3 import S3ArtifactStore
 from evidence._store.sqlite import SQLiteBackend
-from evidence._write.writer import WriterHooks
+from evidence._write.limits import WriterHooks
 
 from ..conftest import Factory, asubmit
 from .conftest import StoreKind
