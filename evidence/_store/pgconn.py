@@ -334,10 +334,7 @@ class PgConnection:
             except psycopg.DataError as exc:
                 _nul(exc)
                 raise
-        self._last = cursor
-        if dml:
-            self._changes = max(cursor.rowcount, 0)
-            self._total += self._changes
+        self._ran(cursor, dml)
 
     def _run_many(self, cursor: Any, statement: str, bindings: Any) -> None:
         sql, dml = self._statement(statement)
@@ -346,6 +343,10 @@ class PgConnection:
         except psycopg.DataError as exc:
             _nul(exc)
             raise
+        self._ran(cursor, dml)
+
+    def _ran(self, cursor: Any, dml: bool) -> None:
+        """After a statement: its cursor is the last, and a change counts (``changes()``)."""
         self._last = cursor
         if dml:
             self._changes = max(cursor.rowcount, 0)
