@@ -15,10 +15,11 @@ import msgspec
 from .._crawl.frontier import FrontierCounts, counts
 from .._model.merkle import root as merkle_root
 from .._model.messages import now_text
+from .._model.units import format_bytes
 from .._model.urls import NORMALIZER_VERSION
 from .._store.db import Store
 
-__all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status"]
+__all__ = ["RunStatus", "SessionStatus", "StoreStatus", "status", "status_text"]
 
 LIVE_STATS = "live-stats.json"  # written by a running crawl (evidence._crawl.crawler)
 
@@ -137,3 +138,59 @@ def _live(path: Path) -> dict[str, Any] | None:
         return msgspec.json.decode(path.read_bytes())
     except (FileNotFoundError, msgspec.DecodeError):
         return None
+
+
+def status_text(s: StoreStatus) -> str:
+    """What ``evidence status`` prints: the store, its log, its sessions and runs."""
+    lines = [
+        f"store      {s.path}",
+        f"id         {s.store_id}  (schema v{s.schema_version}, normalizer "
+        f"v{s.normalizer_version}, sync={s.sync})",
+        f"log        {s.tree_size} messages, root {s.root[:16]}…, last commit "
+        f"{s.last_commit_at or 'never'}",
+        f"artifacts  {s.rows['artifact']} ({format_bytes(s.artifact_bytes)})",
+        f"attempts   {s.rows['fetch_attempt']}   edges {s.rows['discovery_edge']}   "
+        f"urls {s.rows['url_identity']}   rule verdicts {s.rows['rule_evaluation']}   "
+        f"renders {s.rows['render']}",
+        f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
+        f"wal        {format_bytes(s.wal_bytes)}",
+    ]
+    if s.crawl_pid and not s.live:
+        lines.append(f"in use     pid {s.crawl_pid} holds the store (a writer service, or a "
+                     "crawl just starting)")
+    if s.crawl_pid and s.live:
+        live = s.live
+        writer = live.get("writer") or {}
+        lines.append(f"crawling   pid {s.crawl_pid}, run {live.get('run_id', '?')}: "
+                     f"{live.get('requested', 0)} requests, {live.get('in_flight', 0)} in "
+                     f"flight, {float(live.get('pages_per_second', 0.0)):.1f} pages/s")
+        if live.get("worker_pids"):
+            lines.append("workers    worker processes, pids "
+                         + ", ".join(str(pid) for pid in live["worker_pids"]))
+        if writer:
+            lines.append(f"writer     queue {writer['queue_depth']}, oldest pending "
+                         f"{writer['oldest_pending_age']:.3f} s, {writer['batches']} batches, "
+                         f"commit p50 {writer['commit_latency_p50'] * 1000:.1f} ms p99 "
+                         f"{writer['commit_latency_p99'] * 1000:.1f} ms, "
+                         f"{writer['duplicates']} duplicates, {writer['busy_retries']} busy "
+                         "retries")
+    if s.hosts_in_backoff:
+        lines.append("backoff    " + "; ".join(s.hosts_in_backoff))
+    if s.sessions:
+        lines.append("sessions")
+        for x in s.sessions:
+            f = x.frontier
+            lines.append(f"  {x.session_id}  {x.mode:<11} {x.outcome or 'open':<9} runs "
+                         f"{x.runs}  started {x.started_at}")
+            lines.append(f"    frontier: {f.done} done, {f.queued} queued, {f.in_flight} in "
+                         f"flight, {f.failed} failed, {f.skipped} skipped" + (
+                             f"; oldest in flight since {f.oldest_in_flight_at}"
+                             if f.oldest_in_flight_at else ""))
+    if s.runs:
+        lines.append("runs")
+        lines += [_run_line(r) for r in s.runs]
+    return "\n".join(lines)
+
+
+def _run_line(r: RunStatus) -> str:
+    return f"  {r.run_id}  {r.state:<9} attempts {r.attempts}  session {r.session_id}"

@@ -4,7 +4,7 @@
   ``Error:`` / ``Try:`` lines with exit status 2 (``error_text`` is that form, for
   ``main``'s boundary too); ``show_default``, for a default the library holds, read only
   when the help is printed;
-- ``print_json`` (the one JSON printer), ``write_output``, ``format_bytes``, ``confirm``;
+- ``print_json`` (the one JSON printer), ``write_output``, ``confirm``;
 - the argument types (whole numbers, seconds, durations), so ``--workers 0`` or
   ``--grace 1x`` is a usage error in the same words in every command; and the location
   types (``store_location``, ``archive_location``, ``local_path``...), so a location a
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["LocationError", "Parser", "Progress", "add_listen_options", "add_log_options",
            "add_metrics_options", "archive_location", "archive_source", "artifacts_location",
            "checkpoint_location", "compare_source", "configure_logs", "confirm", "error_text",
-           "format_bytes", "integer", "listen_options", "local_directory", "local_path",
+           "integer", "listen_options", "local_directory", "local_path",
            "log_to", "logs_are_json", "non_negative", "note_given", "parse_duration", "positive",
            "positive_seconds", "print_json", "seconds", "show_default", "store_location",
            "write_output"]
@@ -233,15 +233,6 @@ def write_output(text: str, out: str | None) -> None:
     else:
         Path(out).write_text(text, encoding="utf-8")
         print(f"wrote {out}", file=sys.stderr)
-
-
-def format_bytes(n: float) -> str:
-    """``512 B``, ``1.5 KiB``, ... ``3.0 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def confirm(question: str) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._errors import EvidenceError
+from .._model.units import format_bytes
 from .common import (
     Parser,
     add_listen_options,
@@ -27,7 +28,6 @@ from .common import (
     artifacts_location,
     checkpoint_location,
     confirm,
-    format_bytes,
     listen_options,
     local_path,
     log_to,
@@ -45,7 +45,6 @@ from .common import (
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.checkpoint import Checkpointer
-    from .._audit.status import RunStatus, StoreStatus
     from .._crawl.options import CrawlResult
     from .._store.db import Store
 
@@ -62,7 +61,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .._audit.status import status
+    from .._audit.status import status, status_text
     from .._store.db import Store
 
     with Store.open(args.store, read_only=True) as store:
@@ -70,7 +69,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     else:
-        print(_format_status(report))
+        print(status_text(report))
     return 0
 
 
@@ -388,61 +387,6 @@ def _crawl_arguments(*argv: str) -> argparse.Namespace:
     parser: argparse.ArgumentParser = Parser(prog="evidence")
     add_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["crawl", *argv])
-
-
-def _format_status(s: StoreStatus) -> str:
-    lines = [
-        f"store      {s.path}",
-        f"id         {s.store_id}  (schema v{s.schema_version}, normalizer "
-        f"v{s.normalizer_version}, sync={s.sync})",
-        f"log        {s.tree_size} messages, root {s.root[:16]}…, last commit "
-        f"{s.last_commit_at or 'never'}",
-        f"artifacts  {s.rows['artifact']} ({format_bytes(s.artifact_bytes)})",
-        f"attempts   {s.rows['fetch_attempt']}   edges {s.rows['discovery_edge']}   "
-        f"urls {s.rows['url_identity']}   rule verdicts {s.rows['rule_evaluation']}   "
-        f"renders {s.rows['render']}",
-        f"quarantine {s.quarantined} ({s.conflicts} conflicts)",
-        f"wal        {format_bytes(s.wal_bytes)}",
-    ]
-    if s.crawl_pid and not s.live:
-        lines.append(f"in use     pid {s.crawl_pid} holds the store (a writer service, or a "
-                     "crawl just starting)")
-    if s.crawl_pid and s.live:
-        live = s.live
-        writer = live.get("writer") or {}
-        lines.append(f"crawling   pid {s.crawl_pid}, run {live.get('run_id', '?')}: "
-                     f"{live.get('requested', 0)} requests, {live.get('in_flight', 0)} in "
-                     f"flight, {float(live.get('pages_per_second', 0.0)):.1f} pages/s")
-        if live.get("worker_pids"):
-            lines.append("workers    worker processes, pids "
-                         + ", ".join(str(pid) for pid in live["worker_pids"]))
-        if writer:
-            lines.append(f"writer     queue {writer['queue_depth']}, oldest pending "
-                         f"{writer['oldest_pending_age']:.3f} s, {writer['batches']} batches, "
-                         f"commit p50 {writer['commit_latency_p50'] * 1000:.1f} ms p99 "
-                         f"{writer['commit_latency_p99'] * 1000:.1f} ms, "
-                         f"{writer['duplicates']} duplicates, {writer['busy_retries']} busy "
-                         "retries")
-    if s.hosts_in_backoff:
-        lines.append("backoff    " + "; ".join(s.hosts_in_backoff))
-    if s.sessions:
-        lines.append("sessions")
-        for x in s.sessions:
-            f = x.frontier
-            lines.append(f"  {x.session_id}  {x.mode:<11} {x.outcome or 'open':<9} runs "
-                         f"{x.runs}  started {x.started_at}")
-            lines.append(f"    frontier: {f.done} done, {f.queued} queued, {f.in_flight} in "
-                         f"flight, {f.failed} failed, {f.skipped} skipped" + (
-                             f"; oldest in flight since {f.oldest_in_flight_at}"
-                             if f.oldest_in_flight_at else ""))
-    if s.runs:
-        lines.append("runs")
-        lines += [_format_run(r) for r in s.runs]
-    return "\n".join(lines)
-
-
-def _format_run(r: RunStatus) -> str:
-    return f"  {r.run_id}  {r.state:<9} attempts {r.attempts}  session {r.session_id}"
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

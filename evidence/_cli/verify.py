@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, cast
 import msgspec
 
 from .._errors import ProofError
-from .common import format_bytes, local_path, parse_duration, print_json, store_location
+from .._model.units import format_bytes
+from .common import local_path, parse_duration, print_json, store_location
 
 if TYPE_CHECKING:  # the commands import what they run: a CLI start loads only its own
     from .._archive.proofcheck import CarriedCheck, WaczProof
