@@ -75,7 +75,8 @@ from .artifacts import (
     _subdirs,
 )
 from .packappend import WRITEBACK_BYTES
-from .packindex import _FAILED_LIST, _LAYOUT_TEXT, PACKS_DIR, Location, _Pack
+from .packdigests import DigestIndex
+from .packindex import _FAILED_LIST, _LAYOUT_TEXT, PACKS_DIR, _Pack
 from .packreclaim import PackReclaim
 from .packrecovery import packs_sync_failed, resync_packs
 
@@ -113,7 +114,7 @@ class PackStore(PackReclaim):
         self._store_marker = store_marker  # the store's sync-failed marker, if any
         self._lock = threading.RLock()  # the index and the pack table
         self._append = threading.Lock()  # the active pack
-        self._index: dict[str, dict[bytes, Location]] = {}
+        self._index = DigestIndex()
         self._touched: dict[tuple[str, bytes], int] = {}
         self._packs: dict[int, _Pack] = {}
         self._by_name: dict[str, _Pack] = {}
