@@ -117,7 +117,7 @@ class DigestIndex:
         for row in zip(*self._cols, strict=True):
             if row[_PACK]:
                 yield (self._names[row[_SPACE]], _digest(*row[_HEAD:_SPACE]),
-                       row[_PACK:])  # type: ignore[misc]
+                       row[_PACK:])
 
     def in_pack(self, pack: int) -> list[tuple[str, bytes, Location]]:
         """The entries located in pack number ``pack`` (a pack is forgotten, poisoned)."""
