@@ -20,12 +20,15 @@ average). Removing an entry from the base marks it (pack number 0: pack numbers 
 
 Invariants: a key is live in one part at most; the base is sorted by the digest's first
 word; the map answers exactly what a dict would (tests/test_packdigests.py compares it
-with one over any sequence of operations). Not thread-safe: the pack store holds its
-lock around every change, as it did for the dicts.
+with one over any sequence of operations). Each operation holds the index's own lock: a
+dict's lookup was atomic and the pack store looks up without its lock (a put on one
+thread while the writer's sync looks up on another), where a lookup here reads several
+columns that a merge or an update changes one at a time.
 """
 
 from __future__ import annotations
 
+import threading
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -69,73 +72,97 @@ class DigestIndex:
         self._dead = 0  # base entries marked removed
         self._spaces: dict[str, int] = {}
         self._names: list[str] = []
+        self._mutex = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._recent) + len(self._heads) - self._dead
+        with self._mutex:
+            return len(self._recent) + len(self._heads) - self._dead
 
     def get(self, namespace: str, digest: bytes) -> Location | None:
-        loc = self._recent.get((namespace, digest))
-        if loc is not None:
-            return loc
-        i = self._find(namespace, digest)
-        return None if i < 0 else self._location(i)
+        with self._mutex:
+            loc = self._recent.get((namespace, digest))
+            if loc is not None:
+                return loc
+            i = self._find(namespace, digest)
+            return None if i < 0 else self._location(i)
 
     def set(self, namespace: str, digest: bytes, loc: Location) -> None:
-        key = (namespace, digest)
-        if key not in self._recent:
-            i = self._find(namespace, digest)
-            if i >= 0:
-                cols = self._cols
-                cols[_PACK][i], cols[_OFFSET][i], cols[_LENGTH][i], cols[_TIME][i] = loc
-                return
-        self.add(namespace, digest, loc)
+        with self._mutex:
+            key = (namespace, digest)
+            if key not in self._recent:
+                i = self._find(namespace, digest)
+                if i >= 0:
+                    cols = self._cols
+                    cols[_PACK][i], cols[_OFFSET][i], cols[_LENGTH][i], cols[_TIME][i] = loc
+                    return
+            self._add(key, loc)
 
     def add(self, namespace: str, digest: bytes, loc: Location) -> None:
-        """``set`` of a key the caller just found absent (``get`` returned None: the
-        lookup is not made twice)."""
-        self._recent[(namespace, digest)] = loc
-        if len(self._recent) >= max(self._most, len(self._heads) // _SHARE):
-            self.compact()
+        """``set`` of a key the caller just found absent (``get`` returned None, and
+        nothing was set since: the lookup is not made twice)."""
+        with self._mutex:
+            self._add((namespace, digest), loc)
 
     def pop(self, namespace: str, digest: bytes) -> Location | None:
         """Remove the key; what it located, or None."""
-        loc = self._recent.pop((namespace, digest), None)
-        if loc is not None:
+        with self._mutex:
+            loc = self._recent.pop((namespace, digest), None)
+            if loc is not None:
+                return loc
+            i = self._find(namespace, digest)
+            if i < 0:
+                return None
+            loc = self._location(i)
+            self._cols[_PACK][i] = 0
+            self._dead += 1
             return loc
-        i = self._find(namespace, digest)
-        if i < 0:
-            return None
-        loc = self._location(i)
-        self._cols[_PACK][i] = 0
-        self._dead += 1
-        return loc
 
     def items(self) -> Iterator[tuple[str, bytes, Location]]:
-        """Every (namespace, digest, location); not to be changed while iterated."""
-        for (namespace, digest), loc in self._recent.items():
+        """Every (namespace, digest, location), as they were when asked (the columns
+        copied: a memory copy, no object per entry until each is yielded)."""
+        with self._mutex:
+            recent = list(self._recent.items())
+            cols = [array(col.typecode, col) for col in self._cols]
+            names = list(self._names)
+        for (namespace, digest), loc in recent:
             yield namespace, digest, loc
-        for row in zip(*self._cols, strict=True):
+        for row in zip(*cols, strict=True):
             if row[_PACK]:
-                yield (self._names[row[_SPACE]], _digest(*row[_HEAD:_SPACE]),
+                yield (names[row[_SPACE]], _digest(*row[_HEAD:_SPACE]),
                        row[_PACK:])
 
     def in_pack(self, pack: int) -> list[tuple[str, bytes, Location]]:
         """The entries located in pack number ``pack`` (a pack is forgotten, poisoned)."""
-        found = [(ns, d, loc) for (ns, d), loc in self._recent.items() if loc[0] == pack]
-        cols, packs = self._cols, self._cols[_PACK]
-        i = -1
-        for _ in range(packs.count(pack) if pack else 0):
-            i = packs.index(pack, i + 1)
-            found.append((self._names[cols[_SPACE][i]],
-                          _digest(cols[_HEAD][i], cols[_W1][i], cols[_W2][i], cols[_W3][i]),
-                          self._location(i)))
-        return found
+        with self._mutex:
+            found = [(ns, d, loc) for (ns, d), loc in self._recent.items() if loc[0] == pack]
+            cols, packs = self._cols, self._cols[_PACK]
+            i = -1
+            for _ in range(packs.count(pack) if pack else 0):
+                i = packs.index(pack, i + 1)
+                found.append((self._names[cols[_SPACE][i]],
+                              _digest(cols[_HEAD][i], cols[_W1][i], cols[_W2][i],
+                                      cols[_W3][i]), self._location(i)))
+            return found
 
     def nbytes(self) -> int:
         """The base's columns, in bytes (the recent entries' dict not counted)."""
-        return sum(col.itemsize * len(col) for col in self._cols)
+        with self._mutex:
+            return sum(col.itemsize * len(col) for col in self._cols)
 
     def compact(self) -> None:
+        """Merge the recent entries into the base now (``add`` does it once there are
+        enough of them)."""
+        with self._mutex:
+            self._compact()
+
+    # --- the base ---------------------------------------------------------------------
+
+    def _add(self, key: tuple[str, bytes], loc: Location) -> None:
+        self._recent[key] = loc
+        if len(self._recent) >= max(self._most, len(self._heads) // _SHARE):
+            self._compact()
+
+    def _compact(self) -> None:
         """Merge the recent entries into the base, dropping the removed ones. Each
         recent entry goes in at its place (bisected) between slices of the base copied
         whole (``frombytes``: a memory copy), one column at a time, so a merge costs a
@@ -176,8 +203,6 @@ class DigestIndex:
             del col
         self._heads = cols[_HEAD]
         self._dead = 0
-
-    # --- lookups ----------------------------------------------------------------------
 
     def _find(self, namespace: str, digest: bytes) -> int:
         """The base's position of the live entry for the key, or -1."""
