@@ -25,8 +25,9 @@ seal, then seals the active pack too.
 
 The digest index is held in memory: the sealed packs' indexes, read when the store opens,
 and the records of unsealed packs, read by scanning them (other processes' active packs
-are *tailed*: a lookup that misses scans what they appended since). About 200 bytes of
-memory per payload: a million payloads take ~200 MB.
+are *tailed*: a lookup that misses scans what they appended since). It is held compact
+(``_store/packdigests.py``): about 62 bytes a payload, a million payloads ~62 MB; the
+active pack's own list of its records, for its seal, is dropped once it is sealed.
 
 Invariants:
   - a payload is durable once ``sync`` returned for it (or its pack was sealed);
