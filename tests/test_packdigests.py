@@ -1,8 +1,8 @@
 """The pack store's digest index in compact form (issue 35 point 2: flat memory).
 
 ``DigestIndex`` answers exactly what the dict it replaced answered, over any sequence of
-sets, removals and lookups (runs flushed and merged on the way); and a pack store's memory
-does not grow by more than the index's ~62 bytes per payload it holds (it was ~440: a dict
+sets, removals and lookups (merged into its base on the way); and a pack store's memory
+grows by about the index's 62 bytes per payload it holds (65 measured; it was 344: a dict
 entry, a tuple of four ints and a digest object per payload, plus each sealed pack's own
 list of its records, kept until the store closed).
 """
@@ -57,7 +57,7 @@ def test_any_sequence_of_changes_reads_as_a_dict(ops: list, recent: int) -> None
     assert sorted(index.items()) == sorted((*k, v) for k, v in model.items())
 
 
-def test_the_index_takes_its_bytes_per_entry_in_runs() -> None:
+def test_the_index_takes_its_bytes_per_entry_in_its_base() -> None:
     index = DigestIndex(recent=100)
     for i in range(1000):
         index.set("page", blake3.blake3(str(i).encode()).digest(), (1, i, i, i))
@@ -86,9 +86,9 @@ def _traced_after_puts(store: PackStore, first: int, count: int) -> int:
 
 def test_a_pack_stores_memory_per_payload_stays_near_the_index_entry(tmp_path: Path) -> None:
     """N payloads, then N more: what the second N added, per payload, is about the
-    compact index's entry (62 bytes), not a dict's (~200) plus the sealed packs' record
-    lists (~240) it was: a crawl of three payloads a page grew ~13 MB per 10,000 pages
-    with them (docs/benchmarks.md, "Memory over a crawl")."""
+    compact index's entry (62 bytes), not a dict's plus the sealed packs' record lists
+    (344 bytes here before): a crawl of three payloads a page grew 19.5 MB per 10,000
+    pages with them (docs/benchmarks.md, "Writes and memory over a crawl")."""
     # 104-byte records (8-byte payloads), 1,024 to a pack; N is two packs' worth, so at
     # both points the active pack is full, a spare is ready and the others are sealed.
     per_pack, n = 1024, 2048
