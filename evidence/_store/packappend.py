@@ -101,16 +101,14 @@ class PackAppend(PackRecovery):
             if size > self.max_payload:
                 raise self._too_large(namespace, size)
             digest = blake3.blake3(payload).digest()
-            names = self._index.get(namespace)
-            loc = None if names is None else names.get(digest)
+            loc = self._index.get(namespace, digest)
             if loc is None or not self._known(namespace, digest, size, loc):
                 held = getattr(self._local, "held", None)
                 if held is not None and size <= BATCH_BYTES:
                     self._hold(held, namespace, digest, payload, size)
                 else:
                     with self._append:
-                        names = self._index.get(namespace)
-                        if names is None or digest not in names:  # else another thread
+                        if self._index.get(namespace, digest) is None:  # else another thread
                             self._write_record(pf.PAYLOAD, namespace, digest, payload,
                                                size, int(self.clock() * 1000))
             return ArtifactRef(namespace, digest.hex(), size)
@@ -477,6 +475,7 @@ class PackAppend(PackRecovery):
                 if sealed:
                     pack.sealed = True
                     pack.synced = pack.size = sealed
+                    pack.entries = []  # in its index now: kept, they grew with every put
                 pack.cond.notify_all()
 
     def _fsync_own(self, pack: _Pack) -> None:
@@ -566,10 +565,9 @@ class PackAppend(PackRecovery):
         pack.failed = True
         self._retire(pack)
         with self._lock:
-            for namespace, names in self._index.items():
-                for key in [k for k, (no, offset, length, _) in names.items()
-                            if no == pack.no and offset + pf.RECORD_SIZE + length > pack.synced]:
-                    del names[key]
+            for namespace, key, (_, offset, length, _) in self._index.in_pack(pack.no):
+                if offset + pf.RECORD_SIZE + length > pack.synced:
+                    self._index.pop(namespace, key)
                     self._lost[(namespace, key)] = pack
         try:
             _append_line(self.packs_dir / _FAILED_LIST, pack.name)

@@ -42,6 +42,7 @@ from .artifacts import (
     _os_errors,
     check_one_by_one,
 )
+from .packdigests import DigestIndex, Location
 
 __all__ = ["PACKS_DIR", "Location", "PackIndex"]
 
@@ -51,8 +52,6 @@ _LAYOUT_TEXT = f"evidence-artifacts {PACKS_LAYOUT}\n"
 _FILE_LAYOUTS = {"evidence-artifacts 2\n": 2}
 _FAILED_LIST = "SYNC-FAILED"
 _PAGE = mmap.PAGESIZE
-
-Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
 
 
 def _now_ms(clock: Callable[[], float]) -> int:
@@ -96,7 +95,7 @@ class PackIndex:
     _store_marker: Path | None
     _lock: threading.RLock
     _append: threading.Lock
-    _index: dict[str, dict[bytes, Location]]
+    _index: DigestIndex
     _touched: dict[tuple[str, bytes], int]
     _packs: dict[int, _Pack]
     _by_name: dict[str, _Pack]
@@ -202,26 +201,27 @@ class PackIndex:
             return
         if entry.kind != pf.PAYLOAD:
             return
-        names = self._index.setdefault(entry.namespace, {})
-        have = names.get(key)
-        if have is None or have[0] not in self._packs:
-            names[key] = (pack.no, entry.offset, entry.length, entry.time)
+        have = self._index.get(entry.namespace, key)
+        if have is None:
+            self._index.add(entry.namespace, key,
+                            (pack.no, entry.offset, entry.length, entry.time))
+        elif have[0] not in self._packs:
+            self._index.set(entry.namespace, key,
+                            (pack.no, entry.offset, entry.length, entry.time))
         elif entry.time > have[3]:
-            names[key] = (*have[:3], entry.time)
+            self._index.set(entry.namespace, key, (*have[:3], entry.time))
 
     def _forget(self, pack: _Pack) -> None:
         """A pack that is gone (compacted by another process): drop what pointed into it."""
         self._packs.pop(pack.no, None)
         self._by_name.pop(pack.name, None)
-        for names in self._index.values():
-            for key in [k for k, v in names.items() if v[0] == pack.no]:
-                del names[key]
+        for namespace, digest, _ in self._index.in_pack(pack.no):
+            self._index.pop(namespace, digest)
         if not pack.own:
             self._close_fds(pack)
 
     def _get(self, namespace: str, digest: bytes) -> Location | None:
-        names = self._index.get(namespace)
-        return None if names is None else names.get(digest)
+        return self._index.get(namespace, digest)
 
     def _locate(self, ref: ArtifactRef) -> Location | None:
         """Where ``ref`` is, looking again (this thread's batch written, other processes'
@@ -388,7 +388,7 @@ class PackIndex:
         self.refresh()
         with self._lock:
             refs = {ArtifactRef(ns, digest.hex(), loc[2])
-                    for ns, names in self._index.items() for digest, loc in names.items()}
+                    for ns, digest, loc in self._index.items()}
         if self.legacy is not None:
             refs.update(self.legacy.iter_refs())
         yield from sorted(refs, key=lambda r: (r.namespace, r.digest))

@@ -170,19 +170,18 @@ class _PackRemoval(Removal):
             store._ops.fsync_dir(store.packs_dir)
         with store._lock:
             for ns, digest in self.dead:
-                names = store._index.get(ns, {})
-                loc = names.get(digest)
+                loc = store._index.get(ns, digest)
                 if loc is not None and loc[0] == pack.no:
-                    del names[digest]
+                    store._index.pop(ns, digest)
                 store._touched.pop((ns, digest), None)
             if self.target is not None:
                 for old, new in self.moved:
                     if old.kind != pf.PAYLOAD:
                         continue
-                    names = store._index.setdefault(old.namespace, {})
-                    loc = names.get(old.digest)
+                    loc = store._index.get(old.namespace, old.digest)
                     if loc is not None and loc[0] == pack.no:
-                        names[old.digest] = (self.target.no, new.offset, new.length, loc[3])
+                        store._index.set(old.namespace, old.digest,
+                                         (self.target.no, new.offset, new.length, loc[3]))
             store._forget(pack)
         return sum(ref.size for ref in self.refs)  # the payloads' bytes, as a file store says
 

@@ -25,8 +25,9 @@ seal, then seals the active pack too.
 
 The digest index is held in memory: the sealed packs' indexes, read when the store opens,
 and the records of unsealed packs, read by scanning them (other processes' active packs
-are *tailed*: a lookup that misses scans what they appended since). About 200 bytes of
-memory per payload: a million payloads take ~200 MB.
+are *tailed*: a lookup that misses scans what they appended since). It is held compact
+(``_store/packdigests.py``): about 62 bytes a payload, a million payloads ~62 MB; the
+active pack's own list of its records, for its seal, is dropped once it is sealed.
 
 Invariants:
   - a payload is durable once ``sync`` returned for it (or its pack was sealed);
@@ -75,7 +76,8 @@ from .artifacts import (
     _subdirs,
 )
 from .packappend import WRITEBACK_BYTES
-from .packindex import _FAILED_LIST, _LAYOUT_TEXT, PACKS_DIR, Location, _Pack
+from .packdigests import DigestIndex
+from .packindex import _FAILED_LIST, _LAYOUT_TEXT, PACKS_DIR, _Pack
 from .packreclaim import PackReclaim
 from .packrecovery import packs_sync_failed, resync_packs
 
@@ -113,7 +115,7 @@ class PackStore(PackReclaim):
         self._store_marker = store_marker  # the store's sync-failed marker, if any
         self._lock = threading.RLock()  # the index and the pack table
         self._append = threading.Lock()  # the active pack
-        self._index: dict[str, dict[bytes, Location]] = {}
+        self._index = DigestIndex()
         self._touched: dict[tuple[str, bytes], int] = {}
         self._packs: dict[int, _Pack] = {}
         self._by_name: dict[str, _Pack] = {}
