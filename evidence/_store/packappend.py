@@ -32,10 +32,7 @@ from .._errors import (
 )
 from .._model.refs import ArtifactRef, validate_namespace
 from . import packfile as pf
-from .artifacts import (
-    _chunks,
-    _os_errors,
-)
+from .artifactbase import _chunks, _os_errors
 from .packindex import (
     _FAILED_LIST,
     _PAGE,

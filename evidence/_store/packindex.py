@@ -35,13 +35,9 @@ from .._errors import (
 )
 from .._model.refs import ArtifactRef
 from . import packfile as pf
-from .artifacts import (
-    CHUNK_SIZE,
-    ArtifactStore,
-    FileOps,
-    _os_errors,
-    check_one_by_one,
-)
+from .artifactbase import CHUNK_SIZE, _os_errors, check_one_by_one
+from .artifacts import ArtifactStore
+from .fileops import FileOps
 from .packdigests import DigestIndex, Location
 
 __all__ = ["PACKS_DIR", "Location", "PackIndex"]

@@ -20,11 +20,9 @@ from .._errors import (
 )
 from .._model.refs import ArtifactRef
 from . import packfile as pf
-from .artifacts import (
-    ArtifactStore,
-    Removal,
-    _os_errors,
-)
+from .artifactbase import _os_errors
+from .artifacts import ArtifactStore
+from .backend import Removal
 from .packappend import PackAppend
 from .packindex import (
     _digest_bytes,

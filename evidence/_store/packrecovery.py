@@ -27,11 +27,8 @@ from .._errors import (
     ArtifactError,
 )
 from . import packfile as pf
-from .artifacts import (
-    _READ_ONLY,
-    CHUNK_SIZE,
-    FileOps,
-)
+from .artifactbase import _READ_ONLY, CHUNK_SIZE
+from .fileops import FileOps
 from .fsync import fsync_file
 from .packindex import (
     _FAILED_LIST,

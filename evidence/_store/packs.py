@@ -67,14 +67,9 @@ from .._errors import (
     ArtifactError,
 )
 from .._model.refs import NAMESPACE_RE
-from .artifacts import (
-    _LAYOUT_FILE,
-    DEFAULT_MAX_PAYLOAD,
-    ArtifactStore,
-    FileOps,
-    _os_errors,
-    _subdirs,
-)
+from .artifactbase import DEFAULT_MAX_PAYLOAD, _os_errors, _subdirs
+from .artifacts import _LAYOUT_FILE, ArtifactStore
+from .fileops import FileOps
 from .packappend import WRITEBACK_BYTES
 from .packdigests import DigestIndex
 from .packindex import _FAILED_LIST, _LAYOUT_TEXT, PACKS_DIR, _Pack
