@@ -393,6 +393,7 @@ def test_power_loss_at_sampled_operations_loses_no_acked_message(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 123 trials: 27 s on 2 idle cores, 217 s at load 17 (near 300)
 def test_power_loss_at_each_pack_operation_with_reordered_writes_loses_nothing(
         fast_dir: Path) -> None:
     # Every write, fsync and directory operation on a pack, three crash images each, in
@@ -403,17 +404,18 @@ def test_power_loss_at_each_pack_operation_with_reordered_writes_loses_nothing(
     # resuming: "the record header ... is damaged").
     # Three pages a batch, four records a pack: a rotation seals a pack whose last record
     # belongs to a batch not yet synced.
-    # Each crash image's sample: every kind of pack operation, and more from its own seed.
+    # Every point, not a sample: a sample of every kind of pack operation first and last
+    # plus 8 seeded ones missed that bug (reintroduced: 3 crash images x 14 sampled trials
+    # passed), which needs one record of one batch, and the seal after it, at one point.
     workload = Workload(batches=4, pages_per_batch=3, pack_bytes=8192)
-    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as e:
-        counts, operations = count_operations(d, workload), operation_kinds(e, workload)
+    with tempfile.TemporaryDirectory() as d:
+        counts = count_operations(d, workload)
     faults = list(iter_faults(counts, ops=frozenset({"write", "sync", "truncate", "meta"}),
                               crash="reorder", files=frozenset({"artifact"})))
     assert len(faults) >= 20
     trials = [trial for seed in range(3)
-              for trial in run_loop(fast_dir / f"seed-{seed}",
-                                    sample_faults(faults, operations, extra=8, seed=seed),
-                                    workload, seed_base=100 * seed)]
+              for trial in run_loop(fast_dir / f"seed-{seed}", faults, workload,
+                                    seed_base=100 * seed)]
     assert failures(trials) == []
     assert all(t.fired for t in trials)
 
