@@ -463,6 +463,41 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         return (yield)
 
 
+# --- the long tests first, one at the head of each process's share -----------------------
+#
+# pyproject's addopts run the suite with ``--dist worksteal``: xdist splits the collected
+# tests into one contiguous share per process, each process runs its share from the front,
+# and one that runs out takes the back half of the longest remaining share. A long test
+# left near the end of a share would run last, alone, and stretch the run's wall time; so
+# the tests marked ``slow`` (each tens of seconds) are dealt out round-robin to the heads
+# of the shares, where they start first, and the short tests fill the rest in their
+# collection order. Every process computes the same order (xdist checks that), from the
+# test count and process count alone, and the shares are cut as xdist's worksteal cuts them.
+
+def long_tests_first(items: list[pytest.Item], processes: int) -> list[pytest.Item]:
+    """``items`` reordered so each of ``processes`` worksteal shares starts with its part
+    of the ``slow`` tests."""
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    short = iter([item for item in items if item.get_closest_marker("slow") is None])
+    ordered: list[pytest.Item] = []
+    remaining = len(items)
+    for share in range(processes):
+        size = remaining // (processes - share)  # xdist's cut: the rest split evenly
+        remaining -= size
+        head = slow[share::processes]
+        ordered += head + list(itertools.islice(short, max(0, size - len(head))))
+    ordered += list(short)
+    assert len(ordered) == len(items)
+    return ordered
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and config.getoption("dist", None) == "worksteal":
+        items[:] = long_tests_first(items, int(workerinput["workercount"]))
+
+
 def as_format_1(archive: Path) -> None:
     """Rewrite an archive as evidence wrote it before format 2: one file per payload under
     ``artifacts/`` (the store's files layout), no index or segments, format_version 1. What

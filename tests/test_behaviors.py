@@ -85,6 +85,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory, chromium: str):
     return base, site.url, hits_on, hits_off
 
 
+@pytest.mark.slow
 def test_every_item_behind_scrolling_and_clicks_is_captured_and_followed(crawled) -> None:
     base, _, hits_on, hits_off = crawled
     assert _fetched_items(base / "on") == every_item()

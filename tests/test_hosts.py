@@ -172,6 +172,7 @@ def test_serve_refuses_a_non_loopback_address_without_tls_and_binds_nothing(
 # --- crawling with worker hosts ---------------------------------------------------------
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.slow
 def test_worker_hosts_crawl_a_site_over_tls_into_the_object_store(
         deployment: dict, database: str, request: pytest.FixtureRequest) -> None:
     """The deployment docs/scale.md draws: a coordinator whose store is a directory or a

@@ -165,6 +165,7 @@ def test_a_login_that_does_not_hold_fails_the_run_and_is_recorded(
     assert site.logins == 0
 
 
+@pytest.mark.slow
 def test_a_logged_in_feed_with_infinite_scroll_replays_in_replaywebpage(
         tmp_path: Path, chromium: str) -> None:
     """The issue's last check: a rendered crawl of an area behind the login whose items

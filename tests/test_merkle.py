@@ -388,6 +388,7 @@ def test_inclusion_binds_size_only_together_with_root():
     assert not verify_inclusion(0, 6, leaves[0], proof5, root(leaves))
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(n=st.integers(1, 300), seed=SEEDS)
 def test_every_consistency_proof_verifies_and_every_mutation_fails(n, seed):

@@ -162,6 +162,7 @@ async def _replayed(url: str) -> dict | None:
     return None
 
 
+@pytest.mark.slow
 def test_replay_serve_answers_each_post_with_its_own_capture_and_no_get(
         package: Path) -> None:
     import httpx

@@ -330,6 +330,7 @@ def test_cli_init_without_artifacts_is_a_user_error_that_changes_nothing(
     assert "Try: check the connection string" in result.stderr
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(picks=st.lists(st.tuples(st.integers(min_value=0, max_value=15),

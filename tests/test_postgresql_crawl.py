@@ -26,6 +26,7 @@ def _crawl(url: str, store: str, log: Path, *extra: str) -> subprocess.Popen[str
              "4", *extra], stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
+@pytest.mark.slow
 def test_a_crawl_into_postgresql_resumes_after_sigkill_each_page_once(
         tmp_path: Path, pg_url: str) -> None:
     rng = random.Random(20261203)

@@ -150,12 +150,15 @@ def _in_flight(store: Path) -> int:
             "SELECT count(*) FROM frontier WHERE state = 'in_flight'").fetchall()[0][0]
 
 
-def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen], None],
-                                  *args: str) -> tuple[list, Counter[str], frozenset[str]]:
+def _crawl_holding_the_write_lock(
+        store: Path, hold: Callable[[subprocess.Popen, Callable[[], int]], None],
+        *args: str) -> tuple[list, Counter[str], frozenset[str]]:
     """Crawl an 80-page slow site at one fetch slot (``args`` added) and, 10 pages in,
-    hold the database's write lock while ``hold(crawl_process)`` runs: every commit of
-    the crawl waits meanwhile. Returns the requests made while it was held, and, once the
-    crawl has completed, the site's request counts and its reachable pages."""
+    hold the database's write lock while ``hold(crawl_process, requested)`` runs
+    (``requested()``: how many requests the site has had since the lock was taken):
+    every commit of the crawl waits meanwhile. Returns the requests made while it was
+    held, and, once the crawl has completed, the site's request counts and its reachable
+    pages."""
     import apsw
 
     slow = {f"/p/{i}": 0.05 for i in range(80)}
@@ -176,7 +179,7 @@ def _crawl_holding_the_write_lock(store: Path, hold: Callable[[subprocess.Popen]
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
         before = len(site.requests)
-        hold(proc)
+        hold(proc, lambda: len(site.requests) - before)
         after = len(site.requests)
         lock.execute("COMMIT")
         lock.close()
@@ -195,8 +198,16 @@ def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
     database's write lock), the next pages are still requested, one at a time. Before,
     a worker's slot stayed taken until its page had committed: nothing was requested."""
     store = tmp_path / "s"
+
+    def hold(proc: subprocess.Popen, requested: Callable[[], int]) -> None:
+        # Waits for the first request on state (a fixed sleep saw none on a loaded
+        # machine), then gives more requests a second to show: the bound below says they
+        # stay one at a time. A slow machine can only make that second see fewer.
+        _wait_for("a request while the lock is held", requested, proc, store)
+        time.sleep(1.0)
+
     held, counts, reachable = _crawl_holding_the_write_lock(
-        store, lambda proc: time.sleep(1.0), "--processes", "1")
+        store, hold, "--processes", "1")
     assert 1 <= len(held) <= 3, f"requested while no page could commit: {held}"
     assert all(r.status == 200 for r in held), "each answered while the commits waited"
     assert set(done_pages(store)) == reachable
@@ -214,7 +225,7 @@ def test_one_process_goes_on_while_its_writer_waits_for_the_write_lock(
     store = tmp_path / "s"
     reports: list[bool] = []
 
-    def hold(proc: subprocess.Popen) -> None:
+    def hold(proc: subprocess.Popen, _requested: Callable[[], int]) -> None:
         first = _wait_for("a progress report", lambda: _live(store).get("elapsed"),
                           proc, store)
         reports.append(_wait_for("another progress report while the lock is held",

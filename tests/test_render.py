@@ -186,6 +186,25 @@ def test_a_render_of_an_unknown_or_foreign_attempt_is_rejected(store: Store,
     assert "render r-404 is not recorded" in acks[3].reason
 
 
+def test_a_browser_slower_to_start_than_the_render_timeout_still_starts(
+        tmp_path: Path, chromium: str) -> None:
+    """The render timeout bounds a page, not the browser's start: Chromium that takes
+    longer than it to answer its first command (a cold start on a loaded machine; here a
+    wrapper that waits 2 s first) still starts. Before, the start had the render timeout
+    too, and the run failed: "the browser did not answer Browser.getVersion within 1 s"."""
+    from evidence._crawl.browser import Browser
+
+    slow = tmp_path / "slow-chromium"
+    slow.write_text(f'#!/bin/sh\nsleep 2\nexec "{chromium}" "$@"\n')
+    slow.chmod(0o755)
+
+    async def start() -> str:
+        async with Browser(executable=str(slow), timeout=1.0) as browser:
+            return browser.version
+
+    assert anyio.run(start).startswith(("Chrome/", "HeadlessChrome/"))
+
+
 def test_a_hung_page_is_a_timeout_attempt_retried_within_max_attempts(
         tmp_path: Path, chromium: str) -> None:
     with JsSite() as site:
@@ -203,6 +222,7 @@ def test_a_hung_page_is_a_timeout_attempt_retried_within_max_attempts(
     assert hits["/hang"] == 1, "the capture is rendered again, never fetched again"
 
 
+@pytest.mark.slow
 def test_a_browser_that_dies_mid_render_is_a_crashed_render_and_is_restarted(
         tmp_path: Path, chromium: str) -> None:
     import os
@@ -237,6 +257,7 @@ def test_a_browser_that_dies_mid_render_is_a_crashed_render_and_is_restarted(
     assert starts == 2
 
 
+@pytest.mark.slow
 def test_a_kill_during_rendering_resumes_without_a_duplicate_render(
         tmp_path: Path, chromium: str) -> None:
     """... and leaves no key behind; its browser profile goes when the next crawl starts

@@ -90,6 +90,7 @@ def red_pixels(png: bytes) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_a_replayed_page_shows_its_captured_image_offline(captured: Path) -> None:
     proc, info = serve(captured)
     try:
@@ -108,6 +109,7 @@ def test_a_replayed_page_shows_its_captured_image_offline(captured: Path) -> Non
     assert red_pixels(png) >= 0.9 * 240 * 240
 
 
+@pytest.mark.slow
 def test_a_wacz_file_is_served_too_and_bad_sources_are_refused(captured: Path,
                                                                tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "evidence", "export", str(captured),

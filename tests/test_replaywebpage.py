@@ -150,6 +150,7 @@ async def _verification(url: str) -> dict[str, dict]:
     raise AssertionError(f"ReplayWeb.page did not load {url} within 90 s: {found}")
 
 
+@pytest.mark.slow
 def test_replaywebpage_verifies_our_signature_and_not_a_tampered_one(genuine, site,  # noqa: F811
                                                                      tmp_path: Path) -> None:
     _store, wacz, pub = genuine

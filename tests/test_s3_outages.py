@@ -197,6 +197,7 @@ class _Outages(threading.Thread):
             time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_a_crawl_rides_through_five_object_store_outages(
         tmp_path: Path, server: SeaweedS3, caplog: pytest.LogCaptureFixture) -> None:
     """Five outages of 3-4 s each in the middle of a crawl into an S3 store: the crawl
@@ -233,6 +234,7 @@ def _evidence(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
                           text=True, env=dict(os.environ), timeout=timeout)
 
 
+@pytest.mark.slow
 def test_an_outage_longer_than_the_deadline_fails_the_run_clearly_and_loses_nothing(
         tmp_path: Path, server: SeaweedS3) -> None:
     """--s3-outage-deadline 2 with worker processes, and the server down for good in the
@@ -291,6 +293,7 @@ def test_an_outage_deadline_that_is_not_seconds_is_refused_and_creates_nothing(
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_host_rides_through_an_outage_longer_than_its_lease(
         tmp_path: Path, server: SeaweedS3) -> None:
     """A worker host whose puts wait on the object store for longer than the lease timeout

@@ -2,7 +2,9 @@
 
 The service runs as ``python -m evidence serve``;
 client processes run this module (``python -m tests.test_service client ...``). The load
-test runs 4 processes x ``EVIDENCE_SERVICE_MESSAGES`` messages (default 10,000).
+test runs 4 processes x ``EVIDENCE_SERVICE_MESSAGES`` messages (default 3,000: with 256
+requests in flight per client that is a dozen windows each, batches of hundreds of messages
+from four clients interleaved; ``EVIDENCE_SERVICE_MESSAGES=10000`` runs the longer load).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, "-m", "evidence", "serve"]
 TOKEN = "test-token-0123456789abcdef"
 NOW = dt.datetime(2026, 3, 3, 12, 0, tzinfo=dt.UTC)
-MESSAGES = int(os.environ.get("EVIDENCE_SERVICE_MESSAGES", "10000"))
+MESSAGES = int(os.environ.get("EVIDENCE_SERVICE_MESSAGES", "3000"))
 
 
 # --- messages ---------------------------------------------------------------------------

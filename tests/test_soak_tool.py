@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "soak_suite.py"
 
@@ -20,6 +22,7 @@ def _soak(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=240, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_each_run_is_reported_with_its_failures_and_the_hogs_ran(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()

@@ -34,6 +34,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("mypy-cache")
 
 
+@pytest.mark.slow
 def test_the_package_type_checks(cache: Path) -> None:
     done = mypy(ROOT, cache)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -472,6 +472,7 @@ _ref_chars = st.sampled_from(list("ab19/.:?#%-_~@!$&'()*+,;= \t\\AZ"))
            st.builds(lambda p: f"/{p}", st.text(_ref_chars, max_size=20)),
            st.builds(lambda p: f"#{p}", st.text(_ref_chars, max_size=20)),
            st.builds(lambda p: f"http://h.example/{p}", st.text(_ref_chars, max_size=20))))
+@pytest.mark.slow
 def test_the_plain_reference_path_agrees_with_urljoin(base: str, href: str) -> None:
     """resolve_reference's fast path gives exactly what the full resolution gives."""
     from evidence._model.urls import _resolve, _resolve_plain, reference_resolver

@@ -12,7 +12,9 @@ is opened, so nothing but this process can drive it, and no websocket library is
 The child's fds 3 and 4 are set with ``posix_spawn`` file actions (no shell, no
 ``preexec_fn``: the crawl runs threads, and a fork between threads may deadlock).
 
-Every command waits for its answer at most ``timeout`` seconds; a browser that does not
+Every command waits for its answer at most ``timeout`` seconds (the first, the start's, at
+least ``START_TIMEOUT``: a short render timeout bounds a page, not a cold start of Chromium
+on a loaded machine, which can take several seconds); a browser that does not
 answer, or whose pipe closes (it crashed or was killed), raises ``BrowserError`` with
 ``gone=True`` and every later command fails at once. The owner then starts a new one
 (``_crawl.render.Renderer`` does). The browser always runs with a fresh profile in a
@@ -63,6 +65,12 @@ FLAGS = (
 )
 _CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 _MAX_MESSAGE = 512 * 1024 * 1024  # a full-page screenshot of a long page is large
+
+
+# How long a starting browser may take to answer its first command, whatever the render
+# timeout: Chromium's start took over 3 s on a loaded 2-core machine (the hung-page test,
+# with a 3 s render timeout, failed its run there: "did not answer Browser.getVersion").
+START_TIMEOUT = 60.0
 
 
 def find_browser(executable: str | None = None) -> str:
@@ -128,7 +136,8 @@ class Browser:
         self._spawn()
         task_group.start_soon(self._pump)
         try:
-            info = await self.send("Browser.getVersion")
+            info = await self.send("Browser.getVersion",
+                                   timeout=max(self.timeout, START_TIMEOUT))
         except BaseException:
             await self.close()
             raise

@@ -159,6 +159,7 @@ class SimulatedDisk:
         self.kind_counts: collections.Counter[str] = collections.Counter()  # "op:kind"
         self.counted = 0  # operations that matched the fault's kinds so far
         self.log: list[tuple[int, str, str, int, int, str]] = []
+        self.log_kinds: list[FileKind] = []  # the kind of file of each ``log`` entry
         self.crashed = False
         self.power_losses = 0  # file operations made before the last one stay dead
         self.wal_syncs = 0  # completed syncs of a -wal file: what makes WAL commits durable
@@ -252,6 +253,7 @@ class SimulatedDisk:
                         outcome = "io" if fault.action == "io_error" else "full"
             self.log.append((sum(self.counts.values()), op, self._rel(path), offset, length,
                              outcome))
+            self.log_kinds.append(kind)
             return outcome
 
     # --- events, reported after the real operation succeeded ------------------------------

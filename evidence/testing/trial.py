@@ -10,20 +10,27 @@ every guarantee checked after the reboot (docs/reliability.md).
                crash image, reopen with the ordinary VFS and check every guarantee; what did
                not hold is in ``Trial.problems``.
     faults     ``count_operations`` (a fault-free run, counted per operation and per file
-               kind) and ``iter_faults`` (one fault for each counted operation N).
+               kind) and ``iter_faults`` (one fault for each counted operation N);
+               ``operation_kinds`` and ``sample_faults``: a reproducible sample of those
+               faults that still hits every kind of operation they hit.
 
-``tools/faultloop.py`` and ``tests/test_faults.py`` drive it for N = 1, 2, ...
+``tools/faultloop.py`` drives it for N = 1, 2, ... (every fault point: minutes);
+``tests/test_faults.py`` for a sample of them (the suite's share of that time).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import datetime as dt
 import itertools
 import os
+import random
 import re
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -60,8 +67,10 @@ __all__ = [
     "build_groups",
     "count_operations",
     "iter_faults",
+    "operation_kinds",
     "operation_log",
     "run_trial",
+    "sample_faults",
 ]
 
 # --- the fault loop: a fixed workload, a fault, a crash, and what must hold after it ----
@@ -181,8 +190,7 @@ def run_trial(root: os.PathLike[str] | str, fault: Fault | None, *,
     workload = workload or Workload()
     root = Path(root)
     store_path = root / "store"
-    with Store.create(store_path, artifact_layout=workload.artifacts):
-        pass
+    _new_store(store_path, workload.artifacts)
     disk = SimulatedDisk(root, seed=seed, sync_failure=sync_failure)
     disk.capture()
     disk.arm(fault)
@@ -229,8 +237,7 @@ _PACK_NAME = re.compile(r"[0-9a-f]{32}")
 
 
 def _fault_free(root: Path, workload: Workload) -> SimulatedDisk:
-    with Store.create(root / "store", artifact_layout=workload.artifacts):
-        pass
+    _new_store(root / "store", workload.artifacts)
     disk = SimulatedDisk(root)
     disk.capture()
     vfs = CrashVFS(f"count-{id(disk):x}", disk=disk)
@@ -242,6 +249,24 @@ def _fault_free(root: Path, workload: Workload) -> SimulatedDisk:
     if trial.errors_seen:
         raise RuntimeError(f"the workload failed without a fault: {trial.errors_seen}")
     return disk
+
+
+_templates: dict[str, Path] = {}
+
+
+def _new_store(path: Path, artifacts: Literal["packs", "files"]) -> None:
+    """A new, empty store at ``path``: a copy of one this process created (every trial
+    starts from the same empty store, and creating one applies every migration: most of
+    a short trial's time), made before the disk model captures the directory."""
+    template = _templates.get(artifacts)
+    if template is None or not template.is_dir():
+        holder = Path(tempfile.mkdtemp(prefix="evidence-trial-template-"))
+        atexit.register(shutil.rmtree, holder, ignore_errors=True)
+        template = holder / "store"
+        with Store.create(template, artifact_layout=artifacts):
+            pass
+        _templates[artifacts] = template
+    shutil.copytree(template, path, symlinks=True)
 
 
 def _close(store: Store | None) -> None:
@@ -397,3 +422,46 @@ def iter_faults(counts: collections.Counter[str], *, action: str = "power_loss",
     for n in range(start, total + 1, stride):
         yield Fault(action=action, at=n, ops=ops, crash=crash,  # type: ignore[arg-type]
                     persistent=persistent, heal_after=heal_after, files=files)
+
+
+def operation_kinds(root: os.PathLike[str] | str, workload: Workload | None = None
+                    ) -> list[tuple[str, str, str]]:
+    """Run the workload without a fault; every operation it makes, in order, as (operation,
+    kind of file, path under ``root``): what the fault at "the N-th operation" hits."""
+    disk = _fault_free(Path(root), workload or Workload())
+    return [(op, kind, path)
+            for (_, op, path, *_), kind in zip(disk.log, disk.log_kinds, strict=True)]
+
+
+def sample_faults(faults: Sequence[Fault], operations: Sequence[tuple[str, str, str]], *,
+                  extra: int, seed: int) -> list[Fault]:
+    """A sample of ``faults`` that still hits every kind of operation they hit.
+
+    ``faults`` count one set of operations (one ``iter_faults`` call); ``operations`` is
+    ``operation_kinds`` of their workload. The sample holds, for each (operation, kind of
+    file) the faults hit, the first and the last fault that hits it; the first and the last
+    fault of all; and ``extra`` more drawn by ``random.Random(seed)``: the same arguments
+    give the same sample, so a failing trial is rerun as it was. The test suite runs a
+    sample; ``tools/faultloop.py`` runs every fault.
+    """
+    if not faults:
+        return []
+    first = faults[0]
+    if any((f.ops, f.files, f.path_suffix) != (first.ops, first.files, first.path_suffix)
+           for f in faults):
+        raise ValueError("sample_faults: the faults must count the same operations")
+    counted = [(op, kind) for op, kind, path in operations
+               if op in first.ops and path.endswith(first.path_suffix)
+               and (not first.files or kind in first.files)]
+    by_class: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+    for i, fault in enumerate(faults):
+        if not 1 <= fault.at <= len(counted):
+            raise ValueError(f"sample_faults: {fault} is past the workload's "
+                             f"{len(counted)} counted operations")
+        by_class[counted[fault.at - 1]].append(i)
+    chosen = {0, len(faults) - 1}
+    for members in by_class.values():
+        chosen |= {members[0], members[-1]}
+    rest = sorted(set(range(len(faults))) - chosen)
+    chosen |= set(random.Random(seed).sample(rest, min(extra, len(rest))))
+    return [faults[i] for i in sorted(chosen)]

@@ -67,6 +67,7 @@ async def test_the_database_refuses_to_edit_or_delete_evidence(
         assert count(store, table) == before
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sequences=st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=8,
