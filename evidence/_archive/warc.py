@@ -390,7 +390,8 @@ class Revisits:
     record holds the response head as received and names its original
     (``WARC-Refers-To``, ``-Target-URI``, ``-Date``) and the original's payload digest.
     Only whole bodies (not cut at the cap) and non-empty ones are shared; a 304 with no
-    earlier response of its URL in the export stays a response record. The choice
+    earlier response of its URL in the export, or whose URL's last 2xx body was empty or
+    cut, stays a response record. The choice
     depends only on the attempts before it in store order, so an export is still
     deterministic.
     """
@@ -418,6 +419,8 @@ class Revisits:
         if original is not None:
             self.count += 1
         elif truncated or not b_size or record.payload is None:
+            if 200 <= status <= 299:  # its URL's last 2xx is not whole: no 304 names it
+                self._urls.pop(url, None)
             return
         else:
             original = Original(IDENTICAL_PAYLOAD, dict(record.fields)["WARC-Record-ID"],
