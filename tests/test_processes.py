@@ -150,9 +150,18 @@ def _in_flight(store: Path) -> int:
             "SELECT count(*) FROM frontier WHERE state = 'in_flight'").fetchall()[0][0]
 
 
+def _claimed_not_requested(store: Path, site: TestSite) -> set[str]:
+    """Paths the store shows claimed (in flight) that the site has not been asked for."""
+    with Store.open(store, read_only=True) as s:
+        claimed = {url.split("/", 3)[3] for (url,) in s.connection.execute(
+            "SELECT url FROM frontier WHERE state = 'in_flight'").fetchall()}
+    asked = {r.path.lstrip("/") for r in site.requests}
+    return {f"/{path}" for path in claimed - asked}
+
+
 def _crawl_holding_the_write_lock(
         store: Path, hold: Callable[[subprocess.Popen, Callable[[], int]], None],
-        *args: str) -> tuple[list, Counter[str], frozenset[str]]:
+        *args: str, free_url: bool = False) -> tuple[list, Counter[str], frozenset[str]]:
     """Crawl an 80-page slow site at one fetch slot (``args`` added) and, 10 pages in,
     hold the database's write lock while ``hold(crawl_process, requested)`` runs
     (``requested()``: how many requests the site has had since the lock was taken):
@@ -178,6 +187,18 @@ def _crawl_holding_the_write_lock(
         lock = apsw.Connection(str(store / "evidence.db"))
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
+        # ``free_url``: the lock must catch a URL claimed and not yet requested (the claim
+        # committed): with none, no request can follow whatever the crawl does, so a loaded
+        # machine that moved on between the wait above and the lock tries again.
+        for _ in range(50):
+            if not free_url or _claimed_not_requested(store, site):
+                break
+            lock.execute("COMMIT")
+            _wait_for("another request", functools.partial(
+                lambda n: len(site.requests) > n, len(site.requests)), proc, store)
+            lock.execute("BEGIN IMMEDIATE")
+        else:
+            raise AssertionError("the lock never caught a URL claimed and not yet requested")
         before = len(site.requests)
         hold(proc, lambda: len(site.requests) - before)
         after = len(site.requests)
@@ -207,7 +228,7 @@ def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
         time.sleep(1.0)
 
     held, counts, reachable = _crawl_holding_the_write_lock(
-        store, hold, "--processes", "1")
+        store, hold, "--processes", "1", free_url=True)
     assert 1 <= len(held) <= 3, f"requested while no page could commit: {held}"
     assert all(r.status == 200 for r in held), "each answered while the commits waited"
     assert set(done_pages(store)) == reachable
