@@ -150,13 +150,18 @@ def _in_flight(store: Path) -> int:
             "SELECT count(*) FROM frontier WHERE state = 'in_flight'").fetchall()[0][0]
 
 
-def _claimed_not_requested(store: Path, site: TestSite) -> set[str]:
-    """Paths the store shows claimed (in flight) that the site has not been asked for."""
+def _a_request_can_follow(store: Path, site: TestSite) -> bool:
+    """Whether, with every commit held, the one fetch slot can still request a page: a URL
+    the store shows claimed (in flight) that the site has not been asked for, and no page
+    already answered still waiting for its commit (pages on their way are bounded, and a
+    loaded machine can fill that bound with answered pages before the lock is taken)."""
     with Store.open(store, read_only=True) as s:
-        claimed = {url.split("/", 3)[3] for (url,) in s.connection.execute(
+        in_flight = {"/" + url.split("/", 3)[3] for (url,) in s.connection.execute(
             "SELECT url FROM frontier WHERE state = 'in_flight'").fetchall()}
-    asked = {r.path.lstrip("/") for r in site.requests}
-    return {f"/{path}" for path in claimed - asked}
+    requests = list(site.requests)
+    asked = {r.path for r in requests}
+    answered = {r.path for r in requests if r.status is not None}
+    return bool(in_flight - asked) and not in_flight & answered
 
 
 def _crawl_holding_the_write_lock(
@@ -168,48 +173,63 @@ def _crawl_holding_the_write_lock(
     every commit of the crawl waits meanwhile. Returns the requests made while it was
     held, and, once the crawl has completed, the site's request counts and its reachable
     pages."""
-    import apsw
-
     slow = {f"/p/{i}": 0.05 for i in range(80)}
     with TestSite(SiteConfig(pages=80, slow=slow)) as site:
         proc = _crawl_process(site.url, store, *args, "--workers", "1")
-        _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
-                  proc, store)
-        # The lock is taken while a page is being answered (each takes 0.05 s), half-way:
-        # by then its slot's next URL has been claimed (one quick commit). Taken at any
-        # moment, it could catch that claim's own commit, and then no URL would be free
-        # to request while it is held.
-        started = len(site.requests)
-        _wait_for("a request", lambda: len(site.requests) > started, proc, store)
-        # Taken once the store shows the next URL claimed too (two in flight), not after a
-        # fixed sleep: on a loaded machine 25 ms could pass before that claim committed.
-        _wait_for("the next URL claimed", lambda: _in_flight(store) >= 2, proc, store)
-        lock = apsw.Connection(str(store / "evidence.db"))
+        try:
+            return _hold_the_lock(store, site, proc, hold, free_url)
+        finally:  # a failed wait leaves no crawl running into the next test's teardown
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+def _hold_the_lock(store: Path, site: TestSite, proc: subprocess.Popen,
+                   hold: Callable[[subprocess.Popen, Callable[[], int]], None],
+                   free_url: bool) -> tuple[list, Counter[str], frozenset[str]]:
+    """The body of ``_crawl_holding_the_write_lock`` once the crawl runs."""
+    import apsw
+
+    _wait_for("10 pages", lambda: _live(store).get("counts", {}).get("done", 0) >= 10,
+              proc, store)
+    # The lock is taken while a page is being answered (each takes 0.05 s), half-way:
+    # by then its slot's next URL has been claimed (one quick commit). Taken at any
+    # moment, it could catch that claim's own commit, and then no URL would be free
+    # to request while it is held.
+    started = len(site.requests)
+    _wait_for("a request", lambda: len(site.requests) > started, proc, store)
+    # Taken once the store shows the next URL claimed too (two in flight), not after a
+    # fixed sleep: on a loaded machine 25 ms could pass before that claim committed.
+    _wait_for("the next URL claimed", lambda: _in_flight(store) >= 2, proc, store)
+    lock = apsw.Connection(str(store / "evidence.db"))
+    try:
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
-        # ``free_url``: the lock must catch a URL claimed and not yet requested (the claim
-        # committed): with none, no request can follow whatever the crawl does, so a loaded
-        # machine that moved on between the wait above and the lock tries again.
+        # ``free_url``: the lock must catch a moment where a request can follow (a URL
+        # claimed and not yet requested, no answered page waiting for its commit): at
+        # another, none can whatever the crawl does, so a loaded machine that moved on
+        # between the wait above and the lock tries again.
         for _ in range(50):
-            if not free_url or _claimed_not_requested(store, site):
+            if not free_url or _a_request_can_follow(store, site):
                 break
             lock.execute("COMMIT")
             _wait_for("another request", functools.partial(
                 lambda n: len(site.requests) > n, len(site.requests)), proc, store)
             lock.execute("BEGIN IMMEDIATE")
         else:
-            raise AssertionError("the lock never caught a URL claimed and not yet requested")
+            raise AssertionError("the lock never caught a moment a request could follow")
         before = len(site.requests)
         hold(proc, lambda: len(site.requests) - before)
         after = len(site.requests)
         lock.execute("COMMIT")
+    finally:
         lock.close()
-        proc.communicate(timeout=120)
-        assert proc.returncode == 0, _stderr(store)
-        # Read once the crawl is over: a request made while the lock was held may still
-        # have been in its slow answer when the lock was let go (its status not chosen yet).
-        held = site.requests[before:after]
-        return held, site.request_counts(), site.reachable_pages()
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0, _stderr(store)
+    # Read once the crawl is over: a request made while the lock was held may still
+    # have been in its slow answer when the lock was let go (its status not chosen yet).
+    held = site.requests[before:after]
+    return held, site.request_counts(), site.reachable_pages()
 
 
 def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
