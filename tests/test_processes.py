@@ -151,17 +151,12 @@ def _in_flight(store: Path) -> int:
 
 
 def _a_request_can_follow(store: Path, site: TestSite) -> bool:
-    """Whether, with every commit held, the one fetch slot can still request a page: a URL
-    the store shows claimed (in flight) that the site has not been asked for, and no page
-    already answered still waiting for its commit (pages on their way are bounded, and a
-    loaded machine can fill that bound with answered pages before the lock is taken)."""
+    """Whether, with every commit held, the one fetch slot has a URL to request: one the
+    store shows claimed (in flight) that the site has not been asked for."""
     with Store.open(store, read_only=True) as s:
         in_flight = {"/" + url.split("/", 3)[3] for (url,) in s.connection.execute(
             "SELECT url FROM frontier WHERE state = 'in_flight'").fetchall()}
-    requests = list(site.requests)
-    asked = {r.path for r in requests}
-    answered = {r.path for r in requests if r.status is not None}
-    return bool(in_flight - asked) and not in_flight & answered
+    return bool(in_flight - {r.path for r in site.requests})
 
 
 def _crawl_holding_the_write_lock(
@@ -205,10 +200,9 @@ def _hold_the_lock(store: Path, site: TestSite, proc: subprocess.Popen,
     try:
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
-        # ``free_url``: the lock must catch a moment where a request can follow (a URL
-        # claimed and not yet requested, no answered page waiting for its commit): at
-        # another, none can whatever the crawl does, so a loaded machine that moved on
-        # between the wait above and the lock tries again.
+        # ``free_url``: the lock must catch a URL claimed and not yet requested (the claim
+        # committed): with none, no request can follow whatever the crawl does, so a loaded
+        # machine that moved on between the wait above and the lock tries again.
         for _ in range(50):
             if not free_url or _a_request_can_follow(store, site):
                 break
