@@ -21,7 +21,7 @@ from typing import BinaryIO
 from .._errors import ArtifactCorruptError, ArtifactError, ArtifactMissingError
 from .._model.refs import ArtifactRef
 
-__all__ = ["CHUNK_SIZE", "DEFAULT_MAX_PAYLOAD", "check_one_by_one"]
+__all__ = ["CHUNK_SIZE", "DEFAULT_MAX_PAYLOAD", "check_one_by_one", "exists_by_check", "usage_of"]
 
 DEFAULT_MAX_PAYLOAD = 256 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
@@ -129,3 +129,21 @@ def check_one_by_one(check: Callable[[ArtifactRef], None], refs: Sequence[Artifa
         else:
             found.append(None)
     return found
+
+
+def exists_by_check(check: Callable[[ArtifactRef], None], ref: ArtifactRef) -> bool:
+    """``ArtifactBackend.exists`` by ``check`` (a store's ``check``): stored with the right
+    size (bytes are not re-hashed)."""
+    try:
+        check(ref)
+    except (ArtifactMissingError, ArtifactCorruptError):
+        return False
+    return True
+
+
+def usage_of(refs: Iterable[ArtifactRef]) -> tuple[int, int]:
+    """``ArtifactBackend.usage`` from a store's ``iter_refs``: (payloads, their bytes)."""
+    count = total = 0
+    for ref in refs:
+        count, total = count + 1, total + ref.size
+    return count, total

@@ -49,7 +49,6 @@ import blake3
 from .._errors import (
     ArtifactCorruptError,
     ArtifactError,
-    ArtifactMissingError,
     PayloadTooLargeError,
 )
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef, validate_digest, validate_namespace
@@ -61,6 +60,8 @@ from .artifactbase import (
     _os_errors,
     _subdirs,
     check_one_by_one,
+    exists_by_check,
+    usage_of,
 )
 from .backend import Removal
 from .fileops import _TEMP_PREFIX, _TEMP_SUFFIX, FileOps
@@ -434,11 +435,7 @@ class ArtifactStore:
 
     def exists(self, ref: ArtifactRef) -> bool:
         """True if the artifact is present with the right size (bytes are not re-hashed)."""
-        try:
-            self.check(ref)
-        except (ArtifactMissingError, ArtifactCorruptError):
-            return False
-        return True
+        return exists_by_check(self.check, ref)
 
     def open(self, ref: ArtifactRef, *, verify: bool = False) -> BinaryIO:
         """Open the artifact for reading; with ``verify``, re-hash it first (then rewind)."""
@@ -539,10 +536,7 @@ class ArtifactStore:
 
     def usage(self) -> tuple[int, int]:
         """(number of artifacts, total bytes), by walking the store."""
-        count = total = 0
-        for ref in self.iter_refs():
-            count, total = count + 1, total + ref.size
-        return count, total
+        return usage_of(self.iter_refs())
 
     def clean_stale_temp(self, older_than: float = TEMP_GRACE_SECONDS) -> int:
         """Remove temp files left by dead puts; return how many were removed.

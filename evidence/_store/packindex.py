@@ -35,7 +35,7 @@ from .._errors import (
 )
 from .._model.refs import ArtifactRef
 from . import packfile as pf
-from .artifactbase import CHUNK_SIZE, _os_errors, check_one_by_one
+from .artifactbase import CHUNK_SIZE, _os_errors, check_one_by_one, exists_by_check, usage_of
 from .artifacts import ArtifactStore
 from .fileops import FileOps
 from .packdigests import DigestIndex, Location
@@ -286,11 +286,7 @@ class PackIndex:
 
     def exists(self, ref: ArtifactRef) -> bool:
         """True if the payload is stored with the right size (bytes are not re-hashed)."""
-        try:
-            self.check(ref)
-        except (ArtifactMissingError, ArtifactCorruptError):
-            return False
-        return True
+        return exists_by_check(self.check, ref)
 
     def read(self, ref: ArtifactRef, *, verify: bool = False) -> bytes:
         """The payload's bytes; with ``verify``, its record header and BLAKE3 checked."""
@@ -391,10 +387,7 @@ class PackIndex:
 
     def usage(self) -> tuple[int, int]:
         """(number of payloads, their total bytes)."""
-        count = total = 0
-        for ref in self.iter_refs():
-            count, total = count + 1, total + ref.size
-        return count, total
+        return usage_of(self.iter_refs())
 
     def age(self, ref: ArtifactRef) -> float | None:
         """Seconds since the payload was last put (its record's time, or a later touch);

@@ -26,7 +26,7 @@ import blake3
 
 from .._errors import ArtifactCorruptError, ArtifactError, ArtifactMissingError
 from .._model.refs import ArtifactRef, validate_digest, validate_namespace
-from .artifactbase import check_one_by_one
+from .artifactbase import check_one_by_one, exists_by_check
 from .s3client import ListedObject, S3Client
 from .s3location import S3Location
 from .s3segment import (
@@ -231,11 +231,7 @@ class S3Index:
         raise self._missing(ref)
 
     def exists(self, ref: ArtifactRef) -> bool:
-        try:
-            self.check(ref)
-        except (ArtifactMissingError, ArtifactCorruptError):
-            return False
-        return True
+        return exists_by_check(self.check, ref)
 
     def _fetch(self, ref: ArtifactRef, start: int, end: int | None) -> bytes | None:
         """Bytes ``start``..``end`` (inclusive; None: to the end) of the payload, from

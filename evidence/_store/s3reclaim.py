@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 
 from .._errors import ArtifactError
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef
+from .artifactbase import usage_of
 from .backend import Removal
 from .s3client import ListedObject
 from .s3puts import S3Puts
@@ -53,10 +54,7 @@ class S3Reclaim(S3Puts):
             yield ArtifactRef(namespace, digest, size)
 
     def usage(self) -> tuple[int, int]:
-        count = total = 0
-        for ref in self.iter_refs():
-            count, total = count + 1, total + ref.size
-        return count, total
+        return usage_of(self.iter_refs())
 
     def age(self, ref: ArtifactRef) -> float | None:
         """Seconds since its youngest copy was stored (a segment's time, or its own
