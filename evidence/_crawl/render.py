@@ -19,9 +19,10 @@ a recording proxy of its own (``_crawl.renderproxy``), lets the page run, and re
   page's renderer or the browser died) or ``error`` (the browser refused the page).
 
 The settle rule. After the load event, the page is settled once, for ``quiet`` seconds
-(0.5), no request has been in flight through the proxy and the serialized DOM has not
-changed (it is sampled every 100 ms); at the latest ``settle_max`` seconds (10) after the
-load event (``settle = "deadline"``). The DOM is serialized then, and the screenshot taken.
+(0.5), no request has been in flight through the proxy, no image the page asked for is
+still loading, and the serialized DOM has not changed (it is sampled every 100 ms); at
+the latest ``settle_max`` seconds (10) after the load event (``settle = "deadline"``).
+The DOM is serialized then, and the screenshot taken.
 
 One browser serves every render of a crawl (``tabs`` pages at a time, each in a browser
 context of its own: no cookies or cache shared). A browser that dies or stops answering is
@@ -77,6 +78,14 @@ _SAMPLE = 0.1  # seconds between DOM samples while settling
 _SAFE = frozenset({"GET", "HEAD"})  # methods a render may send outside the crawl's scope
 _SERIALIZE = ("(document.doctype ? new XMLSerializer().serializeToString(document.doctype)"
               " + '\\n' : '') + document.documentElement.outerHTML")
+# The settle rule's sample: the serialized DOM, and how many images the page asked for that
+# are still loading (a ``src`` or ``srcset``, not lazy, not complete). An image's request
+# reaches the proxy some time after its ``src`` is set (the browser's network process may
+# be slow to send it): without this count, a busy machine let the rule call the page quiet
+# before that request was made.
+_SETTLE_SAMPLE = ("[" + _SERIALIZE + ", [...document.images].filter((i) => "
+                  "(i.getAttribute('src') || i.getAttribute('srcset')) && "
+                  "i.loading !== 'lazy' && !i.complete).length]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,12 +391,13 @@ class Renderer:
         end = time.monotonic() + min(self.options.settle_max, limit or self.options.settle_max)
         last_digest, stable_since = b"", time.monotonic()
         while True:
-            dom = await page.evaluate(_SERIALIZE)
+            dom, loading = await page.evaluate(_SETTLE_SAMPLE)
             digest = hashlib.sha256(str(dom).encode("utf-8", "surrogatepass")).digest()
             now = time.monotonic()
             if digest != last_digest:
                 last_digest, stable_since = digest, now
-            network_quiet = proxy.in_flight == 0 and now - proxy.last_activity >= quiet
+            network_quiet = (proxy.in_flight == 0 and not loading
+                             and now - proxy.last_activity >= quiet)
             if network_quiet and now - stable_since >= quiet:
                 return "quiet"
             if now >= end:
