@@ -142,6 +142,7 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
 
 
 WRITER_CACHE_MIB = 64  # the write connection's page cache: its bound, whatever the store
+READER_CACHE_KIB = 2000  # a read connection's page cache (SQLite's default, named here)
 
 
 def connection_cache(conn: apsw.Connection, mib: int | None = None) -> None:
@@ -247,6 +248,7 @@ def _probe(conn: apsw.Connection, busy_timeout_ms: int) -> apsw.Connection:
     try:
         connection_busy_timeout(conn, busy_timeout_ms)
         conn.execute("PRAGMA query_only = ON")
+        conn.execute(f"PRAGMA cache_size = {-READER_CACHE_KIB}")
         conn.execute("SELECT count(*) FROM sqlite_schema").fetchall()
     except BaseException:
         conn.close()
