@@ -78,7 +78,8 @@ class _Segments:
             self._close()
             self.number += 1
             self.handle_path = self.directory / segment_name(self.number)
-            self.handle = open(self.handle_path, "xb")  # noqa: SIM115 - closed in _close
+            self.handle = open(  # noqa: SIM115 - closed in _close
+                self.handle_path, "xb", buffering=_CHUNK)
             self.offset = self.held = 0
         return self.handle, self.offset
 
@@ -144,9 +145,9 @@ def write_payloads(refs: list[ArtifactRef], src: PayloadSource, directory: Path,
     def fetch(ref: ArtifactRef) -> bytes | ArtifactError | None:
         if stop.is_set() or ref.size > PREFETCH_BYTES:
             return None  # streamed by the writer itself
-        def read() -> bytes:
+        def read() -> bytes:  # read whole: it is at most PREFETCH_BYTES
             with from_source(lambda: src.open(ref)) as handle:
-                return b"".join(chunks_of(handle))
+                return from_source(handle.read)
         return reading(src, ref, read, stop)
 
     fetched_in_order = (((ref, fetch(ref)) for ref in ordered) if src.local
