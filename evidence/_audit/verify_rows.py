@@ -267,6 +267,20 @@ def _ref_text(ref: ArtifactRef | None) -> str | None:
     return None if ref is None else f"{ref.namespace}/{ref.digest} ({ref.size} bytes)"
 
 
+def _ref_columns(ref: ArtifactRef | None) -> tuple[str, str, int] | None:
+    return None if ref is None else (ref.namespace, ref.digest, ref.size)
+
+
+def _columns(artifact_id: int | None, namespace: str | None, digest: str | None,
+             size: int | None) -> tuple | None:
+    """A row's artifact as ``_ref_columns`` gives a message's: equal exactly when
+    ``_row_ref`` would spell the ``_ref_text`` of the message's (a size is an integer:
+    its column's affinity makes an integral REAL one)."""
+    if artifact_id is None:
+        return None
+    return (namespace, digest, size) if size.__class__ is int else (artifact_id,)
+
+
 def _row_ref(artifact_id: int | None, namespace: str | None, digest: str | None,
              size: int | None) -> str | None:
     if artifact_id is None:
@@ -304,6 +318,26 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
      transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
      text_encoding, text_source, render_id, *connection, protocol, f_id, f_ns, f_digest,
      f_size, o_id, o_ns, o_digest, o_size) = rows[0]
+    # Columns first (most attempts agree), each artifact as its three columns: the texts
+    # and the fields are spelled only for an attempt that differs.
+    if ((attempt_id, run_id, url, sequence, method, elapsed_ms, outcome, status, truncated,
+         content_type, error, capture, transfer_coding, content_coding, content_truncated,
+         text_encoding, text_source, render_id, protocol, started_at,
+         _row_key(m.url, version, key))
+            == (m.attempt_id, m.run_id, m.url, m.sequence, m.method, m.elapsed_ms, m.outcome,
+                m.http_status, int(m.body_truncated), m.content_type, m.error, m.capture,
+                m.transfer_coding, m.content_coding, int(m.content_truncated),
+                m.text_encoding, m.text_encoding_source, m.render_id, m.protocol,
+                format_time(m.started_at), _fetch_key(m.url))
+            and (_columns(q_id, q_ns, q_digest, q_size), _columns(h_id, h_ns, h_digest, h_size),
+                 _columns(b_id, b_ns, b_digest, b_size), _columns(c_id, c_ns, c_digest, c_size),
+                 _columns(s_id, s_ns, s_digest, s_size), _columns(f_id, f_ns, f_digest, f_size),
+                 _columns(o_id, o_ns, o_digest, o_size))
+            == (_ref_columns(m.request_headers), _ref_columns(m.response_headers),
+                _ref_columns(m.body), _ref_columns(m.content), _ref_columns(m.surplus),
+                _ref_columns(m.frames), _ref_columns(m.request_secrets))
+            and _connection_actual(connection) == _connection_expected(m)):
+        return
     expected = {
         "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
         "method": m.method, "started_at": format_time(m.started_at),
