@@ -140,6 +140,34 @@ def test_dump_orders_rows_by_primary_key_not_by_storage_order(
     assert dump_bytes(tmp_path / "b") == dump_bytes(tmp_path / "a")
 
 
+# Any value in any column: SQLite keeps a TEXT in an INTEGER column, a BLOB in a TEXT one.
+_VALUES = (st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.none()
+           | st.text(st.characters(codec="utf-8"), max_size=8) | st.binary(max_size=6)
+           | st.sampled_from(["it's", "a\tb", "\x00", "\u2028", "''", "\x7f"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(*[_VALUES] * 7), max_size=6))
+def test_any_values_in_any_declared_column_dump_as_sql_literal_spells_them(rows) -> None:
+    """The dump spells each column's declared type inline (export._sql_lines); whatever
+    a column holds, each line is the INSERT that sql_literal spells value by value."""
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c BLOB, "
+                 "d REAL, e VARCHAR(9), f, g INTEGER NOT NULL DEFAULT 0)")
+    for i, row in enumerate(rows):
+        conn.execute("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, coalesce(?, 0))", (i, *row))
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Output(Path(scratch))
+        dump(conn, out)
+        out.finish()
+        text = (Path(scratch) / "dump.sql").read_text(encoding="utf-8")
+    stored = conn.execute("SELECT * FROM t ORDER BY id").fetchall()
+    want = "".join("INSERT INTO t VALUES(" + ",".join(sql_literal(v) for v in row) + ");\n"
+                   for row in stored)
+    body = text.split("-- @section table t\n", 1)[1].split("-- @end\n", 1)[0]
+    assert body == want
+
+
 def test_dump_has_no_date_host_or_path_of_the_export(rich: Store, tmp_path: Path) -> None:
     export(rich, tmp_path / "a")
     head = dump_bytes(tmp_path / "a").split(b"-- @section schema")[0].decode()

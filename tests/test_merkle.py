@@ -131,6 +131,24 @@ def test_roots_match_published_vectors(n):
     assert tree.to_bytes() == b"".join(CT_FRONTIERS[n])
 
 
+@pytest.mark.parametrize("n", range(9))
+def test_append_digest_builds_the_published_trees(n):
+    tree = CompactTree()
+    for leaf in CT_LEAVES[:n]:
+        tree.append_digest(leaf)
+    assert (tree.size, tree.root(), list(tree.frontier)) == (n, CT_ROOTS[n], CT_FRONTIERS[n])
+
+
+@given(st.lists(st.binary(min_size=32, max_size=32), max_size=70))
+def test_any_sequence_of_digests_appended_unchecked_makes_the_same_tree(leaves):
+    checked, unchecked = CompactTree(), CompactTree()
+    for leaf in leaves:
+        checked.append(leaf)
+        unchecked.append_digest(leaf)
+        assert (unchecked.size, unchecked.root(), unchecked.to_bytes()) == (
+            checked.size, checked.root(), checked.to_bytes())
+
+
 def test_interior_nodes_match_published_vectors():
     for level in range(1, 4):
         for pos, expected in enumerate(CT_NODES[level]):

@@ -22,6 +22,7 @@ from .conftest import (
     backdate_payload,
     flip_payload_byte,
     lose_payload,
+    payload_place,
     submit_all,
 )
 
@@ -84,6 +85,14 @@ ROW_EDITS = [
      "fetch_attempt", "started_at"),
     ("discovery_edge_no_update", "UPDATE discovery_edge SET edge_kind = 'embed' "
      "WHERE position = 1", "discovery_edge", "edge_kind"),
+    ("discovery_edge_no_update", "UPDATE discovery_edge SET rel = 'nofollow' "
+     "WHERE position = 1", "discovery_edge", "rel"),
+    ("discovery_edge_no_update", "UPDATE discovery_edge SET target_url_id = (SELECT "
+     "min(url_id) FROM url_identity) WHERE target_url_id != (SELECT min(url_id) FROM "
+     "url_identity)", "discovery_edge", "target_fetch_key"),
+    ("discovery_edge_no_update", f"INSERT INTO artifact (namespace, digest, size) VALUES "
+     f"('body', '{'0' * 64}', 1); UPDATE discovery_edge SET source_artifact_id = "
+     "(SELECT max(artifact_id) FROM artifact)", "discovery_edge", "source_artifact"),
     ("rule_evaluation_no_update", "UPDATE rule_evaluation SET verdict = 'fail'",
      "rule_evaluation", "verdict"),
     ("crawl_run_end_once", "UPDATE crawl_run SET outcome = 'failed'", "crawl_run", "outcome"),
@@ -216,6 +225,27 @@ def test_a_flipped_byte_in_an_artifact_is_found_by_full_only(populated_store: St
     assert (corrupt.location.path, corrupt.location.digest) == (
         populated_store.artifacts.location(ref), digest)
     assert f"expected blake3 {digest}" in corrupt.message
+
+
+@pytest.mark.parametrize("artifact_layout", LAYOUTS)
+def test_every_payload_of_a_writable_file_is_named_though_its_mode_is_read_once(
+        populated_store: Store, make: Factory, artifact_layout: str) -> None:
+    """A pack is looked at once for all of its payloads (``writable_each``): each payload
+    in a pack made writable is still a notice of its own, with its own place."""
+    submit_all(populated_store, [make.attempt(f"http://example.com/{i}", body=make.body(
+        f"page {i}".encode())) for i in range(3)])
+    refs = [ArtifactRef(*row) for row in populated_store.connection.execute(
+        "SELECT namespace, digest, size FROM artifact")]
+    path, _ = payload_place(populated_store, refs[0])
+    path.chmod(0o644)
+    held = {ref.digest for ref in refs if payload_place(populated_store, ref)[0] == path}
+    assert len(held) >= (2 if artifact_layout == "packs" else 1)
+    report = verify(populated_store)
+    writable = [f for f in report.findings if f.kind == "artifact_writable"]
+    assert report.ok and {f.location.digest for f in writable} == held
+    assert len(writable) == len(held)
+    assert {f.location.path for f in writable} == {
+        populated_store.artifacts.location(ref) for ref in refs if ref.digest in held}
 
 
 @pytest.mark.parametrize("artifact_layout", LAYOUTS)

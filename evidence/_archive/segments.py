@@ -69,6 +69,7 @@ class _Segments:
         self.number, self.offset, self.held = -1, 0, 0
         self.handle: BinaryIO | None = None
         self.handle_path: Path | None = None
+        self.name = ""  # the open segment's
         self.lines: list[str] = []
         self.files: dict[str, tuple[int, str]] = {}
 
@@ -77,8 +78,10 @@ class _Segments:
         if self.handle is None or (self.offset and self.offset + size > self.limit):
             self._close()
             self.number += 1
-            self.handle_path = self.directory / segment_name(self.number)
-            self.handle = open(self.handle_path, "xb")  # noqa: SIM115 - closed in _close
+            self.name = segment_name(self.number)
+            self.handle_path = self.directory / self.name
+            self.handle = open(  # noqa: SIM115 - closed in _close
+                self.handle_path, "xb", buffering=_CHUNK)
             self.offset = self.held = 0
         return self.handle, self.offset
 
@@ -91,8 +94,8 @@ class _Segments:
 
     def commit(self, ref: ArtifactRef, size: int) -> None:
         assert self.handle is not None
-        self.lines.append(f"{ref.namespace}\t{ref.digest}\t{size}\t"
-                          f"{segment_name(self.number)}\t{self.offset}\n")
+        self.lines.append(f"{ref.namespace}\t{ref.digest}\t{size}\t{self.name}\t"
+                          f"{self.offset}\n")
         self.offset += size
         self.held += 1
 
@@ -144,9 +147,9 @@ def write_payloads(refs: list[ArtifactRef], src: PayloadSource, directory: Path,
     def fetch(ref: ArtifactRef) -> bytes | ArtifactError | None:
         if stop.is_set() or ref.size > PREFETCH_BYTES:
             return None  # streamed by the writer itself
-        def read() -> bytes:
+        def read() -> bytes:  # read whole: it is at most PREFETCH_BYTES
             with from_source(lambda: src.open(ref)) as handle:
-                return b"".join(chunks_of(handle))
+                return from_source(handle.read)
         return reading(src, ref, read, stop)
 
     fetched_in_order = (((ref, fetch(ref)) for ref in ordered) if src.local
@@ -208,11 +211,10 @@ def _stream(src: PayloadSource, ref: ArtifactRef, segments: _Segments,
 def _append(ref: ArtifactRef, got: bytes | tuple[int, str] | ArtifactError,
             segments: _Segments) -> Gap | None:
     """Index a payload read (bytes, or streamed already); a gap for one the store lacks."""
-    subject = f"{ref.namespace}/{ref.digest}"
     if isinstance(got, ArtifactMissingError):
-        return Gap(kind="artifact_missing", subject=subject, detail=str(got))
+        return Gap(kind="artifact_missing", subject=_subject(ref), detail=str(got))
     if isinstance(got, ArtifactError):  # reading() returns no other kind than these two
-        return Gap(kind="artifact_corrupt", subject=subject, detail=str(got))
+        return Gap(kind="artifact_corrupt", subject=_subject(ref), detail=str(got))
     if isinstance(got, bytes):
         size, digest = len(got), blake3.blake3(got).hexdigest()
         if digest == ref.digest:
@@ -223,10 +225,14 @@ def _append(ref: ArtifactRef, got: bytes | tuple[int, str] | ArtifactError,
         if digest != ref.digest:
             segments.undo(segments.offset)
     if digest != ref.digest:
-        return Gap(kind="artifact_corrupt", subject=subject,
+        return Gap(kind="artifact_corrupt", subject=_subject(ref),
                    detail=f"the file hashes to {digest}")
     segments.commit(ref, size)
     return None
+
+
+def _subject(ref: ArtifactRef) -> str:
+    return f"{ref.namespace}/{ref.digest}"
 
 
 # --- reading ----------------------------------------------------------------------------

@@ -61,9 +61,15 @@ def check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_id
         if not page:
             break
         checked = _checked_page(store, page, full)
+        # Read-only is a property of the file that holds a payload: a pack is looked at
+        # once for all of its payloads (``writable_each``), not once per payload.
+        present = [ref for ref, error in checked if ref is not None and error is None]
+        writable = iter(store.artifacts.writable_each(present))
         for (artifact_id, namespace, digest, size), (ref, error) in zip(page, checked,
                                                                         strict=True):
             n, after = n + 1, artifact_id
+            if ref is not None and error is None and not next(writable):
+                continue  # present, read-only: nothing to report, so no path to name
             where = {"table": "artifact", "row_id": artifact_id, "digest": digest}
             try:
                 if ref is not None:
@@ -80,7 +86,7 @@ def check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_id
             except ArtifactError as exc:
                 found.add("artifact_unreadable", str(exc), **where)
                 continue
-            if ref is not None and store.artifacts.is_writable(ref):
+            if ref is not None:  # present, and writable
                 found.add("artifact_writable", f"artifact {where['path']} is writable (the "
                           "store makes every payload read-only)", **where)
     return n

@@ -98,10 +98,14 @@ class WorkingState:
         self.scratch = apsw.Connection("")  # a private temporary database
         apply_migrations(self.scratch, load_migrations()[:schema_version])
         self.scratch.execute("PRAGMA foreign_keys = OFF")  # attempts, artifacts are not here
+        # Nothing survives the scratch database: its rollback journal (each message's
+        # savepoint) need not be a file.
+        self.scratch.execute("PRAGMA journal_mode = MEMORY")
         self.scratch.execute("BEGIN")
         self.interner = Interner()
         self.applier = _ReplayApplier(self.scratch, store_conn, self.interner)
         self.replayed = 0
+        self.keys: dict[str, str] = {}  # URL -> fetch key: a crawl queues the same links again
 
     def apply(self, message: Message, log_index: int) -> str | None:
         """Apply one ledger entry if it changes working state; the reason if it cannot be
@@ -111,7 +115,7 @@ class WorkingState:
         self.replayed += 1
         self.scratch.execute("SAVEPOINT message")
         try:
-            self.applier.apply(message, log_index, fetch_keys(message))
+            self.applier.apply(message, log_index, fetch_keys(message, self.keys))
         except (Rejected, apsw.ConstraintError) as exc:
             self.scratch.execute("ROLLBACK TO message")
             return str(exc)
@@ -120,6 +124,7 @@ class WorkingState:
             self.interner.message_done(keep=True)
             if self.replayed % 10_000 == 0:
                 self.interner.batch_done(committed=True)  # keeps the caches bounded
+                self.keys.clear()
         return None
 
     def compare(self, add) -> None:

@@ -181,6 +181,18 @@ class CompactTree:
         self._size = index + 1
         return index
 
+    def append_digest(self, digest: bytes) -> None:
+        """``append`` of a leaf hash that is a SHA-256 digest just computed (so 32 bytes,
+        immutable): the same tree, without checking it (``check_log``'s loop, once per
+        ledger entry)."""
+        n = self._size
+        self._size = n + 1
+        frontier = self._frontier
+        while n & 1:
+            digest = sha256(_NODE_PREFIX + frontier.pop() + digest).digest()
+            n >>= 1
+        frontier.append(digest)
+
     def extend(self, leaf_hashes: Iterable[bytes]) -> None:
         """Append each leaf hash in order."""
         for h in leaf_hashes:

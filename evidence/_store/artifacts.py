@@ -416,6 +416,10 @@ class ArtifactStore:
         except OSError:
             return False
 
+    def writable_each(self, refs: Sequence[ArtifactRef]) -> list[bool]:
+        """``is_writable`` of each: a file per payload, so a stat per payload."""
+        return [self.is_writable(ref) for ref in refs]
+
     def remove(self, ref: ArtifactRef) -> int | None:
         """Delete the payload's file (reclaim, under the store's write lock); the bytes
         freed, or None if it was gone or not a regular file. Directories stay: removing one

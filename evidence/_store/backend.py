@@ -283,3 +283,7 @@ class ArtifactBackend(Protocol):
         """Whether the stored payload could be changed in place (the store keeps every
         payload read-only; verify reports one that is not)."""
         ...
+
+    def writable_each(self, refs: Sequence[ArtifactRef]) -> list[bool]:
+        """``is_writable`` of each, each file looked at once (packs: one stat per pack)."""
+        ...

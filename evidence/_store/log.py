@@ -174,7 +174,7 @@ def check_log(conn: apsw.Connection, heads: dict[int, Head] | None = None
                 findings.append(LogFinding(
                     "index_gap", f"leaf {tree.size} is missing (next is {index})",
                     log_index=tree.size))
-            computed = leaf_hash(ledger_entry(payload, by))
+            computed = leaf_hash(payload if by is None else ledger_entry(payload, by))
             if computed != stored_leaf:
                 findings.append(LogFinding(
                     "leaf", f"leaf {index}: payload{' and submitter' if by else ''} do"
@@ -189,7 +189,7 @@ def check_log(conn: apsw.Connection, heads: dict[int, Head] | None = None
                     "batch", f"leaf {index} says it was received at {received_at!r}, its "
                     f"batch {seq} was committed at {committed_at!r}", log_index=index,
                     batch_seq=seq))
-            tree.append(computed)
+            tree.append_digest(computed)
             pending = next(leaves, None)
         if tree.size != size or tree.root() != root:
             findings.append(LogFinding(

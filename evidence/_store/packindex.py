@@ -400,13 +400,27 @@ class PackIndex:
 
     def is_writable(self, ref: ArtifactRef) -> bool:
         """Whether the payload's pack has a write bit (every pack is created read-only)."""
+        return self._mode_writable(ref, {})
+
+    def writable_each(self, refs: Sequence[ArtifactRef]) -> list[bool]:
+        """``is_writable`` of each, each pack's mode looked at once: a pack's payloads
+        share its write bit, so one stat answers for all of them."""
+        modes: dict[int, bool] = {}
+        return [self._mode_writable(ref, modes) for ref in refs]
+
+    def _mode_writable(self, ref: ArtifactRef, modes: dict[int, bool]) -> bool:
+        """``is_writable``; ``modes`` holds the answer of each pack already looked at."""
         loc = self._locate(ref)
         if loc is None:
             return self.legacy.is_writable(ref) if self.legacy is not None else False
-        try:
-            return bool(os.stat(self._packs[loc[0]].path).st_mode & 0o222)
-        except (OSError, KeyError):
-            return False
+        writable = modes.get(loc[0])
+        if writable is None:
+            try:
+                writable = bool(os.stat(self._packs[loc[0]].path).st_mode & 0o222)
+            except (OSError, KeyError):
+                writable = False
+            modes[loc[0]] = writable
+        return writable
 
     def location(self, ref: ArtifactRef) -> str:
         """``<pack path>@<record offset>:<namespace>/<digest>``, for findings and errors."""

@@ -12,7 +12,7 @@ object (``_ObjectRemoval``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from .._errors import ArtifactError
 from .._model.refs import DIGEST_RE, NAMESPACE_RE, ArtifactRef
@@ -131,6 +131,9 @@ class S3Reclaim(S3Puts):
         """False: an object is never changed in place (a replacement is a new object,
         which verify's re-hash finds)."""
         return False
+
+    def writable_each(self, refs: Sequence[ArtifactRef]) -> list[bool]:
+        return [False] * len(refs)
 
 
 class _OneRemoval:

@@ -122,3 +122,14 @@ def test_stored_payloads_are_read_only(artifact_kind: ArtifactKind, tmp_path: Pa
     ref = artifacts.put("body", b"evidence is never edited in place")
     assert artifacts.is_writable(ref) is False
     assert str(ref.digest) in artifacts.location(ref)
+
+
+def test_writable_each_answers_as_is_writable_does_for_each_ref(
+        artifact_kind: ArtifactKind, tmp_path: Path) -> None:
+    artifacts = artifact_kind.open(tmp_path)
+    with artifacts.batch():
+        here = [artifacts.put("body", f"payload {i}".encode()) for i in range(3)]
+    refs = [here[0], ArtifactRef("body", "0" * 64, 4), here[1], here[2], here[0]]
+    assert artifacts.writable_each(refs) == [artifacts.is_writable(r) for r in refs] == [
+        False] * len(refs)
+    assert artifacts.writable_each([]) == []
