@@ -11,15 +11,12 @@ parser and its error boundary: the same lines, without 0.7 s of CPU to start a p
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -27,10 +24,9 @@ import apsw
 import pytest
 
 from evidence import RunStarted, SessionStarted, Store, Writer, utc_now
-from evidence._cli.main import main
 from evidence._demo.site import SiteConfig, TestSite
 
-from .conftest import unavailable
+from .conftest import Ran, evidence_in_process, unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]
@@ -153,31 +149,8 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-@dataclass
-class Done:
-    returncode: int
-    stderr: str
-
-
-def in_process(argv: list[str], cwd: Path) -> Done:
-    """``evidence ARGV`` run by its ``main`` in this process, in ``cwd``: the exit status
-    and what it wrote on stderr (an exception it let through fails the test)."""
-    err = io.StringIO()
-    before = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                code = main(argv)
-            except SystemExit as exc:  # argparse's usage errors
-                code = int(exc.code or 0)
-    finally:
-        os.chdir(before)
-    return Done(code, err.getvalue())
-
-
 def export(store: Path, out: Path) -> None:
-    done = in_process(["export", str(store), "--out", str(out)], out.parent)
+    done = evidence_in_process("export", store, "--out", out)
     assert done.returncode == 0, done.stderr
 
 
@@ -194,11 +167,11 @@ def test_a_user_error_says_what_and_what_to_try_and_changes_nothing(
     before = _tree(work)
     time.sleep(0.01)  # a change within the same mtime tick would go unseen
     if command in THROUGH_A_PROCESS:
-        done: Done | subprocess.CompletedProcess[str] = subprocess.run(
+        done: Ran | subprocess.CompletedProcess[str] = subprocess.run(
             [*EVIDENCE, *command.split()], cwd=work, capture_output=True, text=True,
             timeout=60, stdin=subprocess.DEVNULL)
     else:
-        done = in_process(command.split(), work)
+        done = evidence_in_process(*command.split(), cwd=work)
     lines = done.stderr.splitlines()
     errors = [line for line in lines if line.startswith("Error: ")]
     assert done.returncode == 2, done.stderr
@@ -213,7 +186,7 @@ def test_a_user_error_says_what_and_what_to_try_and_changes_nothing(
 def test_an_archive_given_for_a_store_never_suggests_init(work: Path) -> None:
     """(``verify`` takes an archive: it restores a private copy and checks it, issue 32.)"""
     for command in ("status", "init"):
-        done = in_process([command, "archive"], work)
+        done = evidence_in_process(command, "archive", cwd=work)
         assert "evidence init" not in done.stderr, done.stderr
         assert "evidence restore archive --store NEW" in done.stderr
 
