@@ -242,6 +242,7 @@ def evidence_in_process(*args: object, cwd: Path | None = None) -> Ran:
     import contextlib
     import io
     import os
+    import sys
 
     from evidence._cli.main import main
 
@@ -255,6 +256,8 @@ def evidence_in_process(*args: object, cwd: Path | None = None) -> Ran:
                 code = main([str(a) for a in args])
             except SystemExit as exc:  # argparse's usage errors, --help, --version
                 code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                if not isinstance(exc.code, int | None):  # the interpreter prints it
+                    print(exc.code, file=sys.stderr)
     finally:
         os.chdir(before)
     return Ran(code, out.getvalue(), err.getvalue())
