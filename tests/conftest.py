@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -221,6 +222,45 @@ def reference_mth(leaves: list[bytes]) -> bytes:
         k *= 2
     return hashlib.sha256(b"\x01" + reference_mth(leaves[:k])
                           + reference_mth(leaves[k:])).digest()
+
+
+@dataclass
+class Ran:
+    """What ``evidence ARGS`` did: as ``subprocess.CompletedProcess`` names it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def evidence_in_process(*args: object, cwd: Path | None = None) -> Ran:
+    """``evidence ARGS`` run by its ``main`` in this process (its parser and its error
+    boundary, as the command line has them; in ``cwd`` if given): the exit status and what
+    it printed. An exception ``main`` lets through fails the test, as a traceback would.
+    A test that needs the real process (a signal, the interpreter's exit, another user)
+    runs ``python -m evidence``; the others save its start, about 0.7 s of CPU."""
+    import contextlib
+    import io
+    import os
+    import sys
+
+    from evidence._cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    before = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exc:  # argparse's usage errors, --help, --version
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                if not isinstance(exc.code, int | None):  # the interpreter prints it
+                    print(exc.code, file=sys.stderr)
+    finally:
+        os.chdir(before)
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 def need_chromium() -> str:
@@ -473,12 +513,24 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 # of the shares, where they start first, and the short tests fill the rest in their
 # collection order. Every process computes the same order (xdist checks that), from the
 # test count and process count alone, and the shares are cut as xdist's worksteal cuts them.
+#
+# The tests marked ``alone`` (and not ``slow``) go last, at the tail of the last share: an
+# ``alone`` test waits for every test already running to end, and the other processes
+# wait with it at the turnstile. Among the short tests, one could come up while another
+# process is still in its slow head and hold three processes idle for the rest of a test
+# of a minute or more; at the tail (where worksteal's steals keep it: a process takes the
+# back half of another's queue) only short tests are left to wait for.
 
 def long_tests_first(items: list[pytest.Item], processes: int) -> list[pytest.Item]:
     """``items`` reordered so each of ``processes`` worksteal shares starts with its part
-    of the ``slow`` tests."""
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    short = iter([item for item in items if item.get_closest_marker("slow") is None])
+    of the ``slow`` tests, and the ``alone`` ones end the last share."""
+    def marked(item: pytest.Item, name: str) -> bool:
+        return item.get_closest_marker(name) is not None
+
+    slow = [item for item in items if marked(item, "slow")]
+    alone = [item for item in items if marked(item, "alone") and not marked(item, "slow")]
+    short = iter([item for item in items
+                  if not marked(item, "slow") and not marked(item, "alone")])
     ordered: list[pytest.Item] = []
     remaining = len(items)
     for share in range(processes):
@@ -486,7 +538,7 @@ def long_tests_first(items: list[pytest.Item], processes: int) -> list[pytest.It
         remaining -= size
         head = slow[share::processes]
         ordered += head + list(itertools.islice(short, max(0, size - len(head))))
-    ordered += list(short)
+    ordered += list(short) + alone  # short ones left (if heads overfilled a share), then these
     assert len(ordered) == len(items)
     return ordered
 

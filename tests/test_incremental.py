@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -16,6 +14,7 @@ from evidence._audit.verify import verify
 from evidence._crawl.incremental import diff_sessions, parse_frequency
 from evidence._demo.site import SiteConfig, TestSite
 
+from .conftest import evidence_in_process
 from .rawserver import RawServer, Reply
 from .test_crawl import path_of
 
@@ -145,17 +144,15 @@ def test_diff_command_reports_counts_and_urls(tmp_path: Path) -> None:
         a = crawl(store, CrawlConfig(seeds=[site.url]))
         site.set_version(2)
         b = crawl(store, CrawlConfig(seeds=[site.url]))
-    done = subprocess.run([sys.executable, "-m", "evidence", "diff", str(store), "--session",
-                           a.session_id, "--session", b.session_id, "--json"],
-                          capture_output=True, text=True, timeout=60)
+    done = evidence_in_process("diff", store, "--session", a.session_id, "--session",
+                               b.session_id, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["counts"]["added"] == 1 and report["counts"]["orphaned"] == 1
     assert report["counts"]["changed"] == len(report["changed"]) > 0
-    text = subprocess.run([sys.executable, "-m", "evidence", "diff", str(store), "--session",
-                           a.session_id, "--session", b.session_id],
-                          capture_output=True, text=True, timeout=60)
-    assert "orphaned 1" in text.stdout
+    text = evidence_in_process("diff", store, "--session", a.session_id, "--session",
+                               b.session_id)
+    assert text.returncode == 0 and "orphaned 1" in text.stdout
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("daily", 86400), ("12h", 43200),

@@ -18,6 +18,8 @@ import pytest
 from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.logs import CONTEXT_KEYS, EVENTS, add_log_context, log_context
 
+from .conftest import evidence_in_process
+
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]
 ORDER = ["time", "level", "logger", "event", "message", "pid", *CONTEXT_KEYS, "data", "error"]
@@ -99,8 +101,7 @@ def test_log_level_warning_hides_info_lines_and_keeps_warnings(tmp_path: Path) -
 def test_a_bad_log_option_is_a_usage_error_that_creates_nothing(
         tmp_path: Path, argv: list[str]) -> None:
     store = tmp_path / "s"
-    done = subprocess.run([*EVIDENCE, *(a.format(store=store) for a in argv)],
-                          capture_output=True, text=True, timeout=60)
+    done = evidence_in_process(*(a.format(store=store) for a in argv))
     assert done.returncode == 2
     assert done.stderr.startswith("Error: argument --log-"), done.stderr
     assert "invalid choice" in done.stderr and "\nTry: evidence" in done.stderr

@@ -28,6 +28,7 @@ from evidence import CrawlConfig, Crawler, CrawlOptions, Store, __version__
 from evidence._cli.main import build_parser
 from evidence._demo.site import SiteConfig, TestSite
 
+from .conftest import evidence_in_process
 from .test_crawl import frontier_states
 
 EVIDENCE = [sys.executable, "-m", "evidence"]
@@ -148,26 +149,21 @@ def test_leftovers_of_a_killed_build_are_named_by_verify_and_removed_by_the_next
     assert live.stdout is not None and live.stdout.readline() == "building\n"
     try:
         (tmp_path / "store").rename(tmp_path / "new-store")
-        shown = subprocess.run([*EVIDENCE, "verify", str(tmp_path / "new-store")],
-                               capture_output=True, text=True, timeout=60)
+        shown = evidence_in_process("verify", tmp_path / "new-store")
         (tmp_path / "new-store").rename(tmp_path / "new")  # verify sees siblings of STORE
-        shown = subprocess.run([*EVIDENCE, "verify", str(tmp_path / "new")],
-                               capture_output=True, text=True, timeout=60)
+        shown = evidence_in_process("verify", tmp_path / "new")
         assert f"note     {leftover}: a partial restore or backup left by a killed process" \
             in shown.stdout, shown.stdout
         assert stale_builds(tmp_path / "archive") == []
-        exported = subprocess.run([*EVIDENCE, "export", str(tmp_path / "new"), "--out",
-                                   str(tmp_path / "other")], capture_output=True, text=True,
-                                  timeout=60)
+        exported = evidence_in_process("export", tmp_path / "new", "--out",
+                                       tmp_path / "other")
         assert exported.returncode == 0, exported.stderr
         assert len(list(tmp_path.glob(".archive.exporting-*"))) == 1, "the live one stays"
     finally:
         live.communicate("", timeout=30)
     # The next restore to the same place removes the leftover, and says so.
     (tmp_path / "new").rename(tmp_path / "kept")
-    restored = subprocess.run([*EVIDENCE, "restore", str(tmp_path / "other"), "--store",
-                               str(tmp_path / "new")], capture_output=True, text=True,
-                              timeout=60)
+    restored = evidence_in_process("restore", tmp_path / "other", "--store", tmp_path / "new")
     assert restored.returncode == 0, restored.stderr
     assert f"removing {leftover}: a partial build left by a killed" in restored.stderr
     assert not leftover.exists() and stale_builds(tmp_path / "new") == []

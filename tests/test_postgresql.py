@@ -312,11 +312,9 @@ def test_a_libpq_keyword_string_with_a_unix_socket_host_names_a_store(
 
 def test_cli_init_without_artifacts_is_a_user_error_that_changes_nothing(
         pg_url: str, pg_cluster) -> None:
-    import subprocess
-    import sys
+    from .conftest import evidence_in_process
 
-    result = subprocess.run([sys.executable, "-m", "evidence", "init", pg_url],
-                            capture_output=True, text=True, timeout=60)
+    result = evidence_in_process("init", pg_url)
     assert result.returncode == 2
     assert result.stderr.startswith("Error: ") and "\nTry: give one: --artifacts DIR" in \
         result.stderr and "Traceback" not in result.stderr
@@ -324,8 +322,7 @@ def test_cli_init_without_artifacts_is_a_user_error_that_changes_nothing(
     assert pg_cluster.sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
                           dbname=dbname).strip() == "0"
     unreachable = pg_url.replace(f"port={pg_cluster.port}", "port=1")
-    result = subprocess.run([sys.executable, "-m", "evidence", "status", unreachable],
-                            capture_output=True, text=True, timeout=60)
+    result = evidence_in_process("status", unreachable)
     assert result.returncode == 2 and "cannot connect to PostgreSQL" in result.stderr
     assert "Try: check the connection string" in result.stderr
 

@@ -21,7 +21,7 @@ from evidence._model.refs import ArtifactRef
 from evidence._store.s3 import S3ArtifactStore
 from evidence.testing.seaweed import SeaweedS3
 
-from .conftest import Factory, new_s3_url, submit_all
+from .conftest import Factory, evidence_in_process, new_s3_url, submit_all
 from .test_crawl import assert_links_recorded, crawl, done_pages
 
 
@@ -62,14 +62,13 @@ def test_verify_reports_a_missing_and_a_corrupted_object_like_a_file(
         tmp_path: Path, seaweed: SeaweedS3, s3_env: dict[str, str]) -> None:
     store_path = tmp_path / "s"
     with TestSite(SiteConfig(pages=6)) as site:
-        created = _evidence("init", str(store_path), "--artifacts", new_s3_url(seaweed),
-                            env=s3_env)
+        created = evidence_in_process("init", store_path, "--artifacts", new_s3_url(seaweed))
         assert created.returncode == 0, created.stderr
         assert "payloads at s3://" in created.stdout
         ran = _evidence("crawl", site.url, "--store", str(store_path), "--workers", "2",
                         env=s3_env)
         assert ran.returncode == 0, ran.stderr
-    ok = _evidence("verify", str(store_path), "--full", "--json", env=s3_env)
+    ok = evidence_in_process("verify", store_path, "--full", "--json")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     with Store.open(store_path, read_only=True) as store:
         s3 = store.artifacts
@@ -78,8 +77,8 @@ def test_verify_reports_a_missing_and_a_corrupted_object_like_a_file(
         _damage_segment_byte(s3, bad)  # the same size, other bytes: only a re-hash finds it
         s3.refresh()
         s3.remove(gone)  # its segment rewritten without it (as reclaim does)
-    quick = _evidence("verify", str(store_path), "--json", env=s3_env)
-    full = _evidence("verify", str(store_path), "--full", "--json", env=s3_env)
+    quick = evidence_in_process("verify", store_path, "--json")
+    full = evidence_in_process("verify", store_path, "--full", "--json")
     assert quick.returncode == 1 and full.returncode == 1
     kinds = {f["kind"]: f for f in json.loads(full.stdout)["findings"]}
     missing, corrupt = (json.dumps(kinds[k]) for k in ("artifact_missing", "artifact_corrupt"))
@@ -163,20 +162,19 @@ def test_worker_processes_put_into_the_bucket_with_their_own_credentials(
 @pytest.mark.parametrize("case", ["local store", "other prefix", "no credentials",
                                   "bad url", "not s3"])
 def test_artifact_locations_that_cannot_be_right_are_refused_and_change_nothing(
-        tmp_path: Path, seaweed: SeaweedS3, s3_env: dict[str, str], case: str) -> None:
+        tmp_path: Path, seaweed: SeaweedS3, s3_env: dict[str, str], case: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     store_path = tmp_path / "s"
-    env = dict(s3_env)
     if case == "local store":  # its payloads are in its artifacts/: a URL would hide them
         with Store.create(store_path) as store:  # not new: one committed batch
             submit_all(store, [Factory(store).session()])
         args = ["init", str(store_path), "--artifacts", new_s3_url(seaweed)]
     elif case == "other prefix":
-        first = _evidence("init", str(store_path), "--artifacts", new_s3_url(seaweed),
-                          env=env)
+        first = evidence_in_process("init", store_path, "--artifacts", new_s3_url(seaweed))
         assert first.returncode == 0, first.stderr
         args = ["init", str(store_path), "--artifacts", new_s3_url(seaweed)]
     elif case == "no credentials":
-        env.pop("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         args = ["init", str(store_path), "--artifacts", new_s3_url(seaweed)]
     elif case == "bad url":
         args = ["init", str(store_path), "--artifacts", "s3://No_Such Bucket/x"]
@@ -184,7 +182,7 @@ def test_artifact_locations_that_cannot_be_right_are_refused_and_change_nothing(
         args = ["init", str(store_path), "--artifacts", str(tmp_path / "elsewhere")]
     before = sorted(p for p in tmp_path.rglob("*"))
     meta_before = _meta(store_path)
-    result = _evidence(*args, env=env)
+    result = evidence_in_process(*args)
     assert result.returncode == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("Error: ") and lines[1].startswith("Try: "), result.stderr

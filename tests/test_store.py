@@ -14,7 +14,12 @@ from evidence import (
     Store,
     StoreError,
 )
-from evidence._store.sqlite import apply_migrations, check_sqlite_version, load_migrations
+from evidence._store.sqlite import (
+    apply_migrations,
+    check_sqlite_version,
+    copy_migrated,
+    load_migrations,
+)
 
 
 @pytest.mark.parametrize("version", ["3.51.2", "3.50.6", "3.44.5", "3.45.0", "3.49.9",
@@ -101,6 +106,31 @@ def test_a_new_migration_applies_in_its_own_transaction(store: Store) -> None:
         apply_migrations(store.connection, [*migrations, extra, broken])
     tables = {r[0] for r in store.connection.execute("SELECT name FROM sqlite_schema")}
     assert "extra" in tables and "half" not in tables, "a failed migration leaves nothing"
+
+
+def _migrated(conn: apsw.Connection) -> tuple[list, list, int]:
+    schema = sorted(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))
+    applied = list(conn.execute("SELECT version, name, checksum FROM schema_migration"))
+    return schema, applied, conn.execute("PRAGMA user_version").fetchall()[0][0]
+
+
+def test_a_copy_of_migrated_databases_is_what_the_migrations_make() -> None:
+    """Verify's reference and scratch databases are copies of one migrated earlier in the
+    process (copy_migrated): each list of migrations, a prefix or an edited one, in any
+    order, must give what applying that list gives, in memory and in a temporary file."""
+    migrations = load_migrations()
+    version, name, _checksum, sql = migrations[-1]
+    edited = (version, name, "e" * 64, sql + "\nCREATE TABLE edited (x INTEGER) STRICT;")
+    for chosen in (migrations, migrations[:3], [*migrations[:-1], edited], migrations[:3],
+                   migrations):
+        applied = apsw.Connection(":memory:")
+        apply_migrations(applied, chosen)
+        for filename in (":memory:", ""):
+            copied = apsw.Connection(filename)
+            copy_migrated(copied, chosen)
+            assert _migrated(copied) == _migrated(applied)
+            copied.execute("INSERT INTO schema_migration VALUES (999, 'x', 'y', 'z')")
+            copied.close()  # a copy is the caller's own: writing it leaves the next alone
 
 
 EVIDENCE_TABLES = ["url_identity", "artifact", "ingest_ledger", "commit_log", "fetch_attempt",

@@ -36,7 +36,7 @@ from .._store.fsync import fsync_file
 from .._store.location import database_kind, is_server_database, label, redact
 from .._store.log import check_log, load_head
 from .._store.packs import open_artifact_store
-from .._store.sqlite import apply_migrations, load_migrations, map_sqlite_errors
+from .._store.sqlite import copy_migrated, load_migrations, map_sqlite_errors
 from .carried import keep, restore_problems
 from .export import (
     FileEntry,
@@ -258,7 +258,7 @@ def _mismatches(conn: apsw.Connection, manifest: Manifest, migrations: list,
                             f"{manifest.log.tree_size}, root {manifest.log.root[:16]})")
     reference = apsw.Connection(":memory:")
     try:
-        apply_migrations(reference, migrations[:manifest.schema_version])
+        copy_migrated(reference, migrations[:manifest.schema_version])
         if schema_sql(reference, tables(reference)) != schema_sql(conn, tables(conn)):
             problems.append(f"the schema is not what migrations 001-"
                             f"{manifest.schema_version:03d} create")

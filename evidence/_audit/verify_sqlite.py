@@ -10,7 +10,7 @@ import re
 
 import apsw
 
-from .._store.sqlite import apply_migrations, load_migrations
+from .._store.sqlite import copy_migrated, load_migrations
 from .verify_findings import Findings
 
 __all__ = ["check_foreign_keys", "check_schema", "check_sqlite"]
@@ -21,7 +21,7 @@ def check_schema(conn: apsw.Connection, found: Findings, version: int) -> int:
     create them, and no other."""
     fresh = apsw.Connection(":memory:")
     try:
-        apply_migrations(fresh, load_migrations()[:version])
+        copy_migrated(fresh, load_migrations()[:version])
         want = _schema(fresh)
     finally:
         fresh.close()

@@ -30,7 +30,7 @@ from .._model.messages import (
     SessionStarted,
 )
 from .._model.urls import NORMALIZER_VERSION
-from .._store.sqlite import SQLITE, apply_migrations, load_migrations
+from .._store.sqlite import SQLITE, copy_migrated, load_migrations
 from .._write.apply import Applier, Interner, Rejected, fetch_keys
 
 __all__ = ["WorkingState"]
@@ -96,7 +96,7 @@ class WorkingState:
     def __init__(self, store_conn: apsw.Connection, schema_version: int) -> None:
         self.store_conn = store_conn
         self.scratch = apsw.Connection("")  # a private temporary database
-        apply_migrations(self.scratch, load_migrations()[:schema_version])
+        copy_migrated(self.scratch, load_migrations()[:schema_version])
         self.scratch.execute("PRAGMA foreign_keys = OFF")  # attempts, artifacts are not here
         # Nothing survives the scratch database: its rollback journal (each message's
         # savepoint) need not be a file.

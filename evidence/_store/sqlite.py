@@ -41,7 +41,7 @@ from .backend import Dialect, Progress
 from .resync import describe, is_sync_failure
 
 __all__ = ["DB_NAME", "SQLITE", "SQLiteBackend", "apply_migrations", "check_sqlite_version",
-           "copy_snapshot", "load_migrations", "map_sqlite_errors"]
+           "copy_migrated", "copy_snapshot", "load_migrations", "map_sqlite_errors"]
 
 SQLITE = Dialect(name="sqlite", begin_write="BEGIN IMMEDIATE", begin_read="BEGIN")
 
@@ -325,6 +325,41 @@ def apply_migrations(conn: apsw.Connection, migrations: list[tuple[int, str, str
                 conn.execute("ROLLBACK")
             raise
     return newest_known
+
+
+# Each list of migrations (by checksum) applied once per process to a database in memory,
+# kept as the bytes of its file: what ``copy_migrated`` copies.
+_migrated_images: dict[tuple[str, ...], bytes] = {}
+
+
+def copy_migrated(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> None:
+    """Make ``conn``'s empty main database what ``apply_migrations`` makes of it (the same
+    schema, the same ``schema_migration`` rows and user_version), by copying a database the
+    same migrations made earlier in this process.
+
+    For the databases that are only a reference or a scratch space (verify compares a
+    store's schema with one and replays its frontier into another): applying fifteen
+    migrations costs about 35 ms of CPU, copying their result about 1.5 ms (measured
+    with apsw 3.54 on the development machine), and a verify needed it twice. A store's
+    own database is always migrated in place (``SQLiteBackend.migrate``).
+    """
+    key = tuple(checksum for _version, _name, checksum, _sql in migrations)
+    image = _migrated_images.get(key)
+    if image is None:
+        fresh = apsw.Connection(":memory:")
+        try:
+            apply_migrations(fresh, migrations)
+            image = fresh.serialize("main")
+        finally:
+            fresh.close()
+        _migrated_images[key] = image
+    source = apsw.Connection(":memory:")
+    try:
+        source.deserialize("main", image)
+        with conn.backup("main", source, "main") as copy:
+            copy.step(-1)
+    finally:
+        source.close()
 
 
 def applied_version(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> int:
