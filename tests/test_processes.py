@@ -11,9 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import pytest
 from evidence import CrawlConfig, Store, check_log, decode_message
 from evidence._demo.site import SiteConfig, TestSite
 
-from .heldsite import HeldSite
+from .heldsite import HOLD_LIMIT, HeldSite
 from .test_crawl import (
     _crawl_process,
     _stderr,
@@ -152,11 +153,15 @@ def _in_flight(store: Path) -> int:
 
 def _a_request_can_follow(store: Path, site: TestSite) -> bool:
     """Whether, with every commit held, the one fetch slot has a URL to request: one the
-    store shows claimed (in flight) that the site has not been asked for."""
+    store shows claimed (in flight) that the site has not been asked for, and that
+    robots.txt allows. A URL robots.txt refuses is claimed like any other, then settled
+    without a request: with only such a URL claimed, nothing can be requested until a
+    commit claims the next one (the slot itself is free: the refusal gives it back before
+    it commits)."""
     with Store.open(store, read_only=True) as s:
         in_flight = {"/" + url.split("/", 3)[3] for (url,) in s.connection.execute(
             "SELECT url FROM frontier WHERE state = 'in_flight'").fetchall()}
-    return bool(in_flight - {r.path for r in site.requests})
+    return bool(in_flight - {r.path for r in site.requests} - site.disallowed_paths())
 
 
 def _crawl_holding_the_write_lock(
@@ -201,8 +206,9 @@ def _hold_the_lock(store: Path, site: TestSite, proc: subprocess.Popen,
         lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit: wait for it
         lock.execute("BEGIN IMMEDIATE")  # every commit of the crawl waits from here
         # ``free_url``: the lock must catch a URL claimed and not yet requested (the claim
-        # committed): with none, no request can follow whatever the crawl does, so a loaded
-        # machine that moved on between the wait above and the lock tries again.
+        # committed) that robots.txt allows: with none, no request can follow whatever the
+        # crawl does, so a loaded machine that moved on between the wait above and the
+        # lock, or a lock that caught /private/a claimed, tries again.
         for _ in range(50):
             if not free_url or _a_request_can_follow(store, site):
                 break
@@ -231,7 +237,10 @@ def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
     """A page committing in a worker process no longer holds its fetch slot, and the slot's
     next URL is claimed while it fetches: with every commit held up (the test holds the
     database's write lock), the next pages are still requested, one at a time. Before,
-    a worker's slot stayed taken until its page had committed: nothing was requested."""
+    a worker's slot stayed taken until its page had committed: nothing was requested.
+    The lock is taken only where a request can follow (``_a_request_can_follow``: not
+    where the one URL claimed is one robots.txt refuses); a refused page behind which a
+    URL waits gives its slot back before it commits (the test below)."""
     store = tmp_path / "s"
 
     def hold(proc: subprocess.Popen, requested: Callable[[], int]) -> None:
@@ -244,7 +253,8 @@ def test_a_worker_process_requests_its_next_page_while_the_last_one_commits(
     held, counts, reachable = _crawl_holding_the_write_lock(
         store, hold, "--processes", "1", free_url=True)
     assert 1 <= len(held) <= 3, f"requested while no page could commit: {held}"
-    assert all(r.status == 200 for r in held), "each answered while the commits waited"
+    # Answered, whatever the answer: a redirect (/moved) or a 404 (/missing/a) may be next.
+    assert all(r.status is not None for r in held), "each answered while the commits waited"
     assert set(done_pages(store)) == reachable
     assert all(counts[p] == 1 for p in reachable), "no page requested twice"
 
@@ -272,6 +282,115 @@ def test_one_process_goes_on_while_its_writer_waits_for_the_write_lock(
     assert len(held) <= 2 + 1, f"requested while no page could commit: {held}"
     assert set(done_pages(store)) == reachable
     assert all(counts[p] == 1 for p in reachable), "no page requested twice"
+
+
+class _GatedSite(TestSite):
+    """A ``TestSite`` that holds each request for one of ``gated`` until ``open(path)``
+    (or ``HOLD_LIMIT`` seconds, so a failing test never hangs)."""
+
+    __test__ = False
+
+    def __init__(self, config: SiteConfig, gated: Iterable[str]) -> None:
+        super().__init__(config)
+        self._gates = {path: threading.Event() for path in gated}
+
+    def open(self, path: str) -> None:
+        self._gates[path].set()
+
+    def stop(self) -> None:
+        for gate in self._gates.values():
+            gate.set()
+        super().stop()
+
+    def _respond(self, method: str, path: str, headers: Mapping[str, str]):  # type: ignore[no-untyped-def]
+        gate = self._gates.get(path)
+        if gate is not None:
+            gate.wait(HOLD_LIMIT)
+        return super()._respond(method, path, headers)
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+def test_a_page_robots_txt_refuses_gives_its_fetch_slot_back_before_it_commits(
+        tmp_path: Path, processes: int) -> None:
+    """A page settled without a request (robots.txt refuses it) no longer holds its
+    host's fetch slot while its settlement commits: the URL claimed behind it is
+    requested although every commit waits (the test holds the database's write lock).
+    Before, the refusal kept the slot until it had committed, and the claimed URL behind
+    it waited for as long as the lock was held: the state in which
+    ``test_a_worker_process_requests_its_next_page_while_the_last_one_commits`` now and
+    then saw no request at all.
+
+    Every step waits on state: two fetch slots on one host, both held by a request the
+    site holds (/p/1, /p/2), the refused URL (/private/a) and the next one (/p/3) claimed
+    behind them, in that order (a freed slot goes to the first that waits). The lock is
+    taken, /p/1 is answered: its slot goes to /private/a, refused, whose settlement
+    waits for the lock; /p/3 must still be requested while the lock is held."""
+    import anyio
+    import apsw
+
+    from evidence import Crawler, CrawlOptions
+
+    store_path = tmp_path / "s"
+    with _GatedSite(SiteConfig(pages=4), gated=["/p/1", "/p/2"]) as site:
+        config = CrawlConfig(seeds=[site.url + p for p in ("p/1", "p/2", "private/a", "p/3")],
+                             max_depth=0)
+
+        def requested() -> set[str]:
+            return {r.path for r in site.requests}
+
+        async def until(check: Callable[[], bool], timeout: float = 60.0) -> None:
+            with anyio.fail_after(timeout):
+                while not check():
+                    await anyio.sleep(0.01)
+
+        def claimed() -> set[str]:
+            with Store.open(store_path, read_only=True) as s:
+                return {path_of(u) for (u,) in s.connection.execute(
+                    "SELECT url FROM frontier WHERE state = 'in_flight'")}
+
+        async def hold_the_lock() -> set[str]:
+            await until(lambda: requested() >= {"/p/1", "/p/2"})
+            assert claimed() == {"/p/1", "/p/2", "/private/a", "/p/3"}
+            lock = apsw.Connection(str(store_path / "evidence.db"))
+            try:
+                lock.set_busy_timeout(10_000)  # the crawl's writer may be mid-commit
+                await anyio.to_thread.run_sync(lock.execute, "BEGIN IMMEDIATE")
+                site.open("/p/1")
+                try:  # well inside the crawl's own patience with the lock (6 x 60 s)
+                    await until(lambda: "/p/3" in requested(), 30.0)
+                except TimeoutError:
+                    raise AssertionError("/p/3 was not requested while the lock was held: "
+                                         "the refused page kept the fetch slot") from None
+                held = requested()
+                lock.execute("COMMIT")
+            finally:
+                lock.close()
+                site.open("/p/2")
+            return held
+
+        async def main() -> tuple[object, set[str]]:
+            with Store.create(store_path, busy_timeout_ms=60_000) as store:
+                # The held /p/2 must not time out meanwhile (its slot would free): a
+                # read may wait longer than this test waits for /p/3.
+                crawler = Crawler(store, config, CrawlOptions(
+                    workers=2, processes=processes, timeout=HOLD_LIMIT, deadline=HOLD_LIMIT))
+                outcome: list[object] = []
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_into, outcome, crawler.run())
+                    held = await hold_the_lock()
+                return outcome[0], held
+
+        result, held = anyio.run(main)
+        counts = site.request_counts()
+    assert held == {"/robots.txt", "/p/1", "/p/2", "/p/3"}
+    assert result.outcome == "completed", result.reason  # type: ignore[attr-defined]
+    assert set(done_pages(store_path)) == {"/p/1", "/p/2", "/p/3"}
+    assert counts["/private/a"] == 0
+    assert frontier_states(store_path)["/private/a"][0] == "skipped"
+
+
+async def _into(out: list[object], work: Awaitable[object]) -> None:
+    out.append(await work)
 
 
 @pytest.mark.slow

@@ -31,7 +31,9 @@ class _Task:
     """A worker task's page, as the engine's ``_work`` moves it along."""
 
     slot: Slot
-    phase: str = "new"  # new -> fetching (holds its host slot) -> committing -> done
+    # new -> fetching (holds its host slot) -> committing -> done, or fetching ->
+    # unrequested (settled without a request: its slot given back) -> done
+    phase: str = "new"
 
 
 class _Run:
@@ -82,16 +84,19 @@ class _Run:
                 await slots.take(task.slot)
                 task.phase = "fetching"
         elif task.phase == "fetching":
-            if choice == 0:  # robots.txt refused it: settled with no request
-                scheduler.unrequested()
+            if choice == 0:  # robots.txt refused it: settled with no request, which
+                scheduler.unrequested()  # commits while its slot serves the next one
                 self.counted -= 1
-                self.finish(task)
+                slots.unrequested(task.slot)
+                task.phase = "unrequested"
             elif choice == 1:  # a retry (robots.txt unavailable), or a render's page
                 scheduler.retry(task.slot.job, 0.0)
                 self.finish(task)
             else:  # the request is over: the page is parsed and commits
                 slots.committing(task.slot)
                 task.phase = "committing"
+        elif task.phase == "unrequested":
+            self.finish(task)  # committed, or cancelled mid-commit
         elif task.phase == "committing":
             if choice in (0, 1) and task.slot.next is None and not self.in_workers \
                     and not self.stopped:  # its worker's next URL rides its commit
@@ -124,6 +129,9 @@ class _Run:
         assert self.slots.requests <= 2 * s.workers
         assert s.ahead + s.working <= self.tasks
         assert s.claimed <= 2 * self.tasks
+        if self.in_workers:  # claimed and never requested: at most two per fetch slot
+            assert s.ahead + sum(t.phase in ("new", "unrequested")
+                                 for t in self.working) <= 2 * s.workers
         if s.cap is not None:
             assert s.documents <= s.cap
 

@@ -539,18 +539,21 @@ class Crawler:
             reason = self._baseline.not_due(job.url, doc, hint, utc_now(), job.key)
             if reason is not None:
                 self._scheduler.unrequested()  # never requested
+                self._slots.unrequested(slot)
                 self._apply(job, await self._record(self._pages.not_due(
                     self._order(job), reason, self._baseline_found(doc))))
                 return
         if self.config.obey_robots:
             robots = await self._hostrules.for_url(job.url, host)
             if robots is None:  # robots.txt unavailable: the host is in backoff
+                self._slots.unrequested(slot)
                 self._apply(job, await self._record(self._pages.retry(
                     self._order(job), [], self._hostrules.unavailable(host),
                     backoff=robots_backoff(self._hostrules.failures[host]))))
                 return
             if not robots.allowed(job.url, self.config.user_agent):
                 self._scheduler.unrequested()  # never requested
+                self._slots.unrequested(slot)
                 self._apply(job, await self._record(self._pages.refused_by_robots(
                     self._order(job), robots.refusal(self.config.user_agent))))
                 return

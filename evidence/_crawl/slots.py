@@ -4,7 +4,9 @@ A worker task takes a slot on the page's host before its request (at most ``--pe
 requests in flight on one host), waits for the host's next request start (``--delay``,
 robots.txt ``Crawl-delay``, a backoff: exact spacing, reserved before sleeping), and gives
 the slot back once the request is over: when the page starts to commit (it is parsed and
-committed while the slot serves the next request) or when its worker task is done with it.
+committed while the slot serves the next request), when it is settled without a request
+(robots.txt refuses it: its settlement commits while the slot serves the next request,
+``unrequested``), or when its worker task is done with it.
 
 The relation ``check`` asserts at every change, beside the scheduler's
 (``_crawl.scheduler``): a request in flight is a page a worker task holds whose request
@@ -87,6 +89,16 @@ class FetchSlots:
         self.give_back(slot)
         slot.settling = True
         self.scheduler.committing(slot.job)
+
+    def unrequested(self, slot: Slot) -> None:
+        """The page is settled without a request (robots.txt refuses it or cannot be had,
+        an incremental crawl finds it not due): its slot on the host serves the next
+        request while the settlement commits. Held until then, a URL the scheduler claimed
+        for that slot waited for a commit that the page's own request never needed (with
+        the write lock held elsewhere, for as long as it was held). Unlike ``committing``,
+        the page still counts among the scheduler's fetches until it is finished: no
+        request was over, so no more URLs are claimed ahead than before."""
+        self.give_back(slot)
 
     def finish(self, slot: Slot) -> Job | None:
         """The worker task is done with the page; the job it goes on with, if one rode
