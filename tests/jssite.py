@@ -9,6 +9,7 @@
     /style.css    chunked, gzip content coding
     /data.json    JSON
     /hang         a page whose script loops forever once loaded (a hung renderer)
+    /locked       a page with two images that answer 401 with a challenge (Basic, Digest)
     /slowpage     a page with an image, /slow.png, that is answered only once the test
                   calls ``release()`` (``wait_for("/slow.png")`` says it was asked for)
 
@@ -68,6 +69,10 @@ PAGE = f"""<!doctype html><html><head><meta charset="utf-8"><title>Scripted page
 SLOWPAGE = b"""<!doctype html><title>Slow</title><img src="/slow.png">
 <a href="/">home</a>"""
 HIDDEN = b"<!doctype html><title>Hidden</title><p>only a browser finds me</p>"
+LOCKED = b"""<!doctype html><title>Locked</title><img src="/basic.png"><img src="/digest.png">
+<p>two locked images</p>"""
+CHALLENGES = {"/basic.png": 'Basic realm="images"',
+              "/digest.png": 'Digest realm="images", nonce="n0", qop="auth", algorithm=MD5'}
 HANG = b"""<!doctype html><title>Hang</title><script>
 window.addEventListener('load', () => { while (true) {} });
 </script><p>hangs</p>"""
@@ -103,11 +108,18 @@ class JsSite:
                           "/page": (PAGE, "text/html; charset=utf-8"),
                           "/hidden": (HIDDEN, "text/html; charset=utf-8"),
                           "/hang": (HANG, "text/html; charset=utf-8"),
+                          "/locked": (LOCKED, "text/html; charset=utf-8"),
                           "/slowpage": (SLOWPAGE, "text/html; charset=utf-8"),
                           "/logo.png": (LOGO, "image/png"),
                           "/data.json": (DATA, "application/json")}
                 if path == "/style.css":
                     return self._chunked_gzip(STYLE, "text/css")
+                if path in CHALLENGES:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", CHALLENGES[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
                 if path not in routes:
                     return self._send(404, b"not found", "text/plain")
                 body, kind = routes[path]

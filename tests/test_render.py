@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from evidence import CrawlConfig, Crawler, CrawlOptions, Store, verify
 from evidence._crawl.render import RENDER_SEQUENCE, Renderer, RenderOptions, SourceCapture
 from evidence._model.messages import Render
+from evidence._model.refs import ArtifactRef
 
 from .conftest import Factory, png_pixels, submit_all
-from .jssite import BANNER, LOGO, STYLE, JsSite
+from .jssite import BANNER, CHALLENGES, LOGO, STYLE, JsSite
 from .testca import make_authority
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,6 +221,31 @@ def test_a_hung_page_is_a_timeout_attempt_retried_within_max_attempts(
     assert state[0][1].startswith("render timeout: no result within 3 s")
     assert state[0][1].endswith("on attempt 2 of 2: attempts exhausted")
     assert hits["/hang"] == 1, "the capture is rendered again, never fetched again"
+
+
+def test_a_page_whose_images_answer_with_a_challenge_renders(tmp_path: Path,
+                                                              chromium: str) -> None:
+    """Images that answer 401 with a Basic or a Digest challenge are recorded as they were
+    answered, challenge included, and the page renders. Before, the browser waited for a
+    password nobody would type: the page never loaded, and every render of it ran into its
+    timeout."""
+    with JsSite() as site:
+        crawl(tmp_path / "s", site.url + "locked", render=True, max_attempts=1,
+              render_options=RenderOptions(timeout=60.0))
+    renders = rows(tmp_path / "s", "SELECT outcome, error FROM render")
+    assert renders == [("rendered", None)], renders
+    with Store.open(tmp_path / "s") as store:
+        images = store.connection.execute(
+            "SELECT f.url, f.http_status, a.namespace, a.digest, a.size FROM fetch_attempt f "
+            "JOIN artifact a ON a.artifact_id = f.response_headers_id "
+            "WHERE f.render_seq IS NOT NULL AND f.url LIKE '%.png' ORDER BY f.url").fetchall()
+        heads = {url.rsplit("/", 1)[1]: (status, store.artifacts.read(
+            ArtifactRef(ns, digest, size), verify=True))
+            for url, status, ns, digest, size in images}
+    assert set(heads) == {"basic.png", "digest.png"}
+    for name, (status, head) in heads.items():
+        assert status == 401
+        assert f"WWW-Authenticate: {CHALLENGES['/' + name]}".encode() in head
 
 
 @pytest.mark.slow

@@ -15,6 +15,12 @@ never depends on what a keep-alive connection carried before. A response read ov
 HTTP/2 (the client speaks it to servers that offer it) reaches the browser as its decoded
 head with an HTTP/1.1 status line and its DATA as the body (``_for_browser``).
 
+The one change the browser's copy of every head gets: no ``WWW-Authenticate`` or
+``Proxy-Authenticate`` field. Given a challenge, Chromium waits for someone to type a
+password (there is no one): the page never loads, and the render ran into its timeout
+for any page with one 401 image. The crawl answers challenges itself, with the
+credentials it was given (``_crawl.hostauth``); the attempt keeps the exact head.
+
 - The first GET of the page being rendered is answered from the store: the source
   capture's response head and body as they were read, so the DOM is the rendering of the
   evidence already recorded, not of a second fetch.
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import http
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -239,11 +246,18 @@ class RecordingProxy:
                               body=bytes(body) if body else None)
 
 
+# A challenge field of a head, with its line end (obs-fold continuations included).
+_NO_CHALLENGE = re.compile(
+    rb"(?im)^(?:www|proxy)-authenticate[ \t]*:[^\r\n]*\r?\n(?:[ \t][^\r\n]*\r?\n)*")
+
+
 def _for_browser(head: bytes) -> bytes:
     """A response head as the browser gets it over its HTTP/1.1 connection to the proxy: a
     head read over HTTP/2 (``HTTP/2 200``, rendered from its frames: ``_model.http2``) gets
     an HTTP/1.1 status line; its fields are sent as they were decoded. The attempt keeps
-    the frames; this is only the browser's copy (its body ends where the connection does)."""
+    the frames; this is only the browser's copy (its body ends where the connection does),
+    and without the challenge fields (module docstring)."""
+    head = _NO_CHALLENGE.sub(b"", head)
     if not head.startswith(b"HTTP/2 "):
         return head
     line, _, rest = head.partition(b"\r\n")
