@@ -11,6 +11,7 @@ replayed working state (``verify_state``).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterator, Mapping
 
 import apsw
@@ -305,6 +306,22 @@ def _row_key(url: str, version: int | None, key: str | None) -> str | None:
     return key
 
 
+# An attempt's fields in the order findings name them, and those that hold an artifact
+# (compared as its three columns, spelled as ``_ref_text`` in a finding).
+_ATTEMPT_FIELDS = (
+    "attempt_id", "run_id", "url", "sequence", "method", "started_at", "elapsed_ms", "outcome",
+    "http_status", "request_headers", "response_headers", "body", "body_truncated",
+    "content_type", "error", "fetch_key", "capture", "content", "transfer_coding",
+    "content_coding", "content_truncated", "surplus", "text_encoding", "text_encoding_source",
+    "render_id", "protocol", "frames", "request_secrets")
+_ATTEMPT_ARTIFACTS = frozenset({"request_headers", "response_headers", "body", "content",
+                                "surplus", "frames", "request_secrets"})
+_ATTEMPT_SCALARS = operator.itemgetter(*(i for i, name in enumerate(_ATTEMPT_FIELDS)
+                                         if name not in _ATTEMPT_ARTIFACTS))
+_ATTEMPT_REFS = operator.itemgetter(*(i for i, name in enumerate(_ATTEMPT_FIELDS)
+                                      if name in _ATTEMPT_ARTIFACTS))
+
+
 def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tuple]) -> None:
     if not rows:
         found.add("row_missing", f"the fetch_attempt row of attempt {m.attempt_id} (log index "
@@ -318,55 +335,32 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
      transfer_coding, content_coding, content_truncated, s_id, s_ns, s_digest, s_size,
      text_encoding, text_source, render_id, *connection, protocol, f_id, f_ns, f_digest,
      f_size, o_id, o_ns, o_digest, o_size) = rows[0]
+    want = (m.attempt_id, m.run_id, m.url, m.sequence, m.method, format_time(m.started_at),
+            m.elapsed_ms, m.outcome, m.http_status, m.request_headers, m.response_headers,
+            m.body, int(m.body_truncated), m.content_type, m.error, _fetch_key(m.url),
+            m.capture, m.content, m.transfer_coding, m.content_coding,
+            int(m.content_truncated), m.surplus, m.text_encoding, m.text_encoding_source,
+            m.render_id, m.protocol, m.frames, m.request_secrets)
+    have = (attempt_id, run_id, url, sequence, method, started_at, elapsed_ms, outcome, status,
+            (q_id, q_ns, q_digest, q_size), (h_id, h_ns, h_digest, h_size),
+            (b_id, b_ns, b_digest, b_size), truncated, content_type, error,
+            _row_key(m.url, version, key), capture, (c_id, c_ns, c_digest, c_size),
+            transfer_coding, content_coding, content_truncated, (s_id, s_ns, s_digest, s_size),
+            text_encoding, text_source, render_id, protocol, (f_id, f_ns, f_digest, f_size),
+            (o_id, o_ns, o_digest, o_size))
     # Columns first (most attempts agree), each artifact as its three columns: the texts
     # and the fields are spelled only for an attempt that differs.
-    if ((attempt_id, run_id, url, sequence, method, elapsed_ms, outcome, status, truncated,
-         content_type, error, capture, transfer_coding, content_coding, content_truncated,
-         text_encoding, text_source, render_id, protocol, started_at,
-         _row_key(m.url, version, key))
-            == (m.attempt_id, m.run_id, m.url, m.sequence, m.method, m.elapsed_ms, m.outcome,
-                m.http_status, int(m.body_truncated), m.content_type, m.error, m.capture,
-                m.transfer_coding, m.content_coding, int(m.content_truncated),
-                m.text_encoding, m.text_encoding_source, m.render_id, m.protocol,
-                format_time(m.started_at), _fetch_key(m.url))
-            and (_columns(q_id, q_ns, q_digest, q_size), _columns(h_id, h_ns, h_digest, h_size),
-                 _columns(b_id, b_ns, b_digest, b_size), _columns(c_id, c_ns, c_digest, c_size),
-                 _columns(s_id, s_ns, s_digest, s_size), _columns(f_id, f_ns, f_digest, f_size),
-                 _columns(o_id, o_ns, o_digest, o_size))
-            == (_ref_columns(m.request_headers), _ref_columns(m.response_headers),
-                _ref_columns(m.body), _ref_columns(m.content), _ref_columns(m.surplus),
-                _ref_columns(m.frames), _ref_columns(m.request_secrets))
+    if (_ATTEMPT_SCALARS(want) == _ATTEMPT_SCALARS(have)
+            and tuple(map(_ref_columns, _ATTEMPT_REFS(want)))
+            == tuple(_columns(*row_ref) for row_ref in _ATTEMPT_REFS(have))
             and _connection_actual(connection) == _connection_expected(m)):
         return
-    expected = {
-        "attempt_id": m.attempt_id, "run_id": m.run_id, "url": m.url, "sequence": m.sequence,
-        "method": m.method, "started_at": format_time(m.started_at),
-        "elapsed_ms": m.elapsed_ms, "outcome": m.outcome, "http_status": m.http_status,
-        "request_headers": _ref_text(m.request_headers),
-        "response_headers": _ref_text(m.response_headers), "body": _ref_text(m.body),
-        "body_truncated": int(m.body_truncated), "content_type": m.content_type,
-        "error": m.error, "fetch_key": _fetch_key(m.url), "capture": m.capture,
-        "content": _ref_text(m.content), "transfer_coding": m.transfer_coding,
-        "content_coding": m.content_coding, "content_truncated": int(m.content_truncated),
-        "surplus": _ref_text(m.surplus), "text_encoding": m.text_encoding,
-        "text_encoding_source": m.text_encoding_source, "render_id": m.render_id,
-        "protocol": m.protocol, "frames": _ref_text(m.frames),
-        "request_secrets": _ref_text(m.request_secrets)}
-    actual = {
-        "attempt_id": attempt_id, "run_id": run_id, "url": url, "sequence": sequence,
-        "method": method, "started_at": started_at, "elapsed_ms": elapsed_ms,
-        "outcome": outcome, "http_status": status,
-        "request_headers": _row_ref(q_id, q_ns, q_digest, q_size),
-        "response_headers": _row_ref(h_id, h_ns, h_digest, h_size),
-        "body": _row_ref(b_id, b_ns, b_digest, b_size), "body_truncated": truncated,
-        "content_type": content_type, "error": error, "fetch_key": _row_key(m.url, version, key),
-        "capture": capture, "content": _row_ref(c_id, c_ns, c_digest, c_size),
-        "transfer_coding": transfer_coding, "content_coding": content_coding,
-        "content_truncated": content_truncated, "surplus": _row_ref(s_id, s_ns, s_digest, s_size),
-        "text_encoding": text_encoding, "text_encoding_source": text_source,
-        "render_id": render_id, "protocol": protocol,
-        "frames": _row_ref(f_id, f_ns, f_digest, f_size),
-        "request_secrets": _row_ref(o_id, o_ns, o_digest, o_size)}
+    expected: dict[str, object] = {
+        name: _ref_text(value) if name in _ATTEMPT_ARTIFACTS else value  # type: ignore[arg-type]
+        for name, value in zip(_ATTEMPT_FIELDS, want, strict=True)}
+    actual: dict[str, object] = {
+        name: _row_ref(*value) if name in _ATTEMPT_ARTIFACTS else value
+        for name, value in zip(_ATTEMPT_FIELDS, have, strict=True)}
     expected.update(_connection_expected(m))
     actual.update(_connection_actual(connection))
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
