@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -230,6 +231,25 @@ def test_robots_txt_is_reused_from_the_store_until_it_expires(tmp_path: Path) ->
         assert site.request_counts()["/robots.txt"] == 1
 
 
+_started_crawls: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def reap_crawl_processes() -> Iterator[None]:
+    """Each crawl a test started with ``_crawl_process`` is killed if still running when
+    the test ends, and its pipe closed: a test that fails half-way leaves no process, and no
+    unclosed pipe for the garbage collector to report in whatever test runs next (import
+    this fixture into a module that uses ``_crawl_process``)."""
+    yield
+    while _started_crawls:
+        proc = _started_crawls.pop()
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait(timeout=60)
+
+
 def _crawl_process(url: str, store: Path, *extra: str) -> subprocess.Popen:
     log = open(store.parent / "crawl-stderr.log", "a")  # noqa: SIM115 (the child owns it)
     proc = subprocess.Popen(
@@ -237,6 +257,7 @@ def _crawl_process(url: str, store: Path, *extra: str) -> subprocess.Popen:
          "--workers", "4", *extra],
         stdout=subprocess.PIPE, stderr=log, text=True)
     log.close()
+    _started_crawls.append(proc)
     return proc
 
 

@@ -864,3 +864,44 @@ def _n_of_size(ref: ArtifactRef) -> int:
     n, rest = divmod(ref.size - 700, 131)
     assert rest == 0
     return n
+
+
+# --- another process's recovery while a pack is created --------------------------------------
+
+class _RecoveredWhileCreated(FileOps):
+    """Real file operations; right after the first ``.new`` file is created, before its
+    creator locks it, another writable open of the same packs runs its recovery (the
+    instant a second crawl worker process started in, in a CI run)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.removed: list[Path] = []
+
+    def create_exclusive(self, path: Path, mode: int) -> int:
+        fd = super().create_exclusive(path, mode)
+        if not self.removed and path.name.endswith(".new"):
+            PackStore(self.root).close()  # takes the unlocked file for an abandoned one
+            self.removed.append(path)
+        return fd
+
+
+def test_a_pack_whose_new_file_another_opener_removed_is_created_again(
+        tmp_path: Path) -> None:
+    """A ``.new`` file nobody has locked is one a dead creator left, to a recovering
+    opener; a live creator is between its create and its lock for an instant. If another
+    process's recovery removes the file then, the creator finds its name gone once it holds
+    the lock and creates the pack again under a new name. (Before: the put failed with
+    "could not name pack ...: No such file or directory", and the crawl with it.)"""
+    root = tmp_path / "artifacts"
+    PackStore(root).close()
+    ops = _RecoveredWhileCreated(root)
+    store = PackStore(root, file_ops=ops)
+    ref = store.put("body", b"put while another process opened the store")
+    store.sync([ref])
+    store.close()
+    assert len(ops.removed) == 1 and not ops.removed[0].exists()
+    (pack,) = (root / PACKS_DIR).glob("*.pack")
+    assert pack.stem != ops.removed[0].stem
+    assert third_party_read(pack, "body", ref.digest) == \
+        b"put while another process opened the store"
+    assert not list((root / PACKS_DIR).glob("*.new"))

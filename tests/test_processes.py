@@ -31,6 +31,7 @@ from .test_crawl import (
     done_pages,
     frontier_states,
     path_of,
+    reap_crawl_processes,  # noqa: F401 (an autouse fixture)
 )
 
 

@@ -60,6 +60,9 @@ WRITEBACK_BYTES = 1024 * 1024
 # tools/bench_packs.py (docs/benchmarks.md); a payload larger than this is written alone.
 BATCH_BYTES = 1024 * 1024
 BATCH_RECORDS = 256
+# A new pack's file removed by another process's recovery before it was locked is created
+# again under a new name; so many times in a row means something else removes them.
+_CREATE_TRIES = 5
 
 # A record to append: (kind, namespace, digest, payload, payload length, time ms).
 _Record = tuple[int, str, bytes, bytes | memoryview, int, int]
@@ -402,6 +405,17 @@ class PackAppend(PackRecovery):
     def _create(self) -> _Pack:
         """A new pack of this process: header written, locked, then named ``.pack`` (so a
         recovering opener never takes a pack being created for an abandoned one)."""
+        for _ in range(_CREATE_TRIES):
+            pack = self._try_create()
+            if pack is not None:
+                return pack
+        raise ArtifactError(f"could not create a pack in {self.packs_dir}: each new one was "
+                            "removed before it was locked", path=self.packs_dir)
+
+    def _try_create(self) -> _Pack | None:
+        """One try of ``_create``; None when another process's recovery removed the new
+        file in the instant between its creation and its lock (the file was not ours yet:
+        a ``.new`` nobody holds is an abandoned one to a recovering opener)."""
         now = _now_ms(self.clock)
         pack_id = now.to_bytes(6, "big") + secrets.token_bytes(10)
         stem = pack_id.hex()
@@ -410,7 +424,13 @@ class PackAppend(PackRecovery):
         with _os_errors("create pack", new):
             fd = self._ops.create_exclusive(new, 0o444)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Waiting, not failing: only a recovering opener can hold a pack this new, and
+            # it holds it for one unlink (``_remove_stale_new``). Locked, the name is ours
+            # only if it still names this file.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not _names(new, fd):
+                self._ops.close(fd)
+                return None
             with _os_errors("write pack header", new):
                 self._ops.write(fd, pf.encode_file_header(pack_id, now))
             # Its header durable before its name: a pack found after a crash always has
@@ -571,3 +591,14 @@ class PackAppend(PackRecovery):
         except OSError as exc:
             log.error("cannot record that pack %s failed an fsync: %s", pack.path, exc,
                       extra={"event": "pack.fsync_record_failed"})
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+

@@ -116,11 +116,15 @@ class PackRecovery(PackIndex):
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Removed while still locked. A creator between its create and its lock
+            # (``PackAppend._try_create``) waits for this lock, then finds its name gone
+            # and creates another; unlocked before the unlink, the creator could lock it,
+            # find its name, and lose it to the unlink just before naming it ``.pack``.
+            self._unlink_quietly(path)
         except BlockingIOError:
             return
         finally:
             os.close(fd)
-        self._unlink_quietly(path)
 
     def _unlink_quietly(self, path: Path) -> None:
         with contextlib.suppress(OSError):
