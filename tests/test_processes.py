@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -411,6 +412,7 @@ def test_killing_the_crawl_ends_its_workers_and_a_restart_resumes(tmp_path: Path
         while not all(_dead(pid) for pid in pids):
             assert time.monotonic() < deadline, "worker processes outlived their crawl"
             time.sleep(0.02)
+        assert "Traceback" not in _stderr(store), "a worker's end is not an error"
         requested = set(site.request_counts())
         claimed = {p for p, (state, _r) in frontier_states(store).items()
                    if state == "in_flight"}
@@ -429,6 +431,53 @@ def test_killing_the_crawl_ends_its_workers_and_a_restart_resumes(tmp_path: Path
     # processes up to 4 pages per fetch slot: claimed, fetching or committing).
     assert sum(n - 1 for p, n in counts.items() if p in reachable) <= 16
     assert_links_recorded(store, site)
+
+
+_STARTING_PARENT = """
+import os, socket, subprocess, sys, time
+import msgspec
+from evidence._crawl.frontier import CrawlConfig
+from evidence._crawl.workerchannel import Setup
+from evidence._crawl.workers import worker_command
+from evidence._write.wire import encode_frame
+ours, theirs = socket.socketpair()
+child = subprocess.Popen(worker_command(theirs.fileno()), pass_fds=[theirs.fileno()],
+                         env={**os.environ, "PYTHONPATH": sys.argv[3]})
+theirs.close()
+config = msgspec.to_builtins(CrawlConfig(seeds=["http://127.0.0.1:9/"]))
+ours.sendall(encode_frame(Setup(store=sys.argv[1], socket=sys.argv[2], config=config,
+                                session_id="s", run_id="r", connections=1, timeout=5.0)))
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_worker_process_still_starting_ends_with_its_killed_crawl(tmp_path: Path) -> None:
+    """A worker process still starting (here: connecting to a writer service that never
+    answers, which it retries for a minute) reads no channel that would tell it its crawl
+    is gone. Killed then, the crawl left it running for that minute, holding the crawl's
+    output pipe (a restart test waited on it under load). The kernel now ends it with its
+    crawl. The crawl here is a stand-in that starts the worker as the crawl does
+    (``worker_command``) and sends it its setup."""
+    store = tmp_path / "s"
+    Store.create(store).close()
+    root = str(Path(__file__).resolve().parent.parent)
+    with socket.socket(socket.AF_UNIX) as service, subprocess.Popen(
+            [sys.executable, "-c", _STARTING_PARENT, str(store),
+             str(tmp_path / "writer.sock"), root], stdout=subprocess.PIPE, text=True) as parent:
+        service.bind(str(tmp_path / "writer.sock"))
+        service.listen()
+        service.settimeout(120)
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        connection, _ = service.accept()  # the worker is connecting: it has its setup
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while not _dead(worker):
+            assert time.monotonic() < deadline, "the worker process outlived its crawl"
+            time.sleep(0.05)
+        connection.close()
 
 
 @pytest.mark.slow

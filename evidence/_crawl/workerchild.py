@@ -12,6 +12,7 @@ store, and the crawl's side (``WorkerPool``) never runs a page.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import signal
@@ -83,13 +84,18 @@ async def _child(fd: int) -> None:
 
                 async def answer(frame: msgspec.Struct) -> None:
                     async with lock:
-                        await stream.send(encode_frame(frame))
+                        try:
+                            await stream.send(encode_frame(frame))
+                        except _BROKEN as exc:
+                            raise _CrawlGone from exc
 
                 async def run(order: Order) -> None:
                     try:
                         with log_context(url=order.page.url):
                             effects = await pages.page(
                                 order.page, lambda: answer(Fetched(id=order.id)))
+                    except _CrawlGone:
+                        raise  # not the page's failure: nobody is left to tell
                     except Exception as exc:  # the parent fails the run with this reason
                         await answer(failed(order, exc, setup.name))
                     else:
@@ -97,11 +103,39 @@ async def _child(fd: int) -> None:
 
                 await answer(Ready(pid=os.getpid()))
                 async with anyio.create_task_group() as tg:
-                    while (order := await _read(reader, _down)) is not None:
+                    while (order := await _next_order(reader)) is not None:
                         tg.start_soon(run, order)
                     tg.cancel_scope.cancel()  # the parent is gone: so is this run
         finally:
             artifacts.close()  # seals this process's pack
+
+
+def _ends_with(parent: int) -> bool:
+    """Have the kernel end this process when the crawl's does (Linux's PR_SET_PDEATHSIG,
+    prctl option 1, with SIGKILL: what a crash of this process would leave, the next open
+    recovers). A worker still starting (connecting to the writer service, which retries
+    for a minute) reads no channel that could tell it, and outlived a killed crawl by that
+    minute, holding its output pipes open. False if the crawl is gone already."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    return os.getppid() == parent
+
+
+class _CrawlGone(Exception):
+    """The channel to the crawl broke: the crawl process is gone (killed, or out of
+    memory). Not an error of this process and no traceback: this process ends, and the
+    crawl's next start requeues the pages it held."""
+
+
+_BROKEN = (OSError, anyio.BrokenResourceError, anyio.EndOfStream)
+
+
+async def _next_order(reader: FrameReader) -> Order | None:
+    try:
+        order = await _read(reader, _down)
+    except _BROKEN as exc:
+        raise _CrawlGone from exc
+    return order
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,10 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "with one end of a socketpair; not for direct use.")
     parser.add_argument("--channel-fd", type=int, required=True,
                         help="the file descriptor of this worker's channel to the crawl")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="the crawl's pid: this process ends when that one does")
     parser.add_argument("--log-format", choices=FORMATS, default="text",
                         help="as the crawl logs")
     parser.add_argument("--log-level", choices=LEVELS, default="info", help="as the crawl logs")
     args = parser.parse_args(argv)
+    if args.parent_pid is not None and not _ends_with(args.parent_pid):
+        return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the crawl, which stops us
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
@@ -127,8 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("this worker process could not go on: %s", exc,
                   extra={"event": "worker.failed"})
         return 1
-    except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
-        return 1  # the crawl went away mid-answer
+    except (_CrawlGone, *_BROKEN):
+        return 1  # the crawl went away (before its orders, or mid-answer)
+    except BaseExceptionGroup as group:  # ... or while its orders ran
+        if group.split(_CrawlGone)[1] is not None:
+            raise
+        return 1
     return 0
 
 

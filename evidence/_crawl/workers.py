@@ -71,6 +71,12 @@ _CHILD_MAIN = "import sys; from evidence._crawl.workerchild import main; sys.exi
 _START_TIMEOUT = 60.0  # seconds for a child to import, connect to the service and say ready
 
 
+def worker_command(channel_fd: int) -> list[str]:
+    """The command line of a worker process of this one, given its end of the channel."""
+    return [sys.executable, "-c", _CHILD_MAIN, "--channel-fd", str(channel_fd),
+            "--parent-pid", str(os.getpid()), *log_arguments()]
+
+
 class WorkerLost(Exception):
     """The worker process (or host) holding an order died (or its lease expired) before
     answering it."""
@@ -318,8 +324,7 @@ class WorkerPool:
             [package_root, *filter(None, [env.get("PYTHONPATH")])])
         try:
             process = await anyio.open_process(
-                [sys.executable, "-c", _CHILD_MAIN, "--channel-fd", str(child_end.fileno()),
-                 *log_arguments()],
+                worker_command(child_end.fileno()),
                 stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
                 pass_fds=[child_end.fileno()])
         except BaseException:
