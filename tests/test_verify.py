@@ -152,6 +152,30 @@ def test_a_deleted_attempt_is_found_by_ledger_and_foreign_keys(populated_store: 
     assert dangling == {"discovery_edge", "rule_evaluation", "url_current"}
 
 
+
+def test_an_edge_moved_to_a_later_entry_is_found_at_both_entries(store: Store,
+                                                                  make: Factory) -> None:
+    """Edges are read in edge_id order when that is log order (no sort), else sorted by
+    log index: an edge whose log index an edit moved to a later discovery is missing at its
+    own entry and not among the references of the later one, as the sorted merge says."""
+    bodies = [make.body(f"<p>{i}</p>".encode()) for i in range(2)]
+    attempts = [make.attempt(f"http://example.com/{i}", body=b) for i, b in enumerate(bodies)]
+    submit_all(store, [make.session(), make.run(), *attempts,
+                       make.discovery(attempts[0], bodies[0], ["http://example.com/a",
+                                                               "http://example.com/c"]),
+                       make.discovery(attempts[1], bodies[1], ["http://example.com/b"])])
+    (first, later), (edge,) = (
+        [i for (i,) in store.connection.execute(
+            "SELECT log_index FROM ingest_ledger WHERE kind = 'discovery' ORDER BY 1")],
+        store.connection.execute("SELECT min(edge_id) FROM discovery_edge").fetchall())
+    tamper(store, "DROP TRIGGER discovery_edge_no_update",
+           f"UPDATE discovery_edge SET log_index = {later} WHERE edge_id = {edge[0]}")
+    found = [f for f in verify(store).findings if f.kind.startswith("row_")]
+    assert sorted((f.kind, f.location.table, f.location.log_index) for f in found) == [
+        ("row_missing", "discovery_edge", first), ("row_unlogged", "discovery_edge", later)]
+    assert "is not among the references of its ledger entry" in str(found)
+
+
 def test_a_row_inserted_without_a_message_is_unlogged(populated_store: Store) -> None:
     edge_index = one(populated_store, "SELECT log_index FROM discovery_edge LIMIT 1")[0]
     tamper(populated_store, "INSERT INTO rule_evaluation (run_id, url_id, rule_id, "
