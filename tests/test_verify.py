@@ -83,6 +83,11 @@ ROW_EDITS = [
      "fetch_attempt", "http_status"),
     ("fetch_attempt_no_update", "UPDATE fetch_attempt SET started_at = '2001-01-01T00:00:00Z'",
      "fetch_attempt", "started_at"),
+    # the attempt's message has no connection: its columns are all NULL, compared as such
+    ("fetch_attempt_no_update", "UPDATE fetch_attempt SET remote_address = '192.0.2.1'",
+     "fetch_attempt", "remote_address"),
+    ("fetch_attempt_no_update", "PRAGMA foreign_keys = OFF; UPDATE fetch_attempt SET "
+     "request_headers_id = 999999", "fetch_attempt", "request_headers"),
     ("discovery_edge_no_update", "UPDATE discovery_edge SET edge_kind = 'embed' "
      "WHERE position = 1", "discovery_edge", "edge_kind"),
     ("discovery_edge_no_update", "UPDATE discovery_edge SET rel = 'nofollow' "
