@@ -320,7 +320,7 @@ class PackIndex:
         references, in digest order. ``read`` looks each up in the index and reads it with
         a system call; here the refs are located in one pass over the index, and each pack
         is mapped into memory once and, when most of it is wanted, read ahead in file
-        order (a crawl's 14,943 payloads: 15 packs)."""
+        order (the 14,952 payloads of a 5,000-page crawl's store: one pack of 22 MiB)."""
         self.refresh()
         locations = self._locations(refs)
         wanted: collections.Counter[int] = collections.Counter()
