@@ -53,10 +53,19 @@ from evidence._archive.export import (
 from evidence._archive.segments import ArchivePayloads, write_payloads
 from evidence._audit.verify import verify
 from evidence._cli.archive import add_commands
+from evidence._errors import ArtifactCorruptError
 from evidence._store.artifacts import ArtifactStore
+from evidence._store.packs import PackStore
 from evidence._store.sqlite import copy_snapshot
 
-from .conftest import Factory, as_format_1, flip_payload_byte, lose_payload, submit_all
+from .conftest import (
+    Factory,
+    as_format_1,
+    flip_payload_byte,
+    lose_payload,
+    payload_place,
+    submit_all,
+)
 
 TRICKY = "it's\ttab\r\nnew\x00nul\x7fdel é \u2028 ''"
 
@@ -551,6 +560,50 @@ def test_export_records_a_corrupt_payload_as_a_gap_and_leaves_it_out(
     artifacts = tmp_path / "a" / "artifacts"  # its only payload left out: no segment
     assert [p.name for p in artifacts.iterdir()] == ["index.tsv"]
     assert (artifacts / "index.tsv").read_text() == "namespace\tdigest\tsize\tsegment\toffset\n"
+
+
+
+def test_a_pack_cut_short_under_an_export_is_a_gap_that_says_its_size(
+        tmp_path: Path) -> None:
+    """A pack store's payloads are read through each pack mapped once (``read_each``): a
+    record the pack no longer holds whole is the gap a read of it gives (its size against
+    its reference's), never bytes that merely fail to hash."""
+    with Store.create(tmp_path / "store", artifact_layout="packs") as store:
+        make = Factory(store)
+        body = store.artifacts.put("body", b"<p>" + b"x" * 500 + b"</p>")
+        submit_all(store, [make.session(), make.run(),
+                           make.attempt("http://example.com/", body=body)])
+        path, start = payload_place(store, body)
+        path.chmod(0o644)
+        with open(path, "r+b") as handle:  # after the store indexed it: mid-payload
+            handle.truncate(start + 100)
+        manifest = export(store, tmp_path / "a")
+    (gap,) = [g for g in manifest.gaps if g.kind.startswith("artifact")]
+    assert (gap.kind, gap.subject) == ("artifact_corrupt", f"body/{body.digest}")
+    assert f"is 100 bytes, its reference says {body.size}" in gap.detail
+
+
+@pytest.mark.parametrize("share", ["all", "few"])
+def test_reading_each_payload_of_a_pack_store_answers_what_reading_it_does(
+        tmp_path: Path, share: str) -> None:
+    """``read_each`` (export's payloads: each pack mapped once; every ref located in one
+    pass over the index, or, for a few of many, one by one) gives each ref's bytes as
+    ``read`` does, the error ``read`` raises for a ref whose size is not its record's, and
+    None for one to read on its own (too large, or in no pack)."""
+    packs = PackStore(tmp_path / "artifacts", pack_bytes=4096)  # several packs
+    refs = [packs.put("body", f"page {i} ".encode() * (i + 1)) for i in range(60)]
+    asked = refs if share == "all" else refs[::20]
+    wrong = ArtifactRef(asked[0].namespace, asked[0].digest, asked[0].size + 1)
+    absent = ArtifactRef("body", "0" * 64, 3)
+    large = max(asked, key=lambda r: r.size)
+    answers = dict(packs.read_each([*asked, wrong, absent], most=large.size - 1))
+    for ref in asked:
+        assert answers[ref] == (None if ref == large else packs.read(ref))
+    with pytest.raises(ArtifactCorruptError) as raised:
+        packs.read(wrong)
+    assert str(answers[wrong]) == str(raised.value)
+    assert answers[absent] is None
+    packs.close()
 
 
 # --- compare ---------------------------------------------------------------------------------

@@ -83,6 +83,11 @@ ROW_EDITS = [
      "fetch_attempt", "http_status"),
     ("fetch_attempt_no_update", "UPDATE fetch_attempt SET started_at = '2001-01-01T00:00:00Z'",
      "fetch_attempt", "started_at"),
+    # the attempt's message has no connection: its columns are all NULL, compared as such
+    ("fetch_attempt_no_update", "UPDATE fetch_attempt SET remote_address = '192.0.2.1'",
+     "fetch_attempt", "remote_address"),
+    ("fetch_attempt_no_update", "PRAGMA foreign_keys = OFF; UPDATE fetch_attempt SET "
+     "request_headers_id = 999999", "fetch_attempt", "request_headers"),
     ("discovery_edge_no_update", "UPDATE discovery_edge SET edge_kind = 'embed' "
      "WHERE position = 1", "discovery_edge", "edge_kind"),
     ("discovery_edge_no_update", "UPDATE discovery_edge SET rel = 'nofollow' "
@@ -150,6 +155,30 @@ def test_a_deleted_attempt_is_found_by_ledger_and_foreign_keys(populated_store: 
     assert (missing.location.table, missing.location.log_index) == ("fetch_attempt", index)
     dangling = {f.location.table for f in report.findings if f.kind == "foreign_key"}
     assert dangling == {"discovery_edge", "rule_evaluation", "url_current"}
+
+
+
+def test_an_edge_moved_to_a_later_entry_is_found_at_both_entries(store: Store,
+                                                                  make: Factory) -> None:
+    """Edges are read in edge_id order when that is log order (no sort), else sorted by
+    log index: an edge whose log index an edit moved to a later discovery is missing at its
+    own entry and not among the references of the later one, as the sorted merge says."""
+    bodies = [make.body(f"<p>{i}</p>".encode()) for i in range(2)]
+    attempts = [make.attempt(f"http://example.com/{i}", body=b) for i, b in enumerate(bodies)]
+    submit_all(store, [make.session(), make.run(), *attempts,
+                       make.discovery(attempts[0], bodies[0], ["http://example.com/a",
+                                                               "http://example.com/c"]),
+                       make.discovery(attempts[1], bodies[1], ["http://example.com/b"])])
+    (first, later), (edge,) = (
+        [i for (i,) in store.connection.execute(
+            "SELECT log_index FROM ingest_ledger WHERE kind = 'discovery' ORDER BY 1")],
+        store.connection.execute("SELECT min(edge_id) FROM discovery_edge").fetchall())
+    tamper(store, "DROP TRIGGER discovery_edge_no_update",
+           f"UPDATE discovery_edge SET log_index = {later} WHERE edge_id = {edge[0]}")
+    found = [f for f in verify(store).findings if f.kind.startswith("row_")]
+    assert sorted((f.kind, f.location.table, f.location.log_index) for f in found) == [
+        ("row_missing", "discovery_edge", first), ("row_unlogged", "discovery_edge", later)]
+    assert "is not among the references of its ledger entry" in str(found)
 
 
 def test_a_row_inserted_without_a_message_is_unlogged(populated_store: Store) -> None:

@@ -42,6 +42,7 @@ from .._errors import ArtifactCorruptError, ArtifactError, ArtifactMissingError,
 from .._model.refs import ArtifactRef
 from .._store.artifacts import ArtifactStore
 from .._store.fsync import fsync_dir
+from .._store.packindex import PackIndex
 from .snapshot import Gap, PayloadSource, Progress, chunks_of, from_source, reading
 
 __all__ = ["INDEX", "INDEX_HEADER", "SEGMENT_BYTES", "ArchivePayloads", "archive_payloads",
@@ -137,8 +138,11 @@ def write_payloads(refs: list[ArtifactRef], src: PayloadSource, directory: Path,
     threads (its latency overlaps); larger ones are streamed into their segment. A local
     source is read in order on this thread: its reads wait for no network, and a thread
     hand-off per payload cost more than the read (0.79 against 0.43 s of CPU for the 11,660
-    payloads of a 5,000-page crawl). A payload that cannot be read raises
-    ``ArtifactReadError`` after ``READ_TRIES`` tries."""
+    payloads of a 5,000-page crawl). A pack store is read through ``read_each``: each
+    pack mapped once, the refs located in one pass over its index, where a read of each
+    looked it up and read it on its own (the same bytes and the same gaps; the payloads of
+    a 5,000-page crawl in 0.27-0.34 s of CPU instead of 0.64-0.71). A payload that cannot
+    be read raises ``ArtifactReadError`` after ``READ_TRIES`` tries."""
     directory.mkdir()
     ordered = sorted(set(refs), key=lambda r: (r.namespace, r.digest))
     segments, gaps = _Segments(directory, segment_bytes), []
@@ -152,8 +156,14 @@ def write_payloads(refs: list[ArtifactRef], src: PayloadSource, directory: Path,
                 return from_source(handle.read)
         return reading(src, ref, read, stop)
 
-    fetched_in_order = (((ref, fetch(ref)) for ref in ordered) if src.local
-                        else _ahead(ordered, fetch, stop, workers))
+    if isinstance(src, PackIndex):  # each pack mapped once, the refs located in one pass
+        fetched_in_order: Iterator[tuple[ArtifactRef, bytes | ArtifactError | None]] = (
+            (ref, fetch(ref) if got is None else got)
+            for ref, got in src.read_each(ordered, most=PREFETCH_BYTES))
+    elif src.local:
+        fetched_in_order = ((ref, fetch(ref)) for ref in ordered)
+    else:
+        fetched_in_order = _ahead(ordered, fetch, stop, workers)
     for i, (ref, fetched) in enumerate(fetched_in_order, 1):
         got = _stream(src, ref, segments, stop) if fetched is None else fetched
         gap = _append(ref, got, segments)

@@ -36,7 +36,7 @@ from .._model.messages import (
     payload_hash,
 )
 from .._model.refs import ArtifactRef
-from .._model.urls import NORMALIZER_VERSION, normalize_url
+from .._model.urls import NORMALIZER_VERSION, key_and_host
 from .verify_findings import Findings
 from .verify_state import WorkingState
 
@@ -96,6 +96,11 @@ LEFT JOIN artifact s ON s.artifact_id = e.source_artifact_id
 LEFT JOIN url_identity u ON u.url_id = e.target_url_id
 ORDER BY e.log_index, e.edge_id
 """
+# The writer appends edges in log order: edge_id order is (log_index, edge_id) order when
+# log_index never decreases along it, and then SQLite need not sort the edges (0.7 s of
+# CPU for 400,000 of them, where looking at their log_index column costs 0.3).
+_EDGE_SQL_BY_ID = _EDGE_SQL.replace("ORDER BY e.log_index, e.edge_id", "ORDER BY e.edge_id")
+_EDGE_ORDER_SQL = "SELECT log_index FROM discovery_edge ORDER BY edge_id"
 _RULE_SQL = """
 SELECT r.log_index, r.evaluation_id, r.run_id, u.normalizer_version, u.fetch_key, r.rule_id,
        r.rule_version, r.input_hash, r.verdict, r.attempt_seq, a.attempt_id, r.evaluated_at,
@@ -153,10 +158,15 @@ class _Cursor:
         """(rows with a smaller log_index, rows with exactly ``index``)."""
         before: list[tuple] = []
         at: list[tuple] = []
-        while self._next is not None and self._next[0] <= index:
-            (at if self._next[0] == index else before).append(self._next)
-            self._next = next(self._rows, None)
-        self.head = _PAST_THE_END if self._next is None else self._next[0]
+        row, rows = self._next, self._rows
+        while row is not None and row[0] < index:  # the rows come in log_index order
+            before.append(row)
+            row = next(rows, None)
+        while row is not None and row[0] == index:
+            at.append(row)
+            row = next(rows, None)
+        self._next = row
+        self.head = _PAST_THE_END if row is None else row[0]
         return before, at
 
     def rest(self) -> list[tuple]:
@@ -168,7 +178,7 @@ class _Cursor:
 
 def check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | None) -> int:
     cursors = {"fetch_attempt": _Cursor(conn.execute(_ATTEMPT_SQL)),
-               "discovery": _Cursor(conn.execute(_EDGE_SQL)),
+               "discovery": _Cursor(conn.execute(_edges_sql(conn))),
                "rule_evaluated": _Cursor(conn.execute(_RULE_SQL)),
                "render": _Cursor(conn.execute(_RENDER_SQL))}
     if conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'session_document'").fetchall():
@@ -222,6 +232,15 @@ def check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | Non
     return n
 
 
+def _edges_sql(conn: apsw.Connection) -> str:
+    """The edges' query: in edge_id order if that is log order already (see above)."""
+    indices = conn.execute(_EDGE_ORDER_SQL).fetchall()
+    try:
+        return _EDGE_SQL_BY_ID if indices == sorted(indices) else _EDGE_SQL
+    except TypeError:  # a value of another type (a damaged page): the sorting query
+        return _EDGE_SQL
+
+
 def _decode_entry(found: Findings, index: int, message_id: str, kind: str, stored_hash: str,
                   payload: bytes) -> Message | None:
     where = {"table": "ingest_ledger", "log_index": index}
@@ -268,18 +287,18 @@ def _ref_text(ref: ArtifactRef | None) -> str | None:
     return None if ref is None else f"{ref.namespace}/{ref.digest} ({ref.size} bytes)"
 
 
-def _ref_columns(ref: ArtifactRef | None) -> tuple[str, str, int] | None:
-    return None if ref is None else (ref.namespace, ref.digest, ref.size)
-
-
-def _columns(artifact_id: int | None, namespace: str | None, digest: str | None,
-             size: int | None) -> tuple | None:
-    """A row's artifact as ``_ref_columns`` gives a message's: equal exactly when
-    ``_row_ref`` would spell the ``_ref_text`` of the message's (a size is an integer:
-    its column's affinity makes an integral REAL one)."""
-    if artifact_id is None:
-        return None
-    return (namespace, digest, size) if size.__class__ is int else (artifact_id,)
+def _refs_agree(refs: tuple[ArtifactRef | None, ...], columns: tuple[tuple, ...]) -> bool:
+    """Whether each row's artifact (its id and three columns) is the message's: exactly
+    when ``_row_ref`` would spell the ``_ref_text`` of each (a size is an integer: its
+    column's affinity makes an integral REAL one). One call for all of an attempt's."""
+    for ref, (artifact_id, namespace, digest, size) in zip(refs, columns, strict=True):
+        if ref is None:
+            if artifact_id is not None:
+                return False
+        elif (artifact_id is None or size.__class__ is not int or ref.size != size
+              or ref.digest != digest or ref.namespace != namespace):
+            return False
+    return True
 
 
 def _row_ref(artifact_id: int | None, namespace: str | None, digest: str | None,
@@ -293,8 +312,11 @@ def _row_ref(artifact_id: int | None, namespace: str | None, digest: str | None,
 
 @functools.lru_cache(maxsize=65536)  # link targets repeat (navigation): most are hits
 def _fetch_key(url: str) -> str:
+    """``normalize_url``, through ``key_and_host``'s fast paths: a fetch key, or one with a
+    plain fragment (an in-page link: a tenth of a crawl's links), is known without the
+    full parse (tests/test_urls.py checks that it answers as ``normalize_url``)."""
     try:
-        return normalize_url(url)
+        return key_and_host(url)[0]
     except URLError:
         return "<not normalizable>"
 
@@ -348,12 +370,13 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
             transfer_coding, content_coding, content_truncated, (s_id, s_ns, s_digest, s_size),
             text_encoding, text_source, render_id, protocol, (f_id, f_ns, f_digest, f_size),
             (o_id, o_ns, o_digest, o_size))
-    # Columns first (most attempts agree), each artifact as its three columns: the texts
-    # and the fields are spelled only for an attempt that differs.
+    # Columns first (most attempts agree), each artifact as its id and three columns: the
+    # texts and the fields are spelled only for an attempt that differs. An attempt with no
+    # connection agrees with a row whose connection columns are all NULL.
     if (_ATTEMPT_SCALARS(want) == _ATTEMPT_SCALARS(have)
-            and tuple(map(_ref_columns, _ATTEMPT_REFS(want)))
-            == tuple(_columns(*row_ref) for row_ref in _ATTEMPT_REFS(have))
-            and _connection_actual(connection) == _connection_expected(m)):
+            and _refs_agree(_ATTEMPT_REFS(want), _ATTEMPT_REFS(have))
+            and (connection == _NO_CONNECTION if m.connection is None else
+                 _connection_actual(connection) == _connection_expected(m))):
         return
     expected: dict[str, object] = {
         name: _ref_text(value) if name in _ATTEMPT_ARTIFACTS else value  # type: ignore[arg-type]
@@ -361,31 +384,36 @@ def _check_attempt(found: Findings, m: FetchAttempt, index: int, rows: list[tupl
     actual: dict[str, object] = {
         name: _row_ref(*value) if name in _ATTEMPT_ARTIFACTS else value
         for name, value in zip(_ATTEMPT_FIELDS, have, strict=True)}
-    expected.update(_connection_expected(m))
-    actual.update(_connection_actual(connection))
+    expected.update(zip(_CONNECTION_FIELDS, _connection_expected(m), strict=True))
+    actual.update(zip(_CONNECTION_FIELDS, _connection_actual(connection), strict=True))
     _compare(found, "fetch_attempt", seq, f"attempt {m.attempt_id}", expected, actual, index)
 
 
-def _connection_expected(m: FetchAttempt) -> dict[str, object]:
+_CONNECTION_FIELDS = ("remote_address", "remote_port", "local_address", "local_port",
+                      "connection_reused", "dns_resolution", "tls_version", "tls_cipher",
+                      "tls_sni", "tls_alpn", "tls_chain", "tls_verified")
+_NO_CONNECTION = [None] * 22  # the row's connection columns (_ATTEMPT_SQL), all NULL
+
+
+def _connection_expected(m: FetchAttempt) -> tuple:
     """The connection columns an attempt's message gives (``_apply._connection_row``), its
-    resolution's row included: an edited answer shows at every attempt that used it."""
+    resolution's row included: an edited answer shows at every attempt that used it; in
+    the order of ``_CONNECTION_FIELDS``."""
     c = m.connection
     if c is None:
-        return dict.fromkeys(_CONNECTION_FIELDS)
+        return (None,) * len(_CONNECTION_FIELDS)
     d, t = c.dns, c.tls
-    return {
-        "remote_address": c.remote_address, "remote_port": c.remote_port,
-        "local_address": c.local_address, "local_port": c.local_port,
-        "connection_reused": int(c.reused),
-        "dns_resolution": None if d is None else (
+    return (
+        c.remote_address, c.remote_port, c.local_address, c.local_port, int(c.reused),
+        None if d is None else (
             d.resolution_id, d.host, d.port, format_time(d.resolved_at), d.source,
             _JSON.encode(d.addresses).decode(), d.ttl),
-        "tls_version": t and t.version, "tls_cipher": t and t.cipher, "tls_sni": t and t.sni,
-        "tls_alpn": t and t.alpn, "tls_chain": None if t is None else _ref_text(t.chain),
-        "tls_verified": None if t is None else int(t.verified)}
+        t and t.version, t and t.cipher, t and t.sni, t and t.alpn,
+        None if t is None else _ref_text(t.chain), None if t is None else int(t.verified))
 
 
-def _connection_actual(row: list) -> dict[str, object]:
+def _connection_actual(row: list) -> tuple:
+    """What the row's connection columns say, as ``_connection_expected`` spells it."""
     (remote, remote_port, local, local_port, reused, r_seq, r_id, r_host, r_port, r_at,
      r_source, r_addresses, r_ttl, version, cipher, sni, alpn, t_id, t_ns, t_digest, t_size,
      verified) = row
@@ -393,16 +421,8 @@ def _connection_actual(row: list) -> dict[str, object]:
     if r_seq is not None:
         resolution = (f"dns_resolution row {r_seq} (missing)" if r_id is None else
                       (r_id, r_host, r_port, r_at, r_source, r_addresses, r_ttl))
-    return {
-        "remote_address": remote, "remote_port": remote_port, "local_address": local,
-        "local_port": local_port, "connection_reused": reused, "dns_resolution": resolution,
-        "tls_version": version, "tls_cipher": cipher, "tls_sni": sni, "tls_alpn": alpn,
-        "tls_chain": _row_ref(t_id, t_ns, t_digest, t_size), "tls_verified": verified}
-
-
-_CONNECTION_FIELDS = ("remote_address", "remote_port", "local_address", "local_port",
-                      "connection_reused", "dns_resolution", "tls_version", "tls_cipher",
-                      "tls_sni", "tls_alpn", "tls_chain", "tls_verified")
+    return (remote, remote_port, local, local_port, reused, resolution, version, cipher, sni,
+            alpn, _row_ref(t_id, t_ns, t_digest, t_size), verified)
 
 
 _EDGE_FIELDS = ("run_id", "source_attempt_id", "source_artifact", "target_fetch_key",
@@ -432,8 +452,10 @@ def _check_discovery(found: Findings, conn: apsw.Connection, m: Discovery, index
         seen.add((position, observed))
         if (s_id is not None and s_size.__class__ is int  # 1.0 == 1, but not as text
                 and (run_id, attempt_id, s_ns, s_digest, s_size, render_id) == common
-                and (ref.edge_kind, ref.tag, ref.attr, ref.rel) == (edge_kind, tag, attr, rel)
-                and _row_key(ref.url, version, key) == _fetch_key(ref.url)):
+                and ref.edge_kind == edge_kind and ref.tag == tag and ref.attr == attr
+                and ref.rel == rel
+                and ((version is not None and version != NORMALIZER_VERSION)  # see _row_key
+                     or key == _fetch_key(ref.url))):
             continue
         expected = (m.run_id, m.source_attempt_id, _ref_text(source), _fetch_key(ref.url),
                     ref.edge_kind, ref.tag, ref.attr, ref.rel, m.render_id)

@@ -19,6 +19,8 @@ __all__ = ["DIGEST_RE", "NAMESPACE_RE", "ArtifactRef", "validate_digest", "valid
 
 NAMESPACE_RE = re.compile(r"[a-z0-9_-]{1,32}")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+_NAMESPACE_MATCH = NAMESPACE_RE.fullmatch
+_DIGEST_MATCH = DIGEST_RE.fullmatch
 
 
 def _short(value: object) -> str:
@@ -70,6 +72,12 @@ class ArtifactRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     size: Annotated[int, msgspec.Meta(ge=0)]
 
     def __post_init__(self) -> None:
+        # The common case first, with the same tests (one call a reference: a ledger
+        # decoded by verify holds one or more per message); any failure is then named.
+        if (self.namespace.__class__ is str and _NAMESPACE_MATCH(self.namespace)
+                and self.digest.__class__ is str and _DIGEST_MATCH(self.digest)
+                and self.size.__class__ is int and self.size >= 0):
+            return
         try:
             validate_namespace(self.namespace)
         except NamespaceError as exc:

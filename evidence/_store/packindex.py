@@ -15,6 +15,7 @@ the classes above provide.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import io
@@ -306,6 +307,76 @@ class PackIndex:
             self._check_header(ref, pack, loc, header)
             self._check_digest(blake3.blake3(data).hexdigest(), ref, pack, loc)
         return data
+
+    def read_each(self, refs: Sequence[ArtifactRef], *, most: int
+                  ) -> Iterator[tuple[ArtifactRef, bytes | ArtifactError | None]]:
+        """``read`` of each ref up to ``most`` bytes, in ``refs`` order: (ref, its bytes,
+        or the ``ArtifactCorruptError`` ``read`` raises for a record of another size), or
+        (ref, None) for one to ``read`` or ``open`` one by one instead (larger than
+        ``most``, in no pack now: a payload file of a conversion, or missing: ``read``
+        says which).
+
+        What an export reads (``_archive/segments.py``): every payload the store
+        references, in digest order. ``read`` looks each up in the index and reads it with
+        a system call; here the refs are located in one pass over the index, and each pack
+        is mapped into memory once and, when most of it is wanted, read ahead in file
+        order (the 14,952 payloads of a 5,000-page crawl's store: one pack of 22 MiB)."""
+        self.refresh()
+        locations = self._locations(refs)
+        wanted: collections.Counter[int] = collections.Counter()
+        for number, _, length, _ in locations.values():
+            wanted[number] += length
+        maps: dict[int, tuple[_Pack, mmap.mmap] | None] = {}
+        try:
+            for ref in refs:
+                loc = locations.get((ref.namespace, ref.digest))
+                if ref.size > most or loc is None:
+                    yield ref, None
+                    continue
+                if loc[0] not in maps:
+                    maps[loc[0]] = self._map(loc[0], wanted[loc[0]])
+                mapped = maps[loc[0]]
+                if mapped is None:
+                    yield ref, None  # its pack is gone (a compaction): read says where
+                    continue
+                pack, view = mapped
+                if loc[2] != ref.size:
+                    yield ref, self._corrupt_size(ref, pack, loc, loc[2])
+                    continue
+                start = loc[1] + pf.RECORD_SIZE
+                data = view[start:start + loc[2]]
+                yield ref, (data if len(data) == ref.size
+                            else self._corrupt_size(ref, pack, loc, len(data)))
+        finally:
+            for mapped in maps.values():
+                if mapped is not None:
+                    mapped[1].close()
+
+    def _locations(self, refs: Sequence[ArtifactRef]) -> dict[tuple[str, str], Location]:
+        """Where each of ``refs`` is: one pass over the index when they are many of its
+        entries, else a lookup each."""
+        if len(refs) * 8 < len(self._index):
+            found = ((r.namespace, r.digest, self._get(r.namespace, _digest_bytes(r)))
+                     for r in refs)
+            return {(ns, digest): loc for ns, digest, loc in found if loc is not None}
+        wanted = {(r.namespace, bytes.fromhex(r.digest)) for r in refs}
+        return {(ns, digest.hex()): loc for ns, digest, loc in self._index.items()
+                if (ns, digest) in wanted}
+
+    def _map(self, number: int, wanted: int) -> tuple[_Pack, mmap.mmap] | None:
+        """Pack ``number`` mapped read-only (None if it is gone); read ahead when the
+        ``wanted`` bytes of its payloads are a quarter of its size or more."""
+        pack = self._packs.get(number)
+        if pack is None:
+            return None
+        try:
+            fd = self._read_fd(pack)
+            view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (ArtifactError, OSError, ValueError):
+            return None  # read() of each of its payloads says what is wrong
+        if wanted * 4 >= len(view):
+            view.madvise(mmap.MADV_WILLNEED)
+        return pack, view
 
     def open(self, ref: ArtifactRef, *, verify: bool = False) -> BinaryIO:
         """A reader of the payload's bytes; with ``verify``, re-hashed first."""
