@@ -494,9 +494,8 @@ class PackAppend(PackRecovery):
                     pack.synced = pack.size = sealed
                     pack.entries = []  # in its index now: kept, they grew with every put
                 pack.cond.notify_all()
-        if sealed:
-            with self._lock:  # its payloads looked up in its index, on disk, from now on
-                self._seal_known(pack, end, seal[:-pf.TRAILER_SIZE])
+        if sealed:  # its payloads looked up in its index, on disk, from now on
+            self._seal_known(pack, end, seal[:-pf.TRAILER_SIZE])
 
     def _fsync_own(self, pack: _Pack) -> None:
         """fsync a pack this process appends to; a failure poisons it (see ``_poison``)."""

@@ -215,18 +215,20 @@ class PackIndex:
 
     def _seal_known(self, pack: _Pack, index_offset: int, index: bytes) -> None:
         """``pack`` is sealed with this index (checked against its trailer): look its
-        payloads up there from now on, and drop its entries from the memory index. The
-        caller holds ``_lock``."""
+        payloads up there from now on, and drop its entries from the memory index. Built
+        before ``_lock`` is taken (tens of ms for a full pack: the puts go on meanwhile)."""
         digests = SealedDigests(index_offset, index)
-        in_memory = bytes(index)  # what the disk has, as checked: no read needed here
-        for namespace, digest, when in digests.touches(
-                lambda offset, length: in_memory[offset - index_offset:
-                                                 offset - index_offset + length]):
-            key = (namespace, digest)
-            self._touched[key] = max(self._touched.get(key, 0), when)
-        self._sealed = tuple(sorted((*self._sealed, (pack.no, digests))))
-        for namespace, digest, _ in self._index.in_pack(pack.no):  # found on disk now
-            self._index.pop(namespace, digest)
+        touches = list(digests.touches(  # what the disk has, as checked: no read needed
+            lambda offset, length: index[offset - index_offset:offset - index_offset + length]))
+        with self._lock:
+            for namespace, digest, when in touches:
+                key = (namespace, digest)
+                self._touched[key] = max(self._touched.get(key, 0), when)
+            others = [item for item in self._sealed if item[0] != pack.no]
+            self._sealed = tuple(sorted((*others, (pack.no, digests)),
+                                        key=lambda item: item[0]))
+            for namespace, digest, _ in self._index.in_pack(pack.no):  # found on disk now
+                self._index.pop(namespace, digest)
 
     def _forget(self, pack: _Pack) -> None:
         """A pack that is gone (compacted by another process): drop what pointed into it."""
