@@ -30,7 +30,7 @@ N = 250  # pages of the small site; the large one has 4N
 
 # The child: one crawl per (URL, store) pair, then its own counts. Every bounded buffer of a
 # crawl is set small here, so that each is full within the first site and what is measured
-# is whether anything else grows with the pages: the writer's SQLite page cache (64 MiB by
+# is whether anything else grows with the pages: the writer's SQLite page cache (16 MiB by
 # default), a reader's (2,000 KiB), the caches of row ids (50,000 entries), the URL memos
 # (20,000), the session's document records per message (2,000), and the open pack, whose
 # entries are kept until it is sealed (64 MiB of records by default).

@@ -141,16 +141,23 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
     conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'full' else 'NORMAL'}")
 
 
-WRITER_CACHE_MIB = 64  # the write connection's page cache: its bound, whatever the store
+# The write connection's page cache: its bound, whatever the store. 16 MiB, not 64: in
+# one interleaved run of 20,000-page crawls (a 242 MB store; tools/bench_writes.py
+# --writer-cache 64,16,8) 64 MiB bought 6% of CPU per page and no pages/s or bytes
+# written (3.16x at each size), for 59 MB more resident set (184 MB peak against 125);
+# 8 MiB saved 12 MB more and cost 11% of CPU per page (docs/benchmarks.md, "Writes and
+# memory over a crawl"). Full at 16 MiB within the first ~3,000 pages, it no longer
+# makes a crawl's memory climb to 50,000 pages.
+WRITER_CACHE_MIB = 16
 READER_CACHE_KIB = 2000  # a read connection's page cache (SQLite's default, named here)
 
 
 def connection_cache(conn: apsw.Connection, mib: int | None = None) -> None:
     """A page cache for the writer's indexes: SQLite's default (2 MiB) makes inserts into a
     growing store's unique indexes read pages back from the OS on almost every message.
-    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: it is most
-    of a crawl's growth in memory over its first ~10,000 pages, where the store reaches
-    that size, and none after (docs/benchmarks.md, "Writes and memory over a crawl")."""
+    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: a crawl's
+    growth in memory over its first few thousand pages, where the store reaches that size,
+    and none after (docs/benchmarks.md, "Writes and memory over a crawl")."""
     conn.execute(f"PRAGMA cache_size = {-(mib or WRITER_CACHE_MIB) * 1024}")
 
 
