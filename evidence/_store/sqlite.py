@@ -142,12 +142,12 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
 
 
 # The write connection's page cache: its bound, whatever the store. 16 MiB, not 64: in
-# one interleaved run of 20,000-page crawls (a 242 MB store; tools/bench_writes.py
-# --writer-cache 64,16,8) 64 MiB bought 6% of CPU per page and no pages/s or bytes
-# written (3.16x at each size), for 59 MB more resident set (184 MB peak against 125);
-# 8 MiB saved 12 MB more and cost 11% of CPU per page (docs/benchmarks.md, "Writes and
-# memory over a crawl"). Full at 16 MiB within the first ~3,000 pages, it no longer
-# makes a crawl's memory climb to 50,000 pages.
+# interleaved 20,000-page crawls (a 242 MB store; tools/bench_writes.py --writer-cache
+# 64,16,8 --reps 2) 64 MiB bought ~4% of CPU per page (medians 3.59 ms against 3.75, the
+# ranges overlapping), no pages/s and no bytes written (3.16x at both), for 59 MB more
+# peak resident set (185 MB against 125); 8 MiB saved 11 MB more and wrote a little more
+# (3.18x) at fewer pages/s (docs/benchmarks.md, "Writes and memory over a crawl"). Full
+# within a crawl's first few thousand pages, it no longer makes its memory climb later.
 WRITER_CACHE_MIB = 16
 READER_CACHE_KIB = 2000  # a read connection's page cache (SQLite's default, named here)
 
