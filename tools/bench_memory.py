@@ -11,7 +11,7 @@ pages the server answered are sampled every ``--interval`` seconds. With several
 ``--reps`` the sizes are interleaved (the order rotated each repetition).
 
 Reported per run: the curve (RSS at each tenth of the pages), the RSS once warm (at
-``--warm`` pages, 10,000 by default: the writer's SQLite page cache, 64 MiB, and its
+``--warm`` pages, 10,000 by default: the writer's SQLite page cache, 16 MiB, and its
 bounded caches of row ids and URL keys fill over about the first 10,000 pages of this
 site) and at the end, the growth past warm-up per 10,000 pages,
 and the end/warm ratio. With ``--scrapy-venv`` holding Scrapy, the same crawl by

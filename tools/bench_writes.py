@@ -18,12 +18,18 @@ pages answered (from the server's log), and the CPU per page
 (a ``git archive`` of an older commit unpacked into DIR: its ``evidence`` package and
 ``schema/`` are imported through PYTHONPATH, with this venv's libraries), interleaved
 with this checkout's runs, the order rotated each repetition: the before and after of a
-change in one run, on one machine load. ``--syscalls`` adds one run per configuration
-under ``strace -f -c`` for the counts of fsync, fdatasync and pwrite per request (strace
-slows the crawl, so those runs are not in the byte figures).
+change in one run, on one machine load. ``--writer-cache MIB[,MIB...]`` runs this
+checkout once per size of the writer's SQLite page cache (``WRITER_CACHE_MIB`` of
+``evidence/_store/sqlite.py``, set in the crawl's process before it starts), interleaved
+the same way: what the cache buys in pages/s, CPU per page and bytes written (a cache too
+small for a batch's dirty pages spills them into the WAL before the COMMIT), against the
+peak resident set it costs (``wait4``'s ``ru_maxrss``). ``--syscalls`` adds one run per
+configuration under ``strace -f -c`` for the counts of fsync, fdatasync and pwrite per
+request (strace slows the crawl, so those runs are not in the byte figures).
 
 Options: --pages N (5000), --workers N (8), --reps N (3), --quick (300 pages, 1 rep),
---baseline DIR, --syscalls, --server auto|nginx|python, --json FILE, --keep.
+--baseline DIR, --writer-cache MIB[,MIB...], --syscalls, --server auto|nginx|python,
+--json FILE, --keep.
 
 Network: only 127.0.0.1. The site has no link to any other host.
 """
@@ -60,8 +66,14 @@ from bench_crawl import (  # noqa: E402  (a sibling tool, not a package)
 SYSCALLS = ("fsync", "fdatasync", "pwrite64", "write", "pwritev", "writev")
 
 
-def crawl_command(url: str, store: Path, workers: int) -> list[str]:
-    return [*evidence_command(), "crawl", url, "--store", str(store), "--workers",
+def crawl_command(url: str, store: Path, workers: int, cache_mib: int | None = None) -> list[str]:
+    command = evidence_command()
+    if cache_mib is not None:  # the same CLI, the writer's page cache bound set first
+        command = [sys.executable, "-c", "import runpy, sys; "
+                   "import evidence._store.sqlite as s; "
+                   f"s.WRITER_CACHE_MIB = {int(cache_mib)}; sys.argv[0] = 'evidence'; "
+                   "runpy.run_module('evidence', run_name='__main__')"]
+    return [*command, "crawl", url, "--store", str(store), "--workers",
             str(workers), "--per-host", str(workers), "--json"]
 
 
@@ -73,9 +85,9 @@ def environment(checkout: Path | None) -> dict[str, str] | None:
 
 
 def run(name: str, checkout: Path | None, server: Server, work: Path, workers: int,
-        rep: int, strace: bool = False) -> dict:
+        rep: int, strace: bool = False, cache_mib: int | None = None) -> dict:
     store = work / f"{name}-{rep}{'-strace' if strace else ''}"
-    cmd = crawl_command(server.url, store, workers)
+    cmd = crawl_command(server.url, store, workers, cache_mib)
     counts = work / f"{store.name}.strace"
     if strace:
         cmd = ["strace", "-f", "-c", "-o", str(counts), "-e",
@@ -105,6 +117,7 @@ def run(name: str, checkout: Path | None, server: Server, work: Path, workers: i
     out = {"config": name, "rep": rep, "exit": code, "load_1m": load,
            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "requests": len(requests),
            "pages": pages, "cpu_ms_per_page": round(1000 * cpu / max(1, pages), 3),
+           "pages_per_s": round(pages / wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
            "written_bytes": written, "store_bytes": size,
            "ratio": round(written / size, 3) if size else None,
            "bytes_per_request": round(written / max(1, len(requests)))}
@@ -141,6 +154,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline", type=Path, action="append", default=[], metavar="DIR",
                    help="another checkout of evidence to run the same crawl with "
                    "(repeatable)")
+    p.add_argument("--writer-cache", metavar="MIB[,MIB...]",
+                   help="run this checkout once per size of the writer's page cache, "
+                   "interleaved (e.g. 64,16,8)")
     p.add_argument("--syscalls", action="store_true",
                    help="one more run per configuration under strace -c: fsync and "
                    "pwrite calls per request")
@@ -154,6 +170,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.pages, args.workers, args.reps) < 1:
         p.error("--pages, --workers and --reps must be positive")
     args.baseline = [b.absolute() for b in args.baseline]
+    try:
+        args.writer_cache = [int(v) for v in args.writer_cache.split(",")] \
+            if args.writer_cache else []
+    except ValueError:
+        p.error(f"--writer-cache: whole MiB, comma-separated, not {args.writer_cache!r}")
+    if any(v < 1 for v in args.writer_cache):
+        p.error("--writer-cache: each size must be at least 1 MiB")
     for checkout in args.baseline:
         if not (checkout / "evidence" / "__init__.py").exists():
             p.error(f"--baseline: {checkout} holds no evidence package (unpack a commit "
@@ -165,17 +188,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configs: list[tuple[str, Path | None]] = [("this", None)] + [
-        (f"baseline-{i}" if len(args.baseline) > 1 else "baseline", b)
-        for i, b in enumerate(args.baseline)]
+    configs: list[tuple[str, Path | None, int | None]] = [
+        (f"cache-{mib}", None, mib) for mib in args.writer_cache] or [("this", None, None)]
+    configs += [(f"baseline-{i}" if len(args.baseline) > 1 else "baseline", b, None)
+                for i, b in enumerate(args.baseline)]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanups run on a kill
     work = Path(tempfile.mkdtemp(prefix="bench-writes-")).absolute()
     work.chmod(0o755)
     try:
         print(f"bytecode: {precompile()}", flush=True)
         print("$ " + shlex.join(crawl_command("URL", Path("NEW"), args.workers)), flush=True)
-        for name, checkout in configs[1:]:
-            print(f"{name}: PYTHONPATH={checkout}", flush=True)
+        for name, checkout, _ in configs:
+            if checkout is not None:
+                print(f"{name}: PYTHONPATH={checkout}", flush=True)
         site = generate_site(work / "site", args.pages)
         server = Server(work, work / "site", args.server)
         print(f"site: {site['documents']} documents, server: {server.name}", flush=True)
@@ -183,29 +208,33 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for rep in range(args.reps):
                 shift = rep % len(configs)
-                for name, checkout in configs[shift:] + configs[:shift]:
-                    r = run(name, checkout, server, work, args.workers, rep)
+                for name, checkout, mib in configs[shift:] + configs[:shift]:
+                    r = run(name, checkout, server, work, args.workers, rep, cache_mib=mib)
                     runs.append(r)
                     print(f"  {name} #{rep}: {r['written_bytes'] / 1e6:.1f} MB written for a "
                           f"{r['store_bytes'] / 1e6:.1f} MB store (x{r['ratio']}), "
                           f"{r['bytes_per_request'] / 1024:.1f} KiB per request, "
-                          f"{r['pages']} pages, {r['wall_s']} s, {r['cpu_ms_per_page']} CPU ms "
-                          f"per page, exit {r['exit']}, load "
+                          f"{r['pages']} pages, {r['wall_s']} s ({r['pages_per_s']} pages/s), "
+                          f"{r['cpu_ms_per_page']} CPU ms per page, peak RSS "
+                          f"{r['peak_rss_mb']} MB, exit {r['exit']}, load "
                           f"{r['load_1m']:.1f}", flush=True)
             if args.syscalls:
-                for name, checkout in configs:
-                    r = run(name, checkout, server, work, args.workers, 0, strace=True)
+                for name, checkout, mib in configs:
+                    r = run(name, checkout, server, work, args.workers, 0, strace=True,
+                            cache_mib=mib)
                     runs.append(r)
                     print(f"  {name} under strace: per request {r['per_request']}", flush=True)
         finally:
             server.close()
         print()
-        for name, _checkout in configs:
+        for name, _checkout, _mib in configs:
             mine = [r for r in runs if r["config"] == name and "per_request" not in r]
             print(f"{name}: write amplification {spread([r['ratio'] for r in mine])}; "
                   f"KiB per request {spread([r['bytes_per_request'] / 1024 for r in mine])}; "
                   f"store MB {spread([r['store_bytes'] / 1e6 for r in mine])}; CPU ms per "
-                  f"page {spread([r['cpu_ms_per_page'] for r in mine])}; load "
+                  f"page {spread([r['cpu_ms_per_page'] for r in mine])}; pages/s "
+                  f"{spread([r['pages_per_s'] for r in mine])}; peak RSS MB "
+                  f"{spread([r['peak_rss_mb'] for r in mine])}; load "
                   f"{spread([r['load_1m'] for r in mine])}")
         if args.json:
             args.json.write_text(json.dumps({"pages": args.pages, "workers": args.workers,

@@ -101,14 +101,14 @@ class PackAppend(PackRecovery):
             if size > self.max_payload:
                 raise self._too_large(namespace, size)
             digest = blake3.blake3(payload).digest()
-            loc = self._index.get(namespace, digest)
+            loc = self._get(namespace, digest)
             if loc is None or not self._known(namespace, digest, size, loc):
                 held = getattr(self._local, "held", None)
                 if held is not None and size <= BATCH_BYTES:
                     self._hold(held, namespace, digest, payload, size)
                 else:
                     with self._append:
-                        if self._index.get(namespace, digest) is None:  # else another thread
+                        if self._get(namespace, digest) is None:  # else another thread
                             self._write_record(pf.PAYLOAD, namespace, digest, payload,
                                                size, int(self.clock() * 1000))
             return ArtifactRef(namespace, digest.hex(), size)
@@ -494,6 +494,8 @@ class PackAppend(PackRecovery):
                     pack.synced = pack.size = sealed
                     pack.entries = []  # in its index now: kept, they grew with every put
                 pack.cond.notify_all()
+        if sealed:  # its payloads looked up in its index, on disk, from now on
+            self._seal_known(pack, end, seal[:-pf.TRAILER_SIZE])
 
     def _fsync_own(self, pack: _Pack) -> None:
         """fsync a pack this process appends to; a failure poisons it (see ``_poison``)."""

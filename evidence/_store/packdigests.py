@@ -1,38 +1,58 @@
-"""The pack store's digest index, held compact: ``DigestIndex``.
+"""The pack store's digest index: ``DigestIndex`` in memory, ``SealedDigests`` on disk.
 
 A pack store finds a payload by (namespace, BLAKE3 digest): a put deduplicates against it,
-a read, a check or a sync goes straight to the record it names. A dict of dicts holding a
-bytes key and a tuple of four ints per payload cost about 200 bytes a payload, three
-payloads a crawled page: what grew with every page of a crawl once the writer's caches
-were full (issue 35; docs/benchmarks.md, "Writes and memory over a crawl"). This module
-keeps the same map in 62 bytes a payload and no Python object per payload.
+a read, a check or a sync goes straight to the record it names. Held whole in memory,
+that map grew with every payload stored, three a crawled page: what a crawl's resident
+set still grew by once the writer's caches were full (issue 35 point 2; docs/store.md,
+"The digest index"). So it is split by what a pack is:
 
-Two parts. The *base*: every entry but the newest, sorted by the digest's first 8 bytes,
-in two columns: those 8 bytes as an ``array`` of 64-bit words, and a ``bytearray`` of
-fixed 54-byte records (the digest's other 24 bytes, the namespace's number, the
-location). A lookup bisects the words (``bisect`` over an ``array``: C speed) and
-compares the records of the few entries sharing the word. The *recent* entries: a dict,
-merged into the base once it holds ``RECENT`` entries or a sixteenth of the base,
-whichever is more (each entry is copied about 16 times per doubling of the base, as
-slices: memory copies; the dict adds ~20 bytes a payload on average). Removing an entry
-from the base marks it (pack number 0: pack numbers start at 1); the next merge drops it.
+- a **sealed** pack never changes again and carries its own index, sorted by (namespace,
+  digest), checked by the BLAKE3 in its trailer when the store reads it. That index stays
+  on disk: ``SealedDigests`` keeps of it a *fence* (the first key of every block of
+  ``BLOCK_ENTRIES`` entries), each block's CRC-32, and a filter of the pack's digests
+  (``FILTER_BITS`` bits a payload, one 64-bit word per digest: a blocked Bloom filter).
+  A lookup the filter rules out costs no read (most lookups: a new payload's digest);
+  otherwise one ``pread`` of a block (two when a key's entries straddle a boundary),
+  checked against its CRC before anything in it is believed. Read with ``pread``, not
+  mapped: touched pages of a mapping would count in the resident set again. About 3.7
+  bytes a payload stay in memory (the filter's 2, the fence's 1.6), where the whole map
+  took 62;
+- the entries of **unsealed** packs (this process's active pack, other processes' packs
+  being appended to, packs read as they are) are in ``DigestIndex``, bounded by what
+  those packs hold (64 MiB each); a pack's entries leave it when the pack is sealed.
 
-Invariants: a key is live in one part at most; the base is sorted by the digest's first
-8 bytes; the map answers exactly what a dict would (tests/test_packdigests.py compares it
-with one over any sequence of operations). Each operation holds the index's own lock: a
-dict's lookup was atomic and the pack store looks up without its lock (a put on one
-thread while the writer's sync looks up on another), where a merge here replaces the
-base's two columns and an update writes a record in place."""
+``DigestIndex`` keeps its map compact: the *base*, every entry but the newest, sorted by
+the digest's first 8 bytes, in two columns: those 8 bytes as an ``array`` of 64-bit
+words, and a ``bytearray`` of fixed 54-byte records (the digest's other 24 bytes, the
+namespace's number, the location). A lookup bisects the words (``bisect`` over an
+``array``: C speed) and compares the records of the few entries sharing the word. The
+*recent* entries: a dict, merged into the base once it holds ``RECENT`` entries or a
+sixteenth of the base, whichever is more. Removing an entry from the base marks it (pack
+number 0: pack numbers start at 1); the next merge drops it.
+
+Invariants: a ``DigestIndex`` answers exactly what a dict would, and a ``SealedDigests``
+exactly what a dict built from its pack's index would (the first payload entry of a key,
+with the latest time of its payload entries), tests/test_packdigests.py checks both over
+any sequence of operations; a block whose bytes no longer match the CRC taken when the
+index was checked is never believed (``DamagedIndex``). Each ``DigestIndex`` operation
+holds the index's own lock: the pack store looks up without its lock (a put on one thread
+while the writer's sync looks up on another), where a merge here replaces the base's two
+columns and an update writes a record in place. A ``SealedDigests`` is immutable (its
+reads are the caller's, through the function it passes in)."""
 
 from __future__ import annotations
 
 import struct
 import threading
+import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-__all__ = ["BYTES_PER_ENTRY", "RECENT", "DigestIndex", "Location"]
+from . import packfile as pf
+
+__all__ = ["BLOCK_ENTRIES", "BYTES_PER_ENTRY", "FILTER_BITS", "RECENT", "DamagedIndex",
+           "DigestIndex", "Location", "SealedDigests", "probe", "sealed_key"]
 
 Location = tuple[int, int, int, int]  # (pack number, record offset, payload length, time ms)
 
@@ -221,3 +241,151 @@ class DigestIndex:
                 return i
             i += 1
         return -1
+
+
+# --- sealed packs: their own index, on disk ----------------------------------------------
+
+# Index entries per block: what a lookup the filter lets through reads (6 KiB), and the
+# fence holds one key (about 100 bytes as a ``bytes`` object) per this many entries.
+BLOCK_ENTRIES = 64
+# The filter's bits per payload. One 64-bit word per digest, 6 bits set in it: at 16 bits
+# a payload about 0.3% of absent digests pass (tests/test_packdigests.py measures it),
+# each costing one block read. Bits, not bytes: 2 bytes a payload of the 3.7 kept.
+FILTER_BITS = 16
+
+_ENTRY = struct.Struct("<B7x32s32sQQQ")  # an index entry (``packfile``: docs/store.md)
+_ENTRY_SIZE = _ENTRY.size
+_KEY_AT, _KEY_END = 8, 72  # an entry's namespace (zero-padded) then digest: its sort key
+
+ReadAt = Callable[[int, int], bytes]  # (offset in the pack, length) -> bytes: a pread
+
+
+class DamagedIndex(Exception):
+    """A block of a sealed pack's index does not match the CRC taken when the index was
+    read and checked: the pack changed on disk since (the caller names the pack)."""
+
+    def __init__(self, block: int) -> None:
+        super().__init__(f"block {block} of the index fails its checksum")
+        self.block = block
+
+
+def probe(digest: bytes) -> tuple[int, int]:
+    """(word, mask) of a digest in every sealed pack's filter: computed once per lookup
+    (the word is taken modulo each filter's size). A BLAKE3 digest is uniform already:
+    its first 8 bytes choose the word, six bits of each of the next six set the mask's
+    bits (written out: a loop took twice the time)."""
+    d = digest
+    return int.from_bytes(d[:8], "little"), (
+        1 << (d[8] & 63) | 1 << (d[9] & 63) | 1 << (d[10] & 63) | 1 << (d[11] & 63)
+        | 1 << (d[12] & 63) | 1 << (d[13] & 63))
+
+
+def sealed_key(namespace: str, digest: bytes) -> bytes:
+    """The 64 bytes an index entry is sorted by: the namespace, zero-padded, then the
+    digest."""
+    return namespace.encode("ascii").ljust(32, b"\0") + digest
+
+
+class SealedDigests:
+    """The payloads of one sealed pack, found through its own index where it lies on
+    disk (see the module's docstring). Built from the index's bytes once they have been
+    checked against the trailer (``packfile.read_seal_index``); ``find`` and ``items``
+    read through the ``ReadAt`` they are given."""
+
+    __slots__ = ("_block_bytes", "_crcs", "_fence", "count", "filter", "index_offset",
+                 "payloads", "words")
+
+    def __init__(self, index_offset: int, index: bytes, *,
+                 block: int = BLOCK_ENTRIES) -> None:
+        if len(index) % _ENTRY_SIZE:
+            raise ValueError(f"an index is whole {_ENTRY_SIZE}-byte entries, not {len(index)}")
+        if type(block) is not int or block < 1:
+            raise ValueError(f"block must be a positive int, not {block!r}")
+        self.index_offset = index_offset
+        self.count = len(index) // _ENTRY_SIZE
+        self._block_bytes = size = block * _ENTRY_SIZE
+        starts = range(0, len(index), size)
+        self._fence = [index[at + _KEY_AT:at + _KEY_END] for at in starts]
+        self._crcs = array("I", (zlib.crc32(index[at:at + size]) for at in starts))
+        digests = [digest for kind, _, digest, offset, length, _ in _ENTRY.iter_unpack(index)
+                   if kind == pf.PAYLOAD and offset + pf.RECORD_SIZE + length <= index_offset]
+        # The filter: public, as a lookup over many packs probes it inline (a method
+        # call per pack doubled a lookup's time).
+        self.words = words = max(1, (len(digests) * FILTER_BITS + 63) // 64)
+        self.filter = table = array("Q", bytes(8 * words))
+        for digest in digests:
+            word, mask = probe(digest)
+            table[word % words] |= mask
+        self.payloads = len(digests)  # payload entries (a key put twice counts twice)
+
+    def might_hold(self, word: int, mask: int) -> bool:
+        """False if the digest whose ``probe`` this is is surely not a payload here."""
+        return self.filter[word % self.words] & mask == mask
+
+    def find(self, key: bytes, read_at: ReadAt) -> tuple[int, int, int] | None:
+        """(record offset, payload length, time) of the key's first payload entry, with
+        the latest time of its payload entries; None if it has none. ``key`` is
+        ``sealed_key``'s. Raises ``DamagedIndex``."""
+        fence = self._fence
+        block = max(bisect_left(fence, key) - 1, 0)  # the block before the first that
+        found = None                                 # starts at or past the key
+        while block < len(fence):
+            data = self._block(block, read_at)
+            at = data.find(key)
+            while at >= 0:
+                start = at - _KEY_AT
+                if start % _ENTRY_SIZE == 0:
+                    kind, _, _, offset, length, when = _ENTRY.unpack_from(data, start)
+                    if kind == pf.PAYLOAD and \
+                            offset + pf.RECORD_SIZE + length <= self.index_offset:
+                        found = (offset, length, when) if found is None else \
+                            (found[0], found[1], max(found[2], when))
+                at = data.find(key, at + 1)
+            if block + 1 < len(fence) and fence[block + 1] <= key:
+                block += 1  # the key's entries go on in the next block
+            else:
+                break
+        return found
+
+    def items(self, read_at: ReadAt) -> Iterator[tuple[str, bytes, tuple[int, int, int]]]:
+        """Every (namespace, digest, (offset, length, time)) as ``find`` answers it, in
+        the index's order, read block by block. Raises ``DamagedIndex``."""
+        last: tuple[bytes, str, bytes, tuple[int, int, int]] | None = None
+        for block in range(len(self._fence)):
+            for kind, ns, digest, offset, length, when in \
+                    _ENTRY.iter_unpack(self._block(block, read_at)):
+                if kind != pf.PAYLOAD or offset + pf.RECORD_SIZE + length > self.index_offset:
+                    continue
+                if last is not None and last[0] == ns and last[2] == digest:
+                    loc = last[3]
+                    last = (ns, last[1], digest, (loc[0], loc[1], max(loc[2], when)))
+                    continue
+                if last is not None:
+                    yield last[1], last[2], last[3]
+                last = (ns, ns.rstrip(b"\0").decode("ascii", "replace"), digest,
+                        (offset, length, when))
+        if last is not None:
+            yield last[1], last[2], last[3]
+
+    def touches(self, read_at: ReadAt) -> Iterator[tuple[str, bytes, int]]:
+        """The (namespace, digest, time) of each touch entry (the pack store keeps the
+        latest per key in memory: they are few, one per content put again)."""
+        for block in range(len(self._fence)):
+            for kind, ns, digest, offset, _, when in \
+                    _ENTRY.iter_unpack(self._block(block, read_at)):
+                if kind == pf.TOUCH and offset + pf.RECORD_SIZE <= self.index_offset:
+                    yield ns.rstrip(b"\0").decode("ascii", "replace"), digest, when
+
+    def nbytes(self) -> int:
+        """What this pack's part of the index holds in memory, in bytes (the fence's keys
+        as ``bytes`` objects, the CRCs, the filter)."""
+        return (len(self._fence) * (_KEY_END - _KEY_AT + 33) + 8 * (len(self._fence) + 1)
+                + 4 * len(self._crcs) + 8 * self.words)
+
+    def _block(self, block: int, read_at: ReadAt) -> bytes:
+        start = block * self._block_bytes
+        length = min(self._block_bytes, self.count * _ENTRY_SIZE - start)
+        data = read_at(self.index_offset + start, length)
+        if len(data) != length or zlib.crc32(data) != self._crcs[block]:
+            raise DamagedIndex(block)
+        return data

@@ -42,7 +42,7 @@ from .._model.refs import NAMESPACE_RE
 __all__ = [
     "ENTRY_SIZE", "FILE_HEADER_SIZE", "PAYLOAD", "RECORD_SIZE", "TOUCH", "TRAILER_SIZE",
     "VOID", "Entry", "Scan", "encode_file_header", "encode_record", "encode_seal",
-    "parse_file_header", "parse_record", "read_seal", "scan",
+    "parse_file_header", "parse_record", "read_seal", "read_seal_index", "scan",
 ]
 
 FORMAT = 1
@@ -184,6 +184,14 @@ def encode_seal(entries: list[Entry], index_offset: int) -> bytes:
 def read_seal(read_at: ReadAt, size: int) -> list[Entry] | None:
     """The entries of a sealed pack of ``size`` bytes, or None if it is not (validly)
     sealed: no trailer, a torn one, or an index that does not hash to what it says."""
+    found = read_seal_index(read_at, size)
+    return None if found is None else list(_entries(found[1], found[0]))
+
+
+def read_seal_index(read_at: ReadAt, size: int) -> tuple[int, bytes] | None:
+    """(offset, bytes) of a sealed pack's index, checked against its trailer (its BLAKE3),
+    or None if the pack is not (validly) sealed (``read_seal``, before any entry is
+    decoded: what the sealed digests of ``_store/packdigests.py`` are built from)."""
     if size < FILE_HEADER_SIZE + TRAILER_SIZE:
         return None
     tail = read_at(size - TRAILER_SIZE, TRAILER_SIZE)
@@ -197,7 +205,7 @@ def read_seal(read_at: ReadAt, size: int) -> list[Entry] | None:
     index = read_at(index_offset, count * ENTRY_SIZE)
     if len(index) != count * ENTRY_SIZE or blake3.blake3(index).digest() != index_hash:
         return None
-    return list(_entries(index, index_offset))
+    return index_offset, index
 
 
 def _entries(index: bytes, limit: int) -> Iterator[Entry]:

@@ -1,10 +1,13 @@
 """The pack store's digest index, and the reads through it: ``PackIndex``.
 
 What ``PackStore`` (``_store/packs.py``) knows of ``<root>/PACKS/``: each pack as this
-process knows it (``_Pack``), and an in-memory index from (namespace, digest) to where the
-record is (``Location``). Sealed packs are indexed from their trailer; unsealed ones by
-scanning their records, and another process's active pack is *tailed* (a lookup that
-misses scans what it appended since). Reads find a payload here, re-check its record
+process knows it (``_Pack``), and the index from (namespace, digest) to where the record
+is (``Location``). A sealed pack is looked up through its own index, on disk
+(``SealedDigests``: a fence, block checksums and a filter in memory); unsealed packs are
+indexed in memory (``DigestIndex``) by scanning their records, and another process's
+active pack is *tailed* (a lookup that misses scans what it appended since). A lookup
+asks both (``_get``): a key held by several packs is located in the lowest-numbered live
+one, with the latest time any of them gives it. Reads find a payload here, re-check its record
 header and size, and (``verify``) re-hash it; every error a read can raise is built here.
 
 This is the lowest of the pack store's classes (``PackIndex`` < ``PackRecovery`` <
@@ -39,7 +42,7 @@ from . import packfile as pf
 from .artifactbase import CHUNK_SIZE, _os_errors, check_one_by_one, exists_by_check, usage_of
 from .artifacts import ArtifactStore
 from .fileops import FileOps
-from .packdigests import DigestIndex, Location
+from .packdigests import DamagedIndex, DigestIndex, Location, SealedDigests, probe, sealed_key
 
 __all__ = ["PACKS_DIR", "Location", "PackIndex"]
 
@@ -92,7 +95,8 @@ class PackIndex:
     _store_marker: Path | None
     _lock: threading.RLock
     _append: threading.Lock
-    _index: DigestIndex
+    _index: DigestIndex  # the unsealed packs' entries
+    _sealed: tuple[tuple[int, SealedDigests], ...]  # by pack number; replaced, never changed
     _touched: dict[tuple[str, bytes], int]
     _packs: dict[int, _Pack]
     _by_name: dict[str, _Pack]
@@ -150,11 +154,10 @@ class PackIndex:
         size = os.fstat(pack.read_fd).st_size
         self._packs[pack.no] = pack
         self._by_name[stem] = pack
-        sealed = pf.read_seal(read_at, size)
+        sealed = pf.read_seal_index(read_at, size)
         if sealed is not None:
             pack.sealed, pack.size, pack.synced = True, size, size
-            for entry in sealed:
-                self._add(pack, entry)
+            self._seal_known(pack, *sealed)
             return
         if recover and self._recover(pack, size):
             return
@@ -184,11 +187,10 @@ class PackIndex:
             self._add(pack, entry)
         pack.size = found.valid_end
         if not found.complete and not pack.failed:
-            sealed = pf.read_seal(read_at, size)
+            sealed = pf.read_seal_index(read_at, size)
             if sealed is not None:  # its appender sealed it: the index has everything
                 pack.sealed, pack.size, pack.synced = True, size, size
-                for entry in sealed:
-                    self._add(pack, entry)
+                self._seal_known(pack, *sealed)
 
     def _add(self, pack: _Pack, entry: pf.Entry) -> None:
         key = entry.digest
@@ -207,18 +209,78 @@ class PackIndex:
                             (pack.no, entry.offset, entry.length, entry.time))
         elif entry.time > have[3]:
             self._index.set(entry.namespace, key, (*have[:3], entry.time))
+            # Kept as a touch too: the entry of ``have`` leaves the memory index when its
+            # pack is sealed, and its pack's own index does not know this later time.
+            touched = (entry.namespace, key)
+            self._touched[touched] = max(self._touched.get(touched, 0), entry.time)
+
+    def _seal_known(self, pack: _Pack, index_offset: int, index: bytes) -> None:
+        """``pack`` is sealed with this index (checked against its trailer): look its
+        payloads up there from now on, and drop its entries from the memory index. Built
+        before ``_lock`` is taken (tens of ms for a full pack: the puts go on meanwhile)."""
+        digests = SealedDigests(index_offset, index)
+        touches = list(digests.touches(  # what the disk has, as checked: no read needed
+            lambda offset, length: index[offset - index_offset:offset - index_offset + length]))
+        with self._lock:
+            for namespace, digest, when in touches:
+                key = (namespace, digest)
+                self._touched[key] = max(self._touched.get(key, 0), when)
+            others = [item for item in self._sealed if item[0] != pack.no]
+            self._sealed = tuple(sorted((*others, (pack.no, digests)),
+                                        key=lambda item: item[0]))
+            for namespace, digest, _ in self._index.in_pack(pack.no):  # found on disk now
+                self._index.pop(namespace, digest)
 
     def _forget(self, pack: _Pack) -> None:
         """A pack that is gone (compacted by another process): drop what pointed into it."""
         self._packs.pop(pack.no, None)
         self._by_name.pop(pack.name, None)
+        if any(no == pack.no for no, _ in self._sealed):
+            self._sealed = tuple(item for item in self._sealed if item[0] != pack.no)
         for namespace, digest, _ in self._index.in_pack(pack.no):
             self._index.pop(namespace, digest)
         if not pack.own:
             self._close_fds(pack)
 
     def _get(self, namespace: str, digest: bytes) -> Location | None:
-        return self._index.get(namespace, digest)
+        """Where the key is: the memory index's answer and each sealed pack's whose filter
+        does not rule the digest out (most lookups of a new payload read nothing)."""
+        loc = self._index.get(namespace, digest)
+        sealed = self._sealed
+        if not sealed:
+            return loc
+        word, mask = probe(digest)
+        maybe = [item for item in sealed
+                 if item[1].filter[word % item[1].words] & mask == mask]
+        if not maybe:
+            return loc
+        key = sealed_key(namespace, digest)
+        with self._lock:  # a pack's descriptor is closed under it (``_forget``, ``close``)
+            for no, digests in maybe:
+                pack = self._packs.get(no)
+                found = None if pack is None else self._sealed_find(pack, digests, key)
+                if found is not None:
+                    loc = _merged(loc, (no, *found), self._packs)
+        return loc
+
+    def _sealed_find(self, pack: _Pack, digests: SealedDigests,
+                     key: bytes) -> tuple[int, int, int] | None:
+        """``digests.find`` through ``pack``'s descriptor (opened again if the store
+        closed it; a pack removed meanwhile is forgotten). The caller holds ``_lock``."""
+        if pack.read_fd is None:
+            try:
+                pack.read_fd = os.open(pack.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._forget(pack)
+                return None
+            except OSError as exc:
+                raise _os_errors("open pack", pack.path)._translate(exc) from exc
+        try:
+            return digests.find(key, _reader(pack.read_fd))
+        except DamagedIndex as exc:
+            raise _damaged(pack, exc) from None
+        except OSError as exc:
+            raise _os_errors("read pack index", pack.path)._translate(exc) from exc
 
     def _locate(self, ref: ArtifactRef) -> Location | None:
         """Where ``ref`` is, looking again (this thread's batch written, other processes'
@@ -452,6 +514,16 @@ class PackIndex:
         with self._lock:
             refs = {ArtifactRef(ns, digest.hex(), loc[2])
                     for ns, digest, loc in self._index.items()}
+            for no, digests in self._sealed:
+                pack = self._packs[no]
+                try:
+                    refs.update(ArtifactRef(ns, digest.hex(), found[1])
+                                for ns, digest, found in digests.items(
+                                    _reader(self._read_fd(pack))))
+                except DamagedIndex as exc:
+                    raise _damaged(pack, exc) from None
+                except OSError as exc:
+                    raise _os_errors("read pack index", pack.path)._translate(exc) from exc
         if self.legacy is not None:
             refs.update(self.legacy.iter_refs())
         yield from sorted(refs, key=lambda r: (r.namespace, r.digest))
@@ -645,6 +717,23 @@ def _read_exact(fd: int, offset: int, length: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def _merged(have: Location | None, found: Location, packs: dict[int, _Pack]) -> Location:
+    """One key's location from two packs that hold it: the lowest-numbered live pack's
+    record, with the later time (the time keeps it young for reclaim's grace period)."""
+    if have is None or have[0] not in packs:
+        return found
+    first = have if have[0] <= found[0] else found
+    return (*first[:3], max(have[3], found[3]))
+
+
+def _damaged(pack: _Pack, exc: DamagedIndex) -> ArtifactCorruptError:
+    return ArtifactCorruptError(
+        f"the index of sealed pack {pack.path} changed on disk since it was read and "
+        f"checked ({exc}): its payloads cannot be located", path=pack.path,
+        hint="the pack is damaged: run 'evidence verify --full' and restore it from a "
+        "backup")
 
 
 def _digest_bytes(ref: ArtifactRef) -> bytes:

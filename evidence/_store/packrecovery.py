@@ -98,10 +98,9 @@ class PackRecovery(PackIndex):
                 raise ArtifactError(f"cannot seal {pack.path} after a crash: {exc}",
                                     path=pack.path, hint="check the disk, then open the "
                                     "store again") from exc
-            for entry in found.entries:
-                self._add(pack, entry)
             pack.sealed = True
             pack.size = pack.synced = size + len(seal)
+            self._seal_known(pack, size, seal[:-pf.TRAILER_SIZE])
             return True
         finally:
             with contextlib.suppress(OSError):

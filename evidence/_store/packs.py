@@ -23,11 +23,12 @@ next pack, created ahead on another thread once the active one is half full; a `
 of a payload in a pack being sealed waits for the seal, and ``close`` waits for every
 seal, then seals the active pack too.
 
-The digest index is held in memory: the sealed packs' indexes, read when the store opens,
-and the records of unsealed packs, read by scanning them (other processes' active packs
-are *tailed*: a lookup that misses scans what they appended since). It is held compact
-(``_store/packdigests.py``): about 62 bytes a payload, a million payloads ~62 MB; the
-active pack's own list of its records, for its seal, is dropped once it is sealed.
+The digest index does not grow in memory with the payloads (``_store/packdigests.py``):
+a sealed pack is looked up in its own index on disk (a fence, block CRCs and a filter in
+memory: about 3.7 bytes a payload), the records of unsealed packs are indexed in memory
+by scanning them (other processes' active packs are *tailed*: a lookup that misses scans
+what they appended since), 62 bytes a payload until their pack is sealed; the active
+pack's own list of its records, for its seal, is dropped once it is sealed.
 
 Invariants:
   - a payload is durable once ``sync`` returned for it (or its pack was sealed);
@@ -110,7 +111,8 @@ class PackStore(PackReclaim):
         self._store_marker = store_marker  # the store's sync-failed marker, if any
         self._lock = threading.RLock()  # the index and the pack table
         self._append = threading.Lock()  # the active pack
-        self._index = DigestIndex()
+        self._index = DigestIndex()  # the unsealed packs' entries (the sealed: on disk)
+        self._sealed = ()
         self._touched: dict[tuple[str, bytes], int] = {}
         self._packs: dict[int, _Pack] = {}
         self._by_name: dict[str, _Pack] = {}

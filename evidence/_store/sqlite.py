@@ -141,16 +141,23 @@ def connection_wal(conn: apsw.Connection, sync: Sync) -> None:
     conn.execute(f"PRAGMA synchronous = {'FULL' if sync == 'full' else 'NORMAL'}")
 
 
-WRITER_CACHE_MIB = 64  # the write connection's page cache: its bound, whatever the store
+# The write connection's page cache: its bound, whatever the store. 16 MiB, not 64: in
+# interleaved 20,000-page crawls (a 242 MB store; tools/bench_writes.py --writer-cache
+# 64,16,8 --reps 2) 64 MiB bought ~4% of CPU per page (medians 3.59 ms against 3.75, the
+# ranges overlapping), no pages/s and no bytes written (3.16x at both), for 59 MB more
+# peak resident set (185 MB against 125); 8 MiB saved 11 MB more and wrote a little more
+# (3.18x) at fewer pages/s (docs/store.md, "The writer's page cache"). Full
+# within a crawl's first few thousand pages, it no longer makes its memory climb later.
+WRITER_CACHE_MIB = 16
 READER_CACHE_KIB = 2000  # a read connection's page cache (SQLite's default, named here)
 
 
 def connection_cache(conn: apsw.Connection, mib: int | None = None) -> None:
     """A page cache for the writer's indexes: SQLite's default (2 MiB) makes inserts into a
     growing store's unique indexes read pages back from the OS on almost every message.
-    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: it is most
-    of a crawl's growth in memory over its first ~10,000 pages, where the store reaches
-    that size, and none after (docs/benchmarks.md, "Writes and memory over a crawl")."""
+    It fills as the store grows, up to ``WRITER_CACHE_MIB``, and stays there: a crawl's
+    growth in memory over its first few thousand pages, where the store reaches that size,
+    and none after (docs/store.md, "The writer's page cache")."""
     conn.execute(f"PRAGMA cache_size = {-(mib or WRITER_CACHE_MIB) * 1024}")
 
 
