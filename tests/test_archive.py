@@ -591,8 +591,8 @@ def test_reading_each_payload_of_a_pack_store_answers_what_reading_it_does(
     ``read`` does, the error ``read`` raises for a ref whose size is not its record's, and
     None for one to read on its own (too large, or in no pack)."""
     packs = PackStore(tmp_path / "artifacts", pack_bytes=4096)  # several packs
-    refs = [packs.put("body", f"page {i} ".encode() * (i + 1)) for i in range(60)]
-    asked = refs if share == "all" else refs[::20]
+    refs = [packs.put("body", f"page {i} ".encode() * (i + 1)) for i in range(100)]
+    asked = refs if share == "all" else refs[::25]  # one pass, or one by one (_FEW_REFS)
     wrong = ArtifactRef(asked[0].namespace, asked[0].digest, asked[0].size + 1)
     absent = ArtifactRef("body", "0" * 64, 3)
     large = max(asked, key=lambda r: r.size)

@@ -52,6 +52,8 @@ _LAYOUT_TEXT = f"evidence-artifacts {PACKS_LAYOUT}\n"
 _FILE_LAYOUTS = {"evidence-artifacts 2\n": 2}
 _FAILED_LIST = "SYNC-FAILED"
 _PAGE = mmap.PAGESIZE
+# ``read_each`` looks so few refs up one by one; more, in one pass over every entry.
+_FEW_REFS = 64
 
 
 def _now_ms(clock: Callable[[], float]) -> int:
@@ -415,15 +417,37 @@ class PackIndex:
                     mapped[1].close()
 
     def _locations(self, refs: Sequence[ArtifactRef]) -> dict[tuple[str, str], Location]:
-        """Where each of ``refs`` is: one pass over the index when they are many of its
-        entries, else a lookup each."""
-        if len(refs) * 8 < len(self._index):
+        """Where each of ``refs`` is: a lookup each when they are few, else one pass over
+        every entry (the memory index's, then each sealed pack's own index on disk, read
+        once in file order rather than a block per ref)."""
+        if len(refs) <= _FEW_REFS:
             found = ((r.namespace, r.digest, self._get(r.namespace, _digest_bytes(r)))
                      for r in refs)
             return {(ns, digest): loc for ns, digest, loc in found if loc is not None}
         wanted = {(r.namespace, bytes.fromhex(r.digest)) for r in refs}
-        return {(ns, digest.hex()): loc for ns, digest, loc in self._index.items()
-                if (ns, digest) in wanted}
+        located: dict[tuple[str, str], Location] = {}
+        for ns, digest, loc in self._entries():
+            if (ns, digest) in wanted:
+                key = (ns, digest.hex())
+                located[key] = _merged(located.get(key), loc, self._packs)
+        return located
+
+    def _entries(self) -> Iterator[tuple[str, bytes, Location]]:
+        """Every (namespace, digest, location) the index holds: the memory index's, then
+        each sealed pack's (a key in several packs comes once per pack). Holds ``_lock``
+        until exhausted (a sealed pack's descriptor is closed under it): consume it whole,
+        taking no lock of the store meanwhile."""
+        with self._lock:
+            yield from self._index.items()
+            for no, digests in self._sealed:
+                pack = self._packs[no]
+                try:
+                    for ns, digest, found in digests.items(_reader(self._read_fd(pack))):
+                        yield ns, digest, (no, *found)
+                except DamagedIndex as exc:
+                    raise _damaged(pack, exc) from None
+                except OSError as exc:
+                    raise _os_errors("read pack index", pack.path)._translate(exc) from exc
 
     def _map(self, number: int, wanted: int) -> tuple[_Pack, mmap.mmap] | None:
         """Pack ``number`` mapped read-only (None if it is gone); read ahead when the
@@ -511,19 +535,7 @@ class PackIndex:
     def iter_refs(self) -> Iterator[ArtifactRef]:
         """Every payload stored, once, sorted by (namespace, digest)."""
         self.refresh()
-        with self._lock:
-            refs = {ArtifactRef(ns, digest.hex(), loc[2])
-                    for ns, digest, loc in self._index.items()}
-            for no, digests in self._sealed:
-                pack = self._packs[no]
-                try:
-                    refs.update(ArtifactRef(ns, digest.hex(), found[1])
-                                for ns, digest, found in digests.items(
-                                    _reader(self._read_fd(pack))))
-                except DamagedIndex as exc:
-                    raise _damaged(pack, exc) from None
-                except OSError as exc:
-                    raise _os_errors("read pack index", pack.path)._translate(exc) from exc
+        refs = {ArtifactRef(ns, digest.hex(), loc[2]) for ns, digest, loc in self._entries()}
         if self.legacy is not None:
             refs.update(self.legacy.iter_refs())
         yield from sorted(refs, key=lambda r: (r.namespace, r.digest))
