@@ -509,8 +509,10 @@ def test_status_shows_the_workers_and_stop_ends_them_gracefully(tmp_path: Path) 
         proc = _crawl_process(site.url, store, "--processes", "2", "--json")
         try:
             site.wait_for_request("/p/0", timeout=60)
-            pids = _wait_for("the worker processes",
-                             lambda: _live(store).get("worker_pids"), proc, store)
+            # Both started: with one, status (run next) could list the other too.
+            pids = _wait_for("the two worker processes", lambda: (
+                len(_live(store).get("worker_pids", [])) == 2
+                and _live(store)["worker_pids"]), proc, store)
             opened = {pid: _open_files(pid) for pid in pids}
             shown = subprocess.run([sys.executable, "-m", "evidence", "status", str(store)],
                                    capture_output=True, text=True, timeout=60)
