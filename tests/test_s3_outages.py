@@ -206,7 +206,9 @@ def test_a_crawl_rides_through_five_object_store_outages(
     caplog.set_level(logging.INFO, logger="evidence.s3")
     with Store.create(tmp_path / "s", artifacts=server.url("outages")):
         pass
-    with TestSite(SiteConfig(pages=120)) as site:
+    # 400 pages: under load the crawl fetched all of 120 before the fourth outage (the site
+    # answered no 4 more pages after the third: the test's thread timed out in a soak run).
+    with TestSite(SiteConfig(pages=400)) as site:
         # Each outage down for 1.5 s before the restart (which takes more): longer than
         # the second an outage must last to be said, however fast the restart is.
         outages = _Outages(server, site, lambda: _said(caplog, "reachable again"), count=5,
