@@ -185,7 +185,8 @@ async def run_behaviors(page: Page, log: BehaviorLog, *,
 
     ``settle()`` waits for the settle rule (its result, or None if the page crashed);
     ``requests()`` lists the render's requests so far as (method, URL, sequence), in the
-    order they were made: an action's requests are those that appeared while it settled.
+    order they were made: an action's requests are those that appeared from the moment
+    it began (before its step ran in the page) until it settled.
     """
     options = log.options
     started = time.monotonic()
@@ -211,11 +212,15 @@ async def run_behaviors(page: Page, log: BehaviorLog, *,
             opts = {"max_scroll_height": options.max_scroll_height,
                     "click_selectors": list(options.click_selectors),
                     "max_clicks": options.max_clicks}
+            # Counted before the step: the step itself acts (a scroll, lazy images made
+            # eager), and what the page requests in answer can reach the proxy before the
+            # step's answer reaches us (under load it did: the scroll's next page was in
+            # no action).
+            before = len(requests())
+            at_ms = round((time.monotonic() - started) * 1000, 3)
             step = await page.evaluate(f"{_STEP}({json.dumps(name)}, {json.dumps(opts)})")
             if step is None:
                 break
-            before = len(requests())
-            at_ms = round((time.monotonic() - started) * 1000, 3)
             if step.get("action") == "stopped":
                 reason = str(step.get("target", "stopped"))
                 break
