@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,6 +456,35 @@ def new_pg_database(cluster) -> str:
 # Every crawl this test process runs checks its scheduler's per-host sums at every change,
 # not only its totals (docs/design.md, "The crawler").
 Scheduler.thorough = True
+
+# --- the package compiled once, before any test starts a process of it ------------------
+#
+# Many tests run evidence in a process of its own: a crawl, its worker processes, a writer
+# service, the command line. An installed package carries its modules compiled to
+# bytecode; this repository's editable install does not, and where PYTHONDONTWRITEBYTECODE
+# is set (as on the machines CI runs on) nothing writes it, so every such process compiled
+# every module it imported again: about half of a crawl process's start-up CPU. The
+# controller (or the one process of ``-n 0``) compiles the package and tools/ once, before
+# xdist starts its processes; ``compileall`` writes bytecode whatever that variable says,
+# and imports read it. A stale file is recompiled (its source's time and size are checked).
+#
+# The same variable kept pytest from caching the test modules it rewrites for its assert
+# messages, so each of the suite's processes rewrote all of them (8 s of CPU each of 12 s
+# to collect). The suite's own processes write bytecode as Python does by default; the
+# processes they start still inherit the variable, and only read.
+
+sys.dont_write_bytecode = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import compileall
+
+    if hasattr(config, "workerinput"):
+        return  # an xdist process: its controller compiled before starting it
+    root = Path(__file__).resolve().parent.parent
+    for directory in ("evidence", "tools"):
+        compileall.compile_dir(root / directory, quiet=1)
+
 
 # --- tests that must not share the machine with the rest of the suite ---------------------
 #
