@@ -407,8 +407,11 @@ def names_imported(path: Path) -> list[tuple[int, str, str]]:
     inside = path.is_relative_to(PACKAGE)
     found = []
     modules_by_alias: dict[str, str] = {}
-    tree = parsed(path)
-    for node in ast.walk(tree):
+    # ``name.attr`` reads, kept until every import is seen (one walk of the tree)
+    attributes: list[tuple[int, str, str]] = []
+    for node in ast.walk(parsed(path)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            attributes.append((node.lineno, node.value.id, node.attr))
         if not isinstance(node, ast.ImportFrom):
             continue
         if node.level:
@@ -425,10 +428,8 @@ def names_imported(path: Path) -> list[tuple[int, str, str]]:
             module_path = PACKAGE.parent.joinpath(*f"{target}.{alias.name}".split("."))
             if module_path.with_suffix(".py").is_file():
                 modules_by_alias[alias.asname or alias.name] = f"{target}.{alias.name}"
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in modules_by_alias):
-            found.append((node.lineno, modules_by_alias[node.value.id], node.attr))
+    found += [(line, modules_by_alias[alias], attr)
+              for line, alias, attr in attributes if alias in modules_by_alias]
     return found
 
 
