@@ -155,16 +155,39 @@ _VALUES = (st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.none
            | st.sampled_from(["it's", "a\tb", "\x00", "\u2028", "''", "\x7f"]))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(*[_VALUES] * 7), max_size=6))
+_TEXTS = (st.text(st.characters(min_codepoint=32, max_codepoint=126) | st.sampled_from(
+    "é\u2028\U0001f600"), max_size=8) | st.text(st.characters(codec="utf-8"), max_size=8)
+    | st.sampled_from(["it's", "a\tb", "\x00", "''", "\x7f", "\x85"]))
+_FLOATS = st.floats(allow_nan=False) | st.sampled_from([-0.0, 1e16, 5e-324, 1e999, -1e999])
+_INTEGERS = st.integers(-2**63, 2**63 - 1)
+# A row of the table below: each column's declared type (NULL where it may be), or that
+# with one value of any type in any column.
+_TYPED = (_INTEGERS | st.none(), _TEXTS | st.none(), st.binary(max_size=6) | st.none(),
+          _FLOATS | st.none(), _TEXTS | st.none(), _VALUES, _INTEGERS, _FLOATS, _TEXTS,
+          st.binary(max_size=6), _VALUES)
+
+
+@st.composite
+def _rows(draw: st.DrawFn) -> tuple:
+    row = list(draw(st.tuples(*_TYPED)))
+    if draw(st.booleans()):
+        row[draw(st.integers(0, len(row) - 1))] = draw(_VALUES)
+    return tuple(row)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_rows(), max_size=6))
 def test_any_values_in_any_declared_column_dump_as_sql_literal_spells_them(rows) -> None:
-    """The dump spells each column's declared type inline (export._sql_lines); whatever
-    a column holds, each line is the INSERT that sql_literal spells value by value."""
+    """The dump spells a row whose values all have their columns' declared types in place
+    (export._sql_lines); whatever a column holds, NULL or not, each line is the INSERT
+    that sql_literal spells value by value."""
     conn = apsw.Connection(":memory:")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c BLOB, "
-                 "d REAL, e VARCHAR(9), f, g INTEGER NOT NULL DEFAULT 0)")
+                 "d REAL, e VARCHAR(9), f, g INTEGER NOT NULL DEFAULT 0, "
+                 "h DOUBLE NOT NULL, i TEXT NOT NULL, j BLOB NOT NULL, k NUMERIC)")
     for i, row in enumerate(rows):
-        conn.execute("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, coalesce(?, 0))", (i, *row))
+        conn.execute("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, coalesce(?, 0), "
+                     "coalesce(?, 0.5), coalesce(?, ''), coalesce(?, x''), ?)", (i, *row))
     with tempfile.TemporaryDirectory() as scratch:
         out = Output(Path(scratch))
         dump(conn, out)

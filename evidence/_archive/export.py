@@ -322,48 +322,76 @@ def _lines_format(table: Table, fmt: Format) -> Callable[[list[tuple]], list[str
 #
 # Spelling a value through ``_SQL[type(v)](v)`` is a dict lookup and a call per value: with
 # 554,109 values on a 5,000-page crawl's store, most of the dump's time. The function made
-# for a table spells each column's declared type inline, in one f-string per row, and any
-# other value (NULL, a TEXT that needs quoting, a value of another type: SQLite's columns
-# hold any type) through ``sql_literal``: the same bytes, value for value. Only positional
-# names (c0, c1, ...) and the names below reach the generated code, never a table's or a
-# column's name: the INSERT's prefix is passed as a value.
+# for a table tests a whole row first: when every value has its column's declared type and
+# needs no escaping (a TEXT printable and without a quote, a REAL finite), the row is one
+# f-string with each value spelled in place, the quotes of a TEXT and the ``X'...'`` of a
+# BLOB being part of the f-string rather than strings built around each value. Any other
+# row (a NULL in a NOT NULL column, a TEXT that needs quoting or ``char()``, a value of
+# another type: SQLite's columns hold any type) is spelled value by value through
+# ``sql_literal``: the same bytes, value for value (tests/test_archive.py checks any values
+# in any declared column). Only positional names (c0, c1, ...) and the names below reach
+# the generated code, never a table's or a column's name: the INSERT's prefix is a value.
 
-_INLINE = {  # @: the column's value
-    "int": "@ if @.__class__ is int else L(@)",  # format(int) is int.__repr__
-    "text": "Q + @ + Q if @.__class__ is str and @.isprintable() and Q not in @ else L(@)",
-    "blob": "X + @.hex() + Q if @.__class__ is bytes else L(@)",
-    "": "L(@)",
+_TEST = {  # @: the column's value; is it spelled in place?
+    "int": "@.__class__ is int",
+    "real": "@.__class__ is float and @ - @ == 0.0",  # finite: inf - inf and NaN are NaN
+    "text": "@.__class__ is str and @.isprintable() and Q not in @",
+    "blob": "@.__class__ is bytes",
 }
+_IN_PLACE = {"int": "{@}", "real": "{@!r}", "text": "'{@}'", "blob": "X'{@.hex()}'",
+             "": "{L(@)}"}  # format(int) is int.__repr__; a REAL's spelling is its repr
+_OR_NULL = {"int": "{N if @ is None else @}", "real": "{N if @ is None else R(@)}",
+            "text": "{N if @ is None else Q + @ + Q}",
+            "blob": "{N if @ is None else X + @.hex() + Q}", "": "{L(@)}"}
 
 
 def _kind(declared: str, not_null: bool) -> str:
     """The type a column's values most likely have, by SQLite's affinity rules on its
-    declared type (the order of the checks is theirs; "" for REAL and NUMERIC), with "?"
-    when the column may hold NULL."""
+    declared type (the order of the checks is theirs), with "?" when the column may hold
+    NULL; "" for NUMERIC and for no declared type (its values are whatever was stored)."""
     declared = declared.upper()
+    if not declared:
+        return ""
     if "INT" in declared:
         kind = "int"
     elif any(word in declared for word in ("CHAR", "CLOB", "TEXT")):
         kind = "text"
+    elif "BLOB" in declared:
+        kind = "blob"
+    elif any(word in declared for word in ("REAL", "FLOA", "DOUB")):
+        kind = "real"
     else:
-        kind = "blob" if "BLOB" in declared or not declared else ""
+        kind = ""
     return kind if not_null or not kind else kind + "?"
-
-
-def _spell(kind: str, name: str) -> str:
-    inline = _INLINE[kind.rstrip("?")].replace("@", name)
-    return "{" + (f"N if {name} is None else {inline}" if kind.endswith("?") else inline) + "}"
 
 
 def _sql_lines(prefix: str, kinds: tuple[str, ...]) -> Callable[[list[tuple]], list[str]]:
     names = [f"c{i}" for i in range(len(kinds))]
-    values = ",".join(_spell(kind, name) for kind, name in zip(kinds, names, strict=True))
-    source = (f"def lines(chunk):\n    return [P + f{(values + ');').__repr__()} + NL "
-              f"for ({', '.join(names)},) in chunk]\n")
+    tests, spelled = [], []
+    for kind, name in zip(kinds, names, strict=True):
+        base = kind.rstrip("?")
+        test = _TEST.get(base)
+        if kind.endswith("?"):
+            test = f"({name} is None or {test})" if test else None
+            spelled.append(_OR_NULL[base].replace("@", name))
+        else:
+            spelled.append(_IN_PLACE[base].replace("@", name))
+        if test:
+            tests.append(test.replace("@", name))
+    line = "{P}" + ",".join(spelled) + ");\n"
+    source = (f"def lines(chunk):\n    return [f{line.__repr__()} if "
+              f"{' and '.join(tests) or 'True'} else S(row)\n"
+              f"            for row in chunk for ({', '.join(names)},) in (row,)]\n")
     scope: dict[str, Any] = {"L": sql_literal, "P": prefix, "Q": "'", "X": "X'", "N": "NULL",
-                             "NL": "\n"}
+                             "R": float.__repr__, "S": lambda row: _sql_row(prefix, row)}
     exec(compile(source, f"<dump lines of {len(kinds)} columns>", "exec"), scope)
     return scope["lines"]
+
+
+def _sql_row(prefix: str, row: tuple) -> str:
+    """One row's line, spelled value by value: what the function made for a table does
+    for a row it cannot spell in place."""
+    return prefix + ",".join([sql_literal(v) for v in row]) + ");\n"
 
 
 def _line_format(table: Table, fmt: Format) -> Callable[[tuple], str]:
