@@ -642,7 +642,7 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
                 for name, data in (checkpoint.files() if checkpoint else {}).items():
                     output.write(name, data)
                 files = output.finish()
-                refs = artifact_refs(conn, where.get("artifact", "1"), params, by_key=True)
+                refs = artifact_refs(conn, where.get("artifact", "1"), params)
             finally:
                 conn.close()
         for name in (SNAPSHOT, SNAPSHOT + "-wal", SNAPSHOT + "-shm"):
