@@ -45,6 +45,7 @@ from evidence._archive.archive import backup, compare, load_dump, restore
 from evidence._archive.export import (
     TABLE_ORDER,
     Output,
+    describe_log,
     dump,
     export,
     read_manifest,
@@ -198,6 +199,38 @@ def test_any_values_in_any_declared_column_dump_as_sql_literal_spells_them(rows)
                    for row in stored)
     body = text.split("-- @section table t\n", 1)[1].split("-- @end\n", 1)[0]
     assert body == want
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    ("UPDATE ingest_ledger SET payload = CAST(payload || x'00' AS BLOB) WHERE log_index = 3",
+     "does not hash to its stored leaf hash"),
+    ("DELETE FROM ingest_ledger WHERE log_index = 2", "leaf 2 is missing (next is 3)"),
+    ("UPDATE commit_log SET root = zeroblob(32) WHERE batch_seq = 2", "batch 2: recomputed"),
+    ("INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
+     "payload, batch_seq, received_at) SELECT log_index + 1000, message_id || 'x', kind, "
+     "payload_hash, leaf_hash, payload, batch_seq, received_at FROM ingest_ledger "
+     "WHERE log_index = 0", "leaf 1000 is beyond the last committed tree size"),
+    ("UPDATE ingest_ledger SET batch_seq = 1 WHERE log_index = 4", "leaf 4 says batch 1"),
+    ("", None),
+])
+def test_the_log_check_read_with_the_dump_finds_what_check_log_finds(
+        rich: Store, tmp_path: Path, edit: str, what: str | None) -> None:
+    """The export checks the log from the ledger rows its dump reads (one pass): its
+    manifest's log head and log gaps are those of check_log over the same store."""
+    backup(rich, tmp_path / "copy")
+    conn = apsw.Connection(str(tmp_path / "copy" / "evidence.db"))
+    for trigger in ("ingest_ledger_no_update", "ingest_ledger_no_delete",
+                    "commit_log_no_update"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    if edit:
+        conn.execute(edit)
+    manifest = export(tmp_path / "copy", tmp_path / "a")
+    head, gaps = describe_log(conn, check_log(conn))
+    conn.close()
+    assert manifest.log == head
+    assert [g for g in manifest.gaps if g.kind == "log"] == sorted(gaps)
+    assert head.verified == (what is None)
+    assert what is None or any(what in finding for finding in head.findings), head.findings
 
 
 def test_dump_has_no_date_host_or_path_of_the_export(rich: Store, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ import msgspec
 from .._errors import CorruptStoreError, ProofError, StoreError
 from .._store.db import ARTIFACTS_DIR
 from .._store.fsync import fsync_dir
-from .._store.log import check_log, load_head
+from .._store.log import LogCheck, LogFinding, check_log, load_head
 from .._store.sqlite import map_sqlite_errors
 from .carried import Carried, reach
 from .segments import write_payloads
@@ -50,8 +50,8 @@ from .snapshot import (
 )
 
 __all__ = ["DUMP_FORMAT", "FORMAT_VERSION", "READS_FORMATS", "TABLE_ORDER", "FileEntry",
-           "Manifest", "Output", "Section", "dump", "export", "ident", "read_manifest",
-           "schema_sql", "sql_literal", "tables"]
+           "Manifest", "Output", "Section", "describe_log", "dump", "export", "ident",
+           "read_manifest", "schema_sql", "sql_literal", "tables"]
 
 FORMAT_VERSION = 2  # the archive's: 2 keeps payloads in segments (_archive/segments.py)
 READS_FORMATS = (1, 2)  # 1: one file per payload, still restored and compared
@@ -181,6 +181,9 @@ def schema_sql(conn: apsw.Connection, order: list[Table]) -> list[str]:
 
 # --- the dump ------------------------------------------------------------------------------
 
+RowsTo = Callable[[tuple[str, ...], list[tuple]], None]  # (the columns, a chunk of rows)
+
+
 class Section(msgspec.Struct, frozen=True, kw_only=True):
     """A contiguous byte range of one file: the schema, or one table's rows."""
 
@@ -238,13 +241,17 @@ class Output:
 def dump(conn: apsw.Connection, out: Output, *, fmt: Format = "sql",
          where: dict[str, str] | None = None, params: dict[str, object] | None = None,
          header: str = "", per_run: dict[tuple[str, str], list] | None = None,
-         progress: Progress | None = None) -> tuple[Section, dict[str, Section]]:
+         progress: Progress | None = None, rows_to: dict[str, RowsTo] | None = None
+         ) -> tuple[Section, dict[str, Section]]:
     """Write the canonical dump of ``conn``; return the schema section and one per table.
 
     ``where`` maps a table to the condition its rows must meet (a table mapped to ``"0"``
     is empty); ``per_run`` collects [rows, hasher] per (run_id, table) for tables with a
-    ``run_id`` column, from the same SQL lines (``compare`` uses it).
+    ``run_id`` column, from the same SQL lines (``compare`` uses it); ``rows_to`` hands a
+    table's rows, chunk by chunk and in key order, to whoever else reads them (``export``:
+    the log check, from the ledger's rows).
     """
+    rows_to = rows_to or {}
     where, params = where or {}, params or {}
     order = tables(conn)
     main = "dump.sql" if fmt == "sql" else "schema.sql"
@@ -269,6 +276,7 @@ def dump(conn: apsw.Connection, out: Output, *, fmt: Format = "sql",
         out.write(name, head)
         hasher.update(head)
         lines_of = _lines_format(table, fmt)
+        also = rows_to.get(table.name)
         run_at = table.columns.index("run_id") if "run_id" in table.columns else None
         cols = ", ".join(ident(c) for c in table.columns)
         cursor = conn.execute(
@@ -277,6 +285,8 @@ def dump(conn: apsw.Connection, out: Output, *, fmt: Format = "sql",
         try:
             while chunk := list(itertools.islice(cursor, _ROWS_PER_CHUNK)):
                 lines = lines_of(chunk)
+                if also is not None:
+                    also(table.columns, chunk)
                 data = "".join(lines).encode()
                 out.write(name, data)
                 hasher.update(data)
@@ -558,7 +568,8 @@ def read_manifest(archive: os.PathLike[str] | str) -> Manifest:
 
 
 def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, object]) -> dict:
-    """Identity, versions, sessions, runs, log head and the gaps of runs and sessions."""
+    """Identity, versions, sessions, runs and the gaps of runs and sessions (the log's
+    head and gaps: ``describe_log``)."""
     def rows(table: str, cols: str) -> list[tuple]:
         return conn.execute(f"SELECT {cols} FROM {table} WHERE {where.get(table, '1')} "
                             f"ORDER BY 1", params).fetchall()
@@ -575,13 +586,6 @@ def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, obj
                  detail=f"the run ended {r.outcome!r}" + (f": {r.reason}" if r.reason else "")
                  if r.outcome else "the run has no recorded end (running or killed)")
              for r in runs if r.outcome != "completed"]
-    head = load_head(conn)
-    size, root, findings = check_log(conn)
-    notes = [f.detail for f in findings]
-    if (size, root) != (head.tree.size, head.tree.root()):
-        notes.append(f"the commit-log head (size {head.tree.size}) differs from the tree "
-                     f"recomputed from the ledger (size {size})")
-    gaps += [Gap(kind="log", subject="commit_log", detail=n) for n in notes]
     return {
         "store_id": meta.get("store_id", ""),
         "schema_version": conn.execute("SELECT coalesce(max(version), 0) FROM "
@@ -590,10 +594,55 @@ def describe(conn: apsw.Connection, where: dict[str, str], params: dict[str, obj
         "sessions": sessions, "runs": runs, "gaps": gaps,
         "quarantined": conn.execute(f"SELECT count(*) FROM quarantine WHERE "
                                     f"{where.get('quarantine', '1')}", params).fetchall()[0][0],
-        "log": LogHeadEntry(tree_size=head.tree.size, root=head.tree.root().hex(),
-                            batch_seq=head.batch_seq, entry_hash=head.entry_hash.hex(),
-                            verified=not notes, findings=notes),
     }
+
+
+def describe_log(conn: apsw.Connection, checked: tuple[int, bytes, list[LogFinding]]
+                 ) -> tuple[LogHeadEntry, list[Gap]]:
+    """The commit-log head at the snapshot, and a gap per finding of ``checked`` (what
+    ``check_log`` answers) and for a head the recomputed tree does not match."""
+    head = load_head(conn)
+    size, root, findings = checked
+    notes = [f.detail for f in findings]
+    if (size, root) != (head.tree.size, head.tree.root()):
+        notes.append(f"the commit-log head (size {head.tree.size}) differs from the tree "
+                     f"recomputed from the ledger (size {size})")
+    return (LogHeadEntry(tree_size=head.tree.size, root=head.tree.root().hex(),
+                         batch_seq=head.batch_seq, entry_hash=head.entry_hash.hex(),
+                         verified=not notes, findings=notes),
+            [Gap(kind="log", subject="commit_log", detail=n) for n in notes])
+
+
+_LEAF_COLUMNS = ("log_index", "payload", "leaf_hash", "batch_seq", "received_at")
+
+
+class _LedgerCheck:
+    """The log check fed the ledger's rows as the dump reads them (``LogCheck``): the
+    ledger is read once, where a second pass of ``check_log`` cost a third of the check
+    (0.045 of 0.145 s of CPU on a 5,000-page crawl's store). A ledger without the columns
+    the check reads is left to ``check_log``, which says what is wrong with it."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.check = LogCheck(conn)
+        self.usable, self.more = True, True
+
+    def __call__(self, columns: tuple[str, ...], chunk: list[tuple]) -> None:
+        if not (self.usable and self.more):
+            return
+        if not set(_LEAF_COLUMNS) <= set(columns):
+            self.usable = False
+            return
+        at = [columns.index(c) for c in _LEAF_COLUMNS]
+        by = columns.index("submitter") if "submitter" in columns else None
+        leaf = self.check.leaf
+        for row in chunk:
+            if not leaf(*[row[i] for i in at], None if by is None else row[by]):
+                self.more = False
+                return
+
+    def result(self, conn: apsw.Connection, dumped: bool) -> tuple[int, bytes, list[LogFinding]]:
+        """The check's answer; ``check_log``'s own when the ledger was not dumped whole."""
+        return self.check.finish() if dumped and self.usable else check_log(conn)
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -637,8 +686,13 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
                     reach(conn, checkpoint)
                 output = Output(tmp)
                 scope = f"run {_sql_text(run_id)}" if run_id else "store"
+                # A run's archive dumps a part of the ledger: check_log reads it all.
+                ledger = None if run_id else _LedgerCheck(conn)
                 schema, sections = dump(conn, output, fmt=format, where=where, params=params,
-                                        header=f"-- scope: {scope}\n", progress=progress)
+                                        header=f"-- scope: {scope}\n", progress=progress,
+                                        rows_to={"ingest_ledger": ledger} if ledger else None)
+                log, log_gaps = describe_log(conn, ledger.result(
+                    conn, "ingest_ledger" in sections) if ledger else check_log(conn))
                 for name, data in (checkpoint.files() if checkpoint else {}).items():
                     output.write(name, data)
                 files = output.finish()
@@ -661,8 +715,8 @@ def export(source: Source, out: os.PathLike[str] | str, *, run_id: str | None = 
         manifest = Manifest(
             format_version=FORMAT_VERSION, format=format, run_id=run_id,
             excluded_tables=excluded, schema=schema, tables=sections, files=files,
-            artifacts=len(refs), artifact_bytes=sum(r.size for r in refs),
-            **{**info, "gaps": sorted(info["gaps"] + gaps)})
+            artifacts=len(refs), artifact_bytes=sum(r.size for r in refs), log=log,
+            **{**info, "gaps": sorted(info["gaps"] + log_gaps + gaps)})
         with open(tmp / MANIFEST, "xb") as handle:
             handle.write(encode_manifest(manifest))
             handle.flush()
