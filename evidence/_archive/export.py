@@ -632,11 +632,12 @@ class _LedgerCheck:
         if not set(_LEAF_COLUMNS) <= set(columns):
             self.usable = False
             return
-        at = [columns.index(c) for c in _LEAF_COLUMNS]
+        index, payload, leaf_hash, batch, received = (columns.index(c) for c in _LEAF_COLUMNS)
         by = columns.index("submitter") if "submitter" in columns else None
         leaf = self.check.leaf
         for row in chunk:
-            if not leaf(*[row[i] for i in at], None if by is None else row[by]):
+            if not leaf(row[index], row[payload], row[leaf_hash], row[batch], row[received],
+                        None if by is None else row[by]):
                 self.more = False
                 return
 
