@@ -233,6 +233,24 @@ def test_the_log_check_read_with_the_dump_finds_what_check_log_finds(
     assert what is None or any(what in finding for finding in head.findings), head.findings
 
 
+def test_an_export_reads_the_ledger_s_payloads_once(
+        rich: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log check takes the rows the dump reads: one pass over the ledger, where
+    check_log read every payload a second time (the statements SQLite ran, traced)."""
+    statements: list[str] = []
+
+    def trace(conn: apsw.Connection) -> None:
+        def record(_cursor: apsw.Cursor, sql: str, _bindings: object) -> bool:
+            statements.append(sql)
+            return True
+        conn.exec_trace = record
+
+    monkeypatch.setattr(apsw, "connection_hooks", [*apsw.connection_hooks, trace])
+    export(rich, tmp_path / "a")
+    reads = [s for s in statements if re.search(r"\bpayload\b.* FROM ingest_ledger", s)]
+    assert len(reads) == 1, reads
+
+
 def test_dump_has_no_date_host_or_path_of_the_export(rich: Store, tmp_path: Path) -> None:
     export(rich, tmp_path / "a")
     head = dump_bytes(tmp_path / "a").split(b"-- @section schema")[0].decode()
