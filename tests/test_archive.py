@@ -45,6 +45,7 @@ from evidence._archive.archive import backup, compare, load_dump, restore
 from evidence._archive.export import (
     TABLE_ORDER,
     Output,
+    describe_log,
     dump,
     export,
     read_manifest,
@@ -155,16 +156,39 @@ _VALUES = (st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.none
            | st.sampled_from(["it's", "a\tb", "\x00", "\u2028", "''", "\x7f"]))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(*[_VALUES] * 7), max_size=6))
+_TEXTS = (st.text(st.characters(min_codepoint=32, max_codepoint=126) | st.sampled_from(
+    "é\u2028\U0001f600"), max_size=8) | st.text(st.characters(codec="utf-8"), max_size=8)
+    | st.sampled_from(["it's", "a\tb", "\x00", "''", "\x7f", "\x85"]))
+_FLOATS = st.floats(allow_nan=False) | st.sampled_from([-0.0, 1e16, 5e-324, 1e999, -1e999])
+_INTEGERS = st.integers(-2**63, 2**63 - 1)
+# A row of the table below: each column's declared type (NULL where it may be), or that
+# with one value of any type in any column.
+_TYPED = (_INTEGERS | st.none(), _TEXTS | st.none(), st.binary(max_size=6) | st.none(),
+          _FLOATS | st.none(), _TEXTS | st.none(), _VALUES, _INTEGERS, _FLOATS, _TEXTS,
+          st.binary(max_size=6), _VALUES)
+
+
+@st.composite
+def _rows(draw: st.DrawFn) -> tuple:
+    row = list(draw(st.tuples(*_TYPED)))
+    if draw(st.booleans()):
+        row[draw(st.integers(0, len(row) - 1))] = draw(_VALUES)
+    return tuple(row)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_rows(), max_size=6))
 def test_any_values_in_any_declared_column_dump_as_sql_literal_spells_them(rows) -> None:
-    """The dump spells each column's declared type inline (export._sql_lines); whatever
-    a column holds, each line is the INSERT that sql_literal spells value by value."""
+    """The dump spells a row whose values all have their columns' declared types in place
+    (export._sql_lines); whatever a column holds, NULL or not, each line is the INSERT
+    that sql_literal spells value by value."""
     conn = apsw.Connection(":memory:")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c BLOB, "
-                 "d REAL, e VARCHAR(9), f, g INTEGER NOT NULL DEFAULT 0)")
+                 "d REAL, e VARCHAR(9), f, g INTEGER NOT NULL DEFAULT 0, "
+                 "h DOUBLE NOT NULL, i TEXT NOT NULL, j BLOB NOT NULL, k NUMERIC)")
     for i, row in enumerate(rows):
-        conn.execute("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, coalesce(?, 0))", (i, *row))
+        conn.execute("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, coalesce(?, 0), "
+                     "coalesce(?, 0.5), coalesce(?, ''), coalesce(?, x''), ?)", (i, *row))
     with tempfile.TemporaryDirectory() as scratch:
         out = Output(Path(scratch))
         dump(conn, out)
@@ -175,6 +199,56 @@ def test_any_values_in_any_declared_column_dump_as_sql_literal_spells_them(rows)
                    for row in stored)
     body = text.split("-- @section table t\n", 1)[1].split("-- @end\n", 1)[0]
     assert body == want
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    ("UPDATE ingest_ledger SET payload = CAST(payload || x'00' AS BLOB) WHERE log_index = 3",
+     "does not hash to its stored leaf hash"),
+    ("DELETE FROM ingest_ledger WHERE log_index = 2", "leaf 2 is missing (next is 3)"),
+    ("UPDATE commit_log SET root = zeroblob(32) WHERE batch_seq = 2", "batch 2: recomputed"),
+    ("INSERT INTO ingest_ledger (log_index, message_id, kind, payload_hash, leaf_hash, "
+     "payload, batch_seq, received_at) SELECT log_index + 1000, message_id || 'x', kind, "
+     "payload_hash, leaf_hash, payload, batch_seq, received_at FROM ingest_ledger "
+     "WHERE log_index = 0", "leaf 1000 is beyond the last committed tree size"),
+    ("UPDATE ingest_ledger SET batch_seq = 1 WHERE log_index = 4", "leaf 4 says batch 1"),
+    ("", None),
+])
+def test_the_log_check_read_with_the_dump_finds_what_check_log_finds(
+        rich: Store, tmp_path: Path, edit: str, what: str | None) -> None:
+    """The export checks the log from the ledger rows its dump reads (one pass): its
+    manifest's log head and log gaps are those of check_log over the same store."""
+    backup(rich, tmp_path / "copy")
+    conn = apsw.Connection(str(tmp_path / "copy" / "evidence.db"))
+    for trigger in ("ingest_ledger_no_update", "ingest_ledger_no_delete",
+                    "commit_log_no_update"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    if edit:
+        conn.execute(edit)
+    manifest = export(tmp_path / "copy", tmp_path / "a")
+    head, gaps = describe_log(conn, check_log(conn))
+    conn.close()
+    assert manifest.log == head
+    assert [g for g in manifest.gaps if g.kind == "log"] == sorted(gaps)
+    assert head.verified == (what is None)
+    assert what is None or any(what in finding for finding in head.findings), head.findings
+
+
+def test_an_export_reads_the_ledger_s_payloads_once(
+        rich: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log check takes the rows the dump reads: one pass over the ledger, where
+    check_log read every payload a second time (the statements SQLite ran, traced)."""
+    statements: list[str] = []
+
+    def trace(conn: apsw.Connection) -> None:
+        def record(_cursor: apsw.Cursor, sql: str, _bindings: object) -> bool:
+            statements.append(sql)
+            return True
+        conn.exec_trace = record
+
+    monkeypatch.setattr(apsw, "connection_hooks", [*apsw.connection_hooks, trace])
+    export(rich, tmp_path / "a")
+    reads = [s for s in statements if re.search(r"\bpayload\b.* FROM ingest_ledger", s)]
+    assert len(reads) == 1, reads
 
 
 def test_dump_has_no_date_host_or_path_of_the_export(rich: Store, tmp_path: Path) -> None:
@@ -493,8 +567,8 @@ def test_an_archive_of_format_1_still_restores_and_compares_equal(
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bodies=st.lists(st.binary(max_size=40), max_size=12),
-       namespaces=st.lists(st.sampled_from(["body", "headers", "dom"]), min_size=12,
-                           max_size=12),
+       namespaces=st.lists(st.sampled_from(["body", "b", "b-", "headers", "dom"]),
+                           min_size=12, max_size=12),  # a namespace a prefix of another
        limit=st.integers(1, 120), seed=st.randoms(use_true_random=False))
 def test_any_set_of_payloads_in_any_order_writes_the_same_segments_and_reads_back(
         bodies: list[bytes], namespaces: list[str], limit: int, seed) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import tempfile
 import tracemalloc
+from array import array
 from pathlib import Path
 
 import blake3
@@ -162,6 +163,12 @@ def test_a_sealed_pack_s_index_on_disk_reads_as_a_dict_of_it(
                 assert digests.might_hold(*probe(digest))
             assert digests.find(sealed_key(namespace, digest), read_at) == want
     assert list(digests.items(read_at)) == [(*k, v) for k, v in sorted(model.items())]
+    table = array("Q", bytes(8 * digests.words))  # the filter is each payload's probe
+    for e in entries:
+        if e.kind == pf.PAYLOAD and e.offset + pf.RECORD_SIZE + e.length <= index_offset:
+            word, mask = probe(e.digest)
+            table[word % digests.words] |= mask
+    assert digests.filter == table
     assert sorted(digests.touches(read_at)) == sorted(
         (e.namespace, e.digest, e.time) for e in entries
         if e.kind == pf.TOUCH and e.offset + pf.RECORD_SIZE <= index_offset)

@@ -36,9 +36,9 @@ import apsw
 from .._model.merkle import CompactTree, leaf_hash
 from .._model.messages import ledger_entry
 
-__all__ = ["GENESIS_HASH", "TIME_TOLERANCE", "Head", "LogFinding", "LogHead", "check_log",
-           "check_times", "entry_hash", "has_column", "identity_bound", "identity_genesis",
-           "load_head"]
+__all__ = ["GENESIS_HASH", "TIME_TOLERANCE", "Head", "LogCheck", "LogFinding", "LogHead",
+           "check_log", "check_times", "entry_hash", "has_column", "identity_bound",
+           "identity_genesis", "load_head"]
 
 GENESIS_HASH = bytes(32)  # the first prev_hash of stores made before issue 12
 
@@ -135,62 +135,119 @@ def check_log(conn: apsw.Connection, heads: dict[int, Head] | None = None
     the recomputed roots and the recomputed previous link, never from a stored hash, so it
     is what a signed checkpoint binds (``_audit.checkpoints``).
     """
-    findings: list[LogFinding] = []
-    quarantined = ("quarantined" if has_column(conn, "commit_log", "quarantined")
-                   else "NULL")  # a store opened read-only may predate the column
-    commits = conn.execute(
-        "SELECT batch_seq, committed_at, first_index, tree_size, root, frontier, prev_hash, "
-        f"entry_hash, {quarantined} FROM commit_log ORDER BY batch_seq").fetchall()
-    tree = CompactTree()
-    genesis = identity_genesis(_store_id(conn))
-    prev = genesis
-    if commits and commits[0][6] == GENESIS_HASH:
-        prev = GENESIS_HASH  # the first batch predates issue 12: identity not bound
-    elif commits and commits[0][0] == 1 and commits[0][6] != genesis:
-        findings.append(LogFinding(
-            "identity", "batch 1 does not start from this store's identity: store_meta's "
-            "store_id was changed, or the log comes from another store", batch_seq=1))
-        prev = commits[0][6]  # check the rest of the chain from where it starts
+    check = LogCheck(conn, heads)
     submitter = ("submitter" if has_column(conn, "ingest_ledger", "submitter")
                  else "NULL")  # schema 9 (a store opened read-only may predate it)
     leaves = conn.execute("SELECT log_index, payload, leaf_hash, batch_seq, received_at, "
                           f"{submitter} FROM ingest_ledger ORDER BY log_index")
-    pending = next(leaves, None)
-    expected_seq = 1
-    rechained = prev
-    for seq, committed_at, first_index, size, root, frontier, prev_hash, chain, quarantine \
-            in commits:
-        if seq != expected_seq:
-            findings.append(LogFinding("batch", f"commit log jumps to batch {seq}",
-                                       batch_seq=seq))
-        expected_seq = seq + 1
-        if first_index != tree.size:
+    for row in leaves:
+        if not check.leaf(*row):
+            break
+    return check.finish()
+
+
+class LogCheck:
+    """``check_log`` fed the ledger's rows by its caller, in log order: ``leaf`` for each
+    (log_index, payload, leaf_hash, batch_seq, received_at, submitter), then ``finish``.
+    An export reads the ledger once for its dump and hands the same rows here
+    (``_archive/export.py``), where a second pass cost a third of the check.
+
+    The findings and their order are ``check_log``'s: a batch's own checks, then its
+    leaves', then its tree's and chain's, batch after batch; a leaf past the last batch
+    ends the check (``leaf`` answers False: feed no more)."""
+
+    def __init__(self, conn: apsw.Connection, heads: dict[int, Head] | None = None) -> None:
+        self.findings: list[LogFinding] = []
+        self.heads = heads
+        quarantined = ("quarantined" if has_column(conn, "commit_log", "quarantined")
+                       else "NULL")  # a store opened read-only may predate the column
+        self._commits = iter(conn.execute(
+            "SELECT batch_seq, committed_at, first_index, tree_size, root, frontier, "
+            f"prev_hash, entry_hash, {quarantined} FROM commit_log ORDER BY batch_seq"
+        ).fetchall())
+        self.tree = CompactTree()
+        genesis = identity_genesis(_store_id(conn))
+        self._prev = genesis
+        self._batch = next(self._commits, None)
+        first = self._batch
+        if first is not None and first[6] == GENESIS_HASH:
+            self._prev = GENESIS_HASH  # the first batch predates issue 12: identity not bound
+        elif first is not None and first[0] == 1 and first[6] != genesis:
+            self.findings.append(LogFinding(
+                "identity", "batch 1 does not start from this store's identity: store_meta's "
+                "store_id was changed, or the log comes from another store", batch_seq=1))
+            self._prev = first[6]  # check the rest of the chain from where it starts
+        self._expected_seq = 1
+        self._rechained = self._prev
+        self._beyond = False  # a leaf past the last batch was seen: the check is over
+        if self._batch is not None:
+            self._open(self._batch)
+
+    def leaf(self, index: int, payload: bytes, stored_leaf: bytes, leaf_batch: int,
+             received_at: str, by: str | None) -> bool:
+        """Check the next ledger row; False once a row lies past the last batch."""
+        while self._batch is not None and index >= self._batch[3]:
+            self._close(self._batch)
+            self._batch = next(self._commits, None)
+            if self._batch is not None:
+                self._open(self._batch)
+        if self._batch is None:
+            if not self._beyond:
+                self._beyond = True
+                self.findings.append(LogFinding(
+                    "batch", f"leaf {index} is beyond the last committed tree size "
+                    f"{self.tree.size}", log_index=index))
+            return False
+        findings, tree = self.findings, self.tree
+        seq, committed_at = self._batch[0], self._batch[1]
+        if index != tree.size:
             findings.append(LogFinding(
-                "batch", f"batch {seq} starts at {first_index}, the log was at {tree.size}",
+                "index_gap", f"leaf {tree.size} is missing (next is {index})",
+                log_index=tree.size))
+        computed = leaf_hash(payload if by is None else ledger_entry(payload, by))
+        if computed != stored_leaf:
+            findings.append(LogFinding(
+                "leaf", f"leaf {index}: payload{' and submitter' if by else ''} do"
+                f"{'' if by else 'es'} not hash to its stored leaf hash",
+                log_index=index))
+        if leaf_batch != seq:
+            findings.append(LogFinding(
+                "batch", f"leaf {index} says batch {leaf_batch}, the log says {seq}",
+                log_index=index, batch_seq=seq))
+        elif received_at != committed_at:  # the writer gives both the batch's time
+            findings.append(LogFinding(
+                "batch", f"leaf {index} says it was received at {received_at!r}, its "
+                f"batch {seq} was committed at {committed_at!r}", log_index=index,
                 batch_seq=seq))
-        while pending is not None and pending[0] < size:
-            index, payload, stored_leaf, leaf_batch, received_at, by = pending
-            if index != tree.size:
-                findings.append(LogFinding(
-                    "index_gap", f"leaf {tree.size} is missing (next is {index})",
-                    log_index=tree.size))
-            computed = leaf_hash(payload if by is None else ledger_entry(payload, by))
-            if computed != stored_leaf:
-                findings.append(LogFinding(
-                    "leaf", f"leaf {index}: payload{' and submitter' if by else ''} do"
-                    f"{'' if by else 'es'} not hash to its stored leaf hash",
-                    log_index=index))
-            if leaf_batch != seq:
-                findings.append(LogFinding(
-                    "batch", f"leaf {index} says batch {leaf_batch}, the log says {seq}",
-                    log_index=index, batch_seq=seq))
-            elif received_at != committed_at:  # the writer gives both the batch's time
-                findings.append(LogFinding(
-                    "batch", f"leaf {index} says it was received at {received_at!r}, its "
-                    f"batch {seq} was committed at {committed_at!r}", log_index=index,
-                    batch_seq=seq))
-            tree.append_digest(computed)
-            pending = next(leaves, None)
+        tree.append_digest(computed)
+        return True
+
+    def finish(self) -> tuple[int, bytes, list[LogFinding]]:
+        """Check the batches no leaf reached; (size, root, findings)."""
+        while self._batch is not None:
+            self._close(self._batch)
+            self._batch = next(self._commits, None)
+            if self._batch is not None:
+                self._open(self._batch)
+        return self.tree.size, self.tree.root(), self.findings
+
+    def _open(self, batch: tuple) -> None:
+        """A batch's own checks, before its leaves."""
+        seq, first_index = batch[0], batch[2]
+        if seq != self._expected_seq:
+            self.findings.append(LogFinding("batch", f"commit log jumps to batch {seq}",
+                                            batch_seq=seq))
+        self._expected_seq = seq + 1
+        if first_index != self.tree.size:
+            self.findings.append(LogFinding(
+                "batch", f"batch {seq} starts at {first_index}, the log was at "
+                f"{self.tree.size}", batch_seq=seq))
+
+    def _close(self, batch: tuple) -> None:
+        """Its tree's and its chain's checks, after its leaves."""
+        seq, committed_at, first_index, size, root, frontier, prev_hash, chain, quarantine \
+            = batch
+        tree, findings = self.tree, self.findings
         if tree.size != size or tree.root() != root:
             findings.append(LogFinding(
                 "root", f"batch {seq}: recomputed tree (size {tree.size}) does not match the "
@@ -198,20 +255,15 @@ def check_log(conn: apsw.Connection, heads: dict[int, Head] | None = None
         if frontier != tree.to_bytes():
             findings.append(LogFinding("frontier", f"batch {seq}: stored frontier differs",
                                        batch_seq=seq))
-        if prev_hash != prev or chain != entry_hash(prev, seq, first_index, size, root,
-                                                    committed_at, quarantine):
+        if prev_hash != self._prev or chain != entry_hash(self._prev, seq, first_index, size,
+                                                          root, committed_at, quarantine):
             findings.append(LogFinding("chain", f"batch {seq}: hash chain broken",
                                        batch_seq=seq))
-        prev = chain
-        rechained = entry_hash(rechained, seq, first_index, tree.size, tree.root(),
-                               committed_at, quarantine)
-        if heads is not None:
-            heads[seq] = Head(seq, tree.size, tree.root(), rechained, committed_at)
-    if pending is not None:
-        findings.append(LogFinding(
-            "batch", f"leaf {pending[0]} is beyond the last committed tree size {tree.size}",
-            log_index=pending[0]))
-    return tree.size, tree.root(), findings
+        self._prev = chain
+        self._rechained = entry_hash(self._rechained, seq, first_index, tree.size,
+                                     tree.root(), committed_at, quarantine)
+        if self.heads is not None:
+            self.heads[seq] = Head(seq, tree.size, tree.root(), self._rechained, committed_at)
 
 
 # How far a batch's commit time may lie before the previous batch's: a host clock stepped
