@@ -39,7 +39,10 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 # Blocks this large or larger get a mapping of their own, unmapped when freed: glibc's own
-# starting value, kept (a crawl allocates few such blocks a page: its reads are 64 KiB).
+# starting value, kept. A crawl maps about 2.5 such blocks a page (lexbor's 324 KiB chunk
+# for each parse, 260 KiB socket reads): under strace, 1,500 pages made 3,822 mmap, 3,604
+# munmap and 1,810 brk calls, where glibc's defaults made 6,099 brk calls, growing and
+# trimming the heap's top around the same blocks (system time 0.07 s against 0.06 s).
 MMAP_THRESHOLD = 128 * 1024
 # The main arena and one for every other thread.
 ARENA_MAX = 2
