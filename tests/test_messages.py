@@ -22,7 +22,7 @@ from evidence import (
     new_id,
     payload_hash,
 )
-from evidence._model.messages import MAX_MESSAGE_BYTES
+from evidence._model.messages import MAX_MESSAGE_BYTES, format_time, parse_time_text
 
 NOW = dt.datetime(2026, 3, 3, 12, 0, tzinfo=dt.UTC)
 
@@ -188,3 +188,21 @@ def test_canonical_encoding_is_a_fixed_point(details: dict, verdict: str) -> Non
 def test_arbitrary_bytes_decode_or_fail_cleanly(data: bytes) -> None:
     with contextlib.suppress(MessageError):  # anything else fails the test
         decode_message(data)
+
+
+@given(st.datetimes(timezones=st.just(dt.UTC)))
+def test_any_time_the_store_writes_reads_back_as_the_same_utc_moment(moment: dt.datetime) -> None:
+    text = format_time(moment)
+    back = parse_time_text(text)
+    assert back == moment and back is not None and back.tzinfo is dt.UTC
+    assert back == dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("text", [
+    "2026-12-06T05:15:29.187000", "2026-12-06T05:15:29Z", "2026-12-06T05:15:29.187000+00:00",
+    "2026-12-06 05:15:29.187000Z", "20261206T051529.187000Z", "2026-12-06T05:15:29.187000Zx",
+    "2026-12-6T05:15:29.187000Z", "2026-12-06T05:15:29,187000Z", "2026-13-06T05:15:29.187000Z",
+    "２０２６-12-06T05:15:29.187000Z", ""])
+def test_a_text_the_store_never_writes_is_not_read_as_a_time(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_time_text(text)

@@ -23,6 +23,7 @@ from evidence._archive.warc import export_warc
 from evidence._audit.replay import replay
 from evidence._crawl.fetch import FetchResult, fetch
 from evidence._crawl.http import crawl_client
+from evidence._model import http1
 from evidence._model.http1 import derive_content, split_response
 
 from .conftest import Factory, submit_all
@@ -428,3 +429,26 @@ def test_any_bytes_split_into_their_own_parts_and_never_raise(data: bytes) -> No
     assert split.head + split.body + split.surplus == data
     content = derive_content(split.head, split.body, 1000)
     assert len(content.data) <= 1000
+
+
+_HEAD_LINES = st.sampled_from([b"HTTP/1.1 200 OK", b"HTTP/1.1 304 Not Modified", b"HTTP/1.0 404",
+                               b"Content-Length: 5", b"content-type:text/html", b" folded",
+                               b"X-A: 1", b"Set-Cookie: a=b", b"", b"bad line", b"\t tab"])
+
+
+@given(st.lists(st.tuples(st.lists(_HEAD_LINES, max_size=6), st.sampled_from(["\r\n", "\n"]),
+                          st.booleans(), st.booleans()), min_size=1, max_size=12))
+def test_any_sequence_of_heads_parses_as_each_head_alone(
+        heads: list[tuple[list[bytes], str, bool, bool]]) -> None:
+    """``parse_head`` remembers the last head it parsed (a fetch parses the same head
+    three times): in any sequence, repeats and bytearrays included, each answer is the
+    head's own, and a caller changing the fields it got changes no later answer."""
+    for lines, eol, as_bytearray, spoil in heads:
+        head = eol.encode().join(lines) + eol.encode() * 2
+        given_head = bytearray(head) if as_bytearray else head
+        status, fields = http1.parse_head(given_head)
+        assert (status, fields) == http1._parse_head(head)
+        if spoil:
+            fields.append((b"Spoiled", b"yes"))
+            if isinstance(given_head, bytearray):
+                given_head[:] = b"HTTP/1.1 500 Spoiled\r\n\r\n"

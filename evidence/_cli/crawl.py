@@ -75,7 +75,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_crawl(args: argparse.Namespace) -> int:
     from .._crawl.arguments import configure, effective_config
+    from .._crawl.heap import bound_heap
 
+    bound_heap()  # before any thread: a crawl's resident set stays flat (``_crawl.heap``)
     configure(args)
     if args.print_config:
         sys.stdout.write(effective_config(args))

@@ -34,10 +34,12 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BrowserError
-from .browser import Page
+
+if TYPE_CHECKING:
+    from .browser import Page
 
 __all__ = ["BEHAVIORS", "BehaviorLog", "BehaviorOptions", "run_behaviors"]
 

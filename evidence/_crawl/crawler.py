@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -69,10 +70,8 @@ from .options import CrawlOptions, CrawlResult, per_seed
 from .pages import PageEffects, PageOrder, PageWorker, Settlement
 from .progress import LIVE_STATS, CrawlProgress, LiveStats, unreachable_since
 from .proxy import crawl_routes
-from .render import Renderer
 from .renderscope import source_capture, unrendered_capture
 from .rules import check_rules
-from .runlogins import RunLogins
 from .scheduler import PAGES_PER_FETCH, PAGES_PER_FETCH_IN_WORKERS, Job, Scheduler
 from .session import (
     Outcome,
@@ -85,6 +84,9 @@ from .session import (
 from .slots import FetchSlots, Slot
 from .workerchannel import Setup
 from .workers import WorkerLost, WorkerPool
+
+if TYPE_CHECKING:  # a crawl that renders or logs in loads them (``_open``)
+    from .runlogins import RunLogins
 
 __all__ = ["LIVE_STATS", "CrawlProgress", "Crawler", "robots_backoff"]
 
@@ -108,8 +110,9 @@ class Crawler:
         self._wake = anyio.Event()
         self.run_id = new_id("run-")
         self.session_id = ""
-        self._logins = RunLogins(artifacts=store.artifacts, fetch=self._fetch,
-                                 commit=self._commit)  # _crawl/login.py
+        # The run's logins (``_crawl/runlogins.py``), once the run opens: only when the
+        # secrets file gives a login (a crawl that never logs in loads no browser code).
+        self._logins: RunLogins | None = None
         self._hostrules = HostRules(run_id=self.run_id, user_agent=config.user_agent,
                                     artifacts=store.artifacts, fetch=self._fetch,
                                     commit=self._commit)
@@ -183,7 +186,8 @@ class Crawler:
                 self._fetching.cancel()
             try:
                 with self._fetching:
-                    await self._logins.first(self.options.request)
+                    if self._logins is not None:
+                        await self._logins.first(self.options.request)
                     async with self._worker_processes(), anyio.create_task_group() as tg:
                         tg.start_soon(self._report_progress, started)
                         send, receive = anyio.create_memory_object_stream[Job](0)
@@ -290,15 +294,22 @@ class Crawler:
                                 "does not render", hint="add --render (or --render-only), "
                                 "or give the rule input = 'response'")
         if self._pages.render_scope.enabled:  # the browser starts with the first render
+            from .render import Renderer  # here: a crawl that does not render loads no browser
+
             self._renderer = await stack.enter_async_context(Renderer(
                 artifacts=self.store.artifacts, client=client, run_id=self.run_id,
                 user_agent=self.config.user_agent, max_body_bytes=self.config.max_body_bytes,
                 options=self.options.render, unsafe_refusal=None
                 if self.config.render_unsafe_anywhere else self._pages.scope.reason_out_of,
                 request=self.options.request))
-        self._logins.renderer = self._renderer
         request = self.options.request
         if request is not None and request.logins:
+            from .render import Renderer
+            from .runlogins import RunLogins
+
+            self._logins = RunLogins(artifacts=self.store.artifacts, fetch=self._fetch,
+                                     commit=self._commit)
+            self._logins.renderer = self._renderer
             if self._logins.renderer is None:  # logins run in Chromium whether pages render
                 self._logins.renderer = await stack.enter_async_context(Renderer(
                     artifacts=self.store.artifacts, client=client, run_id=self.run_id,

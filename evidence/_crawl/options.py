@@ -11,20 +11,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from .._errors import EvidenceError
 from .._write.limits import WriterLimits
 from .._write.tls import TLSFiles
-from .behaviors import BehaviorOptions
 from .frontier import CrawlConfig, FrontierCounts
 from .netpolicy import Resolver
 from .progress import CrawlProgress
-from .render import RenderOptions
 from .secrets import WORKER_HOSTS_HINT, WORKER_HOSTS_REFUSAL, HostOptions, RequestOptions
 from .seeds import SeedOptions, origin_of
 from .session import Outcome
+
+if TYPE_CHECKING:  # what a crawl that renders is given: loaded when it renders
+    from .behaviors import BehaviorOptions
+    from .render import RenderOptions
 
 __all__ = ["CrawlOptions", "CrawlResult", "per_seed"]
 

@@ -45,7 +45,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import msgspec
@@ -71,12 +71,14 @@ from .fetch import FetchResult, fetch, parse_retry_after
 from .frontier import CrawlConfig, Scope
 from .http import Client
 from .links import REQUISITE_KINDS, extract_links
-from .login import LoginRecipe, logged_out_reason
-from .render import Rendered, SourceCapture
+from .loginrecipe import LoginRecipe, logged_out_reason
 from .renderscope import RenderScope
 from .rules import evaluate_page
 from .rulesfile import RuleSet
 from .secrets import RequestOptions, new_challenge, set_cookies
+
+if TYPE_CHECKING:  # what a render hands back: loaded by a crawl that renders
+    from .render import Rendered, SourceCapture
 
 __all__ = ["PageEffects", "PageOrder", "PageWorker", "Settlement"]
 

@@ -60,7 +60,8 @@ from .browser import Browser, Page
 from .fetch import FetchResult, fetch
 from .http import Client
 from .links import extract_links
-from .login import LoginLog, LoginRecipe, recorded_storage, run_login, storage_script
+from .login import LoginLog, recorded_storage, run_login, storage_script
+from .loginrecipe import LoginRecipe
 from .renderproxy import BrowserRequest, RecordingProxy, SourceCapture
 from .secrets import RequestOptions
 from .seeds import origin_of

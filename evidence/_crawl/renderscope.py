@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import TYPE_CHECKING
 
 import apsw
 
@@ -37,7 +38,9 @@ from .._model.text import is_html
 from .._model.urls import NORMALIZER_VERSION, normalize_url
 from .._store.backend import ArtifactBackend
 from .frontier import CrawlConfig
-from .render import SourceCapture
+
+if TYPE_CHECKING:
+    from .renderproxy import SourceCapture
 
 __all__ = ["RenderScope", "source_capture", "unrendered_capture"]
 
@@ -103,6 +106,8 @@ def unrendered_capture(conn: apsw.Connection, scope: RenderScope, session_id: st
 
 def source_capture(artifacts: ArtifactBackend, attempt: FetchAttempt) -> SourceCapture:
     """The stored response head and body of ``attempt``, checked against their digests."""
+    from .renderproxy import SourceCapture  # here: only a crawl that renders loads it
+
     assert attempt.response_headers is not None and attempt.body is not None
     return SourceCapture(url=attempt.url, attempt_id=attempt.attempt_id,
                          head=artifacts.read(attempt.response_headers, verify=True),

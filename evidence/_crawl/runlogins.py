@@ -22,7 +22,7 @@ from .._errors import EvidenceError
 from .._model.messages import Message, utc_now
 from .._store.backend import ArtifactBackend
 from .fetch import FetchResult
-from .login import LoginRecipe
+from .loginrecipe import LoginRecipe
 from .render import RENDER_SEQUENCE, Renderer
 from .renderscope import source_capture
 from .secrets import RequestOptions

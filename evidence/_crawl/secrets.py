@@ -58,7 +58,7 @@ from .._model.refs import ArtifactRef
 from .._store.backend import ArtifactBackend
 from .cookies import Cookie, CookieJar
 from .digest import Challenge, authorization, parse_challenge
-from .login import LoginRecipe, NamedLogin, SeedLogin, login_tables, resolve_login
+from .loginrecipe import LoginRecipe, NamedLogin, SeedLogin, login_tables, resolve_login
 
 __all__ = ["WORKER_HOSTS_HINT", "WORKER_HOSTS_REFUSAL", "Added", "HostOptions", "Opening",
            "RequestOptions", "Secrets", "load_secrets", "new_challenge", "open_request",

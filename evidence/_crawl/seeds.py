@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from .._errors import EvidenceError
-from .login import SeedLogin
+from .loginrecipe import SeedLogin
 from .secrets import SECRET_HEADERS, parse_header
 
 __all__ = ["SeedOptions", "load_seeds_file", "origin_of", "read_seed_tables"]

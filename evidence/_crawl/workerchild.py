@@ -33,6 +33,7 @@ from .._store.location import is_s3_url, is_server_database
 from .._store.resync import SYNC_MARKER
 from .._write.wire import FrameReader, encode_frame
 from .frontier import CrawlConfig
+from .heap import bound_heap
 from .http import Client, crawl_client
 from .netpolicy import NetworkPolicy
 from .pages import PageWorker
@@ -159,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "%(asctime)s %(levelname)s [worker pid %(process)d] %(message)s"))
     logging.basicConfig(handlers=[handler])
     set_level(args.log_level)
+    bound_heap()  # as the crawl's own process (``_crawl.heap``)
     try:
         anyio.run(_child, args.channel_fd)
     except EvidenceError as exc:  # one of ours (a store it cannot open): its message says it

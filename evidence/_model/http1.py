@@ -55,8 +55,25 @@ def _status(line: bytes | bytearray) -> int | None:
     return None
 
 
+# The last head parsed and what it gave: a fetch parses its response's head three times
+# (the client reading it, then the split and the content derived from the bytes as
+# recorded, which must agree with the client by being read the same way), each from its
+# own copy of the same bytes. One tuple, replaced whole: safe to read from any thread.
+_LAST_HEAD: tuple[bytes, int | None, tuple[tuple[bytes, bytes], ...]] = (b"", None, ())
+
+
 def parse_head(head: bytes) -> tuple[int | None, list[tuple[bytes, bytes]]]:
     """The status code and the header fields (name as sent, value stripped) of a head."""
+    global _LAST_HEAD
+    last = _LAST_HEAD
+    if head == last[0]:  # a pure function of the bytes: the same bytes, the same answer
+        return last[1], list(last[2])
+    status, fields = _parse_head(head)
+    _LAST_HEAD = (bytes(head), status, tuple(fields))
+    return status, fields
+
+
+def _parse_head(head: bytes) -> tuple[int | None, list[tuple[bytes, bytes]]]:
     lines = head.split(b"\n")
     status = _status(lines[0].rstrip(b"\r")) if lines else None
     fields: list[tuple[bytes, bytes]] = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import threading
 import time
 from typing import Annotated, Literal
@@ -594,11 +595,21 @@ def format_time(moment: _dt.datetime) -> str:
     return text[:-6] + "Z"  # "+00:00" -> "Z"; isoformat is ~4x faster than strftime
 
 
+# The only form ``format_time`` writes; ``fromisoformat`` takes many more, so a text is
+# matched against this first.
+_TIME_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
+
+
 def parse_time_text(text: str | None) -> _dt.datetime | None:
-    """The inverse of ``format_time``: a store timestamp back to an aware UTC datetime."""
+    """The inverse of ``format_time``: a store timestamp back to an aware UTC datetime.
+    A ValueError for any other text (as ``strptime`` gave, at 20 times the cost: one call
+    a page when a session's documents are recorded)."""
     if text is None:
         return None
-    return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.UTC)
+    if _TIME_TEXT.fullmatch(text) is None:
+        raise ValueError(f"time data {text!r} is not a store timestamp "
+                         "(YYYY-MM-DDTHH:MM:SS.ffffffZ)")
+    return _dt.datetime.fromisoformat(text)  # 'Z': datetime.UTC
 
 
 def now_text() -> str:
