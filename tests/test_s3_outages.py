@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ from evidence._store.s3client import S3Client, S3Config, S3Error
 from evidence._write.tls import make_self_signed
 from evidence.testing.seaweed import SeaweedS3
 
-from .heldsite import HeldSite, pages_from
+from .heldsite import HOLD_LIMIT, HeldSite, pages_from
 from .test_crawl import crawl, done_pages
 from .test_hosts import COORDINATOR, TOKEN, _coordinator, _finish, _host, _log, _wait
 
@@ -165,28 +165,69 @@ def test_what_retrying_cannot_fix_is_not_retried(seaweed: SeaweedS3) -> None:
             client.close()
 
 
-class _Outages(threading.Thread):
-    """``count`` outages of the server: the first once the site has answered ``spacing``
-    pages, each next one once the crawl has said the last is over (``recovered()`` counts
-    those lines) and the site has answered ``spacing`` more (so each falls mid-crawl)."""
+class _MeteredSite(TestSite):
+    """A ``TestSite`` that answers only as many page requests as the test has allowed
+    (``allow``); later ones wait. The crawl cannot run out of pages before the test is
+    done with it, however fast the machine: a crawl of 400 pages once ended before the
+    fourth outage on an idle one, and one of 120 under load."""
 
-    def __init__(self, s3: SeaweedS3, site: TestSite, recovered: Callable[[], int], *,
-                 count: int, seconds: float, spacing: int) -> None:
+    __test__ = False
+
+    def __init__(self, config: SiteConfig) -> None:
+        super().__init__(config)
+        self._gate = threading.Condition()
+        self._allowed: int | None = 0  # None: every request from now on
+        self.answered = 0
+
+    def allow(self, more: int | None) -> None:
+        """``more`` page requests answered; None: all of them."""
+        with self._gate:
+            self._allowed = None if more is None or self._allowed is None else (
+                self._allowed + more)
+            self._gate.notify_all()
+
+    def _respond(self, method: str, path: str, headers: Mapping[str, str]):  # type: ignore[no-untyped-def]
+        if path.startswith("/p/"):
+            deadline = time.monotonic() + HOLD_LIMIT  # a failing test does not hang
+            with self._gate:
+                while self._allowed is not None and self.answered >= self._allowed:
+                    if self._stopping.is_set() or time.monotonic() > deadline:
+                        return None
+                    self._gate.wait(0.1)
+                self.answered += 1
+        return super()._respond(method, path, headers)
+
+
+class _Outages(threading.Thread):
+    """``count`` outages of the server, each in the middle of the crawl: once the crawl has
+    said the last is over (``said`` counts its lines), the server is killed and only then
+    are ``spacing`` more pages answered, so the crawl must store them while it is down; it
+    is started again once the crawl has said it is unreachable. Then the rest of the site."""
+
+    def __init__(self, s3: SeaweedS3, site: _MeteredSite, said: Callable[[str], int], *,
+                 count: int, spacing: int) -> None:
         super().__init__(daemon=True)
-        self.s3, self.site, self.recovered = s3, site, recovered
-        self.count, self.seconds, self.spacing = count, seconds, spacing
+        self.s3, self.site, self.said = s3, site, said
+        self.count, self.spacing = count, spacing
         self.downtimes: list[float] = []
         self.failure: BaseException | None = None
 
     def run(self) -> None:
         try:
+            self.site.allow(self.spacing)  # the crawl under way before the first
+            self._wait(lambda: self.site.answered, self.spacing)
             for n in range(self.count):
-                self._wait(self.recovered, n)
-                self._wait(lambda: len(self.site.requests), len(self.site.requests)
-                           + self.spacing)
-                self.downtimes.append(self.s3.outage(self.seconds))
+                self._wait(lambda: self.said("reachable again"), n)
+                started = time.monotonic()
+                self.s3.kill()
+                self.site.allow(self.spacing)
+                self._wait(lambda: self.said("unreachable since"), n + 1)
+                self.s3.restart()
+                self.downtimes.append(time.monotonic() - started)
         except BaseException as exc:  # reported by the test
             self.failure = exc
+        finally:
+            self.site.allow(None)
 
     @staticmethod
     def _wait(count: Callable[[], int], target: int, timeout: float = 60.0) -> None:
@@ -200,19 +241,17 @@ class _Outages(threading.Thread):
 @pytest.mark.slow
 def test_a_crawl_rides_through_five_object_store_outages(
         tmp_path: Path, server: SeaweedS3, caplog: pytest.LogCaptureFixture) -> None:
-    """Five outages of 3-4 s each in the middle of a crawl into an S3 store: the crawl
-    pauses (its puts and reference checks wait), says so once per outage and once when it
-    is over, and completes with every page fetched once and verify --full clean."""
+    """Five outages of the object store in the middle of a crawl into an S3 store: the
+    crawl pauses (its puts and reference checks wait), says so once per outage and once
+    when it is over, and completes with every page fetched once and verify --full clean."""
     caplog.set_level(logging.INFO, logger="evidence.s3")
     with Store.create(tmp_path / "s", artifacts=server.url("outages")):
         pass
-    # 400 pages: under load the crawl fetched all of 120 before the fourth outage (the site
-    # answered no 4 more pages after the third: the test's thread timed out in a soak run).
-    with TestSite(SiteConfig(pages=400)) as site:
-        # Each outage down for 1.5 s before the restart (which takes more): longer than
-        # the second an outage must last to be said, however fast the restart is.
-        outages = _Outages(server, site, lambda: _said(caplog, "reachable again"), count=5,
-                           seconds=1.5, spacing=4)
+    with _MeteredSite(SiteConfig(pages=120)) as site:
+        # An outage is said once it has lasted a second; the server is started again only
+        # after the crawl said it, so each outage is seen whatever the load.
+        outages = _Outages(server, site, lambda words: _said(caplog, words), count=5,
+                           spacing=4)
         outages.start()
         result = crawl(tmp_path / "s", CrawlConfig(seeds=[site.url]), workers=4, delay=0.02)
         outages.join(60)
@@ -226,6 +265,7 @@ def test_a_crawl_rides_through_five_object_store_outages(
     assert set(done) == reachable and max(done.values()) == 1
     assert _said(caplog, "unreachable since") == 5
     assert _said(caplog, "reachable again") == 5
+    assert min(outages.downtimes) >= 1.0  # each outage lasted the second it must to be said
     with Store.open(tmp_path / "s", read_only=True) as store:
         report = verify(store, full=True)
     assert report.ok, report.findings
