@@ -1,4 +1,5 @@
-"""A demo site that holds chosen pages until the test lets them go.
+"""Demo sites that hold chosen pages until the test lets them go (HeldSite), or answer
+only as many as the test allows (MeteredSite).
 
 A test that must act on a crawl while it is still running (status, stop, a worker host
 stopped or joining) cannot count on slow pages to keep it running: on a loaded machine the
@@ -12,6 +13,7 @@ the site's own stop drops it, as ``TestSite`` drops its slow requests.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 from evidence._demo.site import SiteConfig, TestSite
@@ -69,4 +71,37 @@ class HeldSite(TestSite):
                     self._waiting -= 1
             if self._dropping.is_set():
                 return None
+        return super()._respond(method, path, headers)
+
+
+class MeteredSite(TestSite):
+    """A ``TestSite`` that answers only as many page requests as the test has allowed
+    (``allow``); later ones wait, and the site's stop drops them. Where ``HeldSite`` holds
+    chosen pages until one release, this lets the crawl on a few pages at a time: it cannot
+    run out of pages before the test is done with it, however fast the machine."""
+
+    __test__ = False
+
+    def __init__(self, config: SiteConfig) -> None:
+        super().__init__(config)
+        self._gate = threading.Condition()
+        self._allowed: int | None = 0  # None: every request from now on
+        self.answered = 0
+
+    def allow(self, more: int | None) -> None:
+        """``more`` page requests answered; None: all of them."""
+        with self._gate:
+            self._allowed = None if more is None or self._allowed is None else (
+                self._allowed + more)
+            self._gate.notify_all()
+
+    def _respond(self, method: str, path: str, headers: Mapping[str, str]):  # type: ignore[no-untyped-def]
+        if path.startswith("/p/"):
+            deadline = time.monotonic() + HOLD_LIMIT  # a failing test does not hang
+            with self._gate:
+                while self._allowed is not None and self.answered >= self._allowed:
+                    if self._stopping.is_set() or time.monotonic() > deadline:
+                        return None
+                    self._gate.wait(0.1)
+                self.answered += 1
         return super()._respond(method, path, headers)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ from evidence._store.s3client import S3Client, S3Config, S3Error
 from evidence._write.tls import make_self_signed
 from evidence.testing.seaweed import SeaweedS3
 
-from .heldsite import HOLD_LIMIT, HeldSite, pages_from
+from .heldsite import HeldSite, MeteredSite, pages_from
 from .test_crawl import crawl, done_pages
 from .test_hosts import COORDINATOR, TOKEN, _coordinator, _finish, _host, _log, _wait
 
@@ -165,46 +165,13 @@ def test_what_retrying_cannot_fix_is_not_retried(seaweed: SeaweedS3) -> None:
             client.close()
 
 
-class _MeteredSite(TestSite):
-    """A ``TestSite`` that answers only as many page requests as the test has allowed
-    (``allow``); later ones wait. The crawl cannot run out of pages before the test is
-    done with it, however fast the machine: a crawl of 400 pages once ended before the
-    fourth outage on an idle one, and one of 120 under load."""
-
-    __test__ = False
-
-    def __init__(self, config: SiteConfig) -> None:
-        super().__init__(config)
-        self._gate = threading.Condition()
-        self._allowed: int | None = 0  # None: every request from now on
-        self.answered = 0
-
-    def allow(self, more: int | None) -> None:
-        """``more`` page requests answered; None: all of them."""
-        with self._gate:
-            self._allowed = None if more is None or self._allowed is None else (
-                self._allowed + more)
-            self._gate.notify_all()
-
-    def _respond(self, method: str, path: str, headers: Mapping[str, str]):  # type: ignore[no-untyped-def]
-        if path.startswith("/p/"):
-            deadline = time.monotonic() + HOLD_LIMIT  # a failing test does not hang
-            with self._gate:
-                while self._allowed is not None and self.answered >= self._allowed:
-                    if self._stopping.is_set() or time.monotonic() > deadline:
-                        return None
-                    self._gate.wait(0.1)
-                self.answered += 1
-        return super()._respond(method, path, headers)
-
-
 class _Outages(threading.Thread):
     """``count`` outages of the server, each in the middle of the crawl: once the crawl has
     said the last is over (``said`` counts its lines), the server is killed and only then
     are ``spacing`` more pages answered, so the crawl must store them while it is down; it
     is started again once the crawl has said it is unreachable. Then the rest of the site."""
 
-    def __init__(self, s3: SeaweedS3, site: _MeteredSite, said: Callable[[str], int], *,
+    def __init__(self, s3: SeaweedS3, site: MeteredSite, said: Callable[[str], int], *,
                  count: int, spacing: int) -> None:
         super().__init__(daemon=True)
         self.s3, self.site, self.said = s3, site, said
@@ -247,7 +214,7 @@ def test_a_crawl_rides_through_five_object_store_outages(
     caplog.set_level(logging.INFO, logger="evidence.s3")
     with Store.create(tmp_path / "s", artifacts=server.url("outages")):
         pass
-    with _MeteredSite(SiteConfig(pages=120)) as site:
+    with MeteredSite(SiteConfig(pages=120)) as site:
         # An outage is said once it has lasted a second; the server is started again only
         # after the crawl said it, so each outage is seen whatever the load.
         outages = _Outages(server, site, lambda words: _said(caplog, words), count=5,
