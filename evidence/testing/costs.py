@@ -12,8 +12,11 @@ and never reaps in the test (PostgreSQL, SeaweedFS) are not counted: their cost 
 
 Under pytest-xdist every worker appends one JSON line per test to ``--costs-file`` (a
 temporary file by default) and the controller prints the table at the end: the costliest
-tests by CPU, then the run's totals. One line per test: ``{"test", "cpu", "wall"}``, so a
-later run's file can be compared with an earlier one's.
+tests by CPU, then the run's totals and each test process's busy time and the end of its last
+test (a process idle long before the others ends a run that one long test finished alone). One
+line per test: ``{"test", "cpu", "wall", "start", "process"}`` (``start`` in seconds since the
+epoch; ``process`` xdist's worker name, or ``main``), so a later run's file can be compared with
+an earlier one's.
 """
 
 from __future__ import annotations
@@ -74,12 +77,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
     path = item.config.stash.get(_path_key, None)
     if path is None:
         return (yield)
-    cpu, wall = _cpu(), time.monotonic()
+    cpu, wall, start = _cpu(), time.monotonic(), time.time()
     try:
         return (yield)
     finally:
         line = json.dumps({"test": item.nodeid, "cpu": round(_cpu() - cpu, 3),
-                           "wall": round(time.monotonic() - wall, 3)})
+                           "wall": round(time.monotonic() - wall, 3),
+                           "start": round(start, 3),
+                           "process": os.environ.get("PYTEST_XDIST_WORKER", "main")})
         with open(path, "a") as f:  # one write of one line: workers' lines never mix
             f.write(line + "\n")
 
@@ -97,3 +102,23 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         write(f"{row['cpu']:8.2f}s cpu {row['wall']:8.2f}s wall  {row['test']}")
     write(f"{sum(r['cpu'] for r in rows):8.1f}s cpu {sum(r['wall'] for r in rows):8.1f}s wall"
           f"  in all, {len(rows)} tests")
+    for line in busy_lines(rows):
+        write(line)
+
+
+def busy_lines(rows: list[dict]) -> list[str]:
+    """Per test process: how long it ran tests, from the run's first test to the end of
+    its own last one. A process that ends long before the others shows a run whose last
+    minutes were one long test (or one share) running alone."""
+    if not rows:
+        return []
+    first = min(r["start"] for r in rows)
+    span = max(r["start"] + r["wall"] for r in rows) - first
+    lines = []
+    for process in sorted({r["process"] for r in rows}):
+        own = [r for r in rows if r["process"] == process]
+        busy = sum(r["wall"] for r in own)
+        ended = max(r["start"] + r["wall"] for r in own) - first
+        lines.append(f"{process:>8}: {len(own)} tests, busy {busy:.1f}s, its last test ended "
+                     f"at {ended:.1f}s of {span:.1f}s")
+    return lines
