@@ -259,6 +259,7 @@ _ENTRY_SIZE = _ENTRY.size
 # one little-endian word and its next 6 bytes, then the record's offset and length.
 _PROBE = struct.Struct("<B39xQ6B18xQQ8x")
 assert _PROBE.size == _ENTRY_SIZE
+_KEYED = struct.Struct("<B7x64sQQQ")  # an entry with its sort key in one piece
 _KEY_AT, _KEY_END = 8, 72  # an entry's namespace (zero-padded) then digest: its sort key
 
 ReadAt = Callable[[int, int], bytes]  # (offset in the pack, length) -> bytes: a pread
@@ -372,6 +373,20 @@ class SealedDigests:
                         (offset, length, when))
         if last is not None:
             yield last[1], last[2], last[3]
+
+    def sizes(self, read_at: ReadAt, into: dict[bytes, int]) -> int:
+        """Add each payload entry's size to ``into`` under its ``sealed_key``, a block at
+        a time in one comprehension; return how many entries were added (more than
+        ``into`` grew by when a key was there already). ``PackIndex.listing``. Raises
+        ``DamagedIndex``."""
+        n, end, payload, record = 0, self.index_offset, pf.PAYLOAD, pf.RECORD_SIZE
+        for block in range(len(self._fence)):
+            listed = {key: length for kind, key, offset, length, _ in
+                      _KEYED.iter_unpack(self._block(block, read_at))
+                      if kind == payload and offset + record + length <= end}
+            n += len(listed)
+            into.update(listed)
+        return n
 
     def touches(self, read_at: ReadAt) -> Iterator[tuple[str, bytes, int]]:
         """The (namespace, digest, time) of each touch entry (the pack store keeps the
