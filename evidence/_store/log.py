@@ -176,7 +176,7 @@ _CHUNK_BITS = 14
 _CHUNK = 1 << _CHUNK_BITS  # leaves per step: a perfect subtree, so chunks align with the tree
 _LEAF, _NODE = b"\x00", b"\x01"
 try:  # CPython's own SHA-256: for 65 bytes, a third cheaper a call than OpenSSL's
-    from _sha256 import sha256 as _node_sha256  # type: ignore[import-not-found]
+    from _sha256 import sha256 as _node_sha256
 except ImportError:  # pragma: no cover - another Python (3.12 names it _sha2)
     _node_sha256 = sha256
 
