@@ -539,7 +539,8 @@ class PackIndex:
         zero-padded to 32 bytes, then the digest's 32), and whether a
         key is in two packs (or twice in one), after one look at each pack file: None
         when a pack is not as the index knows it (removed, of another size than it was
-        sealed at, writable) or the store also holds loose files. How ``verify --quick``
+        sealed at or shorter than the records known in it, writable) or the store also
+        holds loose files. How ``verify --quick``
         checks every reference at once (``_audit/verify_quick.py``), where ``check_each``
         looks up each payload. Raises ``ArtifactError`` for an index that no longer reads
         back (its CRCs)."""
@@ -552,7 +553,8 @@ class PackIndex:
                     stat = os.stat(pack.path)
                 except OSError:
                     return None
-                if stat.st_mode & 0o222 or (pack.sealed and stat.st_size != pack.size):
+                if (stat.st_mode & 0o222 or stat.st_size < pack.size
+                        or (pack.sealed and stat.st_size != pack.size)):
                     return None
             listed = {sealed_key(ns, digest): loc[2] for ns, digest, loc in self._index.items()}
             entries = len(listed)
