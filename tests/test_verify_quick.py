@@ -383,3 +383,57 @@ def test_msgspec_raw_default_is_shared_safely() -> None:
     assert _items(shape.refs) == -1 and _items(shape.documents) == -1
     shape = _SHAPE.decode(msgspec.msgpack.encode({"kind": "discovery", "refs": list(range(20))}))
     assert _items(shape.refs) == 20
+
+
+# --- the log's bulk path -----------------------------------------------------------------
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.integers(1, 5), min_size=1, max_size=6), bits=st.integers(0, 3))
+def test_the_bulk_log_check_agrees_with_the_leaf_by_leaf_one(
+        tmp_path_factory, monkeypatch, batches: list[int], bits: int) -> None:
+    """For any sequence of batches, and chunks of 1-8 leaves (so batches and chunks end
+    anywhere against each other), ``check_log_bulk`` gives ``LogCheck``'s size, root and
+    every batch's head; a leaf changed, and it answers None (``LogCheck`` then says what)."""
+    from evidence._store import log
+
+    monkeypatch.setattr(log, "_CHUNK_BITS", bits)
+    monkeypatch.setattr(log, "_CHUNK", 1 << bits)
+    with Store.create(tmp_path_factory.mktemp("log") / "s") as store:
+        make = Factory(store)
+        conn = store.connection
+        messages: list = [make.session(), make.run()]
+        sizes = [2]
+        for n, size in enumerate(batches):
+            messages += [make.attempt(f"http://example.com/{n}/{k}") for k in range(size)]
+            sizes.append(size)
+        anyio.run(submit_grouped, store, messages, sizes)
+        bulk_heads: dict = {}
+        leaf_heads: dict = {}
+        agreed = log.check_log_bulk(conn, bulk_heads)
+        check = log.LogCheck(conn, leaf_heads)
+        for row in conn.execute(log._leaves_sql(conn)):
+            check.leaf(*row)
+        size, root, findings = check.finish()
+        assert findings == [] and agreed == (size, root) and bulk_heads == leaf_heads
+        assert len(leaf_heads) == conn.execute("SELECT count(*) FROM commit_log").fetchall()[0][0]
+        unguarded(store, "ingest_ledger_no_update", "UPDATE ingest_ledger SET payload = "
+                  "CAST(payload || x'00' AS BLOB) WHERE log_index = (SELECT max(log_index) "
+                  "FROM ingest_ledger)")
+        assert log.check_log_bulk(conn) is None
+        assert log.check_log(conn)[2][0].what == "leaf"
+
+
+async def submit_grouped(store: Store, messages: list, sizes: list[int]) -> None:
+    """Through a real writer: each group of ``sizes`` submitted together (one batch when
+    the writer takes them at once), acknowledged before the next."""
+    import asyncio
+
+    from evidence import Writer
+
+    async with Writer(store) as writer:
+        at = 0
+        for size in sizes:
+            acks = await asyncio.gather(*(writer.submit(m) for m in messages[at:at + size]))
+            assert {a.status for a in acks} == {"committed"}
+            at += size

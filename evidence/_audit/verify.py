@@ -23,11 +23,16 @@ re-hashed with BLAKE3), and files under ``artifacts/`` that nothing references a
 as orphans. Orphans are *notices*: a crash between storing a payload and committing its
 message leaves one, harmlessly (design rule 18). Everything else is an *error*.
 
+With ``quick``, the quick tier (``verify_quick``): steps 1-3 and 6, each table's rows
+counted against the ledger instead of compared with it, and the payloads checked by pack;
+no orphan listing. The report's ``mode`` says which tier ran, ``not_checked`` what it left.
+
 The checks live in one module per concern, each a few hundred lines: ``verify_sqlite`` (the
 schema, SQLite's own check, foreign keys), ``verify_rows`` (every row against its ledger
 entry), ``verify_state`` (frontier and host_state replayed), ``verify_artifacts`` (payloads
-on disk, contents against the wire, orphans and their reclaim); ``verify_findings`` holds
-what they report. This module runs them in order over one snapshot and builds the report.
+on disk, contents against the wire, orphans and their reclaim), ``verify_quick`` (the quick
+tier's counts and payloads by pack); ``verify_findings`` holds what they report. This
+module runs them in order over one snapshot and builds the report.
 """
 
 from __future__ import annotations

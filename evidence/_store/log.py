@@ -311,7 +311,7 @@ def _fold(nodes: list[bytes]) -> bytes:
         return EMPTY_ROOT
     node = nodes[-1]
     for left in reversed(nodes[:-1]):
-        node = sha256(_NODE + left + node).digest()
+        node = _node_sha256(_NODE + left + node).digest()
     return node
 
 
@@ -355,7 +355,7 @@ class _BulkTree:
         nodes, n = list(self._before), self._chunks
         node = chunk_root
         while n & 1:
-            node = sha256(_NODE + nodes.pop() + node).digest()
+            node = _node_sha256(_NODE + nodes.pop() + node).digest()
             n >>= 1
         nodes.append(node)
         return nodes, self._chunks + 1

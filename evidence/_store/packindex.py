@@ -536,14 +536,13 @@ class PackIndex:
 
     def listing(self) -> tuple[dict[bytes, int], bool] | None:
         """Every payload the packs hold, its size by ``sealed_key`` (the namespace,
-        zero-padded to 32 bytes, then the digest's 32), and whether a
-        key is in two packs (or twice in one), after one look at each pack file: None
-        when a pack is not as the index knows it (removed, of another size than it was
-        sealed at or shorter than the records known in it, writable) or the store also
-        holds loose files. How ``verify --quick``
-        checks every reference at once (``_audit/verify_quick.py``), where ``check_each``
-        looks up each payload. Raises ``ArtifactError`` for an index that no longer reads
-        back (its CRCs)."""
+        zero-padded to 32 bytes, then the digest's 32 bytes), and whether a key is in two
+        packs (or twice in one), after one look at each pack file; None when a pack is
+        not as the index knows it (removed, of another size than it was sealed at or
+        shorter than the records known in it, writable) or the store also holds loose
+        files. How ``verify --quick`` checks every reference at once
+        (``_audit/verify_quick.py``), where ``check_each`` looks up each payload. Raises
+        ``ArtifactError`` for an index that no longer reads back (its CRCs)."""
         self.refresh()
         with self._lock:
             if self.legacy is not None:
