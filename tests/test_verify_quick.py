@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence import ArtifactRef, EvidenceError, RuleEvaluated, Store
+from evidence import ArtifactRef, EvidenceError, RuleEvaluated, RunEnded, Store
 from evidence._audit.checkpoints import checkpoint, open_checkpoint
 from evidence._audit.keys import SigningKey
 from evidence._audit.verify import verify
@@ -343,12 +343,13 @@ PAGES = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()),
 
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(pages=PAGES, batch=st.integers(1, 4))
+@given(pages=PAGES, batch=st.integers(1, 4), ended=st.booleans())
 def test_quick_finds_nothing_on_any_sequence_of_writer_batches(
-        tmp_path_factory, pages: list[tuple[int, int, bool]], batch: int) -> None:
+        tmp_path_factory, pages: list[tuple[int, int, bool]], batch: int,
+        ended: bool) -> None:
     """Pages with 0-3 links, a body from a pool of three (the same document again: its
-    links stored once), a verdict or not, in batches of 1-4 messages: --quick finds
-    nothing, and the log and payloads it counted are the default's."""
+    links stored once), a verdict or not, in batches of 1-4 messages, the run ended or
+    not: --quick finds nothing, and the log and payloads it counted are the default's."""
     with Store.create(tmp_path_factory.mktemp("q") / "s") as store:
         make = Factory(store)
         bodies = [make.body(f"<p>{n}</p>".encode()) for n in range(3)]
@@ -362,6 +363,9 @@ def test_quick_finds_nothing_on_any_sequence_of_writer_batches(
                     message_id=make.id("m"), run_id="r1", url=attempt.url, rule_id="t",
                     rule_version="1", input_hash=bodies[body].digest, verdict="pass",
                     evaluated_at=make.now, attempt_id=attempt.attempt_id))
+        if ended:
+            messages.append(RunEnded(message_id=make.id("m"), run_id="r1", ended_at=make.now,
+                                     outcome="completed"))
         anyio.run(submit_in_batches, store, messages, batch)
         quick, default = both(store)
         assert quick.findings == default.errors == []  # (unused bodies: orphan notices)
