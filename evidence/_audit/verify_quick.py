@@ -166,7 +166,8 @@ def _lengths(raws: list[msgspec.Raw]) -> list[int]:
     """``_items`` of each: at once when every one is a small array (a fixarray's header
     byte holds its length), as a page's links and a session's chunk of documents are."""
     try:
-        heads = list(map(operator.itemgetter(0), map(memoryview, raws)))
+        views: Any = map(memoryview, raws)  # (a Raw is a buffer)
+        heads: list[int] = list(map(operator.itemgetter(0), views))
     except IndexError:  # an empty one: no array at all
         return [_items(raw) for raw in raws]
     if all(0x90 <= head <= 0x9F for head in heads):
