@@ -297,22 +297,12 @@ def _batch_agrees(tree: _BulkTree, levels: list[list[bytes]], start: int, batch:
                   heads: dict[int, Head] | None) -> bool:
     """The stored root and frontier of a batch ending in this chunk, read off its levels."""
     seq, committed_at, _first, size, root, frontier, _prev, chain, _q = batch
-    nodes = tree.frontier(levels, size - start)
-    if b"".join(nodes) != frontier or _fold(nodes) != root:
+    nodes = b"".join(tree.frontier(levels, size - start))
+    if nodes != frontier or CompactTree.from_bytes(size, nodes).root() != root:
         return False
     if heads is not None:  # the chain agreed link by link: its recomputation is the stored one
         heads[seq] = Head(seq, size, root, chain, committed_at)
     return True
-
-
-def _fold(nodes: list[bytes]) -> bytes:
-    """The root of a tree given its compact frontier (``CompactTree.root``)."""
-    if not nodes:
-        return EMPTY_ROOT
-    node = nodes[-1]
-    for left in reversed(nodes[:-1]):
-        node = _node_sha256(_NODE + left + node).digest()
-    return node
 
 
 class _BulkTree:
@@ -320,8 +310,9 @@ class _BulkTree:
     subtrees of ``_CHUNK`` leaves or more), and each chunk's levels while it is read."""
 
     def __init__(self) -> None:
-        self._before: list[bytes] = []  # the chunks' roots, merged as a compact tree's
-        self._chunks = 0
+        # A compact tree whose leaves are the chunks' roots: merging two equal subtrees is
+        # the same node hash whatever their size, so its frontier is the whole tree's.
+        self._before = CompactTree()
 
     @staticmethod
     def levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
@@ -335,10 +326,12 @@ class _BulkTree:
 
     def frontier(self, levels: list[list[bytes]], offset: int) -> list[bytes]:
         """The compact frontier of the tree whose last leaf is ``offset`` into the chunk
-        (1 <= offset <= its length; 0: the chunks before alone)."""
+        (1 <= offset <= its length)."""
         if offset == _CHUNK:  # the whole chunk: one more perfect subtree, merged
-            return self._merged(levels[_CHUNK_BITS][0])[0]
-        nodes = list(self._before)
+            after = self._before.copy()
+            after.append_digest(levels[_CHUNK_BITS][0])
+            return list(after.frontier)
+        nodes = list(self._before.frontier)
         at = 0
         for bit in range(offset.bit_length() - 1, -1, -1):
             if offset >> bit & 1:
@@ -349,16 +342,7 @@ class _BulkTree:
     def close(self, levels: list[list[bytes]]) -> None:
         """A chunk read whole becomes one subtree of the tree before the next."""
         if len(levels[0]) == _CHUNK:
-            self._before, self._chunks = self._merged(levels[_CHUNK_BITS][0])
-
-    def _merged(self, chunk_root: bytes) -> tuple[list[bytes], int]:
-        nodes, n = list(self._before), self._chunks
-        node = chunk_root
-        while n & 1:
-            node = _node_sha256(_NODE + nodes.pop() + node).digest()
-            n >>= 1
-        nodes.append(node)
-        return nodes, self._chunks + 1
+            self._before.append_digest(levels[_CHUNK_BITS][0])
 
 
 class LogCheck:
