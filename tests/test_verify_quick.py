@@ -378,7 +378,7 @@ def test_quick_finds_nothing_on_any_sequence_of_writer_batches(
             f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in tables)
 
 
-def test_msgspec_raw_default_is_shared_safely() -> None:
+def test_the_quick_decoder_reads_how_many_rows_an_entry_wrote_from_its_list_header() -> None:
     """The quick decoder's defaults are empty: an entry without the field counts -1 rows
     (the strict decoder then says what is wrong), never the rows of another entry."""
     from evidence._audit.verify_quick import _SHAPE, _items

@@ -202,17 +202,7 @@ def check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | Non
             elif message is not None:
                 for row in at:
                     _unlogged(found, cursor_kind, row, f"a {tag} entry")
-        if isinstance(message, FetchAttempt):
-            _check_attempt(found, message, index, rows)
-        elif isinstance(message, Discovery):
-            _check_discovery(found, conn, message, index, rows)
-        elif isinstance(message, RuleEvaluated):
-            _check_rule(found, message, index, rows)
-        elif isinstance(message, SessionDocuments):
-            _check_documents(found, conn, message, index, rows)
-        elif isinstance(message, Render):
-            _check_render(found, message, index, rows)
-        elif message is not None:
+        if message is not None and not _check_written(found, conn, message, index, rows):
             _expect_fact(sessions, runs, message, index)
         if state is not None and message is not None:
             refused = state.apply(message, index)
@@ -232,6 +222,25 @@ _SESSION_COLUMNS = ("session_id", "started_at", "mode", "config", "baseline_sess
                     "ended_at", "outcome")
 _RUN_COLUMNS = ("run_id", "session_id", "started_at", "program", "host", "pid", "ended_at",
                 "outcome", "reason")
+
+
+def _check_written(found: Findings, conn: apsw.Connection, message: Message, index: int,
+                   rows: list[tuple]) -> bool:
+    """The rows of a message that writes rows of a logged table, against it (False: a
+    message of another kind, nothing checked)."""
+    if isinstance(message, FetchAttempt):
+        _check_attempt(found, message, index, rows)
+    elif isinstance(message, Discovery):
+        _check_discovery(found, conn, message, index, rows)
+    elif isinstance(message, RuleEvaluated):
+        _check_rule(found, message, index, rows)
+    elif isinstance(message, SessionDocuments):
+        _check_documents(found, conn, message, index, rows)
+    elif isinstance(message, Render):
+        _check_render(found, message, index, rows)
+    else:
+        return False
+    return True
 
 
 def _edges_sql(conn: apsw.Connection) -> str:
@@ -674,16 +683,8 @@ def check_entry(found: Findings, conn: apsw.Connection, kind: str, index: int,
     if tag != kind:
         for row in rows:
             _unlogged(found, kind, row, f"a {tag} entry")
-    elif isinstance(message, FetchAttempt):
-        _check_attempt(found, message, index, rows)
-    elif isinstance(message, Discovery):
-        _check_discovery(found, conn, message, index, rows)
-    elif isinstance(message, RuleEvaluated):
-        _check_rule(found, message, index, rows)
-    elif isinstance(message, SessionDocuments):
-        _check_documents(found, conn, message, index, rows)
-    elif isinstance(message, Render):
-        _check_render(found, message, index, rows)
+    else:
+        _check_written(found, conn, message, index, rows)
 
 
 def check_sessions_runs(found: Findings, conn: apsw.Connection,
