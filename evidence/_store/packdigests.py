@@ -374,19 +374,22 @@ class SealedDigests:
         if last is not None:
             yield last[1], last[2], last[3]
 
-    def sizes(self, read_at: ReadAt, into: dict[bytes, int]) -> int:
+    def sizes(self, read_at: ReadAt, into: dict[bytes, int], differ: set[bytes]) -> None:
         """Add each payload entry's size to ``into`` under its ``sealed_key``, a block at
-        a time in one comprehension; return how many entries were added (more than
-        ``into`` grew by when a key was there already). ``PackIndex.listing``. Raises
-        ``DamagedIndex``."""
-        n, end, payload, record = 0, self.index_offset, pf.PAYLOAD, pf.RECORD_SIZE
+        a time in one comprehension, and to ``differ`` each key listed with two sizes
+        (here or before): ``PackIndex.listing``. Raises ``DamagedIndex``."""
+        end, payload, record = self.index_offset, pf.PAYLOAD, pf.RECORD_SIZE
         for block in range(len(self._fence)):
-            listed = {key: length for kind, key, offset, length, _ in
-                      _KEYED.iter_unpack(self._block(block, read_at))
-                      if kind == payload and offset + record + length <= end}
-            n += len(listed)
+            entries = [(key, length) for kind, key, offset, length, _ in
+                       _KEYED.iter_unpack(self._block(block, read_at))
+                       if kind == payload and offset + record + length <= end]
+            listed = dict(entries)
+            if len(listed) != len(entries):
+                differ.update(key for key, length in entries if listed[key] != length)
+            again = listed.keys() & into.keys()
+            if again:
+                differ.update(key for key in again if into[key] != listed[key])
             into.update(listed)
-        return n
 
     def touches(self, read_at: ReadAt) -> Iterator[tuple[str, bytes, int]]:
         """The (namespace, digest, time) of each touch entry (the pack store keeps the

@@ -534,13 +534,13 @@ class PackIndex:
             return pack, loc, pack.read_fd
         raise self._missing(ref)
 
-    def listing(self) -> tuple[dict[bytes, int], bool] | None:
+    def listing(self) -> tuple[dict[bytes, int], set[bytes]] | None:
         """Every payload the packs hold, its size by ``sealed_key`` (the namespace,
-        zero-padded to 32 bytes, then the digest's 32 bytes), and whether a key is in two
-        packs (or twice in one), after one look at each pack file; None when a pack is
-        not as the index knows it (removed, of another size than it was sealed at or
-        shorter than the records known in it, writable) or the store also holds loose
-        files. How ``verify --quick`` checks every reference at once
+        zero-padded to 32 bytes, then the digest's 32 bytes), and the keys listed with two
+        sizes (which one a lookup finds is the lookup's to say), after one look at each
+        pack file; None when a pack is not as the index knows it (removed, of another size
+        than it was sealed at or shorter than the records known in it, writable) or the
+        store also holds loose files. How ``verify`` checks every reference at once
         (``_audit/verify_quick.py``), where ``check_each`` looks up each payload. Raises
         ``ArtifactError`` for an index that no longer reads back (its CRCs)."""
         self.refresh()
@@ -556,16 +556,16 @@ class PackIndex:
                         or (pack.sealed and stat.st_size != pack.size)):
                     return None
             listed = {sealed_key(ns, digest): loc[2] for ns, digest, loc in self._index.items()}
-            entries = len(listed)
+            differ: set[bytes] = set()
             for no, digests in self._sealed:
                 pack = self._packs[no]
                 try:
-                    entries += digests.sizes(_reader(self._read_fd(pack)), listed)
+                    digests.sizes(_reader(self._read_fd(pack)), listed, differ)
                 except DamagedIndex as exc:
                     raise _damaged(pack, exc) from None
                 except OSError as exc:
                     raise _os_errors("read pack index", pack.path)._translate(exc) from exc
-        return listed, entries != len(listed)
+        return listed, differ
 
     def iter_refs(self) -> Iterator[ArtifactRef]:
         """Every payload stored, once, sorted by (namespace, digest)."""
