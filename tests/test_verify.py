@@ -579,6 +579,8 @@ def test_a_store_from_before_issue_12_verifies_and_keeps_its_quarantine_rows(
         report = verify(store)
         assert report.ok, report.errors
         assert kinds(report) == {"identity_unbound"}  # a notice: its id is not bound
+        quick = verify(store, quick=True)  # the same of its log and its rows
+        assert quick.ok and kinds(quick) == {"identity_unbound"}, quick.findings
         from evidence import decode_message
 
         payload = one(store, "SELECT payload FROM quarantine WHERE quarantine_id = 1")[0]

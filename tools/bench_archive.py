@@ -35,7 +35,15 @@ rounds, each running in alternating order (ABAB, then BABA):
 
   export        ``evidence export`` (payloads included), against ``sqlite3_dbdump`` of the
                 database plus ``cp -r`` of the payload directory
-  verify        ``evidence verify`` (quick) in-process, against ``PRAGMA quick_check``
+  verify        ``evidence verify`` (the default: every row against its ledger entry)
+                in-process, opening the store included, against ``PRAGMA quick_check``
+  verify --quick  ``evidence verify --quick`` (the log, rows counted, payloads by pack)
+                in-process, opening the store included, against ``PRAGMA quick_check``
+
+  verify --quick  (``quick-mapped``) the same against ``PRAGMA quick_check`` on a
+                connection with ``mmap_size`` set, as verify reads its snapshot
+
+``--ops`` picks some of them (``export,verify,quick,quick-mapped``; default all four).
 
 Reported per store: the median wall seconds of each with min-max, the ratio (median of the
 per-round ratios, min-max), the same for CPU seconds (this process's threads and its
@@ -361,17 +369,19 @@ def crawl_store(work: Path, pages: int) -> Path:
     return store
 
 
-def quick_check(db: Path) -> None:
+def quick_check(db: Path, *, mapped: bool = False) -> None:
     conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    if mapped:
+        conn.execute("PRAGMA mmap_size = 1099511627776")
     assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
     conn.close()
 
 
-def quick_verify(store: Path) -> None:
+def default_verify(store: Path, *, quick: bool = False) -> None:
     from evidence._audit.verify import verify
 
     with Store.open(store, read_only=True) as opened:
-        assert verify(opened).ok
+        assert verify(opened, quick=quick).ok
 
 
 def dump_and_copy(store: Path, out: Path) -> None:
@@ -389,14 +399,24 @@ def cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def side_by_side(stores: list[Path], work: Path, reps: int, show: Callable) -> dict:
-    pairs: list[tuple[str, Callable[[Path, Path], object], str,
-                      Callable[[Path, Path], object]]] = [
-        ("export", lambda st, out: export(st, out), "sqlite3_dbdump + cp -r artifacts",
-         dump_and_copy),
-        ("verify (quick)", lambda st, out: quick_verify(st), "PRAGMA quick_check",
-         lambda st, out: quick_check(st / "evidence.db")),
-    ]
+SIDE_BY_SIDE = {  # --ops name -> (what is measured, its function, the baseline, its function)
+    "export": ("export", lambda st, out: export(st, out), "sqlite3_dbdump + cp -r artifacts",
+               dump_and_copy),
+    "verify": ("verify", lambda st, out: default_verify(st), "PRAGMA quick_check",
+               lambda st, out: quick_check(st / "evidence.db")),
+    "quick": ("verify --quick", lambda st, out: default_verify(st, quick=True),
+              "PRAGMA quick_check", lambda st, out: quick_check(st / "evidence.db")),
+    # The same against quick_check reading through a memory map, as verify reads: what
+    # the map is worth to the baseline too.
+    "quick-mapped": ("verify --quick, again", lambda st, out: default_verify(st, quick=True),
+                     "PRAGMA quick_check, mmap_size set",
+                     lambda st, out: quick_check(st / "evidence.db", mapped=True)),
+}
+
+
+def side_by_side(stores: list[Path], work: Path, reps: int, show: Callable,
+                 ops: tuple[str, ...] = tuple(SIDE_BY_SIDE)) -> dict:
+    pairs = [SIDE_BY_SIDE[op] for op in ops]
     results: dict = {}
     for store in stores:
         entry: dict = {"store": str(store), "db_bytes": (store / "evidence.db").stat().st_size,
@@ -440,7 +460,7 @@ def render_side_by_side(results: dict, reps: int) -> str:
                   f"{entry['load_start']:.1f} at the start, {entry['load_end']:.1f} at the end",
                   f"  {'operation':<16} {'seconds':>20}   {'baseline':<34} {'seconds':>20}"
                   f"  {'ratio':>20}"]
-        for op in ("export", "verify (quick)"):
+        for op in (k for k in entry if isinstance(entry[k], dict)):
             o = entry[op]
             lines.append(f"  {op:<16} {spread(o['ours']):>20}   {o['baseline']:<34} "
                          f"{spread(o['base']):>20}  {spread(o['ratios'], 'x'):>20}")
@@ -456,7 +476,7 @@ def run_side_by_side(args: argparse.Namespace, work: Path, show: Callable) -> di
         stores.append(work / "store")
         if args.crawl_pages:
             stores.append(crawl_store(work, args.crawl_pages))
-    return side_by_side(stores, work, args.reps, show)
+    return side_by_side(stores, work, args.reps, show, tuple(args.ops.split(",")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,8 +691,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("bench-out/bench_archive.json"),
                         help="JSON results (default bench-out/bench_archive.json)")
     parser.add_argument("--side-by-side", action="store_true",
-                        help="export and quick verify against sqlite3_dbdump + cp -r and "
-                        "PRAGMA quick_check, interleaved, on each --store")
+                        help="export, verify and verify --quick against sqlite3_dbdump + cp "
+                        "-r and PRAGMA quick_check, interleaved, on each --store")
     parser.add_argument("--store", type=Path, action="append", default=[],
                         help="a store to compare on (repeatable; default: a generated store "
                         "of --attempts and a crawl of --crawl-pages)")
@@ -681,8 +701,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "0: none)")
     parser.add_argument("--reps", type=int, default=3,
                         help="interleaved rounds of --side-by-side (default 3)")
+    parser.add_argument("--ops", default=",".join(SIDE_BY_SIDE),
+                        help="what --side-by-side measures, comma-separated, of "
+                        f"{', '.join(SIDE_BY_SIDE)} (default all)")
     parser.add_argument("--live-writer", type=Path, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = set(args.ops.split(",")) - set(SIDE_BY_SIDE)
+    if unknown:
+        parser.error(f"--ops: {', '.join(sorted(unknown))}: not one of "
+                     f"{', '.join(SIDE_BY_SIDE)}")
+    return args
 
 
 if __name__ == "__main__":

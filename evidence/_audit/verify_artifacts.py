@@ -42,7 +42,7 @@ from .._store.db import Store
 from .verify_findings import Findings
 
 __all__ = ["ReclaimHooks", "ReclaimReport", "age_text", "check_artifacts", "check_contents",
-           "orphan_files", "reclaim_orphans"]
+           "check_page", "orphan_files", "reclaim_orphans"]
 
 _PAGE = 1000
 _JSON = msgspec.json.Encoder(order="deterministic")
@@ -60,36 +60,42 @@ def check_artifacts(store: Store, conn: apsw.Connection, found: Findings, max_id
                 (after, max_id, _PAGE)).fetchall()
         if not page:
             break
-        checked = _checked_page(store, page, full)
-        # Read-only is a property of the file that holds a payload: a pack is looked at
-        # once for all of its payloads (``writable_each``), not once per payload.
-        present = [ref for ref, error in checked if ref is not None and error is None]
-        writable = iter(store.artifacts.writable_each(present))
-        for (artifact_id, namespace, digest, size), (ref, error) in zip(page, checked,
-                                                                        strict=True):
-            n, after = n + 1, artifact_id
-            if ref is not None and error is None and not next(writable):
-                continue  # present, read-only: nothing to report, so no path to name
-            where = {"table": "artifact", "row_id": artifact_id, "digest": digest}
-            try:
-                if ref is not None:
-                    where["path"] = store.artifacts.location(ref)
-                if error is not None:
-                    raise error
-            except ArtifactMissingError:
-                found.add("artifact_missing", f"artifact {namespace}/{digest} ({size} bytes) "
-                          "is referenced but not on disk", **where)
-                continue
-            except ArtifactCorruptError as exc:
-                found.add("artifact_corrupt", str(exc), **where)
-                continue
-            except ArtifactError as exc:
-                found.add("artifact_unreadable", str(exc), **where)
-                continue
-            if ref is not None:  # present, and writable
-                found.add("artifact_writable", f"artifact {where['path']} is writable (the "
-                          "store makes every payload read-only)", **where)
+        check_page(store, page, found, full)
+        n, after = n + len(page), page[-1][0]
     return n
+
+
+def check_page(store: Store, page: list[tuple], found: Findings, full: bool) -> None:
+    """``check_artifacts`` of some artifact rows (artifact_id, namespace, digest, size):
+    what verify --quick hands over for the rows its merge with the packs did not settle."""
+    checked = _checked_page(store, page, full)
+    # Read-only is a property of the file that holds a payload: a pack is looked at
+    # once for all of its payloads (``writable_each``), not once per payload.
+    present = [ref for ref, error in checked if ref is not None and error is None]
+    writable = iter(store.artifacts.writable_each(present))
+    for (artifact_id, namespace, digest, size), (ref, error) in zip(page, checked,
+                                                                    strict=True):
+        if ref is not None and error is None and not next(writable):
+            continue  # present, read-only: nothing to report, so no path to name
+        where = {"table": "artifact", "row_id": artifact_id, "digest": digest}
+        try:
+            if ref is not None:
+                where["path"] = store.artifacts.location(ref)
+            if error is not None:
+                raise error
+        except ArtifactMissingError:
+            found.add("artifact_missing", f"artifact {namespace}/{digest} ({size} bytes) "
+                      "is referenced but not on disk", **where)
+            continue
+        except ArtifactCorruptError as exc:
+            found.add("artifact_corrupt", str(exc), **where)
+            continue
+        except ArtifactError as exc:
+            found.add("artifact_unreadable", str(exc), **where)
+            continue
+        if ref is not None:  # present, and writable
+            found.add("artifact_writable", f"artifact {where['path']} is writable (the "
+                      "store makes every payload read-only)", **where)
 
 
 def _checked_page(store: Store, page: list[tuple], full: bool

@@ -40,7 +40,7 @@ from .._model.urls import NORMALIZER_VERSION, key_and_host
 from .verify_findings import Findings
 from .verify_state import WorkingState
 
-__all__ = ["check_rows"]
+__all__ = ["check_entry", "check_rows", "check_sessions_runs", "rows_at"]
 
 _JSON = msgspec.json.Encoder(order="deterministic")  # as _apply stores config and details
 
@@ -202,17 +202,7 @@ def check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | Non
             elif message is not None:
                 for row in at:
                     _unlogged(found, cursor_kind, row, f"a {tag} entry")
-        if isinstance(message, FetchAttempt):
-            _check_attempt(found, message, index, rows)
-        elif isinstance(message, Discovery):
-            _check_discovery(found, conn, message, index, rows)
-        elif isinstance(message, RuleEvaluated):
-            _check_rule(found, message, index, rows)
-        elif isinstance(message, SessionDocuments):
-            _check_documents(found, conn, message, index, rows)
-        elif isinstance(message, Render):
-            _check_render(found, message, index, rows)
-        elif message is not None:
+        if message is not None and not _check_written(found, conn, message, index, rows):
             _expect_fact(sessions, runs, message, index)
         if state is not None and message is not None:
             refused = state.apply(message, index)
@@ -223,13 +213,34 @@ def check_rows(conn: apsw.Connection, found: Findings, state: WorkingState | Non
     for cursor_kind, cursor in cursors.items():
         for row in cursor.rest():
             _unlogged(found, cursor_kind, row, "beyond the end of the ledger")
-    _check_facts(found, conn, "crawl_session", "session_id", sessions, (
-        "session_id", "started_at", "mode", "config", "baseline_session_id", "ended_at",
-        "outcome"))
-    _check_facts(found, conn, "crawl_run", "run_id", runs, (
-        "run_id", "session_id", "started_at", "program", "host", "pid", "ended_at", "outcome",
-        "reason"))
+    _check_facts(found, conn, "crawl_session", "session_id", sessions, _SESSION_COLUMNS)
+    _check_facts(found, conn, "crawl_run", "run_id", runs, _RUN_COLUMNS)
     return n
+
+
+_SESSION_COLUMNS = ("session_id", "started_at", "mode", "config", "baseline_session_id",
+                    "ended_at", "outcome")
+_RUN_COLUMNS = ("run_id", "session_id", "started_at", "program", "host", "pid", "ended_at",
+                "outcome", "reason")
+
+
+def _check_written(found: Findings, conn: apsw.Connection, message: Message, index: int,
+                   rows: list[tuple]) -> bool:
+    """The rows of a message that writes rows of a logged table, against it (False: a
+    message of another kind, nothing checked)."""
+    if isinstance(message, FetchAttempt):
+        _check_attempt(found, message, index, rows)
+    elif isinstance(message, Discovery):
+        _check_discovery(found, conn, message, index, rows)
+    elif isinstance(message, RuleEvaluated):
+        _check_rule(found, message, index, rows)
+    elif isinstance(message, SessionDocuments):
+        _check_documents(found, conn, message, index, rows)
+    elif isinstance(message, Render):
+        _check_render(found, message, index, rows)
+    else:
+        return False
+    return True
 
 
 def _edges_sql(conn: apsw.Connection) -> str:
@@ -623,3 +634,71 @@ def _check_facts(found: Findings, conn: apsw.Connection, table: str, key: str,
                   "message wrote it", table=table, row_id=ident)
 
 
+
+
+# --- one entry at a time (verify --quick) ------------------------------------------------
+#
+# The quick tier counts each table's rows against the ledger without decoding it
+# (``verify_quick``); where a count disagrees, the entries whose rows disagree are checked
+# here, with the checks above: the same findings as ``check_rows`` gives for them.
+
+# ledger kind -> (the query of its table's rows, the alias of that table, a key that
+# orders its rows as they were written, or None for a table without one)
+_ROWS_OF = {"fetch_attempt": (_ATTEMPT_SQL, "f", "attempt_seq"),
+            "discovery": (_EDGE_SQL, "e", "edge_id"),
+            "rule_evaluated": (_RULE_SQL, "r", "evaluation_id"),
+            "render": (_RENDER_SQL, "r", "render_seq"),
+            "session_documents": (_DOCUMENT_SQL, "d", None)}
+
+
+def rows_at(conn: apsw.Connection, kind: str, index: int, first: int, last: int
+            ) -> list[tuple]:
+    """The rows of ``kind``'s table that name ledger entry ``index``, as ``check_rows``
+    reads them; ``first`` and ``last`` bound their keys (a range scan, where the
+    log_index column has no index)."""
+    sql, alias, key = _ROWS_OF[kind]
+    where = f"{alias}.log_index = ?" + ("" if key is None else
+                                        f" AND {alias}.{key} BETWEEN ? AND ?")
+    args = (index,) if key is None else (index, first, last)
+    return conn.execute(sql.replace("\nORDER BY", f"\nWHERE {where}\nORDER BY"),
+                        args).fetchall()
+
+
+def check_entry(found: Findings, conn: apsw.Connection, kind: str, index: int,
+                payload: bytes | None, rows: list[tuple], what: str = "no ledger entry"
+                ) -> None:
+    """The rows of ``kind``'s table naming entry ``index`` against that entry (its
+    payload; None: there is none, ``what`` says why), as ``check_rows`` checks them."""
+    if payload is None:
+        for row in rows:
+            _unlogged(found, kind, row, what)
+        return
+    try:
+        message = decode_message(payload)
+    except MessageError as exc:
+        found.add("ledger_entry", f"ledger entry {index} does not decode: {exc}",
+                  table="ingest_ledger", log_index=index)
+        return
+    tag = type(message).__struct_config__.tag
+    if tag != kind:
+        for row in rows:
+            _unlogged(found, kind, row, f"a {tag} entry")
+    else:
+        _check_written(found, conn, message, index, rows)
+
+
+def check_sessions_runs(found: Findings, conn: apsw.Connection,
+                        entries: list[tuple[int, bytes]]) -> int:
+    """``crawl_session`` and ``crawl_run`` rebuilt from their entries (index, payload) and
+    compared field by field, as ``check_rows`` does (a crawl has a few)."""
+    sessions: dict[str, dict[str, tuple[object, int]]] = {}
+    runs: dict[str, dict[str, tuple[object, int]]] = {}
+    for index, payload in entries:
+        try:
+            _expect_fact(sessions, runs, decode_message(payload), index)
+        except MessageError as exc:
+            found.add("ledger_entry", f"ledger entry {index} does not decode: {exc}",
+                      table="ingest_ledger", log_index=index)
+    _check_facts(found, conn, "crawl_session", "session_id", sessions, _SESSION_COLUMNS)
+    _check_facts(found, conn, "crawl_run", "run_id", runs, _RUN_COLUMNS)
+    return len(sessions) + len(runs)

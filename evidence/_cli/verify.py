@@ -31,13 +31,21 @@ __all__ = ["add_commands", "format_report", "format_wacz_check"]
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .._audit.verify import reclaim_orphans, unreadable, verify
-    from .._errors import CorruptStoreError
+    from .._errors import CorruptStoreError, EvidenceError
     from .._store.db import Store
 
+    if args.quick and args.full:
+        raise EvidenceError("--quick and --full exclude each other: --quick checks less "
+                            "than the default, --full more", hint=f"evidence verify "
+                            f"{args.store} --quick, or evidence verify {args.store} --full")
     if Path(args.store).is_file():
         return _cmd_verify_wacz(args)
     if _is_archive(Path(args.store)):
         return _cmd_verify_archive(args)
+    if args.quick and args.reclaim_orphans:
+        raise EvidenceError("--reclaim-orphans needs the orphan listing, which --quick does "
+                            "not make", hint=f"evidence verify {args.store} --reclaim-orphans "
+                            "(the default verify lists the orphans, then reclaims them)")
     if args.tsa_root or args.witness_key:
         raise ProofError("--tsa-root and --witness-key check the checkpoint an archive "
                          "carries", hint="check a store's checkpoint with 'evidence "
@@ -55,7 +63,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         report = unreadable(args.store, exc.__cause__ or exc, full=args.full)
     else:
         with store:
-            report = verify(store, full=args.full, checkpoint=signed)
+            report = verify(store, full=args.full, quick=args.quick, checkpoint=signed)
             if args.reclaim_orphans and report.ok:
                 reclaimed = reclaim_orphans(store, args.grace)
     from .._archive.snapshot import stale_builds
@@ -99,6 +107,11 @@ def _cmd_verify_archive(args: argparse.Namespace) -> int:
             raise ProofError(f"{flag} is for a store; an archive is checked against the "
                              "checkpoint it carries", hint=f"evidence verify {args.store} "
                              f"--public-key KEY.pub (without {flag})")
+    if args.quick:  # restoring it is most of the cost: nothing quick is left to leave out
+        raise ProofError("--quick is for a store; an archive is restored into a private "
+                         "store and checked whole (every row against its ledger entry)",
+                         hint=f"evidence verify {args.store} (without --quick), or "
+                         f"evidence-verify archive {args.store} --public-key KEY.pub")
     if args.checkpoint_key:
         raise ProofError("--checkpoint-key is for a WACZ; an archive's checkpoint key is "
                          "--public-key", hint=f"evidence verify {args.store} --public-key "
@@ -153,7 +166,8 @@ def _cmd_verify_wacz(args: argparse.Namespace) -> int:
     from .._archive.waczcheck import check_wacz, load_public_key
     from .._errors import EvidenceError
 
-    for flag, given in (("--full", args.full), ("--reclaim-orphans", args.reclaim_orphans)):
+    for flag, given in (("--full", args.full), ("--quick", args.quick),
+                        ("--reclaim-orphans", args.reclaim_orphans)):
         if given:
             raise EvidenceError(f"{flag} is for a store; a WACZ file is always checked whole",
                                 hint=f"evidence verify {args.store} (without {flag})")
@@ -260,14 +274,23 @@ def _signed_checkpoint(args: argparse.Namespace) -> SignedCheckpoint | None:
     return open_checkpoint(texts[0], texts[1])
 
 
+_MODES = {"quick": "quick: the log, each table's rows counted against it, payloads by pack",
+          "default": "default: every row against its ledger entry",
+          "full": "full: integrity_check, artifacts re-hashed"}
+
+
 def format_report(r: VerifyReport) -> str:
     """The report a person reads: what was checked, then each finding and where it is."""
     from .._audit.verify import NOTICE_KINDS
 
     lines = [f"store    {r.path} ({r.store_id})",
-             f"mode     {'full: integrity_check, artifacts re-hashed' if r.full else 'quick'}",
+             f"mode     {_MODES.get(r.mode, r.mode)}",
              f"log      {r.tree_size} entries, root {r.root}",
              "checked  " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in r.checks.items())]
+    if r.mode == "quick":
+        lines.append(f"quick:   rows were not compared with their ledger entries; `evidence "
+                     f"verify {r.path}` does")
+        lines += [f"not      {what}" for what in r.not_checked]
     if r.checkpoint is not None:
         lines.append(f"against  {r.checkpoint}")
     for f in r.findings:
@@ -298,7 +321,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "verify", help="check a store (or a WACZ file) and locate anything changed",
         description="Check the schema, SQLite integrity, foreign keys, the Merkle log and hash "
         "chain, that commit times never go back, every evidence row against its ledger "
-        "entry, the url_current projection and the artifact files; list orphaned files. "
+        "entry, the url_current projection and the artifact files; list orphaned files "
+        "(--quick: fewer checks, see below). "
         "With --checkpoint, also that the store still matches a checkpoint signed earlier. "
         "Given an archive directory (evidence export): restore it privately and run every "
         "check on it, against the checkpoint it carries (its signature by --public-key, its "
@@ -317,6 +341,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "key passes, with a note saying so")
     p.add_argument("--full", action="store_true",
                    help="integrity_check instead of quick_check, and re-hash every artifact")
+    p.add_argument("--quick", action="store_true",
+                   help="a store: only the schema, quick_check, the log (every leaf, root, "
+                   "chain link, commit time; --checkpoint), each evidence table's rows "
+                   "counted against the ledger entries that write them, the quarantine "
+                   "records, and every payload present with its size, read from the packs' "
+                   "indexes: for after a crash or a deploy, and nightly on a large store. It "
+                   "does NOT compare rows with their ledger entries field by field, decode "
+                   "entries strictly, replay the frontier, rebuild url_current, check foreign "
+                   "keys and referenced interned rows, or list orphans (the default does); "
+                   "not with --full, --reclaim-orphans, an archive or a WACZ")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 on notices (orphans, writable artifacts) too")

@@ -221,7 +221,9 @@ class PackIndex:
         payloads up there from now on, and drop its entries from the memory index. Built
         before ``_lock`` is taken (tens of ms for a full pack: the puts go on meanwhile)."""
         digests = SealedDigests(index_offset, index)
-        touches = list(digests.touches(  # what the disk has, as checked: no read needed
+        # Each entry's kind is its first byte: most packs hold no touch, and seeing so
+        # costs one slice, where reading every entry for them cost an opening 0.01 s of CPU.
+        touches = [] if pf.TOUCH not in index[::pf.ENTRY_SIZE] else list(digests.touches(
             lambda offset, length: index[offset - index_offset:offset - index_offset + length]))
         with self._lock:
             for namespace, digest, when in touches:
@@ -531,6 +533,39 @@ class PackIndex:
                     raise _os_errors("open pack", pack.path, ref=ref)._translate(exc) from exc
             return pack, loc, pack.read_fd
         raise self._missing(ref)
+
+    def listing(self) -> tuple[dict[bytes, int], set[bytes]] | None:
+        """Every payload the packs hold, its size by ``sealed_key`` (the namespace,
+        zero-padded to 32 bytes, then the digest's 32 bytes), and the keys listed with two
+        sizes (which one a lookup finds is the lookup's to say), after one look at each
+        pack file; None when a pack is not as the index knows it (removed, of another size
+        than it was sealed at or shorter than the records known in it, writable) or the
+        store also holds loose files. How ``verify`` checks every reference at once
+        (``_audit/verify_quick.py``), where ``check_each`` looks up each payload. Raises
+        ``ArtifactError`` for an index that no longer reads back (its CRCs)."""
+        self.refresh()
+        with self._lock:
+            if self.legacy is not None:
+                return None
+            for pack in self._packs.values():
+                try:
+                    stat = os.stat(pack.path)
+                except OSError:
+                    return None
+                if (stat.st_mode & 0o222 or stat.st_size < pack.size
+                        or (pack.sealed and stat.st_size != pack.size)):
+                    return None
+            listed = {sealed_key(ns, digest): loc[2] for ns, digest, loc in self._index.items()}
+            differ: set[bytes] = set()
+            for no, digests in self._sealed:
+                pack = self._packs[no]
+                try:
+                    digests.sizes(_reader(self._read_fd(pack)), listed, differ)
+                except DamagedIndex as exc:
+                    raise _damaged(pack, exc) from None
+                except OSError as exc:
+                    raise _os_errors("read pack index", pack.path)._translate(exc) from exc
+        return listed, differ
 
     def iter_refs(self) -> Iterator[ArtifactRef]:
         """Every payload stored, once, sorted by (namespace, digest)."""
