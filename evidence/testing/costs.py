@@ -84,9 +84,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
         line = json.dumps({"test": item.nodeid, "cpu": round(_cpu() - cpu, 3),
                            "wall": round(time.monotonic() - wall, 3),
                            "start": round(start, 3),
-                           "process": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+                           "process": _process(item.config)})
         with open(path, "a") as f:  # one write of one line: workers' lines never mix
             f.write(line + "\n")
+
+
+def _process(config: pytest.Config) -> str:
+    """xdist's name for this test process, or ``main`` (from the run's configuration, not
+    the environment, which a pytest started by a test inherits from its own process)."""
+    return getattr(config, "workerinput", {}).get("workerid", "main")
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
