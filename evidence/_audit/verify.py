@@ -46,7 +46,7 @@ from typing import Any
 import apsw
 import msgspec
 
-from .._errors import StoreError
+from .._errors import ArtifactError, StoreError
 from .._model.merkle import EMPTY_ROOT
 from .._model.messages import now_text
 from .._store import quarantine as _quarantine
@@ -199,18 +199,19 @@ def verify(store: Store, *, full: bool = False, quick: bool = False,
             step("artifacts", check_payloads, store, conn, found, max_artifact)
         if full:
             step("contents_derived", check_contents, store, conn, found)
-        orphans = step(None, orphan_files, store, conn) or []
-    for ref, age in orphans:
+        orphans = step(None, orphan_files, store, conn)  # None: the listing was aborted
+        if orphans is not None:
+            checks["orphans"] = len(orphans)
+    for ref, age in orphans or []:
         found.add("orphan", f"{ref.namespace}/{ref.digest} ({ref.size} bytes, "
                   f"{age_text(age)} old) is referenced by no row",
                   path=store.artifacts.location(ref), digest=ref.digest)
-    checks["orphans"] = len(orphans)
     return VerifyReport(
         path=store.location, store_id=store_id, full=full, mode="full" if full else "default",
         checked_at=now_text(), tree_size=size, root=root.hex(), checks=checks,
         findings=[Finding(kind=k, severity=s, location=loc, message=m)
                   for k, s, loc, m in found.items],
-        omitted=dict(found.omitted), orphan_bytes=sum(ref.size for ref, _ in orphans),
+        omitted=dict(found.omitted), orphan_bytes=sum(ref.size for ref, _ in orphans or []),
         checkpoint=None if matched is None else matched.statement)
 
 
@@ -330,8 +331,10 @@ class _Steps:
         try:
             result = fn(*args)
         # StoreError: an apsw error, translated; TypeError, ValueError: values of the wrong
-        # type, which only a damaged page or a hand-edited row gives.
-        except (apsw.Error, StoreError, TypeError, ValueError) as exc:
+        # type, which only a damaged page or a hand-edited row gives; ArtifactError: a
+        # payload's file or pack unreadable where the check lists them (the orphans of a
+        # pack cut short after the store opened it).
+        except (apsw.Error, StoreError, ArtifactError, TypeError, ValueError) as exc:
             label = (name or fn.__name__.strip("_")).replace("_", " ")
             label += "" if label.endswith("check") else " check"
             self.found.add("check_aborted", f"the {label} could not finish: "
