@@ -272,7 +272,9 @@ def _check_log_quick(conn: apsw.Connection, found: Findings, heads: dict[int, He
 # about half of quick_check's CPU on a 400 MiB store (docs/archives.md has the figures).
 # As much as the library allows (SQLITE_MAX_MMAP_SIZE caps it). Safe because a store's
 # database file never shrinks under a map: nothing here runs VACUUM, and a checkpoint
-# truncates only the WAL. The connection is verify's own, closed with its snapshot.
+# truncates only the WAL. The connection is verify's own, closed with its snapshot. A page
+# the disk cannot read is then a SIGBUS that ends the process, where a read() gave an I/O
+# error (a check_aborted finding): the report is lost, never turned into a pass.
 _MAPPED = "PRAGMA mmap_size = 1099511627776"
 
 
