@@ -277,6 +277,21 @@ def need_chromium() -> str:
     unavailable("chromium is not installed (Debian: apt-get install chromium)")
 
 
+def run_cli(*argv: object) -> int:
+    """The evidence CLI in this process, as ``_cli.main`` runs a command: a user error is
+    printed in its ``Error:`` / ``Try:`` form (to stdout here, for ``capsys``) and exits 2."""
+    from evidence import EvidenceError
+    from evidence._cli.common import error_text
+    from evidence._cli.main import build_parser
+
+    args = build_parser().parse_args([str(a) for a in argv])
+    try:
+        return args.func(args)
+    except EvidenceError as exc:
+        print(error_text(str(exc), exc.hint), end="")
+        return 2
+
+
 def unavailable(reason: str) -> NoReturn:
     """A part this test needs is missing here (a browser, mount, root, setpriv).
 

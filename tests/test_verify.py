@@ -11,10 +11,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from evidence import ArtifactRef, EvidenceError, Store
+from evidence import ArtifactRef, Store
 from evidence._audit.verify import ReclaimHooks, reclaim_orphans, verify
 from evidence._cli.common import parse_duration
-from evidence._cli.main import build_parser
 
 from .conftest import (
     LAYOUTS,
@@ -23,20 +22,11 @@ from .conftest import (
     flip_payload_byte,
     lose_payload,
     payload_place,
+    run_cli,
     submit_all,
 )
 
 DAY = 86400
-
-
-def run_cli(*argv: str) -> int:
-    """The evidence CLI with these commands, as ``_cli.main`` runs it (errors exit 2)."""
-    args = build_parser().parse_args([str(a) for a in argv])
-    try:
-        return args.func(args)
-    except EvidenceError as exc:
-        print(f"Error: {exc}")
-        return 2
 
 
 def tamper(store: Store, *statements: str) -> None:

@@ -17,23 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evidence import ArtifactRef, EvidenceError, RuleEvaluated, RunEnded, Store
+from evidence import ArtifactRef, RuleEvaluated, RunEnded, Store
 from evidence._audit.checkpoints import checkpoint, open_checkpoint
 from evidence._audit.keys import SigningKey
 from evidence._audit.verify import verify
-from evidence._cli.main import build_parser
 
-from .conftest import LAYOUTS, Factory, new_s3_url, payload_place, submit_all
-
-
-def run_cli(*argv: object) -> int:
-    """The evidence CLI, as ``_cli.main`` runs it (a user error: Error:/Try:, exit 2)."""
-    args = build_parser().parse_args([str(a) for a in argv])
-    try:
-        return args.func(args)
-    except EvidenceError as exc:
-        print(f"Error: {exc}\nTry: {exc.hint}")
-        return 2
+from .conftest import LAYOUTS, Factory, new_s3_url, payload_place, run_cli, submit_all
 
 
 def found(report) -> set[tuple]:
