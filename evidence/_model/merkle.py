@@ -49,6 +49,8 @@ __all__ = [
     "consistency_proof",
     "inclusion_proof",
     "leaf_hash",
+    "leaf_hashes",
+    "level_above",
     "node_hash",
     "root",
     "verify_consistency",
@@ -63,11 +65,35 @@ _LEAF_PREFIX = b"\x00"
 _NODE_PREFIX = b"\x01"
 
 
+_LEAF_SEED = sha256(_LEAF_PREFIX)  # copied for each leaf: cheaper than a new one fed 0x00
+try:  # CPython's own SHA-256: for a node's 65 bytes, a third cheaper a call than OpenSSL's
+    from _sha256 import sha256 as _small_sha256
+except ImportError:  # pragma: no cover - another Python (3.12 names it _sha2)
+    _small_sha256 = sha256
+
+
 def leaf_hash(data: bytes) -> bytes:
     """``SHA-256(0x00 || data)``: the hash of one leaf's canonical bytes."""
-    h = sha256(_LEAF_PREFIX)
+    h = _LEAF_SEED.copy()
     h.update(data)
     return h.digest()
+
+
+def leaf_hashes(datas: Iterable[bytes]) -> list[bytes]:
+    """``leaf_hash`` of each, in order: a whole chunk of a log in one call."""
+    begun, leaves = _LEAF_SEED.copy, []
+    for data in datas:
+        h = begun()
+        h.update(data)
+        leaves.append(h.digest())
+    return leaves
+
+
+def level_above(nodes: Sequence[bytes]) -> list[bytes]:
+    """The node hashes over each pair of ``nodes`` (one level up a perfect subtree; an odd
+    last one has no pair and is left out)."""
+    return [_small_sha256(_NODE_PREFIX + left + right).digest()
+            for left, right in zip(nodes[0::2], nodes[1::2], strict=False)]
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:
@@ -76,7 +102,8 @@ def node_hash(left: bytes, right: bytes) -> bytes:
 
 
 def _node(left: bytes, right: bytes) -> bytes:
-    return sha256(_NODE_PREFIX + left + right).digest()
+    node: bytes = _small_sha256(_NODE_PREFIX + left + right).digest()
+    return node
 
 
 def _is_hash(value: object) -> bool:

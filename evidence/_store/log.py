@@ -33,11 +33,10 @@ import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from hashlib import sha256
 
 import apsw
 
-from .._model.merkle import EMPTY_ROOT, CompactTree, leaf_hash
+from .._model.merkle import EMPTY_ROOT, CompactTree, leaf_hash, leaf_hashes, level_above
 from .._model.messages import ledger_entry
 
 __all__ = ["GENESIS_HASH", "TIME_TOLERANCE", "Head", "LogCheck", "LogFinding", "LogHead",
@@ -174,12 +173,6 @@ def _leaves_sql(conn: apsw.Connection) -> str:
 
 _CHUNK_BITS = 14
 _CHUNK = 1 << _CHUNK_BITS  # leaves per step: a perfect subtree, so chunks align with the tree
-_LEAF, _NODE = b"\x00", b"\x01"
-_LEAF_HASH = sha256(_LEAF)
-try:  # CPython's own SHA-256: for 65 bytes, a third cheaper a call than OpenSSL's
-    from _sha256 import sha256 as _node_sha256
-except ImportError:  # pragma: no cover - another Python (3.12 names it _sha2)
-    _node_sha256 = sha256
 
 
 def check_log_bulk(conn: apsw.Connection, heads: dict[int, Head] | None = None,
@@ -264,15 +257,10 @@ def _contiguous(conn: apsw.Connection) -> bool:
 def _leaves(payloads: Sequence[bytes], submitters: Sequence[str | None]) -> list[bytes]:
     """Every leaf hash of a chunk, one comprehension (the entry of a worker host's message
     wraps its payload with its submitter)."""
-    if submitters.count(None) == len(submitters):  # a copy of a hash fed 0x00: cheaper
-        begun, leaves = _LEAF_HASH.copy, []            # than a new one and a concatenation
-        for payload in payloads:
-            h = begun()
-            h.update(payload)
-            leaves.append(h.digest())
-        return leaves
-    return [leaf_hash(payload if by is None else ledger_entry(payload, by))
-            for payload, by in zip(payloads, submitters, strict=True)]
+    if submitters.count(None) == len(submitters):  # each entry is its payload
+        return leaf_hashes(payloads)
+    return leaf_hashes([payload if by is None else ledger_entry(payload, by)
+                        for payload, by in zip(payloads, submitters, strict=True)])
 
 
 def _chain_agrees(conn: apsw.Connection, commits: list[tuple]) -> bool:
@@ -320,8 +308,7 @@ class _BulkTree:
         levels = [list(leaves)]
         while len(levels[-1]) > 1:
             below = levels[-1]
-            levels.append([_node_sha256(_NODE + left + right).digest()
-                           for left, right in zip(below[0::2], below[1::2], strict=False)])
+            levels.append(level_above(below))
         return levels
 
     def frontier(self, levels: list[list[bytes]], offset: int) -> list[bytes]:
