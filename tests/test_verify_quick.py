@@ -293,7 +293,7 @@ def test_quick_on_sqlite_with_payloads_in_s3(tmp_path: Path, seaweed, monkeypatc
         assert found(quick) == found(default)
 
 
-@pytest.mark.parametrize("payloads", ["packs", "s3"])
+@pytest.mark.parametrize("payloads", ["files", "packs", "s3"])
 def test_quick_on_postgresql(tmp_path: Path, pg_url: str, pg_cluster, payloads: str,
                              request, monkeypatch) -> None:
     from urllib.parse import urlsplit
@@ -305,7 +305,8 @@ def test_quick_on_postgresql(tmp_path: Path, pg_url: str, pg_cluster, payloads: 
         where = new_s3_url(seaweed, "pg")
     else:
         where = str(tmp_path / "art")
-    with Store.create(pg_url, artifacts=where) as store:
+    layout = "files" if payloads == "files" else "packs"
+    with Store.create(pg_url, artifacts=where, artifact_layout=layout) as store:
         populate(store)
         quick, default = both(store)
         assert quick.ok and quick.findings == [] and quick.mode == "quick"
