@@ -3,7 +3,8 @@
     /                 links to the rest; sets the cookie srv=from-server (Path=/)
     /private          401 without HTTP basic credentials alice:s3cret-pw (with
                       ``AuthSite(digest=True)``, digest ones: MD5, qop=auth, each nonce
-                      good for ``NONCE_USES`` requests, then answered stale), else a page
+                      good for ``NONCE_USES`` requests, then answered stale; a path of
+                      ``stale_once`` has its first right answer called stale), else a page
                       that embeds /private/pixel.png and links /private/1 to /private/4
     /private/pixel.png, /private/N  the same credentials, else a PNG, a small page
     /members          403 without the cookie sid=SID-SECRET-VALUE
@@ -49,8 +50,9 @@ class DigestServer:
     """The server's side of RFC 7616 (MD5, qop=auth), written from the RFC apart from the
     crawler's: nonces it issued, and how often each was used."""
 
-    def __init__(self) -> None:
+    def __init__(self, stale_once: frozenset[str] = frozenset()) -> None:
         self.uses: dict[str, int] = {}
+        self.stale_once = set(stale_once)
         self._numbers = itertools.count(1)
         self.lock = threading.Lock()
 
@@ -75,7 +77,8 @@ class DigestServer:
             want = _md5(f"{ha1}:{nonce}:{p.get('nc')}:{p.get('cnonce')}:auth:{ha2}")
             if p.get("response") != want or p.get("opaque") != "op":
                 return self.challenge()
-            if self.uses[nonce] >= NONCE_USES:
+            if self.uses[nonce] >= NONCE_USES or uri in self.stale_once:
+                self.stale_once.discard(uri)
                 return self.challenge(stale=True)
             self.uses[nonce] += 1
             return None
@@ -84,9 +87,10 @@ class DigestServer:
 class AuthSite:
     """``with AuthSite() as site: site.url``; ``site.seen[path]``: header dicts, in order."""
 
-    def __init__(self, *, digest: bool = False) -> None:
+    def __init__(self, *, digest: bool = False, stale_once: frozenset[str] = frozenset()
+                 ) -> None:
         self.seen: dict[str, list[dict[str, str]]] = defaultdict(list)
-        self.digest = DigestServer() if digest else None
+        self.digest = DigestServer(stale_once) if digest else None
         site = self
 
         class Handler(BaseHTTPRequestHandler):

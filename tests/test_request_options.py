@@ -179,12 +179,14 @@ def test_digest_credentials_answer_the_challenge_and_a_stale_nonce(
         ) -> None:
     """The first request gets the challenge (recorded), the page's next attempt answers
     it; the nonce goes stale after NONCE_USES requests and the new one is answered. In a
-    worker process the same: it retries the page, and the crawl's process answers."""
+    worker process the same: it retries the page, and the crawl's process answers.
+    Rendered, the browser's request for the pixel is answered stale the first time (as
+    when other pages used the nonce up meanwhile): made again at once, answered."""
     render = None
     if rendered:
         request.getfixturevalue("chromium")
         render = RenderOptions(timeout=120.0)
-    with AuthSite(digest=True) as site:
+    with AuthSite(digest=True, stale_once=frozenset({"/private/pixel.png"})) as site:
         _crawl(tmp_path / "st", site, request=_digest_options(), render=render,
                config={"seeds": [site.url + "/private"], "max_depth": 1, "max_attempts": 3,
                        **({"render_only": [r"/private$"]} if rendered else {})},
@@ -207,7 +209,8 @@ def test_digest_credentials_answer_the_challenge_and_a_stale_nonce(
             assert b'Digest username="alice"' in open_request(stored, opening)
     if rendered:
         pixel = [a for a in attempts if a[4] and a[0].endswith("/pixel.png")]
-        assert pixel and pixel[-1][1] == 200, [a[:2] for a in attempts if a[4]]
+        assert [a[1] for a in pixel][-2:] == [401, 200], [a[:2] for a in attempts if a[4]]
+        assert all(s == 401 for _u, s, *_ in pixel[:-1])
 
 
 # --- the parts ------------------------------------------------------------------------------

@@ -77,6 +77,8 @@ MHTML_NS = "mhtml"
 BEHAVIORS_NS = "behaviors"
 _SAMPLE = 0.1  # seconds between DOM samples while settling
 _SAFE = frozenset({"GET", "HEAD"})  # methods a render may send outside the crawl's scope
+# How many digest challenges one browser request answers before its 401 goes to the browser.
+_CHALLENGES_ANSWERED = 3
 _SERIALIZE = ("(document.doctype ? new XMLSerializer().serializeToString(document.doctype)"
               " + '\\n' : '') + document.documentElement.outerHTML")
 # The settle rule's sample: the serialized DOM, and how many images the page asked for that
@@ -255,12 +257,25 @@ class Renderer:
             behaviors=stored.behaviors)
         return Rendered(render, attempts, captured.dom, stored.refs, stored.refs_truncated)
 
-    async def _forward(self, render_id: str, request: BrowserRequest) -> FetchResult:
+    async def _forward(self, render_id: str, request: BrowserRequest) -> list[FetchResult]:
+        """Make a browser's request: its attempt, then, while an answer is a 401 with a
+        digest challenge this crawl answers (a first nonce, or a stale one: other pages'
+        requests may have used the nonce up meanwhile), the request again at once with
+        the answer, as a page is retried (``_crawl.digest``), at most
+        ``_CHALLENGES_ANSWERED`` times."""
         if request.method not in _SAFE and self.unsafe_refusal is not None:
             why = self.unsafe_refusal(request.url)
             if why is not None:
-                return self._refused(render_id, request, f"render: a {request.method} "
-                                     f"outside the crawl's scope is not made ({why})")
+                return [self._refused(render_id, request, f"render: a {request.method} "
+                                      f"outside the crawl's scope is not made ({why})")]
+        made = [await self._make(render_id, request)]
+        while (self.request is not None and len(made) <= _CHALLENGES_ANSWERED
+               and made[-1].status == 401 and made[-1].headers is not None
+               and self.request.challenged(request.url, made[-1].head)):
+            made.append(await self._make(render_id, request))
+        return made
+
+    async def _make(self, render_id: str, request: BrowserRequest) -> FetchResult:
         headers, secrets = request.headers, list[str]()
         if self.request is not None:
             headers, secrets = self.request.merge(request.url, request.headers,

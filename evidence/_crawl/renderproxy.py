@@ -19,7 +19,9 @@ The one change the browser's copy of every head gets: no ``WWW-Authenticate`` or
 ``Proxy-Authenticate`` field. Given a challenge, Chromium waits for someone to type a
 password (there is no one): the page never loads, and the render ran into its timeout
 for any page with one 401 image. The crawl answers challenges itself, with the
-credentials it was given (``_crawl.hostauth``); the attempt keeps the exact head.
+credentials it was given (``_crawl.secrets``); the attempt keeps the exact head. A digest
+challenge (a first nonce, or a stale one) is answered at once: the request is made again
+with the answer (``forward`` hands back both attempts, the browser gets the second).
 
 - The first GET of the page being rendered is answered from the store: the source
   capture's response head and body as they were read, so the DOM is the rendering of the
@@ -90,7 +92,8 @@ class BrowserRequest:
     body: bytes | None
 
 
-Forward = Callable[[BrowserRequest], Awaitable[FetchResult]]
+# The attempts one browser request came to, in the order made: the browser gets the last.
+Forward = Callable[[BrowserRequest], Awaitable[list[FetchResult]]]
 
 
 @dataclass
@@ -182,8 +185,9 @@ class RecordingProxy:
         if not self.source_served and request.method == "GET" and self._is_source(request.url):
             self.source_served = True
             return _for_browser(self.source.head) + self.source.body
-        result = await self.forward(request)
-        self.results.append(result)
+        made = await self.forward(request)
+        self.results += made
+        result = made[-1]
         return _for_browser(result.head) + result.raw_body if result.head else b""
 
     def _is_source(self, url: str) -> bool:
