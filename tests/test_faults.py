@@ -48,7 +48,7 @@ from evidence import (
 from evidence._archive.export import export
 from evidence._cli.main import main as cli_main
 from evidence._store.log import check_log
-from evidence._store.sqlite import connect_writer
+from evidence._store.sqlite import apply_migrations, connect_writer, load_migrations
 from evidence._write.limits import WriterHooks
 from evidence.testing.disk import CrashFileOps, CrashVFS, Fault, SimulatedDisk, open_store
 from evidence.testing.trial import (
@@ -1154,3 +1154,57 @@ def test_a_store_created_on_the_simulated_disk_survives_power_loss(
             "SELECT message_id FROM ingest_ledger")}
         assert {a.message_id for a in acks} <= ledger
         assert_clean(reopened)
+
+
+def _created_on_the_disk(root: Path, fault: Fault | None, crash: str) -> SimulatedDisk:
+    """Create a store under ``root`` on a simulated disk armed with ``fault``, then cut the
+    power (whatever the fault left of the creation)."""
+    root.mkdir(parents=True)
+    disk = SimulatedDisk(root, seed=3)
+    disk.capture()
+    disk.arm(fault)
+    vfs = CrashVFS(f"create-{root.name}", disk=disk)
+    try:
+        with contextlib.suppress(EvidenceError, apsw.Error, OSError):
+            Store.create(root / "store", vfs=vfs.name, file_ops=CrashFileOps(disk)).close()
+        disk.power_loss(crash)  # type: ignore[arg-type]
+    finally:
+        vfs.unregister()
+    disk.write_crash_image()
+    return disk
+
+
+def test_power_loss_at_each_database_operation_of_a_new_store_leaves_no_schema_or_all_of_it(
+        fast_dir: Path) -> None:
+    """A new store's schema is a copy of the migrations' result, made in one transaction:
+    cut at any write or sync of its database or WAL (unsynced writes landing in any
+    order), the database holds no table at all (opening it makes the schema then) or
+    every migration's, never some of them."""
+    crash = "reorder"
+    files = frozenset({"database", "wal"})
+    counts = _created_on_the_disk(fast_dir / "count", None, crash).kind_counts
+    total = sum(counts[f"{op}:{kind}"] for op in ("write", "sync") for kind in files)
+    reference = apsw.Connection(":memory:")
+    apply_migrations(reference, load_migrations())
+    whole = _schema(reference)
+    seen = set()
+    for at in range(1, total + 1):
+        root = fast_dir / f"at-{at}"
+        _created_on_the_disk(root, Fault(action="power_loss", at=at, ops=frozenset(
+            {"write", "sync"}), files=files, crash=crash), crash)  # type: ignore[arg-type]
+        db = root / "store" / "evidence.db"
+        if not db.exists():
+            seen.add("no database")
+            continue
+        conn = apsw.Connection(str(db))
+        try:
+            schema = _schema(conn)
+        finally:
+            conn.close()
+        assert schema in ([], whole), f"power loss at database write or sync #{at}"
+        seen.add("whole" if schema else "empty")
+    assert "whole" in seen and len(seen) >= 2, seen
+
+
+def _schema(conn: apsw.Connection) -> list[tuple[str, ...]]:
+    return sorted(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))

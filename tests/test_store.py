@@ -14,7 +14,9 @@ from evidence import (
     Store,
     StoreError,
 )
+from evidence._model.messages import now_text
 from evidence._store.sqlite import (
+    PAGE_SIZE,
     apply_migrations,
     check_sqlite_version,
     copy_migrated,
@@ -131,6 +133,24 @@ def test_a_copy_of_migrated_databases_is_what_the_migrations_make() -> None:
             assert _migrated(copied) == _migrated(applied)
             copied.execute("INSERT INTO schema_migration VALUES (999, 'x', 'y', 'z')")
             copied.close()  # a copy is the caller's own: writing it leaves the next alone
+
+
+def test_a_new_store_holds_what_migrating_it_in_place_gives(tmp_path: Path) -> None:
+    """A new store's database is a copy of one the migrations made in memory: the same
+    schema, migration rows and version as a file migrated in place, at the store's page
+    size and in WAL mode, with this store's own migration times."""
+    in_place = apsw.Connection(str(tmp_path / "in-place.db"))
+    in_place.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    apply_migrations(in_place, load_migrations())
+    before = now_text()
+    with Store.create(tmp_path / "a"), Store.create(tmp_path / "b") as second:
+        conn = second.connection
+        assert _migrated(conn) == _migrated(in_place)
+        assert conn.execute("PRAGMA page_size").fetchall()[0][0] == PAGE_SIZE
+        assert conn.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
+        times = {t for (t,) in conn.execute("SELECT applied_at FROM schema_migration")}
+        assert len(times) == 1 and times.pop() >= before
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 
 EVIDENCE_TABLES = ["url_identity", "artifact", "ingest_ledger", "commit_log", "fetch_attempt",

@@ -318,43 +318,54 @@ def apply_migrations(conn: apsw.Connection, migrations: list[tuple[int, str, str
     for version, name, checksum, sql in migrations:
         if version in applied:
             continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(conn):
             conn.execute(sql)
             conn.execute(
                 "INSERT INTO schema_migration VALUES (?, ?, ?, ?)",
                 (version, name, checksum, now_text()),
             )
             conn.execute(f"PRAGMA user_version = {version}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if not conn.get_autocommit():  # an I/O error at COMMIT has rolled back already
-                conn.execute("ROLLBACK")
-            raise
     return newest_known
+
+
+@contextlib.contextmanager
+def immediate(conn: apsw.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, else rolled back."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if not conn.get_autocommit():  # an I/O error at COMMIT has rolled back already
+            conn.execute("ROLLBACK")
+        raise
 
 
 # Each list of migrations (by checksum) applied once per process to a database in memory,
 # kept as the bytes of its file: what ``copy_migrated`` copies.
-_migrated_images: dict[tuple[str, ...], bytes] = {}
+_migrated_images: dict[tuple[int | str, ...], bytes] = {}
 
 
 def copy_migrated(conn: apsw.Connection, migrations: list[tuple[int, str, str, str]]) -> None:
     """Make ``conn``'s empty main database what ``apply_migrations`` makes of it (the same
-    schema, the same ``schema_migration`` rows and user_version), by copying a database the
-    same migrations made earlier in this process.
+    schema, the same ``schema_migration`` rows and user_version, at ``conn``'s page size),
+    by copying a database the same migrations made earlier in this process.
 
-    For the databases that are only a reference or a scratch space (verify compares a
-    store's schema with one and replays its frontier into another): applying fifteen
-    migrations costs about 35 ms of CPU, copying their result about 1.5 ms (measured
-    with apsw 3.54 on the development machine), and a verify needed it twice. A store's
-    own database is always migrated in place (``SQLiteBackend.migrate``).
+    Applying fifteen migrations costs about 35 ms of CPU (a few rebuild a table), copying
+    their result about 1.5 ms (measured with apsw 3.54 on the development machine). Used
+    for the databases that are only a reference or a scratch space (verify compares a
+    store's schema with one and replays its frontier into another) and for a new store's
+    own database (``SQLiteBackend.migrate``): a process that makes many stores, as the
+    test suite's do, migrates once. The copy is one transaction of the destination: a
+    crash leaves the database empty or whole.
     """
-    key = tuple(checksum for _version, _name, checksum, _sql in migrations)
+    page_size = conn.execute("PRAGMA page_size").fetchall()[0][0]
+    key = (page_size, *(checksum for _version, _name, checksum, _sql in migrations))
     image = _migrated_images.get(key)
     if image is None:
         fresh = apsw.Connection(":memory:")
         try:
+            fresh.execute(f"PRAGMA page_size = {page_size}")
             apply_migrations(fresh, migrations)
             image = fresh.serialize("main")
         finally:
@@ -363,8 +374,16 @@ def copy_migrated(conn: apsw.Connection, migrations: list[tuple[int, str, str, s
     source = apsw.Connection(":memory:")
     try:
         source.deserialize("main", image)
-        with conn.backup("main", source, "main") as copy:
+        copy = conn.backup("main", source, "main")
+        try:
             copy.step(-1)
+        except BaseException:
+            # The step's own error is the one to see (apsw's context manager raises
+            # SystemError when finishing after a failed step).
+            with contextlib.suppress(apsw.Error):
+                copy.finish()
+            raise
+        copy.finish()
     finally:
         source.close()
 
@@ -396,19 +415,13 @@ def ensure_store_id(conn: apsw.Connection) -> None:
     """Give a new store its identity (used in checkpoints and archives) once."""
     if conn.execute("SELECT 1 FROM store_meta WHERE key = 'store_id'").fetchall():
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         conn.execute(
             "INSERT INTO store_meta (key, value) VALUES ('store_id', ?), ('created_at', ?), "
             "('created_on', ?) ON CONFLICT (key) DO NOTHING",
             (new_id("store-"), now_text(), socket.gethostname()),
         )
         conn.execute(CLOSE_LEGACY_QUARANTINE)
-        conn.execute("COMMIT")
-    except BaseException:
-        if not conn.get_autocommit():
-            conn.execute("ROLLBACK")
-        raise
 
 
 def copy_snapshot(db_path: Path, dest: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
@@ -500,7 +513,13 @@ class SQLiteBackend:
             conn.set_busy_timeout(self.busy_timeout_ms)
 
     def migrate(self, conn: apsw.Connection) -> int:
-        version = apply_migrations(conn, load_migrations())
+        migrations = load_migrations()
+        if not conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall():
+            # A new store: the migrations' result copied whole, its times made this one's.
+            copy_migrated(conn, migrations)
+            with immediate(conn):
+                conn.execute("UPDATE schema_migration SET applied_at = ?", (now_text(),))
+        version = apply_migrations(conn, migrations)  # checks them; applies any not yet
         ensure_store_id(conn)
         return version
 
