@@ -559,53 +559,6 @@ def disk_directory() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- tests that must not share the machine with the rest of the suite ---------------------
-#
-# The suite runs in several processes (pytest-xdist, pyproject's addopts). A test marked
-# ``alone`` measures something the other tests' load would distort (a latency bound, an
-# event loop's responsiveness): it runs while no other test of this run does. Every test
-# holds a shared lock on a file of the run (the directory above each worker's basetemp) for
-# its whole protocol, setup to teardown; an ``alone`` test holds it exclusively. It first
-# takes the turnstile, which each other test passes through on its way in, so the stream of
-# shared holders cannot starve it. With one process (-n 0) nothing runs beside a test and no
-# lock is taken.
-#
-# Not xdist's ``xdist_group`` with ``--dist loadgroup``: with pytest 9.2 and xdist 3.8 it
-# groups nothing (xdist writes the group into ``item._nodeid``, which pytest 9.2 no longer
-# reads; pytest-dev/pytest-xdist issue 1386), and a group keeps its tests off one another,
-# not off the rest of the suite.
-
-def _run_lock_dir(config: pytest.Config) -> Path | None:
-    if not hasattr(config, "workerinput"):
-        return None  # one process, or xdist's controller (it runs no test)
-    return Path(config._tmp_path_factory.getbasetemp()).parent  # type: ignore[attr-defined]
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    import contextlib
-    import fcntl
-
-    directory = _run_lock_dir(item.config)
-    if directory is None:
-        return (yield)
-    alone = item.get_closest_marker("alone") is not None
-    with contextlib.ExitStack() as held:
-        turnstile = held.enter_context(open(directory / "turnstile.lock", "a"))
-        room = held.enter_context(open(directory / "room.lock", "a"))
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if alone:
-            held.callback(fcntl.flock, turnstile, fcntl.LOCK_UN)
-            fcntl.flock(room, fcntl.LOCK_EX)
-        else:
-            try:
-                fcntl.flock(room, fcntl.LOCK_SH)
-            finally:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        held.callback(fcntl.flock, room, fcntl.LOCK_UN)
-        return (yield)
-
-
 # --- the long tests first, one at the head of each process's share -----------------------
 #
 # pyproject's addopts run the suite with ``--dist worksteal``: xdist splits the collected
@@ -617,23 +570,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 # collection order. Every process computes the same order (xdist checks that), from the
 # test count and process count alone, and the shares are cut as xdist's worksteal cuts them.
 #
-# The tests marked ``alone`` (and not ``slow``) go last, at the tail of the last share: an
-# ``alone`` test waits for every test already running to end, and the other processes
-# wait with it at the turnstile. Among the short tests, one could come up while another
-# process is still in its slow head and hold three processes idle for the rest of a test
-# of a minute or more; at the tail (where worksteal's steals keep it: a process takes the
-# back half of another's queue) only short tests are left to wait for.
+# No test needs the machine to itself: a test that bounds a time bounds it far from both
+# the behaviour it checks and the one it guards against (a deadline of 1 s checked below
+# 10 s, a crawl that must stop checked below a minute where the fault takes minutes), so
+# the other processes' load cannot break it, and a test that acts on a running crawl waits
+# on what it needs to see.
 
 def long_tests_first(items: list[pytest.Item], processes: int) -> list[pytest.Item]:
     """``items`` reordered so each of ``processes`` worksteal shares starts with its part
-    of the ``slow`` tests, and the ``alone`` ones end the last share."""
-    def marked(item: pytest.Item, name: str) -> bool:
-        return item.get_closest_marker(name) is not None
-
-    slow = [item for item in items if marked(item, "slow")]
-    alone = [item for item in items if marked(item, "alone") and not marked(item, "slow")]
-    short = iter([item for item in items
-                  if not marked(item, "slow") and not marked(item, "alone")])
+    of the ``slow`` tests."""
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    short = iter([item for item in items if item.get_closest_marker("slow") is None])
     ordered: list[pytest.Item] = []
     remaining = len(items)
     for share in range(processes):
@@ -641,7 +588,7 @@ def long_tests_first(items: list[pytest.Item], processes: int) -> list[pytest.It
         remaining -= size
         head = slow[share::processes]
         ordered += head + list(itertools.islice(short, max(0, size - len(head))))
-    ordered += list(short) + alone  # short ones left (if heads overfilled a share), then these
+    ordered += list(short)  # short ones left, if heads overfilled a share
     assert len(ordered) == len(items)
     return ordered
 

@@ -860,7 +860,7 @@ def test_opening_a_marked_store_resyncs_it_or_refuses(rig: Rig) -> None:
     try:
         reader.execute("SELECT count(*) FROM ingest_ledger").fetchall()
         with pytest.raises(SyncError, match="another connection has it open"):
-            open_store(rig.path, rig.vfs, rig.disk).close()
+            open_store(rig.path, rig.vfs, rig.disk, busy_timeout_ms=100).close()
     finally:
         reader.close()
     store = rig.reopen()

@@ -182,7 +182,6 @@ def test_a_5xx_answer_is_retried_and_the_put_lands_once(seaweed: SeaweedS3) -> N
             store.close()
 
 
-@pytest.mark.alone  # a bound on time
 def test_a_store_that_keeps_failing_is_given_up_at_its_outage_deadline(
         seaweed: SeaweedS3) -> None:
     """A 500 to every put: retried with backoff until EVIDENCE_S3_OUTAGE_DEADLINE (here 1 s),
@@ -202,7 +201,7 @@ def test_a_store_that_keeps_failing_is_given_up_at_its_outage_deadline(
             started = time.monotonic()
             with pytest.raises(S3Error) as failed:
                 store.put("body", b"never lands")
-            assert 1 <= time.monotonic() - started < 5
+            assert 1 <= time.monotonic() - started < 10  # not the default's 600 s
             assert failed.value.status == 500
             assert "past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of 1 s; last: " \
                 "HTTP 500" in str(failed.value)

@@ -104,7 +104,6 @@ def test_a_request_waits_out_an_outage_within_its_deadline(
         client.close()
 
 
-@pytest.mark.alone  # a bound on time
 def test_past_its_deadline_an_outage_fails_each_request_at_its_first_try(
         server: SeaweedS3) -> None:
     """The deadline is the outage's, not each request's: once the store has failed for
@@ -116,14 +115,15 @@ def test_past_its_deadline_an_outage_fails_each_request_at_its_first_try(
         started = time.monotonic()
         with pytest.raises(S3Error) as first:
             _put(client, "first", b"waits a second")
-        assert 1.0 <= time.monotonic() - started < 5 and client.retries > 0
+        assert 1.0 <= time.monotonic() - started < 10 and client.retries > 0
         assert "past its outage deadline (EVIDENCE_S3_OUTAGE_DEADLINE) of 1 s" in str(
             first.value)
         sent, started = client.requests, time.monotonic()
         with pytest.raises(S3Error, match="failed after 1 try; the object store has failed "
                            "requests for 1.[0-9] s, past its outage deadline"):
             client.head("second")
-        assert client.requests == sent + 1 and time.monotonic() - started < 0.5
+        # one try, and no wait for a deadline (1 s) before or after it
+        assert client.requests == sent + 1 and time.monotonic() - started < 1.0
         server.restart()
         assert _put(client, "third", b"the store answers again") and client.outage() is None
         with pytest.raises(S3Error) as refused:  # a new outage: a deadline of its own

@@ -546,13 +546,12 @@ def test_invalid_message_fails_its_request_alone_and_the_connection_goes_on(
     assert "m-x" not in ledger(store_path)
 
 
-@pytest.mark.alone  # a bound on time
 def test_stalled_client_does_not_block_another_clients_acks_and_is_dropped(
         store_path: Path, short_dir: Path, tmp_path: Path, services: list[Service]) -> None:
     from evidence.client import Client
 
     sock = short_dir / "s.sock"
-    services.append(Service(store_path, sock, "--send-timeout", "6",
+    services.append(Service(store_path, sock, "--send-timeout", "10",
                             "--connection-in-flight", "64", log=tmp_path / "service.log"))
     stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stalled.connect(str(sock))
@@ -575,15 +574,13 @@ def test_stalled_client_does_not_block_another_clients_acks_and_is_dropped(
         while other.server_statistics().send_blocked_connections < 1:
             assert time.monotonic() < deadline, "the stalled client never filled its socket"
             time.sleep(0.05)
-        started = time.monotonic()
         acks = [other.submit(attempt("other", i)) for i in range(200)]
-        took = time.monotonic() - started
         stats = other.server_statistics()
         assert [a.status for a in acks] == ["committed"] * 200
         # All acked while the stalled client was still connected and still blocking its
-        # sender: nothing waited for it (its drop comes only after --send-timeout).
+        # sender: nothing waited for it (its drop comes only after --send-timeout, 10 s of
+        # a blocked send; acks that waited for the drop would come after it).
         assert stats.slow_disconnects == 0 and stats.send_blocked_connections == 1, stats
-        assert took < 5.0, f"200 sequential submits took {took:.1f} s beside a stalled client"
         deadline = time.monotonic() + 20
         while other.server_statistics().slow_disconnects < 1:
             assert time.monotonic() < deadline, "the stalled client was never dropped"

@@ -2,8 +2,9 @@
 
 A real dripping server on 127.0.0.1 (the test site's ``drip``: the head at once, then one
 body byte every half second, for minutes) and real signals to a real ``evidence crawl``
-subprocess. Exit times are measured from the signal and compared with generous bounds:
-today's behaviour they guard against is minutes, not a second or two.
+subprocess. Exit times are measured from the signal and compared with generous bounds
+(a minute at most, so that the rest of the suite's load beside them cannot break them):
+the behaviour they guard against takes minutes.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _wait_fetching(site: TestSite, proc: subprocess.Popen, store: Path) -> None:
 
 
 def _exit_after(proc: subprocess.Popen, signals: list[tuple[float, int]],
-                timeout: float = 60) -> tuple[float, dict]:
+                timeout: float = 120) -> tuple[float, dict]:
     """Send each (delay, signal) in turn; seconds from the last signal to the exit, and the
     crawl's JSON result. A crawl that outlives ``timeout`` is killed and fails the test."""
     for delay, sig in signals:
@@ -75,7 +76,6 @@ def _in_flight(store: Path) -> set[str]:
     return {p for p, (state, _r) in frontier_states(store).items() if state == "in_flight"}
 
 
-@pytest.mark.alone  # a bound on time
 def test_a_dripping_body_is_cut_at_the_deadline_and_recorded_as_a_timeout(
         tmp_path: Path) -> None:
     with TestSite(SiteConfig(pages=4, drip={"/p/0": 0.2})) as site:
@@ -86,7 +86,7 @@ def test_a_dripping_body_is_cut_at_the_deadline_and_recorded_as_a_timeout(
                                        CrawlOptions(workers=1, timeout=5.0,
                                                     deadline=1.5)).run)
         took = time.monotonic() - started
-    assert took < 30, "the crawl took as long as the server wanted"
+    assert took < 45, "the crawl took as long as the server wanted (88 s)"
     with Store.open(tmp_path / "s") as store:
         [(outcome, status, error, truncated, elapsed, size)] = store.connection.execute(
             "SELECT f.outcome, f.http_status, f.error, f.body_truncated, f.elapsed_ms, "
@@ -96,14 +96,13 @@ def test_a_dripping_body_is_cut_at_the_deadline_and_recorded_as_a_timeout(
     assert error == f"deadline: the fetch took longer than 1.5 s; {size} bytes of the body " \
                     "had come"
     assert 0 < size < 50, "what came is kept, and it is what the error says"
-    assert 1500 <= elapsed < 10_000
+    assert 1500 <= elapsed < 45_000
     state, reason = frontier_states(tmp_path / "s")["/p/0"]
     assert state == "failed" and reason.startswith("timeout (deadline:"), \
         "a cut body is a transient failure, never a page done"
     assert result.outcome == "failed" and "no seed could be fetched" in result.reason
 
 
-@pytest.mark.alone  # a bound on time
 def test_a_head_that_never_ends_is_cut_at_the_deadline(tmp_path: Path) -> None:
     """A raw socket server sending the status line one byte at a time, forever."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -141,10 +140,9 @@ def test_a_head_that_never_ends_is_cut_at_the_deadline(tmp_path: Path) -> None:
     assert result.attempt.error == ("deadline: the fetch took longer than 1 s; no response "
                                     "head had come")
     assert result.attempt.request_headers is not None, "what was sent is still evidence"
-    assert 1.0 <= took < 10
+    assert 1.0 <= took < 60, "the server sends its head for 1,000 s"
 
 
-@pytest.mark.alone  # a bound on time
 @pytest.mark.parametrize("processes", ["0", "2"])
 def test_a_second_signal_cancels_in_flight_fetches_and_the_crawl_exits_at_once(
         tmp_path: Path, processes: str) -> None:
@@ -154,7 +152,7 @@ def test_a_second_signal_cancels_in_flight_fetches_and_the_crawl_exits_at_once(
         _wait_fetching(site, proc, store)
         after, result = _exit_after(proc, [(0, signal.SIGINT), (0.5, signal.SIGINT)])
     assert proc.returncode == 0, _stderr(store)
-    assert after < 10, f"exited {after:.1f} s after the second Ctrl-C"
+    assert after < 60, f"exited {after:.1f} s after the second Ctrl-C (the grace is 600 s)"
     assert result["outcome"] == "stopped"
     assert result["reason"].startswith("interrupted by Ctrl-C (SIGINT); in-flight fetches "
                                        "cancelled (interrupted by Ctrl-C (SIGINT) again)")
@@ -163,7 +161,6 @@ def test_a_second_signal_cancels_in_flight_fetches_and_the_crawl_exits_at_once(
     _requeued_by_the_next_run(store, site.url, claimed)
 
 
-@pytest.mark.alone  # a bound on time
 def test_the_first_signal_stops_within_the_grace_period(tmp_path: Path) -> None:
     store = tmp_path / "s"
     with TestSite(SiteConfig(pages=8, drip=DRIP)) as site:
@@ -171,7 +168,8 @@ def test_the_first_signal_stops_within_the_grace_period(tmp_path: Path) -> None:
         _wait_fetching(site, proc, store)
         after, result = _exit_after(proc, [(0, signal.SIGINT)])
     assert proc.returncode == 0, _stderr(store)
-    assert 1.5 <= after < 12, f"exited {after:.1f} s after Ctrl-C with --grace 2"
+    assert 1.5 <= after < 60, f"exited {after:.1f} s after Ctrl-C with --grace 2 (each " \
+                              "page drips for minutes)"
     assert result["reason"] == ("interrupted by Ctrl-C (SIGINT); in-flight fetches cancelled "
                                 "(the grace period of 2 s ended): their URLs are requeued by "
                                 "the next run")
@@ -179,7 +177,6 @@ def test_the_first_signal_stops_within_the_grace_period(tmp_path: Path) -> None:
     assert _in_flight(store)
 
 
-@pytest.mark.alone  # a bound on time
 def test_evidence_stop_ends_a_crawl_held_by_a_slow_server_with_worker_processes(
         tmp_path: Path) -> None:
     store = tmp_path / "s"
@@ -191,7 +188,8 @@ def test_evidence_stop_ends_a_crawl_held_by_a_slow_server_with_worker_processes(
         assert stopper.returncode == 0, stopper.stderr
         after, result = _exit_after(proc, [])
     assert proc.returncode == 0, _stderr(store)
-    assert after < 15, f"exited {after:.1f} s after 'evidence stop' with --grace 2"
+    assert after < 60, f"exited {after:.1f} s after 'evidence stop' with --grace 2 (each " \
+                       "page drips for minutes)"
     assert result["reason"].startswith("stopped by SIGTERM ('evidence stop' or kill); "
                                        "in-flight fetches cancelled (the grace period")
     assert _in_flight(store)

@@ -1,8 +1,6 @@
 """The suite's own schedule: under ``--dist worksteal`` (pyproject's addopts) every process
 starts with its share of the tests marked ``slow`` (tests/conftest.py long_tests_first), so
-no long test is left to start last and stretch the run's wall time; the tests marked
-``alone`` end the last share, so none waits, with the other processes idle behind it, for a
-slow test to end.
+no long test is left to start last and stretch the run's wall time.
 
 Checked against pytest-xdist's own worksteal scheduler, fed the reordered collection: the
 shares it hands out are the ones ``long_tests_first`` cut.
@@ -25,11 +23,9 @@ class Item:
 
     name: str
     slow: bool
-    alone: bool = False
 
     def get_closest_marker(self, name: str) -> object | None:
-        return object() if (name == "slow" and self.slow) or (name == "alone" and self.alone) \
-            else None
+        return object() if name == "slow" and self.slow else None
 
 
 @dataclass(eq=False)
@@ -79,27 +75,6 @@ def test_each_process_starts_with_its_share_of_the_slow_tests(
         mine = sum(item.slow for item in tests)
         assert all(item.slow for item in tests[:mine]), "its slow tests come first"
         assert slow // processes <= mine <= -(-slow // processes), "dealt out evenly"
-
-
-@pytest.mark.parametrize(("count", "slow_every", "alone_every", "processes"), [
-    (1950, 45, 240, 4), (103, 7, 10, 3), (9, 4, 3, 4), (40, 2, 7, 2), (12, 3, 5, 4),
-])
-def test_the_tests_that_run_alone_end_the_last_share(
-        count: int, slow_every: int, alone_every: int, processes: int) -> None:
-    items = [Item(f"t{i}", i % slow_every == slow_every - 1 and i % alone_every != 0,
-                  i % alone_every == 0) for i in range(count)]
-    ordered = long_tests_first(items, processes)  # type: ignore[arg-type]
-    assert sorted(map(id, ordered)) == sorted(map(id, items)), "the same tests, reordered"
-    alone = [item for item in items if item.alone]
-    assert alone and ordered[-len(alone):] == alone, "the alone ones last, in their order"
-    shares = first_shares([item.name for item in ordered], processes)
-    slow = sum(item.slow for item in items)
-    for share in shares:
-        tests = [ordered[i] for i in share]
-        mine = sum(item.slow for item in tests)
-        assert all(item.slow for item in tests[:mine]), "its slow tests still come first"
-        assert slow // processes <= mine <= -(-slow // processes), "dealt out evenly"
-    assert [ordered[i] for i in shares[-1][-len(alone):]] == alone
 
 
 def test_the_suite_runs_under_worksteal() -> None:

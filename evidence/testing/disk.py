@@ -55,7 +55,7 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import apsw
 
@@ -684,10 +684,11 @@ class CrashFileOps(FileOps):
 # --- a store on the simulated disk -------------------------------------------------------
 
 def open_store(store_path: Path, vfs: CrashVFS, disk: SimulatedDisk, sync: str = "full",
-               pack_bytes: int | None = None) -> Store:
-    """Open a store whose database and artifacts both live on the simulated disk."""
+               pack_bytes: int | None = None, **options: Any) -> Store:
+    """Open a store whose database and artifacts both live on the simulated disk
+    (``options``: more of ``Store.open``'s, ``busy_timeout_ms`` say)."""
     store = Store.open(store_path, vfs=vfs.name, sync=sync,  # type: ignore[arg-type]
-                       file_ops=CrashFileOps(disk))
+                       file_ops=CrashFileOps(disk), **options)
     if pack_bytes is not None and hasattr(store.artifacts, "pack_bytes"):
         store.artifacts.pack_bytes = pack_bytes
     return store
