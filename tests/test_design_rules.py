@@ -19,6 +19,7 @@ from evidence import Store, Writer, WriterLimits
 from evidence._write.limits import WriterHooks
 
 from .conftest import Factory, asubmit
+from .sources import nodes, package_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"
@@ -147,9 +148,9 @@ def test_the_citation_check_catches_an_outside_document_a_missing_rule_and_a_bad
 _REPLACES = re.compile(r"\binsert\s+or\s+replace\b|^\s*replace\s+into\b", re.I | re.M)
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
+def _docstrings(all_nodes: tuple[ast.AST, ...]) -> set[int]:
     ids = set()
-    for node in ast.walk(tree):
+    for node in all_nodes:
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
                       | ast.AsyncFunctionDef) and node.body:
             first = node.body[0]
@@ -161,10 +162,9 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def replacing_statements(root: Path) -> list[str]:
     """SQL under ``root`` (string literals of the package, migration files) that replaces."""
     found = []
-    for path in sorted((root / "evidence").rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        skip = _docstrings(tree)
-        found += [f"{path.relative_to(root)}:{node.lineno}" for node in ast.walk(tree)
+    for path in package_modules(root):
+        skip = _docstrings(nodes(path))
+        found += [f"{path.relative_to(root)}:{node.lineno}" for node in nodes(path)
                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
                   and id(node) not in skip and _REPLACES.search(node.value)]
     for path in sorted((root / "schema").rglob("*.sql")):

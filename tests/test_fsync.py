@@ -15,6 +15,8 @@ import pytest
 
 from evidence._store.fsync import fsync_dir, fsync_file
 
+from .sources import nodes, package_modules
+
 PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 HELPER = PACKAGE / "_store" / "fsync.py"
 
@@ -41,7 +43,7 @@ def hand_rolled_fsyncs(paths: list[Path]) -> list[str]:
     """Functions that ``os.open`` a path and ``os.fsync`` it: a second spelling."""
     found = []
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in nodes(path):
             if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
                     and _calls(node, "os", "open") and _calls(node, "os", "fsync")):
                 where = path.relative_to(PACKAGE.parent) if path.is_relative_to(
@@ -51,7 +53,7 @@ def hand_rolled_fsyncs(paths: list[Path]) -> list[str]:
 
 
 def test_no_module_spells_its_own_fsync_by_path() -> None:
-    modules = [p for p in sorted(PACKAGE.rglob("*.py")) if p != HELPER]
+    modules = [p for p in package_modules() if p != HELPER]
     assert hand_rolled_fsyncs(modules) == [], "use evidence._store.fsync"
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import functools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .sources import PROBES, nodes, package_modules, parsed
 
 PACKAGE = Path(__file__).resolve().parent.parent / "evidence"
 
@@ -46,23 +47,12 @@ def stage_of(module: str) -> int:
     return best
 
 
-def parsed(path: Path) -> ast.Module:
-    """The file's syntax tree. Each check reads every module (and the lending check reads a
-    module again for each name imported from it): parsed once per content, not per read."""
-    return _parse(str(path), path.read_text())
-
-
-@functools.cache
-def _parse(name: str, text: str) -> ast.Module:
-    return ast.parse(text, name)
-
-
 def imports_of(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in the file, relative ones resolved."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(parsed(path)):
+    for node in nodes(path):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -77,15 +67,8 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-# Files the checks' own tests write into the package for a moment (this module's, and
-# tests/test_logs.py's): never part of what the checks read, since the suite runs in several
-# processes at once (pyproject.toml's mypy configuration leaves them out too).
-PROBES = ("_layering_probe.py", "_probe_logs.py")
-
-
 def modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts
-                  and p.name not in PROBES)
+    return package_modules()
 
 
 def layering_violations(paths: list[Path]) -> list[str]:
@@ -129,7 +112,7 @@ def module_edges(paths: list[Path]) -> dict[str, set[str]]:
         here = module_name(path)
         package = here if path.name == "__init__.py" else here.rpartition(".")[0]
         needed: set[str] = set()
-        for node in ast.walk(parsed(path)):
+        for node in nodes(path):
             if isinstance(node, ast.Import):
                 needed |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
@@ -215,7 +198,7 @@ def kind_questions(paths: list[Path]) -> list[str]:
     found = []
     for path in paths:
         where = path.relative_to(PACKAGE).as_posix()
-        for node in ast.walk(parsed(path)):
+        for node in nodes(path):
             if not isinstance(node, ast.Call):
                 continue
             called = node.func
@@ -409,7 +392,7 @@ def names_imported(path: Path) -> list[tuple[int, str, str]]:
     modules_by_alias: dict[str, str] = {}
     # ``name.attr`` reads, kept until every import is seen (one walk of the tree)
     attributes: list[tuple[int, str, str]] = []
-    for node in ast.walk(parsed(path)):
+    for node in nodes(path):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             attributes.append((node.lineno, node.value.id, node.attr))
         if not isinstance(node, ast.ImportFrom):

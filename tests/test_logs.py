@@ -19,6 +19,7 @@ from evidence._demo.site import SiteConfig, TestSite
 from evidence._model.logs import CONTEXT_KEYS, EVENTS, add_log_context, log_context
 
 from .conftest import evidence_in_process
+from .sources import nodes, package_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = [sys.executable, "-m", "evidence"]
@@ -149,7 +150,7 @@ LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 def log_calls(path: Path) -> list[tuple[int, str | None]]:
     """(line, event name or None) of every ``log.<level>(...)`` call in the file."""
     calls = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in nodes(path):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "log"
                 and node.func.attr in LEVELS):
@@ -174,8 +175,7 @@ def event_problems(paths: list[Path]) -> list[str]:
 
 
 def test_every_log_call_in_the_package_names_an_event_from_the_list() -> None:
-    paths = sorted(p for p in (ROOT / "evidence").rglob("*.py")  # not another test's probe
-                   if p.name not in ("_layering_probe.py", "_probe_logs.py"))
+    paths = package_modules()  # not another test's probe
     assert sum(len(log_calls(p)) for p in paths) > 50
     assert event_problems(paths) == []
 

@@ -24,6 +24,8 @@ from evidence import (
 )
 from evidence._model.messages import MAX_MESSAGE_BYTES, format_time, parse_time_text
 
+from .sources import nodes, package_modules
+
 NOW = dt.datetime(2026, 3, 3, 12, 0, tzinfo=dt.UTC)
 
 
@@ -87,8 +89,8 @@ def test_the_size_limit_is_checked_in_one_place() -> None:
 
     package = Path(__file__).resolve().parent.parent / "evidence"
     compared = []
-    for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for path in package_modules():
+        for node in nodes(path):
             if isinstance(node, ast.Compare) and any(
                     isinstance(n, ast.Name | ast.Attribute)
                     and getattr(n, "id", getattr(n, "attr", "")) == "MAX_MESSAGE_BYTES"
