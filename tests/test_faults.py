@@ -37,6 +37,7 @@ from evidence import (
     EvidenceError,
     FetchAttempt,
     Store,
+    StoreError,
     SyncError,
     Writer,
     WriterClosedError,
@@ -1174,36 +1175,40 @@ def _created_on_the_disk(root: Path, fault: Fault | None, crash: str) -> Simulat
     return disk
 
 
-def test_power_loss_at_each_database_operation_of_a_new_store_leaves_no_schema_or_all_of_it(
+def test_power_loss_at_each_operation_of_creating_a_store_leaves_none_or_a_whole_one(
         fast_dir: Path) -> None:
-    """A new store's schema is a copy of the migrations' result, made in one transaction:
-    cut at any write or sync of its database or WAL (unsynced writes landing in any
-    order), the database holds no table at all (opening it makes the schema then) or
-    every migration's, never some of them."""
-    crash = "reorder"
-    files = frozenset({"database", "wal"})
-    counts = _created_on_the_disk(fast_dir / "count", None, crash).kind_counts
-    total = sum(counts[f"{op}:{kind}"] for op in ("write", "sync") for kind in files)
+    """Cut at any write, sync or directory operation of ``Store.create`` (unsynced writes
+    landing in any order): the database holds no table or every migration's (the schema is
+    one copy, in one transaction), and the store is either not there ("no evidence store
+    here": ``evidence init`` makes it) or opens whole; never a database without its
+    ``artifacts/`` (made first), which an open calls damaged."""
+    crash, ops = "reorder", frozenset({"write", "sync", "meta"})
+    counts = _created_on_the_disk(fast_dir / "count", None, crash).counts
+    total = sum(counts[op] for op in ops)
     reference = apsw.Connection(":memory:")
-    apply_migrations(reference, load_migrations())
+    newest = apply_migrations(reference, load_migrations())
     whole = _schema(reference)
     seen = set()
     for at in range(1, total + 1):
         root = fast_dir / f"at-{at}"
-        _created_on_the_disk(root, Fault(action="power_loss", at=at, ops=frozenset(
-            {"write", "sync"}), files=files, crash=crash), crash)  # type: ignore[arg-type]
+        _created_on_the_disk(root, Fault(action="power_loss", at=at, ops=ops,
+                                         crash=crash), crash)  # type: ignore[arg-type]
+        where = f"power loss at operation #{at} of {total}"
         db = root / "store" / "evidence.db"
-        if not db.exists():
-            seen.add("no database")
-            continue
-        conn = apsw.Connection(str(db))
+        if db.exists():
+            conn = apsw.Connection(str(db))
+            try:
+                assert _schema(conn) in ([], whole), where
+            finally:
+                conn.close()
         try:
-            schema = _schema(conn)
-        finally:
-            conn.close()
-        assert schema in ([], whole), f"power loss at database write or sync #{at}"
-        seen.add("whole" if schema else "empty")
-    assert "whole" in seen and len(seen) >= 2, seen
+            with Store.open(root / "store") as store:
+                assert store.schema_version == newest and store.store_id, where
+                seen.add("whole")
+        except StoreError as exc:
+            assert "no evidence store here" in str(exc), (where, exc)
+            seen.add("none")
+    assert seen == {"none", "whole"}, seen
 
 
 def _schema(conn: apsw.Connection) -> list[tuple[str, ...]]:

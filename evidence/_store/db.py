@@ -159,7 +159,12 @@ class Store(StoreBase):
             return cls._open_read_only(root, busy_timeout_ms=busy_timeout_ms,
                                        max_payload=max_payload, vfs=vfs, artifacts=artifacts)
         if create:
-            for directory in ops.makedirs(root):  # each new entry durable in its parent
+            # A new store's payload directory comes before its database (each new entry
+            # durable in its parent): a creation cut short leaves no database (no store
+            # here) or one beside its artifacts/, which an open finishes, never a database
+            # whose payload directory is missing (the sign of a damaged store).
+            local = artifacts is None and not db_path.exists()
+            for directory in ops.makedirs(root / ARTIFACTS_DIR if local else root):
                 ops.fsync_dir(directory.parent)
         if (root / SYNC_MARKER).exists():
             resync(root, DB_NAME, file_ops=ops, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
