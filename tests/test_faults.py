@@ -1157,7 +1157,8 @@ def test_a_store_created_on_the_simulated_disk_survives_power_loss(
         assert_clean(reopened)
 
 
-def _created_on_the_disk(root: Path, fault: Fault | None, crash: str) -> SimulatedDisk:
+def _created_on_the_disk(root: Path, fault: Fault | None, crash: str,
+                         layout: str = "packs") -> SimulatedDisk:
     """Create a store under ``root`` on a simulated disk armed with ``fault``, then cut the
     power (whatever the fault left of the creation)."""
     root.mkdir(parents=True)
@@ -1167,7 +1168,8 @@ def _created_on_the_disk(root: Path, fault: Fault | None, crash: str) -> Simulat
     vfs = CrashVFS(f"create-{root.name}", disk=disk)
     try:
         with contextlib.suppress(EvidenceError, apsw.Error, OSError):
-            Store.create(root / "store", vfs=vfs.name, file_ops=CrashFileOps(disk)).close()
+            Store.create(root / "store", vfs=vfs.name, file_ops=CrashFileOps(disk),
+                         artifact_layout=layout).close()  # type: ignore[arg-type]
         disk.power_loss(crash)  # type: ignore[arg-type]
     finally:
         vfs.unregister()
@@ -1175,15 +1177,16 @@ def _created_on_the_disk(root: Path, fault: Fault | None, crash: str) -> Simulat
     return disk
 
 
+@pytest.mark.parametrize("layout", ["packs", "files"])
 def test_power_loss_at_each_operation_of_creating_a_store_leaves_none_or_a_whole_one(
-        fast_dir: Path) -> None:
+        fast_dir: Path, layout: str) -> None:
     """Cut at any write, sync or directory operation of ``Store.create`` (unsynced writes
     landing in any order): the database holds no table or every migration's (the schema is
     one copy, in one transaction), and the store is either not there ("no evidence store
     here": ``evidence init`` makes it) or opens whole; never a database without its
     ``artifacts/`` (made first), which an open calls damaged."""
     crash, ops = "reorder", frozenset({"write", "sync", "meta"})
-    counts = _created_on_the_disk(fast_dir / "count", None, crash).counts
+    counts = _created_on_the_disk(fast_dir / "count", None, crash, layout).counts
     total = sum(counts[op] for op in ops)
     reference = apsw.Connection(":memory:")
     newest = apply_migrations(reference, load_migrations())
@@ -1192,7 +1195,7 @@ def test_power_loss_at_each_operation_of_creating_a_store_leaves_none_or_a_whole
     for at in range(1, total + 1):
         root = fast_dir / f"at-{at}"
         _created_on_the_disk(root, Fault(action="power_loss", at=at, ops=ops,
-                                         crash=crash), crash)  # type: ignore[arg-type]
+                                         crash=crash), crash, layout)  # type: ignore[arg-type]
         where = f"power loss at operation #{at} of {total}"
         db = root / "store" / "evidence.db"
         if db.exists():
