@@ -36,6 +36,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._crawl.crawler import Crawler
     from ._crawl.frontier import CrawlConfig
     from ._crawl.options import CrawlOptions, CrawlResult
+    from ._crawl.browser import keep_browsers
     from ._crawl.render import RenderOptions
     from ._crawl.rules import EvaluationSummary, evaluate_page, evaluate_stored
     from ._crawl.rulesfile import Rule, RuleSet, load_rules
@@ -172,6 +173,7 @@ __all__ = [
     "export",
     "export_wacz",
     "export_warc",
+    "keep_browsers",
     "load_rules",
     "new_id",
     "normalize_url",
@@ -280,6 +282,7 @@ _WHERE = {
     "BrowserError": "_errors",
     "Render": "_model.messages",
     "RenderOptions": "_crawl.render",
+    "keep_browsers": "_crawl.browser",
     "WaczExport": "_archive.wacz",
     "export_wacz": "_archive.wacz",
     "ReplayServer": "_archive.replayserve",

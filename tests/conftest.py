@@ -311,6 +311,24 @@ def chromium() -> str:
     return need_chromium()
 
 
+# --- the browsers a test process has started ---------------------------------------------
+#
+# Chromium costs 1.5-2.4 s of CPU to start (its helper processes included), and the suite's
+# crawls, replays and reports started it 47 times a run: a sixth of the run's CPU. Each test
+# process keeps the browsers it is done with (``evidence.keep_browsers``: each page is still
+# in a browser context of its own, disposed after it), so it starts one for renders and one
+# for replays. Starting a browser stays tested: by each process's first, by the crawls that
+# tests run as commands, and by tests/test_render.py's and tests/test_keep_browsers.py's.
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _browsers_kept() -> Iterator[None]:
+    from evidence._crawl.browser import keep_browsers
+
+    with keep_browsers():
+        yield
+
+
 def replayed_in_replaywebpage(wacz: Path, url: str, expression: str, *,
                               frame: str | None = None, ready: Callable[[Any], bool] = bool,
                               timeout: float = 90.0) -> Any:

@@ -31,6 +31,7 @@ EXPECTED = {
     "ServiceError",
     # rendered capture, WACZ, replay in a browser
     "BrowserError", "Render", "RenderOptions", "WaczExport", "export_wacz", "ReplayServer",
+    "keep_browsers",
 }
 
 

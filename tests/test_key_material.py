@@ -60,7 +60,6 @@ def test_the_render_proxys_keys_never_reach_a_file(tmpdir_env: Path) -> None:
     for host in ("127.0.0.1", "example.com", "[::1]"):
         tls.context_for(host)
     assert everything_under(tmpdir_env) == []
-    tls.close()
 
 
 def test_a_key_directory_left_by_an_older_crawl_is_removed_once_expired(
@@ -71,7 +70,7 @@ def test_a_key_directory_left_by_an_older_crawl_is_removed_once_expired(
         (directory / "host.key").write_text("-----BEGIN PRIVATE KEY-----\n")
     eight_days_ago = time.time() - 8 * 24 * 3600
     os.utime(old, (eight_days_ago, eight_days_ago))
-    RenderTLS().close()
+    RenderTLS()
     assert everything_under(tmpdir_env) == ["evidence-render-tls-new",
                                             "evidence-render-tls-new/host.key"]
 

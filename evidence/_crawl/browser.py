@@ -17,7 +17,10 @@ least ``START_TIMEOUT``: a short render timeout bounds a page, not a cold start 
 on a loaded machine, which can take several seconds); a browser that does not
 answer, or whose pipe closes (it crashed or was killed), raises ``BrowserError`` with
 ``gone=True`` and every later command fails at once. The owner then starts a new one
-(``_crawl.render.Renderer`` does). The browser always runs with a fresh profile in a
+(``_crawl.render.Renderer`` does). Inside ``keep_browsers()`` a browser its owner is done
+with keeps running for the next owner started with the same executable and flags (a
+program that runs crawl after crawl; the test suite): the process and its pipe outlive
+the owner's event loop, and the next owner reads on from where it stopped. The browser always runs with a fresh profile in a
 temporary directory, removed on close (one left by a killed crawl is removed when the next
 browser starts: ``_crawl.scratch``), and with the flags that keep it from contacting
 any host of its own accord (background networking, component updates, sync).
@@ -35,9 +38,11 @@ import fcntl
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -47,7 +52,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .._errors import BrowserError
 from .scratch import ScratchDir
 
-__all__ = ["PROFILE_PREFIX", "Browser", "Page", "find_browser"]
+__all__ = ["PROFILE_PREFIX", "Browser", "Page", "find_browser", "keep_browsers"]
 
 #: A browser profile's directory name, in the temporary directory.
 PROFILE_PREFIX = "evidence-browser-"
@@ -90,7 +95,11 @@ def find_browser(executable: str | None = None) -> str:
 
 
 class Browser:
-    """One headless Chromium process and its DevTools pipe. Use ``async with``."""
+    """One headless Chromium process and its DevTools pipe. Use ``async with``.
+
+    Inside ``keep_browsers()``, ``start`` takes a kept browser started with the same
+    executable and flags, if there is one, and ``close`` leaves a healthy browser there
+    for the next instead of ending it."""
 
     def __init__(self, *, executable: str | None = None, user_agent: str | None = None,
                  timeout: float = 30.0, extra_flags: tuple[str, ...] = ()) -> None:
@@ -99,15 +108,12 @@ class Browser:
         self.timeout = timeout
         self.extra_flags = extra_flags
         self.version = ""  # "Chrome/156.0.8078.114", once started
-        self.pid = 0
-        self._ids = itertools.count(1)
+        self.kept = False  # started by an earlier owner and kept for this one
+        self._process: _Process | None = None
         self._waiters: dict[int, _Waiter] = {}
         self._sessions: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._gone: BrowserError | None = None
         self._write_lock = anyio.Lock()
-        self._profile: ScratchDir | None = None
-        self._to_browser = self._from_browser = -1
-        self._pidfd = -1
         self._own: anyio.abc.TaskGroup
         self._pump_scope = anyio.CancelScope()
         self._pumped = anyio.Event()
@@ -116,6 +122,10 @@ class Browser:
     @property
     def gone(self) -> bool:
         return self._gone is not None
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid if self._process is not None else 0
 
     async def __aenter__(self) -> Browser:
         self._own = anyio.create_task_group()
@@ -131,9 +141,23 @@ class Browser:
         await self.close()
         await self._own.__aexit__(None, None, None)
 
+    def _args(self) -> tuple[str, ...]:
+        """The command line but for the profile: what a kept browser must match."""
+        args = [self.executable, *FLAGS, *self.extra_flags]
+        if self.user_agent:
+            args.append(f"--user-agent={self.user_agent}")
+        return tuple(args)
+
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
-        """Start the browser; its pipe is read by a task in ``task_group`` until ``close``."""
-        self._spawn()
+        """Start the browser (or take a kept one); its pipe is read by a task in
+        ``task_group`` until ``close``."""
+        self._process = _KEPT.take(self._args())
+        self.kept = self._process is not None
+        if self._process is not None:  # it answered its first owner; a dead one is restarted
+            task_group.start_soon(self._pump)  # by the renderer, as any that dies
+            self.version = self._process.version
+            return
+        self._process = _Process.spawn(self._args())
         task_group.start_soon(self._pump)
         try:
             info = await self.send("Browser.getVersion",
@@ -141,11 +165,25 @@ class Browser:
         except BaseException:
             await self.close()
             raise
-        self.version = str(info.get("product", ""))
+        self.version = self._process.version = str(info.get("product", ""))
 
     async def close(self) -> None:
-        """Ask the browser to quit (killing it after 5 s), then release its pipe and profile."""
+        """Ask the browser to quit (killing it after 5 s), then release its pipe and profile;
+        inside ``keep_browsers()``, a browser with no page open is kept instead."""
+        process = self._process
+        if process is None:
+            return
         with anyio.CancelScope(shield=True):
+            if not self.gone and not self._sessions and _KEPT.open and (
+                    await self._no_context_left()):
+                self._pump_scope.cancel()  # the reader stops between two reads
+                await self._pumped.wait()
+                self._fail(BrowserError("the browser was closed", gone=True))
+                self._process = None
+                kept, ending = _KEPT.keep(process)  # not if it exited, or none is kept now
+                for other in ending if kept else [process]:
+                    await anyio.to_thread.run_sync(other.end)
+                return
             if not self.gone:
                 with contextlib.suppress(BrowserError):
                     await self.send("Browser.close", timeout=5.0)
@@ -157,14 +195,21 @@ class Browser:
             self._pump_scope.cancel()
             await self._pumped.wait()
         self._fail(BrowserError("the browser was closed", gone=True))
-        for fd in (self._to_browser, self._from_browser, self._pidfd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._to_browser = self._from_browser = self._pidfd = -1
-        if self._profile is not None:
-            self._profile.remove()
-            self._profile = None
+        self._process = None
+        process.release()
+
+    async def _no_context_left(self) -> bool:
+        """Dispose of every browser context still open (each page's is disposed when the
+        page closes; this is for one that was not): a kept browser keeps nothing of its
+        owner's pages. False if the browser does not do it."""
+        try:
+            left = (await self.send("Target.getBrowserContexts", timeout=5.0))
+            for context in left.get("browserContextIds", []):
+                await self.send("Target.disposeBrowserContext",
+                                {"browserContextId": context}, timeout=5.0)
+        except BrowserError:
+            return False
+        return not self.gone
 
     async def _pump(self) -> None:
         """Read the pipe and reap the process, until ``close`` cancels it."""
@@ -178,60 +223,24 @@ class Browser:
 
     def kill(self) -> None:
         """SIGKILL the browser (a hung one); its pipe then closes and every command fails."""
-        if self.pid and not self._exited.is_set():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-
-    def _spawn(self) -> None:
-        self._profile = ScratchDir(PROFILE_PREFIX)
-        args = [self.executable, *FLAGS, f"--user-data-dir={self._profile.path}",
-                *self.extra_flags]
-        if self.user_agent:
-            args.append(f"--user-agent={self.user_agent}")
-        args.append("about:blank")
-        down_r, down_w = os.pipe()  # we write commands; the browser reads them on fd 3
-        up_r, up_w = os.pipe()  # the browser writes on fd 4; we read
-        # Above fd 4 first: a dup2 onto itself would keep close-on-exec set.
-        child_in = fcntl.fcntl(down_r, fcntl.F_DUPFD_CLOEXEC, 10)
-        child_out = fcntl.fcntl(up_w, fcntl.F_DUPFD_CLOEXEC, 10)
-        for fd in (down_r, up_w):
-            os.close(fd)
-        log = self._profile.path / "browser.log"
-        try:
-            self.pid = os.posix_spawn(self.executable, args, os.environ, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT, 0o600),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-                (os.POSIX_SPAWN_DUP2, child_in, 3),
-                (os.POSIX_SPAWN_DUP2, child_out, 4),
-            ])
-        except OSError as exc:
-            for fd in (down_w, up_r):
-                os.close(fd)
-            self._profile.remove()
-            self._profile = None
-            raise BrowserError(f"cannot start {self.executable}: {exc.strerror}", gone=True,
-                               hint="check that the browser runs: chromium --version") from exc
-        finally:
-            os.close(child_in)
-            os.close(child_out)
-        self._to_browser, self._from_browser = down_w, up_r
-        os.set_blocking(down_w, False)
-        os.set_blocking(up_r, False)
-        self._pidfd = os.pidfd_open(self.pid)
+        if self._process is not None and not self._exited.is_set():
+            self._process.kill()
 
     async def _wait_exit(self) -> None:
-        await anyio.wait_readable(self._pidfd)
-        os.waitpid(self.pid, 0)
+        assert self._process is not None
+        await anyio.wait_readable(self._process.pidfd)
+        self._process.reap()
         self._exited.set()
 
     async def _read_loop(self) -> None:
-        buffer = bytearray()
+        process = self._process
+        assert process is not None
+        buffer = process.unread  # kept with the process: a kept browser's next owner reads on
         try:
             while True:
-                await anyio.wait_readable(self._from_browser)
+                await anyio.wait_readable(process.from_browser)
                 try:
-                    data = os.read(self._from_browser, 1 << 20)
+                    data = os.read(process.from_browser, 1 << 20)
                 except BlockingIOError:
                     continue
                 if not data:
@@ -286,7 +295,8 @@ class Browser:
         """Send one command; return its result, or raise ``BrowserError``."""
         if self._gone is not None:
             raise self._gone
-        command_id = next(self._ids)
+        assert self._process is not None
+        command_id = next(self._process.ids)
         message: dict[str, Any] = {"id": command_id, "method": method, "params": params or {}}
         if session_id is not None:
             message["sessionId"] = session_id
@@ -297,9 +307,9 @@ class Browser:
             async with self._write_lock:
                 view = memoryview(data)
                 while view:
-                    await anyio.wait_writable(self._to_browser)
+                    await anyio.wait_writable(self._process.to_browser)
                     try:
-                        view = view[os.write(self._to_browser, view):]
+                        view = view[os.write(self._process.to_browser, view):]
                     except BlockingIOError:
                         continue
                     except OSError as exc:
@@ -348,15 +358,20 @@ class Browser:
                 self._sessions.pop(session, None)
                 send.close()
                 receive.close()
+                # Shielded: a page left by a render that ran out of time (a cancelled
+                # scope) would otherwise live on, its scripts running, as long as the
+                # browser does.
+                with anyio.CancelScope(shield=True):
+                    if not self.gone:
+                        with contextlib.suppress(BrowserError):
+                            await self.send("Target.closeTarget", {"targetId": target},
+                                            timeout=5.0)
+        finally:
+            with anyio.CancelScope(shield=True):
                 if not self.gone:
                     with contextlib.suppress(BrowserError):
-                        await self.send("Target.closeTarget", {"targetId": target},
-                                        timeout=5.0)
-        finally:
-            if not self.gone:
-                with contextlib.suppress(BrowserError):
-                    await self.send("Target.disposeBrowserContext",
-                                    {"browserContextId": context}, timeout=5.0)
+                        await self.send("Target.disposeBrowserContext",
+                                        {"browserContextId": context}, timeout=5.0)
 
 
 class Page:
@@ -396,3 +411,170 @@ class _Waiter:
         if not self.event.is_set():
             self.result = result
             self.event.set()
+
+
+class _Process:
+    """A started browser: its process, its pipe and its profile. It belongs to one
+    ``Browser`` at a time, or to the kept ones (``keep_browsers``), and can outlive the
+    event loop of the ``Browser`` that started it: its pipe is plain file descriptors, and
+    command ids go on counting from one owner to the next, so an answer meant for an
+    earlier owner is never taken for a later one's."""
+
+    def __init__(self, args: tuple[str, ...], pid: int, to_browser: int, from_browser: int,
+                 profile: ScratchDir) -> None:
+        self.args = args
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)
+        self.to_browser = to_browser
+        self.from_browser = from_browser
+        self.profile: ScratchDir | None = profile
+        self.ids = itertools.count(1)
+        self.unread = bytearray()  # the start of a message not yet read whole
+        self.version = ""
+        self.reaped = False
+
+    @classmethod
+    def spawn(cls, args: tuple[str, ...]) -> _Process:
+        profile = ScratchDir(PROFILE_PREFIX)
+        argv = [args[0], f"--user-data-dir={profile.path}", *args[1:], "about:blank"]
+        down_r, down_w = os.pipe()  # we write commands; the browser reads them on fd 3
+        up_r, up_w = os.pipe()  # the browser writes on fd 4; we read
+        # Above fd 4 first: a dup2 onto itself would keep close-on-exec set.
+        child_in = fcntl.fcntl(down_r, fcntl.F_DUPFD_CLOEXEC, 10)
+        child_out = fcntl.fcntl(up_w, fcntl.F_DUPFD_CLOEXEC, 10)
+        for fd in (down_r, up_w):
+            os.close(fd)
+        log = profile.path / "browser.log"
+        try:
+            pid = os.posix_spawn(args[0], argv, os.environ, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT, 0o600),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+                (os.POSIX_SPAWN_DUP2, child_in, 3),
+                (os.POSIX_SPAWN_DUP2, child_out, 4),
+            ])
+        except OSError as exc:
+            for fd in (down_w, up_r):
+                os.close(fd)
+            profile.remove()
+            raise BrowserError(f"cannot start {args[0]}: {exc.strerror}", gone=True,
+                               hint="check that the browser runs: chromium --version") from exc
+        finally:
+            os.close(child_in)
+            os.close(child_out)
+        os.set_blocking(down_w, False)
+        os.set_blocking(up_r, False)
+        return cls(args, pid, down_w, up_r, profile)
+
+    def exited(self) -> bool:
+        """Whether the process has ended (its pidfd is readable), without waiting."""
+        return self.reaped or bool(select.select([self.pidfd], [], [], 0)[0])
+
+    def kill(self) -> None:
+        if not self.reaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def reap(self) -> None:
+        if not self.reaped:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.reaped = True
+
+    def end(self, grace: float = 5.0) -> None:
+        """End it from any thread, without an event loop: Chromium quits when its DevTools
+        pipe closes; one still running after ``grace`` seconds is killed."""
+        if self.to_browser >= 0:
+            os.close(self.to_browser)
+            self.to_browser = -1
+        if not self.reaped and not select.select([self.pidfd], [], [], grace)[0]:
+            self.kill()
+        self.reap()
+        self.release()
+
+    def release(self) -> None:
+        """Close the pipe and remove the profile (the process has ended)."""
+        for fd in (self.to_browser, self.from_browser, self.pidfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.to_browser = self.from_browser = self.pidfd = -1
+        if self.profile is not None:
+            self.profile.remove()
+            self.profile = None
+
+
+class _Kept:
+    """The browsers kept between owners while ``keep_browsers()`` is open (any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._most = 0
+        self._idle: list[_Process] = []  # the least recently kept first
+
+    @property
+    def open(self) -> bool:
+        return self._depth > 0
+
+    def take(self, args: tuple[str, ...]) -> _Process | None:
+        """A kept browser started with ``args``, still running, or None."""
+        with self._lock:
+            found = next((p for p in self._idle if p.args == args), None)
+            if found is not None:
+                self._idle.remove(found)
+        if found is not None and found.exited():
+            found.end()
+            return None
+        return found
+
+    def keep(self, process: _Process) -> tuple[bool, list[_Process]]:
+        """Keep ``process`` for the next owner (not if it has exited or none is kept now),
+        and the ones it pushes out (the least recently kept beyond ``most``) to be ended."""
+        if process.exited():
+            return False, []
+        with self._lock:
+            if self._depth == 0:
+                return False, []
+            self._idle.append(process)
+            evicted = self._idle[:-self._most]
+            del self._idle[:-self._most]
+        return True, evicted
+
+    def enter(self, most: int) -> None:
+        with self._lock:
+            self._depth += 1
+            self._most = max(self._most, most)
+
+    def leave(self) -> None:
+        ending: list[_Process] = []
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                ending, self._idle, self._most = self._idle, [], 0
+        for process in ending:
+            process.end()
+
+
+_KEPT = _Kept()
+
+
+@contextlib.contextmanager
+def keep_browsers(most: int = 2) -> Iterator[None]:
+    """Keep the browsers that crawls close, for the next crawls in this process.
+
+    Chromium takes a second or two of CPU to start. Inside this block a browser that a
+    crawl's renderer (or any ``Browser``) is done with stays running, up to ``most`` of them
+    (the least recently used is ended first), and the next one started with the same
+    executable and flags takes it instead of starting another. Nothing of a render outlives
+    its page: each page has a browser context of its own, disposed when it closes (cookies,
+    storage, cache). A kept browser that has exited is not taken. Leaving the outermost
+    block ends every kept browser and removes its profile. Blocks may nest, in any thread.
+    """
+    if most < 1:
+        raise ValueError(f"keep_browsers: most must be 1 or more, not {most}")
+    _KEPT.enter(most)
+    try:
+        yield
+    finally:
+        _KEPT.leave()

@@ -159,9 +159,9 @@ class Renderer:
         # need cryptography, about 25 ms of every crawl's start, and only renders use it.
         from .rendertls import RenderTLS
 
-        self._tls = RenderTLS()
+        self._tls = RenderTLS.shared()
         self._tg: anyio.abc.TaskGroup
-        self.starts = 0  # browsers started (a restart after a crash counts)
+        self.starts = 0  # browsers started or taken kept (a restart after a crash counts)
 
     async def __aenter__(self) -> Renderer:
         self._tg = anyio.create_task_group()
@@ -172,7 +172,6 @@ class Renderer:
         with anyio.CancelScope(shield=True):
             await self._close_browser()
         await self._tg.__aexit__(None, None, None)
-        self._tls.close()
 
     async def _close_browser(self) -> None:
         browser, self._browser = self._browser, None

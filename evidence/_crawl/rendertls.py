@@ -2,8 +2,8 @@
 
 The browser asks the proxy for a tunnel (``CONNECT host:443``). The proxy answers as the
 host itself: it completes TLS with the browser using a certificate for that host, made on
-the spot and signed by a certificate authority that exists only for this crawl's
-renderer, reads the request inside, and makes it with the crawler's own client, which
+the spot and signed by a certificate authority that exists only in this process (made
+on its first render, made again after a day: ``RenderTLS.shared``), reads the request inside, and makes it with the crawler's own client, which
 verifies the real server's certificate as for every other request (and records the
 request and response as they crossed that connection, inside its TLS).
 
@@ -30,6 +30,7 @@ import os
 import shutil
 import ssl
 import tempfile
+import threading
 import time
 
 from cryptography import x509
@@ -99,8 +100,17 @@ class RenderTLS:
         self._contexts[host] = context
         return context
 
-    def close(self) -> None:
-        self._contexts.clear()
+    @classmethod
+    def shared(cls) -> RenderTLS:
+        """This process's authority, made on first use and made again once a day (its
+        certificates are valid for a week): every renderer of the process uses it, so the
+        browsers they start trust the same key and one kept between crawls
+        (``browser.keep_browsers``) serves the next."""
+        global _shared
+        with _shared_lock:
+            if _shared is None or time.monotonic() - _shared[1] > _RENEWED:
+                _shared = (cls(), time.monotonic())
+            return _shared[0]
 
 
 def _load_from_memory(context: ssl.SSLContext, pem: bytes) -> None:
@@ -124,6 +134,9 @@ def _load_from_memory(context: ssl.SSLContext, pem: bytes) -> None:
 
 
 _EXPIRED = 7 * 24 * 3600  # the certificates' lifetime (RenderTLS: not_valid_after)
+_RENEWED = 24 * 3600  # a process's authority is made again after a day (RenderTLS.shared)
+_shared: tuple[RenderTLS, float] | None = None
+_shared_lock = threading.Lock()
 
 
 def _remove_expired_key_dirs() -> None:

@@ -230,6 +230,21 @@ class SeaweedS3:
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=30)
+        self._remove_grpc_sockets()
+
+    def _remove_grpc_sockets(self) -> None:
+        """``weed`` makes a Unix socket per gRPC port in /tmp whatever TMPDIR says, named
+        by the port, and a SIGKILL leaves them (a test run left about seventy): the ones
+        of this server's ports go with it. A port is held by one server at a time, and
+        this one has ended."""
+        p = self.ports
+        for kind, port in (("master", p["master_grpc"]), ("volume", p["volume_grpc"]),
+                           ("filer", p["filer_grpc"]), ("s3", p["s3_grpc"]),
+                           ("admin", p["admin"] + 10000)):
+            path = Path("/tmp") / f"seaweedfs-{kind}-grpc-{port}.sock"
+            with contextlib.suppress(OSError):
+                if path.is_socket() and path.lstat().st_uid == os.getuid():
+                    path.unlink()
 
     def restart(self) -> None:
         """Start again on the same directory and ports (after ``kill``)."""
