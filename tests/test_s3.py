@@ -307,8 +307,10 @@ def test_a_server_killed_mid_put_leaves_no_object_and_no_reference(
                 [ack] = submit_all(store, [make.attempt(body=ref)])
                 assert ack.status == "committed"
                 assert store.artifacts.read(ref, verify=True) == data
+                assert any(p.is_socket() for p in server.grpc_sockets())  # it makes them
     finally:
         server.close()
+    assert [p for p in server.grpc_sockets() if p.exists()] == [], "killed, weed leaves them"
 
 
 def test_a_server_killed_mid_segment_put_fails_the_batch_and_its_redelivery_commits(

@@ -232,16 +232,18 @@ class SeaweedS3:
             process.wait(timeout=30)
         self._remove_grpc_sockets()
 
-    def _remove_grpc_sockets(self) -> None:
-        """``weed`` makes a Unix socket per gRPC port in /tmp whatever TMPDIR says, named
-        by the port, and a SIGKILL leaves them (a test run left about seventy): the ones
-        of this server's ports go with it. A port is held by one server at a time, and
-        this one has ended."""
+    def grpc_sockets(self) -> list[Path]:
+        """The Unix sockets ``weed`` makes for its gRPC ports: in /tmp whatever TMPDIR
+        says, named by the port."""
         p = self.ports
-        for kind, port in (("master", p["master_grpc"]), ("volume", p["volume_grpc"]),
-                           ("filer", p["filer_grpc"]), ("s3", p["s3_grpc"]),
-                           ("admin", p["admin"] + 10000)):
-            path = Path("/tmp") / f"seaweedfs-{kind}-grpc-{port}.sock"
+        return [Path("/tmp") / f"seaweedfs-{kind}-grpc-{port}.sock" for kind, port in (
+            ("master", p["master_grpc"]), ("volume", p["volume_grpc"]),
+            ("filer", p["filer_grpc"]), ("s3", p["s3_grpc"]), ("admin", p["admin"] + 10000))]
+
+    def _remove_grpc_sockets(self) -> None:
+        """A SIGKILL leaves ``grpc_sockets`` behind (a test run left about seventy): they go
+        with the server. A port is held by one server at a time, and this one has ended."""
+        for path in self.grpc_sockets():
             with contextlib.suppress(OSError):
                 if path.is_socket() and path.lstat().st_uid == os.getuid():
                     path.unlink()
