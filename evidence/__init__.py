@@ -33,10 +33,10 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see
     from ._audit.report import RunReport, report
     from ._audit.status import StoreStatus, status
     from ._audit.verify import Finding, VerifyReport, reclaim_orphans, verify
+    from ._crawl.browser import keep_browsers
     from ._crawl.crawler import Crawler
     from ._crawl.frontier import CrawlConfig
     from ._crawl.options import CrawlOptions, CrawlResult
-    from ._crawl.browser import keep_browsers
     from ._crawl.render import RenderOptions
     from ._crawl.rules import EvaluationSummary, evaluate_page, evaluate_stored
     from ._crawl.rulesfile import Rule, RuleSet, load_rules

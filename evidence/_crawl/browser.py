@@ -20,10 +20,12 @@ answer, or whose pipe closes (it crashed or was killed), raises ``BrowserError``
 (``_crawl.render.Renderer`` does). Inside ``keep_browsers()`` a browser its owner is done
 with keeps running for the next owner started with the same executable and flags (a
 program that runs crawl after crawl; the test suite): the process and its pipe outlive
-the owner's event loop, and the next owner reads on from where it stopped. The browser always runs with a fresh profile in a
-temporary directory, removed on close (one left by a killed crawl is removed when the next
-browser starts: ``_crawl.scratch``), and with the flags that keep it from contacting
-any host of its own accord (background networking, component updates, sync).
+the owner's event loop, and the next owner reads on from where it stopped.
+
+The browser always runs with a fresh profile in a temporary directory, removed when it
+ends (one left by a killed crawl is removed when the next browser starts:
+``_crawl.scratch``), and with the flags that keep it from contacting any host of its own
+accord (background networking, component updates, sync).
 
 Pages are opened in browser contexts of their own (``Target.createBrowserContext``): no
 cookie, cache or storage is shared between two pages, and each context can send all its
@@ -174,8 +176,8 @@ class Browser:
         if process is None:
             return
         with anyio.CancelScope(shield=True):
-            if not self.gone and not self._sessions and _KEPT.open and (
-                    await self._no_context_left()):
+            if not self.gone and not self._sessions and process.version and _KEPT.open and (
+                    await self._no_context_left()):  # (a version: it answered its start)
                 self._pump_scope.cancel()  # the reader stops between two reads
                 await self._pumped.wait()
                 self._fail(BrowserError("the browser was closed", gone=True))

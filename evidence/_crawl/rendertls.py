@@ -3,9 +3,10 @@
 The browser asks the proxy for a tunnel (``CONNECT host:443``). The proxy answers as the
 host itself: it completes TLS with the browser using a certificate for that host, made on
 the spot and signed by a certificate authority that exists only in this process (made
-on its first render, made again after a day: ``RenderTLS.shared``), reads the request inside, and makes it with the crawler's own client, which
-verifies the real server's certificate as for every other request (and records the
-request and response as they crossed that connection, inside its TLS).
+on its first render, made again after a day: ``RenderTLS.shared``), reads the request
+inside, and makes it with the crawler's own client, which verifies the real server's
+certificate as for every other request (and records the request and response as they
+crossed that connection, inside its TLS).
 
 The browser trusts these certificates, and only these, by the hash of their public key:
 every host certificate shares one key, and the browser is started with
