@@ -189,6 +189,29 @@ def test_init_records_the_artifact_directory_and_later_opens_find_it(
         Store.create(new_pg_database_for(pg_url))
 
 
+def test_a_creation_that_fails_midway_leaves_no_migration_applied(
+        tmp_path: Path, pg_url: str) -> None:
+    """A store's pending migrations are applied in one transaction: one that fails (here
+    007, whose table a squatter made first) leaves none of the fifteen behind, and the
+    same database, cleared, becomes a whole store. Each migration committed on its own
+    before, and 001-006 stayed applied."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE render (squatter int)")
+    with pytest.raises(StoreError, match="relation \"render\" already exists"):
+        Store.create(pg_url, artifacts=str(tmp_path / "art"))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tables = {t for (t,) in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert tables - {"schema_migration", "postgresql_migration"} == {"render"}, tables
+        assert conn.execute("SELECT count(*) FROM schema_migration").fetchone() == (0,)
+        conn.execute("DROP TABLE render")
+    with Store.create(pg_url, artifacts=str(tmp_path / "art2")) as store:
+        assert store.schema_version == 15
+        assert verify(store).ok
+
+
 def new_pg_database_for(url: str) -> str:
     """A URL of another database on the same server (created by the test's cluster)."""
     import psycopg

@@ -60,8 +60,9 @@ def _tables_exist(conn: PgConnection, *names: str) -> set[str]:
 
 
 def apply_pg_migrations(conn: PgConnection) -> int:
-    """Check applied migrations, apply the new ones (each in its own transaction, under
-    the writer's lock); return the schema version.
+    """Check applied migrations, apply the new ones (all in one transaction, under the
+    writer's lock: a store holds every migration of its version or none of the new ones);
+    return the schema version.
 
     ``schema_migration`` holds what a SQLite store holds (the canonical migration's name
     and checksum: its dump's schema is the SQLite one); ``postgresql_migration`` the
@@ -96,22 +97,23 @@ def apply_pg_migrations(conn: PgConnection) -> int:
                 f"({which}{version:03d}_{name}.sql differs from what the store recorded)",
                 hint="never edit an applied migration; add a new NNN_name.sql instead",
                 schema_version=version)
-    for (version, name, checksum, _sql), (_v, _n, pg_checksum, sql) in pairs:
-        if version in applied:
-            continue
-        now = now_text()
-        conn.execute(POSTGRESQL.begin_write)
-        try:
+    pending = [(c, p) for c, p in pairs if c[0] not in applied]
+    if not pending:
+        return newest
+    now = now_text()
+    conn.execute(POSTGRESQL.begin_write)  # every pending migration, or none of them
+    try:
+        for (version, name, checksum, _sql), (_v, _n, pg_checksum, sql) in pending:
             raw.execute(sql)
             raw.execute("INSERT INTO schema_migration VALUES (%s, %s, %s, %s)",
                         (version, name, checksum, now))
             raw.execute("INSERT INTO postgresql_migration VALUES (%s, %s, %s, %s)",
                         (version, name, pg_checksum, now))
-            raw.execute("COMMIT")
-        except BaseException:
-            if not conn.broken and not conn.get_autocommit():
-                raw.execute("ROLLBACK")
-            raise
+        raw.execute("COMMIT")
+    except BaseException:
+        if not conn.broken and not conn.get_autocommit():
+            raw.execute("ROLLBACK")
+        raise
     return newest
 
 
