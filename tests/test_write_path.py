@@ -94,15 +94,20 @@ def two_crawls() -> list[dict]:
 
 
 def test_a_crawl_writes_no_more_per_page_as_its_store_grows(two_crawls: list[dict]) -> None:
-    """Bytes written per page at 4N are within 1.1x of those at N, and the crawl of 4N
+    """Bytes written per page at 4N are within 1.15x of those at N, and the crawl of 4N
     writes less than 4x its store's final size (a small store's fixed costs, the schema
     and the WAL's first frames, keep it above the 3x a 5,000-page crawl stays under:
     docs/benchmarks.md). Before the write path was reworked (4 KiB pages, a checkpoint
     every 1,000 frames, an index on every edge's target) the crawl of 4N wrote 1.23x the
-    bytes per page of the crawl of N, and 6.0x its store."""
+    bytes per page of the crawl of N, and 6.0x its store.
+
+    The ratio depends on how the writer's group commits fall, which follows the machine's
+    load: 1.05-1.08x in six runs (three idle, three beside three CPU hogs), 1.107x and
+    1.108x in two full runs of the suite on the 2-core machine. A bound of 1.1x failed
+    those two; 1.15x holds them and still fails the 1.23x this guards against."""
     large = two_crawls[1]
     per_page = [c["written"] / c["documents"] for c in two_crawls]
-    assert per_page[1] <= 1.1 * per_page[0], (per_page, two_crawls)
+    assert per_page[1] <= 1.15 * per_page[0], (per_page, two_crawls)
     assert large["written"] < 4 * large["store_bytes"], large
 
 
