@@ -460,3 +460,45 @@ def test_any_schedule_of_failures_leaves_each_put_whole_or_raised(
             assert check.read(ref) in payloads
     finally:
         check.close()
+
+
+def test_a_creation_cut_before_its_object_store_is_recorded_is_finished_by_init(
+        tmp_path: Path, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose payloads go to an object store records that location after its
+    database is made. Cut in between (here the recording raises, as a kill would stop it),
+    the store has a database, no artifacts/ and no location: opening it says its creation
+    did not finish and how to finish it (before, "artifacts/ is missing": damaged), and
+    ``Store.create`` with the same URL finishes it. A store with evidence in it and its
+    artifacts/ gone is still damaged."""
+    from evidence import CorruptStoreError, StoreError
+    from evidence._store import artifactspec
+
+    for name, value in seaweed.environ.items():
+        monkeypatch.setenv(name, value)
+    url, path = new_s3_url(seaweed), tmp_path / "store"
+
+    def cut(*args: object, **kwargs: object) -> None:
+        raise OSError("power cut")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(artifactspec, "record", cut)
+        with pytest.raises(OSError, match="power cut"):
+            Store.create(path, artifacts=url)
+    assert (path / "evidence.db").is_file() and not (path / "artifacts").exists()
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="creation did not finish") as refused:
+            Store.open(path, read_only=read_only)
+        assert not isinstance(refused.value, CorruptStoreError)
+        assert "evidence init" in (refused.value.hint or "")
+    with Store.create(path, artifacts=url) as store:
+        ref = store.artifacts.put("body", b"finished")
+        submit_all(store, [Factory(store).session()])
+    with Store.open(path) as store:
+        assert store.artifacts.read(ref, verify=True) == b"finished"
+
+    local = tmp_path / "local"
+    with Store.create(local) as store:
+        submit_all(store, [Factory(store).session()])
+    (local / "artifacts").rename(tmp_path / "elsewhere")
+    with pytest.raises(CorruptStoreError, match="artifacts/ is missing"):
+        Store.open(local)

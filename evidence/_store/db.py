@@ -190,8 +190,7 @@ class Store(StoreBase):
                 if spec is not None and create:
                     artifactspec.record(conn, spec)
             if spec is None and not create and not (root / ARTIFACTS_DIR).is_dir():
-                raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing",
-                                        path=str(root))
+                raise _no_payload_place(root, conn)
             payloads = artifactspec.open_artifacts(
                 spec, local=root / ARTIFACTS_DIR, create=True, read_only=False,
                 max_payload=max_payload, file_ops=ops, layout=artifact_layout,
@@ -215,8 +214,7 @@ class Store(StoreBase):
                 spec = artifactspec.choose(artifactspec.recorded(conn), artifacts,
                                            create=False, where=str(root))
                 if spec is None and not (root / ARTIFACTS_DIR).is_dir():
-                    raise CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing",
-                                            path=str(root))
+                    raise _no_payload_place(root, conn)
             except BaseException:
                 conn.close()
                 raise
@@ -432,6 +430,19 @@ def _check_writable(root: Path) -> None:
                          hint=f"reading commands (status, verify, export, replay, show) work "
                          f"on it as it is; to crawl or write, copy it to writable storage "
                          f"first: evidence backup {root} --out NEW")
+
+
+def _no_payload_place(root: Path, conn: Any) -> StoreError:
+    """The error for a store with neither an ``artifacts/`` nor a recorded payload location.
+    With nothing committed, its creation did not finish (one whose payloads go to an object
+    store records that location after its database is made): ``evidence init`` again
+    finishes it. With evidence in it, the directory is missing: the store is damaged."""
+    if artifactspec.is_new(conn):
+        return StoreError(f"{root}: this store's creation did not finish (no {ARTIFACTS_DIR}/, "
+                          "no payload location recorded, nothing committed)", path=str(root),
+                          hint=f"run evidence init {root} again, with the same --artifacts "
+                          "s3://... if its payloads go to an object store")
+    return CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
 
 
 def _check_store_path(root: Path, *, create: bool) -> None:
