@@ -167,8 +167,7 @@ class PgCluster:
         except psycopg.Error as exc:
             raise ClusterError(f"{statement[:60]!r} failed on database {dbname!r}: {exc}"
                                ) from exc
-        return "".join("|".join("" if v is None else str(v) for v in row) + "\n"
-                       for row in rows)
+        return "".join("|".join(_as_psql_prints(v) for v in row) + "\n" for row in rows)
 
     def create_database(self, name: str) -> str:
         """A new empty database (from template0: nothing of template1 in it); its URL."""
@@ -191,6 +190,14 @@ class PgCluster:
                 f"{time.monotonic() - started:.1f} s: {result.stderr.strip() or result.stdout}"
                 + (f"\nserver log:\n{log}" if log else ""))
         return result.stdout
+
+
+def _as_psql_prints(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    return str(value)
 
 
 @contextlib.contextmanager
