@@ -22,11 +22,17 @@ pytestmark = pytest.mark.skipif(
 
 PROBE = """
 import contextlib, ctypes, io, re, sys, tempfile, threading
-if sys.argv[1] == "crawl":
+COMMANDS = {  # each ends at once: the settings are made first, before anything can fail
+    "crawl": (["crawl", "--print-config", "--store", tempfile.mkdtemp() + "/s",
+               "http://127.0.0.1:9/"], 0),
+    "serve": (["serve", tempfile.mkdtemp() + "/s"], 2),  # nothing to listen on
+    "worker": (["worker", "--connect", "127.0.0.1:9", "--token-file", "/nonexistent"], 2),
+}
+if sys.argv[1] in COMMANDS:
     from evidence._cli.main import main
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["crawl", "--print-config", "--store", tempfile.mkdtemp() + "/s",
-                     "http://127.0.0.1:9/"]) == 0
+    argv, status = COMMANDS[sys.argv[1]]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == status
 libc = ctypes.CDLL(None)
 
 class Mallinfo2(ctypes.Structure):
@@ -76,13 +82,17 @@ def probe(mode: str) -> tuple[int, int]:
     return mapped, arenas
 
 
-def test_a_crawl_process_maps_large_blocks_on_their_own_and_keeps_two_arenas() -> None:
-    mapped, arenas = probe("crawl")
+@pytest.mark.parametrize("command", ["crawl", "serve", "worker"])
+def test_a_long_lived_process_maps_large_blocks_on_their_own_and_keeps_two_arenas(
+        command: str) -> None:
+    """A crawl, the writer service and a worker host (each long-lived, each reading and
+    parsing pages or messages in threads)."""
+    mapped, arenas = probe(command)
     assert mapped >= 4  # each 1 MiB block: returned to the system when freed
     assert arenas <= 2
 
 
-def test_without_the_crawl_command_glibc_s_defaults_hold() -> None:
+def test_without_such_a_command_glibc_s_defaults_hold() -> None:
     """The control: what the probe shows of a process that kept glibc's defaults, so the
     test above cannot pass by the probe's own doing."""
     mapped, arenas = probe("none")

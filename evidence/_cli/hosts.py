@@ -19,10 +19,12 @@ __all__ = ["add_commands"]
 def _cmd_worker(args: argparse.Namespace) -> int:
     import anyio
 
+    from .._crawl.heap import bound_heap
     from .._crawl.workerhost import HostOptions, serve_coordinator
     from .._write.tls import client_context, parse_connect
     from .._write.wire import read_token
 
+    bound_heap()  # before any thread: it fetches as a crawl does (``_crawl.heap``)
     tls = client_context(args.tls_ca) if args.tls_ca or not args.no_tls else None
     address = parse_connect(args.connect, tls=tls is not None)
     token = read_token(args.token_file)

@@ -41,12 +41,14 @@ log = logging.getLogger("evidence.service")
 def _cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
+    from .._crawl.heap import bound_heap
     from .._store.db import Store
     from .._store.location import is_server_database
     from .._store.runlock import crawl_lock, running_pid
     from .._write.limits import ServiceLimits, WriterLimits
     from .._write.service import Service
 
+    bound_heap()  # before any thread: a long-lived writer's resident set (``_crawl.heap``)
     if args.socket is None and args.listen is None:
         raise ServiceError("nothing to listen on", hint="give --socket PATH and/or "
                            "--listen 127.0.0.1:PORT --token-file FILE")

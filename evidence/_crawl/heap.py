@@ -22,9 +22,10 @@ arena and 5 MB more in the main one):
 ``MMAP_THRESHOLD`` (fixed: setting it turns the dynamic raise off), and at most
 ``ARENA_MAX`` arenas (the main one and one the threads share; the GIL lets one thread at
 a time run Python, so they hardly contend). Measured on the 100,000-page benchmark in
-docs/benchmarks.md ("Writes and memory over a crawl"). Only processes the ``evidence``
-command starts call it (a crawl and its worker processes): a program that crawls through
-the library keeps its own allocator settings. Elsewhere than glibc it does nothing.
+docs/benchmarks.md ("Writes and memory over a crawl"). Only the long-lived processes the
+``evidence`` command starts call it (a crawl and its worker processes, a worker host,
+the writer service): a program that crawls through the library keeps its own allocator
+settings. Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
