@@ -89,3 +89,19 @@ def test_a_scratch_directory_is_removed_only_once_its_owner_is_gone(tmpdir_env: 
     assert mine.path.is_dir() and foreign.is_dir() and not theirs.exists()
     mine.remove()
     assert not mine.path.exists()
+
+
+def test_a_process_s_renders_share_one_authority_made_again_after_a_day(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every renderer of a process uses one authority (a browser kept between crawls trusts
+    its key: ``keep_browsers``); once it is a day old the next renderer gets a new one,
+    long before its certificates (a week) expire."""
+    from evidence._crawl import rendertls
+
+    first = RenderTLS.shared()
+    assert RenderTLS.shared() is first
+    day_old = time.monotonic() - rendertls._RENEWED - 1
+    monkeypatch.setattr(rendertls, "_shared", (first, day_old))  # put back after the test
+    renewed = RenderTLS.shared()
+    assert renewed is not first and renewed.spki_hash != first.spki_hash
+    assert rendertls._RENEWED < rendertls._EXPIRED
