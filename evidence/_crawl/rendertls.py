@@ -52,7 +52,7 @@ class RenderTLS:
         self._end = now + dt.timedelta(seconds=_EXPIRED)
         self._ca_key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                             "evidence render proxy (this crawl only)")])
+                                             "evidence render proxy (this process only)")])
         self._ca_name = name
         self._ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                     .public_key(self._ca_key.public_key())
