@@ -36,7 +36,7 @@ from evidence import (
 from evidence._errors import StoreError
 from evidence._write.limits import WriterHooks
 
-from .conftest import Factory, new_pg_database
+from .conftest import Factory, new_pg_database, submit_all
 from .test_faults import failure_of, submit
 
 pytestmark = pytest.mark.anyio
@@ -163,8 +163,6 @@ async def test_a_difference_in_one_row_is_found_across_backends(
 
 def test_a_restore_that_does_not_match_its_manifest_leaves_the_database_empty(
         tmp_path: Path, store: Store, make: Factory, pg_url: str) -> None:
-    from .conftest import submit_all
-
     submit_all(store, [make.session(), make.run(), make.attempt(body=make.body())])
     export(store, tmp_path / "x")
     manifest = (tmp_path / "x" / "manifest.json").read_text()
@@ -209,6 +207,32 @@ def test_a_creation_that_fails_midway_leaves_no_migration_applied(
         conn.execute("DROP TABLE render")
     with Store.create(pg_url, artifacts=str(tmp_path / "art2")) as store:
         assert store.schema_version == 15
+        assert verify(store).ok
+
+
+def test_a_creation_cut_before_its_identity_is_recorded_is_finished_by_init(
+        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PostgreSQL store records its identity and payload location after its migrations.
+    Cut in between, opening it (to write or to read) says its creation did not finish and
+    how to finish it, and ``Store.create`` finishes it. Before, an open with --artifacts
+    went on with a store whose identity was empty."""
+    from evidence._store import pgstore
+
+    def cut(*args: object) -> None:
+        raise OSError("power cut")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pgstore, "ensure_store_id", cut)
+        with pytest.raises(OSError, match="power cut"):
+            Store.create(pg_url, artifacts=str(tmp_path / "art"))
+    for options in ({"artifacts": str(tmp_path / "art")}, {"read_only": True}):
+        with pytest.raises(StoreError, match="creation did not finish") as refused:
+            Store.open(pg_url, **options)
+        assert "evidence init" in (refused.value.hint or "")
+    with Store.create(pg_url, artifacts=str(tmp_path / "art")) as store:
+        assert store.store_id.startswith("store-")
+        submit_all(store, [Factory(store).session()])
+    with Store.open(pg_url) as store:
         assert verify(store).ok
 
 

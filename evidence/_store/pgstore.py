@@ -157,6 +157,12 @@ class PostgresStore(StoreBase):
                         ensure_store_id(conn, None if artifacts is None
                                         else _to_record(artifacts))
                 meta = dict(conn.raw.execute("SELECT key, value FROM store_meta").fetchall())
+                if "store_id" not in meta:  # its identity is recorded after its migrations
+                    raise StoreError(
+                        f"{backend.location}: this store's creation did not finish (its "
+                        "tables are there, its identity and payload location are not)",
+                        hint="run evidence init again with the same URL and --artifacts",
+                        path=backend.location)
             except BaseException:
                 conn.close()
                 raise
@@ -181,7 +187,7 @@ class PostgresStore(StoreBase):
             raise
         store = cls(backend, conn, store_artifacts, schema_version=version,
                     read_only=read_only)
-        store._store_id = meta.get("store_id", "")
+        store._store_id = meta["store_id"]
         return store
 
     # --- what differs from a SQLite store ---------------------------------------------
