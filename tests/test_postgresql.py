@@ -210,13 +210,25 @@ def test_a_creation_that_fails_midway_leaves_no_migration_applied(
         assert verify(store).ok
 
 
+@pytest.mark.parametrize("place", ["directory", "s3"])
 def test_a_creation_cut_before_its_identity_is_recorded_is_finished_by_init(
-        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        place: str, tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
     """A PostgreSQL store records its identity and payload location after its migrations.
     Cut in between, opening it (to write or to read) says its creation did not finish and
-    how to finish it, and ``Store.create`` finishes it. Before, an open with --artifacts
-    went on with a store whose identity was empty."""
+    how to finish it, and ``Store.create`` finishes it; its payloads in a directory or in
+    an object store. Before, an open with --artifacts went on with a store whose identity
+    was empty."""
     from evidence._store import pgstore
+
+    from .conftest import new_s3_url
+
+    artifacts = str(tmp_path / "art")
+    if place == "s3":
+        seaweed = request.getfixturevalue("seaweed")
+        for name, value in seaweed.environ.items():
+            monkeypatch.setenv(name, value)
+        artifacts = new_s3_url(seaweed)
 
     def cut(*args: object) -> None:
         raise OSError("power cut")
@@ -224,12 +236,12 @@ def test_a_creation_cut_before_its_identity_is_recorded_is_finished_by_init(
     with monkeypatch.context() as patch:
         patch.setattr(pgstore, "ensure_store_id", cut)
         with pytest.raises(OSError, match="power cut"):
-            Store.create(pg_url, artifacts=str(tmp_path / "art"))
-    for options in ({"artifacts": str(tmp_path / "art")}, {"read_only": True}):
+            Store.create(pg_url, artifacts=artifacts)
+    for options in ({"artifacts": artifacts}, {"read_only": True}):
         with pytest.raises(StoreError, match="creation did not finish") as refused:
             Store.open(pg_url, **options)
         assert "evidence init" in (refused.value.hint or "")
-    with Store.create(pg_url, artifacts=str(tmp_path / "art")) as store:
+    with Store.create(pg_url, artifacts=artifacts) as store:
         assert store.store_id.startswith("store-")
         submit_all(store, [Factory(store).session()])
     with Store.open(pg_url) as store:
