@@ -176,29 +176,27 @@ class Browser:
         if process is None:
             return
         with anyio.CancelScope(shield=True):
-            if not self.gone and not self._sessions and process.version and _KEPT.open and (
-                    await self._no_context_left()):  # (a version: it answered its start)
-                self._pump_scope.cancel()  # the reader stops between two reads
-                await self._pumped.wait()
-                self._fail(BrowserError("the browser was closed", gone=True))
-                self._process = None
-                kept, ending = _KEPT.keep(process)  # not if it exited, or none is kept now
-                for other in ending if kept else [process]:
-                    await anyio.to_thread.run_sync(other.end)
-                return
-            if not self.gone:
-                with contextlib.suppress(BrowserError):
-                    await self.send("Browser.close", timeout=5.0)
-            with anyio.move_on_after(5.0):
-                await self._exited.wait()
-            self.kill()
-            with anyio.move_on_after(5.0):
-                await self._exited.wait()
-            self._pump_scope.cancel()
+            keep = (not self.gone and not self._sessions and bool(process.version)
+                    and _KEPT.open and await self._no_context_left())  # version: it started
+            if not keep:
+                if not self.gone:
+                    with contextlib.suppress(BrowserError):
+                        await self.send("Browser.close", timeout=5.0)
+                with anyio.move_on_after(5.0):
+                    await self._exited.wait()
+                self.kill()
+                with anyio.move_on_after(5.0):
+                    await self._exited.wait()
+            self._pump_scope.cancel()  # the reader stops between two reads
             await self._pumped.wait()
-        self._fail(BrowserError("the browser was closed", gone=True))
-        self._process = None
-        process.release()
+            self._fail(BrowserError("the browser was closed", gone=True))
+            self._process = None
+            if not keep:
+                process.release()
+                return
+            kept, ending = _KEPT.keep(process)  # not if it exited, or none is kept now
+            for other in ending if kept else [process]:
+                await anyio.to_thread.run_sync(other.end)
 
     async def _no_context_left(self) -> bool:
         """Dispose of every browser context still open (each page's is disposed when the
