@@ -55,7 +55,7 @@ from .sqlite import (
     load_migrations,
     map_sqlite_errors,
 )
-from .storebase import StoreBase
+from .storebase import StoreBase, unfinished_creation
 
 if TYPE_CHECKING:
     from .pgstore import PostgresStore
@@ -438,10 +438,10 @@ def _no_payload_place(root: Path, conn: Any) -> StoreError:
     store records that location after its database is made): ``evidence init`` again
     finishes it. With evidence in it, the directory is missing: the store is damaged."""
     if artifactspec.is_new(conn):
-        return StoreError(f"{root}: this store's creation did not finish (no {ARTIFACTS_DIR}/, "
-                          "no payload location recorded, nothing committed)", path=str(root),
-                          hint=f"run evidence init {root} again, with the same --artifacts "
-                          "s3://... if its payloads go to an object store")
+        return unfinished_creation(
+            str(root), f"no {ARTIFACTS_DIR}/, no payload location recorded, nothing committed",
+            init=f"evidence init {root} (with the same --artifacts s3://... if its payloads "
+            "go to an object store)")
     return CorruptStoreError(f"{root}: {ARTIFACTS_DIR}/ is missing", path=str(root))
 
 

@@ -39,7 +39,7 @@ from .pglock import holder_pid, lock_holder, release_writer_lock, take_writer_lo
 from .pgschema import applied_version, ensure_store_id
 from .postgresql import PostgresBackend
 from .s3location import S3Location
-from .storebase import StoreBase
+from .storebase import StoreBase, unfinished_creation
 
 __all__ = ["PostgresStore", "open_artifacts"]
 
@@ -158,11 +158,10 @@ class PostgresStore(StoreBase):
                                         else _to_record(artifacts))
                 meta = dict(conn.raw.execute("SELECT key, value FROM store_meta").fetchall())
                 if "store_id" not in meta:  # its identity is recorded after its migrations
-                    raise StoreError(
-                        f"{backend.location}: this store's creation did not finish (its "
-                        "tables are there, its identity and payload location are not)",
-                        hint="run evidence init again with the same URL and --artifacts",
-                        path=backend.location)
+                    raise unfinished_creation(
+                        backend.location, "its tables are there, its identity and payload "
+                        "location are not", init="evidence init with the same URL and "
+                        "--artifacts")
             except BaseException:
                 conn.close()
                 raise

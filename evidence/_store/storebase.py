@@ -20,7 +20,15 @@ from .._errors import StoreError, SyncError
 from .backend import ArtifactBackend, StoreBackend
 from .sqlite import Sync
 
-__all__ = ["StoreBase"]
+__all__ = ["StoreBase", "unfinished_creation"]
+
+
+def unfinished_creation(location: str, missing: str, *, init: str) -> StoreError:
+    """The error for a store whose creation was cut short (either kind records something
+    of its identity after its schema): what is ``missing``, and ``init`` (how to run
+    ``evidence init`` again) to finish it."""
+    return StoreError(f"{location}: this store's creation did not finish ({missing})",
+                      path=location, hint=f"run {init} again: it finishes the store")
 
 
 class StoreBase:
